@@ -1,0 +1,34 @@
+"""The mathematics of Latte as pure tensor functions (MATH.md).
+
+Layout is head-last, [B, T, H, X]; decoding states are float32; outputs have
+the input dtype. Every function here has a float64 reference in
+`latte.ops.reference` and tests that tie the two together.
+"""
+
+from . import reference
+from .bidirectional import latte_bidirectional
+from .causal import LatteState, latte_causal, latte_causal_step
+from .macchiato import MacchiatoState, macchiato, macchiato_step
+from .recurrence import linear_recurrence
+from .sliding_window import (
+    WindowState,
+    sliding_window_attention,
+    sliding_window_attention_lse,
+    sliding_window_step,
+)
+
+__all__ = [
+    "LatteState",
+    "MacchiatoState",
+    "WindowState",
+    "latte_bidirectional",
+    "latte_causal",
+    "latte_causal_step",
+    "linear_recurrence",
+    "macchiato",
+    "macchiato_step",
+    "reference",
+    "sliding_window_attention",
+    "sliding_window_attention_lse",
+    "sliding_window_step",
+]

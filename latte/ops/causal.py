@@ -1,0 +1,244 @@
+"""Causal Latte: the chunked parallel form and the recurrent step (MATH.md 3).
+
+Legend: B batch, T time, H heads, L latents per head (Lh), D value width per
+head (dv), N chunks, C chunk size (t, s: query / key positions in a chunk).
+
+y_t = sum_l softmax(a_t)_l * Vbar_{t,l},
+Vbar_{t,l} = sum_{s<=t} exp(b_{s,l} - z_{t,l}) v_s,  z_t = logcumsumexp(b)_t.
+
+Chunked form (3.2). With z_end the log-normaliser at the end of each chunk
+and z_prev the one before it:
+  state   S_n   = exp(z_prev - z_end) * S_{n-1} + sum_s exp(b_s - z_end) v_s
+  inter   y_t  += (softmax(a_t) * exp(z_prev - z_t)) @ S_{n-1}
+  intra   y_t  += sum_{s<=t in chunk} [sum_l softmax(a_t)_l exp(b_s - z_t)_l] v_s
+Every exponent above is <= 0, so no logit magnitude can overflow. The intra
+weights are built in log space (b_s - z_t, masked above the diagonal) and never
+as a product exp(b_s) * exp(-z_t), which overflows and meets the zero mask as
+inf * 0 = NaN. No T x T tensor is built: the intra part is N blocks of C x C.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from ._checks import (
+    NEG,
+    check_cu_seqlens,
+    check_mask,
+    check_positive_int,
+    check_rank,
+    check_same,
+    check_shape,
+    state_dtype,
+)
+from .recurrence import linear_recurrence
+
+
+class LatteState(NamedTuple):
+    """Decoding state of one causal Latte layer: constant in T."""
+
+    S: torch.Tensor  # [B, H, L, D] normalised value state Vbar_t (float32)
+    z: torch.Tensor  # [B, H, L] running log-normaliser z_t (float32)
+
+
+def _check_inputs(a, b, v, mask):
+    check_rank("a", a, 4, "[B, T, H, Lh]")
+    check_rank("b", b, 4, "[B, T, H, Lh]")
+    check_rank("v", v, 4, "[B, T, H, Dv]")
+    if a.shape != b.shape:
+        raise ValueError(f"a, b: shapes must match [B, T, H, Lh], got {tuple(a.shape)} and {tuple(b.shape)}")
+    check_same("a, v", [a.shape[0], v.shape[0]], "batch sizes")
+    check_same("a, v", [a.shape[1], v.shape[1]], "sequence lengths")
+    check_same("a, v", [a.shape[2], v.shape[2]], "head counts")
+    check_mask("mask", mask, tuple(a.shape[:2]))
+
+
+def _check_state(state, B, H, L, D, name="initial_state"):
+    if not isinstance(state, LatteState):
+        raise ValueError(f"{name}: expected a LatteState(S, z), got {type(state).__name__}")
+    check_shape(f"{name}.S", state.S, (B, H, L, D), "[B, H, Lh, Dv]")
+    check_shape(f"{name}.z", state.z, (B, H, L), "[B, H, Lh]")
+
+
+def mask_logits(b: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Key logits of masked tokens (mask False) become NEG: they then carry
+    exactly zero weight once any real token has been seen."""
+    if mask is None:
+        return b
+    return b.masked_fill(~mask.view(*mask.shape, *([1] * (b.dim() - mask.dim()))), NEG)
+
+
+# Largest growth of z inside one chunk for which the factorised intra-chunk
+# form is used; its factors then stay within exp(+-40), far from float32 limits.
+SPREAD_LIMIT = 40.0
+
+
+def _intra_log(q, b, z, v):
+    """Exact intra-chunk part built in log space; any logits, O(C^2 L) memory.
+
+    q, b, z: [M, C, H, L]; v: [M, C, H, D] -> [M, C, H, D] (M chunks).
+    """
+    C = q.shape[1]
+    qh, bh, zh = (x.transpose(1, 2) for x in (q, b, z))  # [M, H, C, L]
+    diff = bh.unsqueeze(-3) - zh.unsqueeze(-2)  # [M, H, C(t), C(s), L], <= 0 for s <= t
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    diff = diff.masked_fill(~causal[:, :, None], float("-inf"))
+    w = torch.einsum("mhtsl,mhtl->mhts", diff.exp(), qh)  # [M, H, C, C]
+    return (w @ v.transpose(1, 2)).transpose(1, 2)
+
+
+def _intra_chunk(q, b, z, v):
+    """sum_{s<=t} [sum_l q_tl exp(b_sl - z_tl)] v_s within each chunk.
+
+    q, b, z: [B, N, C, H, L]; v: [B, N, C, H, D] -> [B, N, C, H, D].
+    Factorised through r = z at the chunk's first token:
+    exp(b_s - z_t) = exp(b_s - r) * exp(r - z_t), two matmuls. Both factors lie
+    in [exp(-spread), exp(spread)] with spread = z_last - r, so chunks whose
+    spread exceeds SPREAD_LIMIT (huge or wildly varying logits) are recomputed
+    exactly in log space instead. r cancels, so it is detached.
+    """
+    B, N, C, H, L = q.shape
+    r = z[:, :, :1].detach()  # [B, N, 1, H, L]
+    # clamp: a no-op in accepted chunks, keeps rejected ones finite (no NaN grads)
+    k_f = torch.exp((b - r).clamp(max=SPREAD_LIMIT))  # [B, N, C, H, L]
+    q_f = q * torch.exp(r - z)  # [B, N, C, H, L], <= q
+    w = torch.einsum("bnthl,bnshl->bnhts", q_f, k_f)  # [B, N, H, C, C]
+    w = w * torch.ones(C, C, dtype=w.dtype, device=w.device).tril()
+    y = torch.einsum("bnhts,bnshd->bnthd", w, v)
+    bad = ((z[:, :, -1] - r[:, :, 0]).amax(dim=(-2, -1)) > SPREAD_LIMIT).flatten()  # [B * N]
+    if bool(bad.any()):
+        idx = bad.nonzero().squeeze(1)
+        sel = [x.flatten(0, 1).index_select(0, idx) for x in (q, b, z, v)]
+        y = y.flatten(0, 1).index_copy(0, idx, _intra_log(*sel)).view_as(y)
+    return y
+
+
+def _chunked(a, b, v, chunk_size, state, mask):
+    """float32/float64 core of latte_causal; returns (y, LatteState)."""
+    B, T, H, L = a.shape
+    D = v.shape[-1]
+    work = state_dtype(a.dtype)
+    q = torch.softmax(a.to(work), dim=-1)
+    b = mask_logits(b.to(work), mask)
+    v = v.to(work)
+    if state is None:
+        S0 = v.new_zeros(B, H, L, D)
+        z0 = v.new_full((B, H, L), float("-inf"))  # empty state: no mass yet
+    else:
+        S0, z0 = state.S.to(work), state.z.to(work)
+    C = min(chunk_size, T)
+    N = -(-T // C)
+    pad = N * C - T
+    if pad:  # masked keys at the end change neither outputs nor the final state
+        q = F.pad(q, (0, 0, 0, 0, 0, pad))
+        b = F.pad(b, (0, 0, 0, 0, 0, pad), value=NEG)
+        v = F.pad(v, (0, 0, 0, 0, 0, pad))
+    z = torch.logaddexp(torch.logcumsumexp(b, dim=1), z0.unsqueeze(1))  # [B, NC, H, L]
+    q, b, z = (x.view(B, N, C, H, L) for x in (q, b, z))
+    v = v.view(B, N, C, H, D)
+    z_end = z[:, :, -1]  # [B, N, H, L]
+    z_prev = torch.cat([z0.unsqueeze(1), z_end[:, :-1]], 1)  # [B, N, H, L]
+    # chunk sums normalised at the chunk end, then carried across chunks
+    k_end = torch.exp(b - z_end.unsqueeze(2))  # [B, N, C, H, L] <= 1
+    K = torch.einsum("bnchl,bnchd->bnhld", k_end, v)  # [B, N, H, L, D]
+    log_g = (z_prev - z_end).unsqueeze(-1).expand_as(K)
+    S_all, S_last = linear_recurrence(K, log_g, initial_state=S0, output_final_state=True, chunk_size=16)
+    S_before = torch.cat([S0.unsqueeze(1), S_all[:, :-1]], 1)  # [B, N, H, L, D]
+    q_inter = q * torch.exp(z_prev.unsqueeze(2) - z)  # [B, N, C, H, L]
+    y = torch.einsum("bnchl,bnhld->bnchd", q_inter, S_before) + _intra_chunk(q, b, z, v)
+    y = y.reshape(B, N * C, H, D)[:, :T]
+    return y, LatteState(S_last, z_end[:, -1])
+
+
+def latte_causal(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    chunk_size: int = 64,
+    initial_state: LatteState | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+):
+    """Causal Latte attention, chunked parallel form (MATH.md 3.2).
+
+    Args:
+        a: [B, T, H, Lh] query-side latent logits.
+        b: [B, T, H, Lh] key-side latent logits.
+        v: [B, T, H, Dv] values.
+        chunk_size: tokens per chunk (any value >= 1; T need not divide).
+        initial_state: LatteState to continue from (S [B,H,Lh,Dv], z [B,H,Lh]);
+            with cu_seqlens, one per document ([N, ...]).
+        output_final_state: also return the state after the last token.
+        cu_seqlens: int [N+1] document boundaries of a packed batch (B == 1):
+            documents never see each other.
+        mask: [B, T] bool, False for padding: those tokens are never attended
+            to (their own outputs are unspecified).
+    Returns:
+        (y [B, T, H, Dv] in v's dtype, LatteState or None)
+    """
+    _check_inputs(a, b, v, mask)
+    check_positive_int("chunk_size", chunk_size)
+    B, T, H, L = a.shape
+    D = v.shape[-1]
+    if cu_seqlens is not None:
+        from .varlen import run_packed
+
+        check_cu_seqlens(cu_seqlens, B, T)
+        n_docs = cu_seqlens.numel() - 1
+        if initial_state is not None:
+            _check_state(initial_state, n_docs, H, L, D)
+
+        def run(a_, b_, v_, mask_, state_):
+            return _chunked(a_, b_, v_, chunk_size, state_, mask_)
+
+        y, state = run_packed(run, (a, b, v), cu_seqlens, mask, initial_state)
+    else:
+        if initial_state is not None:
+            _check_state(initial_state, B, H, L, D)
+        if T == 0:
+            raise ValueError("a: sequence length T must be >= 1, got 0")
+        y, state = _chunked(a, b, v, chunk_size, initial_state, mask)
+    return y.to(v.dtype), (state if output_final_state else None)
+
+
+def latte_causal_step(
+    a_t: torch.Tensor,
+    b_t: torch.Tensor,
+    v_t: torch.Tensor,
+    state: LatteState | None = None,
+    *,
+    mask_t: torch.Tensor | None = None,
+):
+    """One decoding step of causal Latte (MATH.md 3.1): O(1) in the context.
+
+    a_t, b_t: [B, H, Lh]; v_t: [B, H, Dv]; mask_t: [B] bool (False = padding,
+    the token is not added to the state's mass). Returns (y_t [B, H, Dv], state).
+    """
+    check_rank("a_t", a_t, 3, "[B, H, Lh]")
+    check_rank("b_t", b_t, 3, "[B, H, Lh]")
+    check_rank("v_t", v_t, 3, "[B, H, Dv]")
+    if a_t.shape != b_t.shape:
+        raise ValueError(f"a_t, b_t: shapes must match, got {tuple(a_t.shape)} and {tuple(b_t.shape)}")
+    check_same("a_t, v_t", [a_t.shape[0], v_t.shape[0]], "batch sizes")
+    check_same("a_t, v_t", [a_t.shape[1], v_t.shape[1]], "head counts")
+    check_mask("mask_t", mask_t, (a_t.shape[0],))
+    B, H, L = a_t.shape
+    D = v_t.shape[-1]
+    work = state_dtype(a_t.dtype)
+    if state is None:
+        S = v_t.new_zeros(B, H, L, D, dtype=work)
+        z = v_t.new_full((B, H, L), float("-inf"), dtype=work)
+    else:
+        _check_state(state, B, H, L, D, name="state")
+        S, z = state.S.to(work), state.z.to(work)
+    b = mask_logits(b_t.to(work), mask_t)
+    z_new = torch.logaddexp(z, b)
+    # both exponents are <= 0 (3.1): nothing overflows
+    S_new = torch.exp(z - z_new).unsqueeze(-1) * S + torch.exp(b - z_new).unsqueeze(-1) * v_t.to(work).unsqueeze(-2)
+    y = torch.einsum("bhl,bhld->bhd", torch.softmax(a_t.to(work), -1), S_new)
+    return y.to(v_t.dtype), LatteState(S_new, z_new)

@@ -1,0 +1,147 @@
+"""Latte-Macchiato: sliding-window softmax + global latents, one distribution
+(MATH.md 4).
+
+Legend: B batch, T time, H query heads, K key/value heads, L latents per head,
+E query/key width, D value width.
+
+The window is latent state l = 0. Both mixes reduce to one mixing logit m_t:
+  joint: m_t = lse_window_t - (logsumexp_l a_t + beta)
+         (one normaliser over window scores and latent logits)
+  gate:  m_t = g_t - (logsumexp_l a_t + beta)   ([g_t, a_t] share a softmax)
+  y_t = sigmoid(m_t) * SWA_t + sigmoid(-m_t) * Latte_t
+where SWA_t and Latte_t are the separately normalised branch outputs. For
+"joint" this equals [sum_W exp(e) v + sum_l exp(a_l + beta) Vbar_l] / Z_t
+exactly, and the token distribution sums to 1 (the review of the paper's v4
+summed two separately normalised attentions instead). sigmoid of a difference
+of log-normalisers is the stable form: nothing is exponentiated unbounded.
+beta (per head, default 0) also applies to "gate" as a bias of the latents.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ._checks import check_positive_int, check_rank, check_shape, state_dtype
+from .causal import LatteState, _check_inputs, _chunked, _check_state, latte_causal_step
+from .sliding_window import (
+    WindowState,
+    _blocked,
+    check_qkv,
+    check_window_state,
+    window_step,
+)
+
+MIXES = ("joint", "gate")
+
+
+class MacchiatoState(NamedTuple):
+    latte: LatteState
+    window: WindowState
+
+
+def _repeat_kv(v: torch.Tensor, heads: int) -> torch.Tensor:
+    """[..., K, D] -> [..., H, D]: query head h uses KV head h // (H / K)."""
+    return v.repeat_interleave(heads // v.shape[-2], dim=-2)
+
+
+def _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, step):
+    sfx = "_t" if step else ""
+    check_qkv(q, k, v, mask, suffix=sfx)
+    check_positive_int("window_size", window_size)
+    check_positive_int("chunk_size", chunk_size)
+    if mix not in MIXES:
+        raise ValueError(f"mix: expected one of {MIXES}, got {mix!r}")
+    lead = a.dim() - 2
+    check_rank("a" + sfx, a, lead + 2, "[B, (T,) H, Lh]")
+    if tuple(a.shape[:-1]) != tuple(q.shape[:-1]):
+        raise ValueError(
+            f"a{sfx}, q{sfx}: leading shapes must match ([B, (T,) H]), got {tuple(a.shape)} and {tuple(q.shape)}"
+        )
+    check_shape("b" + sfx, b, tuple(a.shape), "(same as a)")
+    H = q.shape[-2]
+    if mix == "gate":
+        if gate is None:
+            raise ValueError('gate: mix="gate" needs gate logits [B, (T,) H], got None')
+        check_shape("gate" + sfx, gate, tuple(a.shape[:-1]), "[B, (T,) H]")
+    elif gate is not None:
+        raise ValueError('gate: only used with mix="gate"; got gate logits with mix="joint"')
+    if beta is not None:
+        check_shape("beta", beta, (H,), "[H] (one per query head)")
+
+
+def _mix(y_win, lse_win, y_lat, a, gate, beta, mix):
+    """Combine the two normalised branches with one mixing logit (float32)."""
+    lat = torch.logsumexp(a, -1)  # [..., H]
+    if beta is not None:
+        lat = lat + beta.to(lat.dtype)
+    m = (lse_win if mix == "joint" else gate.to(lat.dtype)) - lat
+    w = torch.sigmoid(m).unsqueeze(-1)  # p(l = 0 | t)
+    return w * y_win + (1 - w) * y_lat
+
+
+def macchiato(
+    a, b, v, q, k, *, window_size, mix="joint", gate=None, beta=None, scale=None,
+    mask=None, chunk_size=64, initial_state=None, output_final_state=False,
+):
+    """Latte-Macchiato attention over a sequence.
+
+    Args:
+        a, b: [B, T, H, Lh] latent logits; v: [B, T, K, D] values shared by
+            both branches; q: [B, T, H, E], k: [B, T, K, E] window queries and
+            keys (RoPE already applied); K divides H (grouped KV heads).
+        window_size: local window, current token included.
+        mix: "joint" (one normaliser) or "gate" (needs gate [B, T, H]).
+        beta: [H] bias of the latents' mass (very negative = start as pure
+            sliding-window attention), default 0.
+        scale: window score scale, default 1/sqrt(E).
+        mask: [B, T] bool, False for padding.
+        chunk_size, initial_state (MacchiatoState), output_final_state: as in
+            latte_causal.
+    Returns:
+        (y [B, T, H, D] in v's dtype, MacchiatoState or None)
+    """
+    _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, step=False)
+    B, T, H, L = a.shape
+    D = v.shape[-1]
+    if T == 0:
+        raise ValueError("a: sequence length T must be >= 1, got 0")
+    lat_state = win_state = None
+    if initial_state is not None:
+        if not isinstance(initial_state, MacchiatoState):
+            raise ValueError(f"initial_state: expected a MacchiatoState, got {type(initial_state).__name__}")
+        _check_state(initial_state.latte, B, H, L, D, name="initial_state.latte")
+        check_window_state(initial_state.window, q, k, v, window_size, name="initial_state.window")
+        lat_state, win_state = initial_state
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    y_win, lse, win_state = _blocked(q, k, v, window_size, scale, mask, win_state)
+    v_lat = _repeat_kv(v, H)
+    _check_inputs(a, b, v_lat, mask)
+    y_lat, lat_state = _chunked(a, b, v_lat, chunk_size, lat_state, mask)
+    y = _mix(y_win, lse, y_lat, a.to(y_lat.dtype), gate, beta, mix)
+    return y.to(v.dtype), (MacchiatoState(lat_state, win_state) if output_final_state else None)
+
+
+def macchiato_step(
+    a_t, b_t, v_t, q_t, k_t, *, window_size, mix="joint", gate_t=None, beta=None,
+    scale=None, mask_t=None, state=None,
+):
+    """One decoding step: a_t, b_t [B, H, Lh], v_t [B, K, D], q_t [B, H, E],
+    k_t [B, K, E], gate_t [B, H]. Returns (y_t [B, H, D], MacchiatoState);
+    constant time and memory in the context (the window is a W - 1 buffer)."""
+    _check(a_t, b_t, v_t, q_t, k_t, gate_t, beta, mix, window_size, 1, mask_t, step=True)
+    lat_state = win_state = None
+    if state is not None:
+        if not isinstance(state, MacchiatoState):
+            raise ValueError(f"state: expected a MacchiatoState, got {type(state).__name__}")
+        check_window_state(state.window, q_t, k_t, v_t, window_size, name="state.window")
+        lat_state, win_state = state
+    scale = q_t.shape[-1] ** -0.5 if scale is None else scale
+    y_win, lse, win_state = window_step(
+        q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=win_state
+    )
+    work = state_dtype(a_t.dtype)
+    y_lat, lat_state = latte_causal_step(a_t.to(work), b_t.to(work), _repeat_kv(v_t, q_t.shape[1]).to(work), lat_state, mask_t=mask_t)
+    y = _mix(y_win, lse, y_lat, a_t.to(work), gate_t, beta, mix)
+    return y.to(v_t.dtype), MacchiatoState(lat_state, win_state)

@@ -1,0 +1,129 @@
+"""Slow float64 ground truth for every op: O(T^2) matrices and plain loops,
+written for clarity, not speed. Each one builds the attention matrix the
+mathematics defines (MATH.md) and shares no code with the fast paths.
+
+Legend: B batch, T time, H heads, L latents per head, D value width,
+K key/value heads, E query/key width. All functions return float64.
+"""
+
+from __future__ import annotations
+
+import torch
+
+f64 = torch.float64
+NEG_INF = float("-inf")
+
+
+def latte_bidirectional_matrix(a, b, mask=None):
+    """A[b, h, t, s] = sum_l p(l|t) p(s|l) (MATH.md 2)."""
+    a, b = a.to(f64), b.to(f64)
+    if mask is not None:
+        b = b.masked_fill(~mask[:, :, None, None], NEG_INF)
+    p_l = torch.softmax(a, -1)  # [B, T, H, L]
+    p_s = torch.softmax(b, 1)  # [B, T(s), H, L]
+    return torch.einsum("bthl,bshl->bhts", p_l, p_s)
+
+
+def latte_bidirectional(a, b, v, mask=None):
+    return torch.einsum("bhts,bshd->bthd", latte_bidirectional_matrix(a, b, mask), v.to(f64))
+
+
+def _causal_log_weights(b, z0=None, mask=None):
+    """log p(s|l,t) as [B, H, L, T(t), T(s)] (+ the initial state's column)."""
+    b = b.to(f64)
+    if mask is not None:
+        b = b.masked_fill(~mask[:, :, None, None], NEG_INF)
+    B, T, H, L = b.shape
+    logits = b.permute(0, 2, 3, 1)[..., None, :].expand(B, H, L, T, T)  # [.., t, s]
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    logits = logits.masked_fill(future, NEG_INF)
+    if z0 is not None:  # the initial state acts as one earlier pseudo-token
+        init = z0.to(f64)[..., None, None].expand(B, H, L, T, 1)
+        logits = torch.cat([init, logits], -1)
+    return logits - torch.logsumexp(logits, -1, keepdim=True)
+
+
+def latte_causal_matrix(a, b, mask=None):
+    """A[b, h, t, s] = sum_l p(l|t) p(s|l,t): every row a probability vector."""
+    logp = _causal_log_weights(b, mask=mask)
+    p_l = torch.softmax(a.to(f64), -1).permute(0, 2, 3, 1)  # [B, H, L, T]
+    return torch.einsum("bhlt,bhlts->bhts", p_l, logp.exp())
+
+
+def latte_causal(a, b, v, initial_state=None, mask=None):
+    """Returns (y [B, T, H, D], (S, z) after the last token)."""
+    B, T, H, L = a.shape
+    z0 = initial_state[1] if initial_state is not None else None
+    w = _causal_log_weights(b, z0, mask).exp()  # [B, H, L, T, (1 +) T]
+    vals = v.to(f64).permute(0, 2, 1, 3)[:, :, None].expand(B, H, L, T, v.shape[-1])
+    if initial_state is not None:
+        vals = torch.cat([initial_state[0].to(f64)[:, :, :, None], vals], 3)
+    vbar = torch.einsum("bhlts,bhlsd->bhltd", w, vals)  # Vbar_{t,l}
+    p_l = torch.softmax(a.to(f64), -1)  # [B, T, H, L]
+    y = torch.einsum("bthl,bhltd->bthd", p_l, vbar)
+    bb = b.to(f64)
+    if mask is not None:
+        bb = bb.masked_fill(~mask[:, :, None, None], NEG_INF)
+    z = torch.logsumexp(bb, 1)  # [B, H, L]
+    if z0 is not None:
+        z = torch.logaddexp(z, z0.to(f64))
+    return y, (vbar[:, :, :, -1], z)
+
+
+def window_matrix_logits(q, k, window_size, scale=None, mask=None):
+    """Scores e[b, h, t, s] over the window (t - W, t], -inf elsewhere."""
+    B, T, H, E = q.shape
+    kk = k.to(f64).repeat_interleave(H // k.shape[2], 2)
+    scale = E ** -0.5 if scale is None else scale
+    e = torch.einsum("bthe,bshe->bhts", q.to(f64), kk) * scale
+    t = torch.arange(T)[:, None]
+    s = torch.arange(T)[None, :]
+    allowed = (s <= t) & (s > t - window_size)
+    allowed = allowed[None, None] & (True if mask is None else mask[:, None, None, :])
+    allowed = allowed | (s == t)  # a query always sees its own key
+    return e.masked_fill(~allowed, NEG_INF)
+
+
+def sliding_window_attention(q, k, v, window_size, scale=None, mask=None):
+    """Returns (y [B, T, H, D], lse [B, T, H])."""
+    e = window_matrix_logits(q, k, window_size, scale, mask)
+    vv = v.to(f64).repeat_interleave(q.shape[2] // v.shape[2], 2)
+    lse = torch.logsumexp(e, -1)  # [B, H, T]
+    y = torch.einsum("bhts,bshd->bthd", torch.softmax(e, -1), vv)
+    return y, lse.transpose(1, 2)
+
+
+def macchiato_matrix(a, b, q, k, window_size, mix="joint", gate=None, beta=None, scale=None, mask=None):
+    """p(s|t) of MATH.md 4 built term by term: [B, H, T, T]."""
+    H = q.shape[2]
+    e = window_matrix_logits(q, k, window_size, scale, mask)  # [B, H, T, T]
+    a64 = a.to(f64) + (0 if beta is None else beta.to(f64)[None, None, :, None])
+    log_lat = a64.permute(0, 2, 1, 3)  # [B, H, T, L] log of unnormalised p(l|t)
+    if mix == "joint":
+        log_win = torch.logsumexp(e, -1, keepdim=True)  # [B, H, T, 1]
+        p_win_rows = torch.softmax(e, -1)
+    else:
+        log_win = gate.to(f64).permute(0, 2, 1)[..., None]
+        p_win_rows = torch.softmax(e, -1)
+    log_z = torch.logsumexp(torch.cat([log_win, log_lat], -1), -1, keepdim=True)
+    p_l = torch.exp(log_lat - log_z)  # [B, H, T, L]
+    p_s_given_l = _causal_log_weights(b, mask=mask).exp()  # [B, H, L, T, T]
+    lat = torch.einsum("bhtl,bhlts->bhts", p_l, p_s_given_l)
+    return torch.exp(log_win - log_z) * p_win_rows + lat
+
+
+def macchiato(a, b, v, q, k, window_size, mix="joint", gate=None, beta=None, scale=None, mask=None):
+    A = macchiato_matrix(a, b, q, k, window_size, mix, gate, beta, scale, mask)
+    vv = v.to(f64).repeat_interleave(q.shape[2] // v.shape[2], 2)
+    return torch.einsum("bhts,bshd->bthd", A, vv)
+
+
+def linear_recurrence(x, log_a, initial_state=None):
+    """h_t = exp(log_a_t) h_{t-1} + x_t, one step at a time."""
+    x, a = x.to(f64), log_a.to(f64).exp()
+    h = torch.zeros_like(x[:, 0]) if initial_state is None else initial_state.to(f64)
+    out = []
+    for t in range(x.shape[1]):
+        h = a[:, t] * h + x[:, t]
+        out.append(h)
+    return torch.stack(out, 1), h

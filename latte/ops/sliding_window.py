@@ -1,0 +1,179 @@
+"""Exact causal sliding-window softmax attention (MATH.md 4, the l = 0 state).
+
+Legend: B batch, T time, H query heads, K key/value heads (H = K * G, grouped
+KV), G queries per KV head, E query/key width, D value width, W window size,
+P = W - 1 cached tokens, Q query block, N blocks.
+
+Token t attends to s in (t - W, t]. The blocked form cuts the queries into
+blocks of Q tokens; block n sees keys [nQ - P, nQ + Q), so the score tensor is
+[N, Q, Q + P]: linear in T, never T x T. Besides the output it returns the
+log-normaliser lse_t = log sum_{s in W(t)} exp(e_{t,s}), which Macchiato needs
+to mix the window with the latents in one distribution.
+
+A query always sees its own key, even when it is padding: every row then has
+at least one finite score, so no NaN arises from an empty softmax, and real
+tokens never see padded keys.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from ._checks import check_mask, check_positive_int, check_rank, check_same, check_shape, state_dtype
+
+
+class WindowState(NamedTuple):
+    """Keys/values of the last W - 1 tokens, oldest first (keys already carry
+    their RoPE rotation). Constant in T."""
+
+    k: torch.Tensor  # [B, P, K, E]
+    v: torch.Tensor  # [B, P, K, D]
+    mask: torch.Tensor  # [B, P] bool, True where the slot holds a real token
+
+
+def check_qkv(q, k, v, mask, suffix=""):
+    dims = 3 if suffix else 4
+    layout = "[B, H, E]" if suffix else "[B, T, H, E]"
+    check_rank("q" + suffix, q, dims, layout)
+    check_rank("k" + suffix, k, dims, layout.replace("H", "K"))
+    check_rank("v" + suffix, v, dims, layout.replace("H", "K").replace("E", "D"))
+    lead = dims - 2
+    check_same(f"q{suffix}, k{suffix}, v{suffix}", [q.shape[0], k.shape[0], v.shape[0]], "batch sizes")
+    if not suffix:
+        check_same("q, k, v", [q.shape[1], k.shape[1], v.shape[1]], "sequence lengths")
+    check_same(f"q{suffix}, k{suffix}", [q.shape[-1], k.shape[-1]], "query/key widths")
+    check_same(f"k{suffix}, v{suffix}", [k.shape[lead], v.shape[lead]], "key/value head counts")
+    if q.shape[lead] % k.shape[lead]:
+        raise ValueError(
+            f"q{suffix}, k{suffix}: query heads ({q.shape[lead]}) must be a multiple of key/value heads ({k.shape[lead]})"
+        )
+    check_mask("mask" + suffix, mask, tuple(q.shape[: lead]))
+
+
+def empty_window_state(k: torch.Tensor, v: torch.Tensor, window_size: int, work) -> WindowState:
+    B, K = k.shape[0], k.shape[-2]
+    P = window_size - 1
+    return WindowState(
+        k.new_zeros(B, P, K, k.shape[-1], dtype=work),
+        v.new_zeros(B, P, K, v.shape[-1], dtype=work),
+        torch.zeros(B, P, dtype=torch.bool, device=k.device),
+    )
+
+
+def check_window_state(state, q, k, v, window_size, name="initial_state"):
+    if not isinstance(state, WindowState):
+        raise ValueError(f"{name}: expected a WindowState(k, v, mask), got {type(state).__name__}")
+    B, K, P = q.shape[0], k.shape[-2], window_size - 1
+    check_shape(f"{name}.k", state.k, (B, P, K, k.shape[-1]), "[B, window_size - 1, K, E]")
+    check_shape(f"{name}.v", state.v, (B, P, K, v.shape[-1]), "[B, window_size - 1, K, D]")
+    check_mask(f"{name}.mask", state.mask, (B, P))
+
+
+def _blocked(q, k, v, window_size, scale, mask, state):
+    """Core in the work dtype: returns (y [B,T,H,D], lse [B,T,H], WindowState)."""
+    B, T, H, E = q.shape
+    K, D, P = k.shape[2], v.shape[-1], window_size - 1
+    G = H // K
+    work = state_dtype(q.dtype)
+    state = state if state is not None else empty_window_state(k, v, window_size, work)
+    mask = mask if mask is not None else torch.ones(B, T, dtype=torch.bool, device=q.device)
+    kk = torch.cat([state.k.to(work), k.to(work)], 1)  # [B, P + T, K, E]
+    vv = torch.cat([state.v.to(work), v.to(work)], 1)  # [B, P + T, K, D]
+    km = torch.cat([state.mask, mask], 1)  # [B, P + T]
+    new_state = WindowState(kk[:, T:], vv[:, T:], km[:, T:])
+    Q = min(T, max(window_size, 16))
+    N = -(-T // Q)
+    pad = N * Q - T
+    qq = F.pad(q.to(work), (0, 0, 0, 0, 0, pad)).view(B, N, Q, K, G, E)
+    kk, vv = F.pad(kk, (0, 0, 0, 0, 0, pad)), F.pad(vv, (0, 0, 0, 0, 0, pad))
+    km = F.pad(km, (0, pad))
+    kb = kk.unfold(1, Q + P, Q)  # [B, N, K, E, Q + P]
+    vb = vv.unfold(1, Q + P, Q)  # [B, N, K, D, Q + P]
+    mb = km.unfold(1, Q + P, Q)  # [B, N, Q + P]
+    s = torch.einsum("bnqkge,bnkej->bnkgqj", qq, kb) * scale  # [B, N, K, G, Q, Q + P]
+    r = torch.arange(Q, device=q.device)[:, None]
+    j = torch.arange(Q + P, device=q.device)[None, :]
+    band = (j >= r) & (j <= r + P)  # key j is in query r's window
+    valid = (band & mb[:, :, None, :]) | (j == r + P)  # [B, N, Q, Q + P]; own key always
+    s = s.masked_fill(~valid[:, :, None, None], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # [B, N, K, G, Q], finite: own key is valid
+    p = torch.exp(s - lse.unsqueeze(-1))
+    y = torch.einsum("bnkgqj,bnkdj->bnqkgd", p, vb).reshape(B, N * Q, H, D)[:, :T]
+    lse = lse.permute(0, 1, 4, 2, 3).reshape(B, N * Q, H)[:, :T]
+    return y, lse, new_state
+
+
+def sliding_window_attention_lse(
+    q, k, v, *, window_size, scale=None, mask=None, initial_state=None, output_final_state=False
+):
+    """Like sliding_window_attention, also returning the window log-normaliser.
+
+    Returns (y [B, T, H, D] in v's dtype, lse [B, T, H] float32, state or None).
+    """
+    check_qkv(q, k, v, mask)
+    check_positive_int("window_size", window_size)
+    if q.shape[1] == 0:
+        raise ValueError("q: sequence length T must be >= 1, got 0")
+    if initial_state is not None:
+        check_window_state(initial_state, q, k, v, window_size)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    y, lse, state = _blocked(q, k, v, window_size, scale, mask, initial_state)
+    return y.to(v.dtype), lse, (state if output_final_state else None)
+
+
+def sliding_window_attention(
+    q, k, v, *, window_size, scale=None, mask=None, initial_state=None, output_final_state=False
+):
+    """Exact causal softmax attention over the last `window_size` tokens.
+
+    Args:
+        q: [B, T, H, E]; k: [B, T, K, E]; v: [B, T, K, D] with H a multiple
+            of K (grouped KV heads: query head h uses KV head h // (H / K)).
+        window_size: tokens seen by each query, itself included (>= 1).
+        scale: score scale, default 1/sqrt(E).
+        mask: [B, T] bool, False for padding (never attended to).
+        initial_state / output_final_state: a WindowState to continue from.
+    Returns:
+        (y [B, T, H, D] in v's dtype, WindowState or None)
+    """
+    y, _, state = sliding_window_attention_lse(
+        q, k, v, window_size=window_size, scale=scale, mask=mask,
+        initial_state=initial_state, output_final_state=output_final_state,
+    )
+    return y, state
+
+
+def window_step(q_t, k_t, v_t, *, window_size, scale, mask_t, state):
+    """One decoding step in the work dtype: (y_t [B,H,D], lse_t [B,H], state)."""
+    B, H, E = q_t.shape
+    K = k_t.shape[1]
+    work = state_dtype(q_t.dtype)
+    state = state if state is not None else empty_window_state(k_t, v_t, window_size, work)
+    own = torch.ones(B, 1, dtype=torch.bool, device=q_t.device)
+    kk = torch.cat([state.k.to(work), k_t.to(work).unsqueeze(1)], 1)  # [B, W, K, E]
+    vv = torch.cat([state.v.to(work), v_t.to(work).unsqueeze(1)], 1)  # [B, W, K, D]
+    valid = torch.cat([state.mask, own], 1)  # own key always visible
+    s = torch.einsum("bkge,bwke->bkgw", q_t.to(work).view(B, K, H // K, E), kk) * scale
+    s = s.masked_fill(~valid[:, None, None], float("-inf"))
+    lse = torch.logsumexp(s, -1)  # [B, K, G]
+    y = torch.einsum("bkgw,bwkd->bkgd", torch.exp(s - lse.unsqueeze(-1)), vv)
+    m = own[:, 0] if mask_t is None else mask_t
+    new_state = WindowState(kk[:, 1:], vv[:, 1:], torch.cat([state.mask, m.unsqueeze(1)], 1)[:, 1:])
+    return y.reshape(B, H, -1), lse.reshape(B, H), new_state
+
+
+def sliding_window_step(q_t, k_t, v_t, *, window_size, scale=None, mask_t=None, state=None):
+    """One decoding step: q_t [B, H, E], k_t [B, K, E], v_t [B, K, D].
+
+    Returns (y_t [B, H, D] in v's dtype, WindowState). Constant in the context.
+    """
+    check_qkv(q_t, k_t, v_t, mask_t, suffix="_t")
+    check_positive_int("window_size", window_size)
+    if state is not None:
+        check_window_state(state, q_t, k_t, v_t, window_size, name="state")
+    scale = q_t.shape[-1] ** -0.5 if scale is None else scale
+    y, _, state = window_step(q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=state)
+    return y.to(v_t.dtype), state
