@@ -8,6 +8,7 @@ the input dtype. Every function here has a float64 reference in
 from . import reference
 from .bidirectional import latte_bidirectional
 from .causal import LatteState, latte_causal, latte_causal_step
+from .linear_attention import LinearAttentionState, linear_attention, linear_attention_step
 from .macchiato import MacchiatoState, macchiato, macchiato_step
 from .recurrence import linear_recurrence
 from .sliding_window import (
@@ -19,11 +20,14 @@ from .sliding_window import (
 
 __all__ = [
     "LatteState",
+    "LinearAttentionState",
     "MacchiatoState",
     "WindowState",
     "latte_bidirectional",
     "latte_causal",
     "latte_causal_step",
+    "linear_attention",
+    "linear_attention_step",
     "linear_recurrence",
     "macchiato",
     "macchiato_step",

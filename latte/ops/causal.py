@@ -136,6 +136,13 @@ def _chunked(a, b, v, chunk_size, state, mask):
         q = F.pad(q, (0, 0, 0, 0, 0, pad))
         b = F.pad(b, (0, 0, 0, 0, 0, pad), value=NEG)
         v = F.pad(v, (0, 0, 0, 0, 0, pad))
+    # p(s|l,t) is invariant to a per-latent shift of b and z: centring on the
+    # largest logit keeps float32 precision when all logits share a large
+    # offset (e.g. -1e4, whose ulp is 1e-3). The shift is added back to z only
+    # in the returned state.
+    c = torch.maximum(b.amax(1), z0).detach()  # [B, H, L]
+    b = b - c.unsqueeze(1)
+    z0 = z0 - c
     z = torch.logaddexp(torch.logcumsumexp(b, dim=1), z0.unsqueeze(1))  # [B, NC, H, L]
     q, b, z = (x.view(B, N, C, H, L) for x in (q, b, z))
     v = v.view(B, N, C, H, D)
@@ -150,7 +157,7 @@ def _chunked(a, b, v, chunk_size, state, mask):
     q_inter = q * torch.exp(z_prev.unsqueeze(2) - z)  # [B, N, C, H, L]
     y = torch.einsum("bnchl,bnhld->bnchd", q_inter, S_before) + _intra_chunk(q, b, z, v)
     y = y.reshape(B, N * C, H, D)[:, :T]
-    return y, LatteState(S_last, z_end[:, -1])
+    return y, LatteState(S_last, z_end[:, -1] + c)
 
 
 def latte_causal(

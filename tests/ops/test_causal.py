@@ -1,0 +1,167 @@
+"""causal Latte: chunked == recurrent == float64 reference, forward and gradients."""
+
+import pytest
+import torch
+
+from latte.ops import LatteState, latte_causal, latte_causal_step, reference as R
+from tests.helpers import grads_of, rel_err
+
+# (T, Lh, Dv, chunk): the odd shapes of the contract, chunks that do and do not divide T
+CASES = [
+    (1, 5, 60, 64), (2, 1, 1, 64), (63, 32, 64, 16), (64, 5, 60, 64),
+    (65, 1, 64, 64), (65, 32, 1, 7), (257, 5, 64, 64), (257, 32, 60, 100),
+]
+
+
+def inputs(T, L, D, B=2, H=3, scale=1.0, dtype=torch.float64):
+    a = torch.randn(B, T, H, L, dtype=dtype)
+    b = torch.randn(B, T, H, L, dtype=dtype) * scale
+    v = torch.randn(B, T, H, D, dtype=dtype)
+    return a, b, v
+
+
+def random_state(B, H, L, D, dtype=torch.float64):
+    return LatteState(torch.randn(B, H, L, D, dtype=dtype), torch.randn(B, H, L, dtype=dtype) * 3)
+
+
+@pytest.mark.parametrize("T,L,D,C", CASES)
+def test_forward_matches_reference(T, L, D, C):
+    a, b, v = inputs(T, L, D)
+    y_ref, (S_ref, z_ref) = R.latte_causal(a, b, v)
+    y, st = latte_causal(a, b, v, chunk_size=C, output_final_state=True)
+    assert rel_err(y, y_ref) < 1e-10
+    assert rel_err(st.S, S_ref) < 1e-10 and rel_err(st.z, z_ref) < 1e-10
+    y32, st32 = latte_causal(a.float(), b.float(), v.float(), chunk_size=C, output_final_state=True)
+    assert y32.dtype == torch.float32 and st32.S.dtype == torch.float32
+    assert rel_err(y32, y_ref) < 1e-4
+
+
+@pytest.mark.parametrize("T,L,D,C", CASES[2:7])
+def test_gradients_match_reference_with_initial_state(T, L, D, C):
+    a, b, v = inputs(T, L, D)
+    S0, z0 = random_state(2, 3, L, D)
+
+    def fast(a, b, v, S0, z0):
+        y, st = latte_causal(a, b, v, chunk_size=C, initial_state=LatteState(S0, z0), output_final_state=True)
+        return torch.cat([y.flatten(), st.S.flatten(), st.z.flatten()])
+
+    def ref(a, b, v, S0, z0):
+        y, (S, z) = R.latte_causal(a, b, v, initial_state=(S0, z0))
+        return torch.cat([y.flatten(), S.flatten(), z.flatten()])
+
+    out, g = grads_of(fast, [a, b, v, S0, z0])
+    out_ref, g_ref = grads_of(ref, [a, b, v, S0, z0])
+    assert rel_err(out, out_ref) < 1e-10
+    for name, x, xr in zip("a b v S0 z0".split(), g, g_ref):
+        assert rel_err(x, xr) < 1e-9, name
+
+
+def test_float32_gradients_close_to_float64_reference():
+    a, b, v = inputs(130, 8, 16, scale=5.0)
+    _, g_ref = grads_of(lambda a, b, v: R.latte_causal(a, b, v)[0], [a, b, v])
+    _, g = grads_of(lambda a, b, v: latte_causal(a, b, v, chunk_size=32)[0], [x.float() for x in (a, b, v)])
+    for x, xr in zip(g, g_ref):
+        assert rel_err(x, xr) < 1e-4
+
+
+@pytest.mark.parametrize("split", [1, 15, 16, 17, 40, 63])
+def test_state_continuation_equals_one_pass(split):
+    a, b, v = inputs(64, 5, 7)
+    y_full, st_full = latte_causal(a, b, v, chunk_size=16, output_final_state=True)
+    y1, st = latte_causal(a[:, :split], b[:, :split], v[:, :split], chunk_size=16, output_final_state=True)
+    y2, st2 = latte_causal(a[:, split:], b[:, split:], v[:, split:], chunk_size=16, initial_state=st, output_final_state=True)
+    assert rel_err(torch.cat([y1, y2], 1), y_full) < 1e-12
+    assert rel_err(st2.S, st_full.S) < 1e-12 and rel_err(st2.z, st_full.z) < 1e-12
+
+
+def test_recurrent_steps_equal_chunked():
+    a, b, v = inputs(70, 5, 7, scale=10.0)
+    y_full, st_full = latte_causal(a, b, v, chunk_size=16, output_final_state=True)
+    state, ys = None, []
+    for t in range(70):
+        y_t, state = latte_causal_step(a[:, t], b[:, t], v[:, t], state)
+        ys.append(y_t)
+    assert rel_err(torch.stack(ys, 1), y_full) < 1e-12
+    assert rel_err(state.S, st_full.S) < 1e-12
+
+
+def test_step_state_size_is_constant():
+    a, b, v = inputs(300, 4, 6)
+    state = None
+    sizes = set()
+    for t in range(300):
+        _, state = latte_causal_step(a[:, t], b[:, t], v[:, t], state)
+        sizes.add(sum(x.numel() for x in state))
+    assert sizes == {2 * 3 * 4 * (6 + 1)}  # B * H * Lh * (Dv + 1)
+
+
+def test_packed_documents_do_not_see_each_other():
+    lens = [5, 1, 40, 17]
+    a, b, v = inputs(sum(lens), 4, 6, B=1)
+    cu = torch.tensor([0, 5, 6, 46, 63])
+    y, st = latte_causal(a, b, v, chunk_size=16, cu_seqlens=cu, output_final_state=True)
+    for i, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        y_doc, st_doc = latte_causal(a[:, s:e], b[:, s:e], v[:, s:e], chunk_size=16, output_final_state=True)
+        assert rel_err(y[:, s:e], y_doc) < 1e-12
+        assert rel_err(st.S[i], st_doc.S[0]) < 1e-12
+
+
+def test_mask_removes_tokens_exactly():
+    a, b, v = inputs(40, 4, 6, B=1)
+    mask = torch.ones(1, 40, dtype=torch.bool)
+    mask[0, [0, 1, 7, 20, 21, 22, 39]] = False
+    y, st = latte_causal(a, b, v, chunk_size=8, mask=mask, output_final_state=True)
+    keep = mask[0]
+    y_kept, st_kept = latte_causal(a[:, keep], b[:, keep], v[:, keep], chunk_size=8, output_final_state=True)
+    assert rel_err(y[:, keep], y_kept) < 1e-12
+    assert rel_err(st.S, st_kept.S) < 1e-12
+
+
+@pytest.mark.parametrize("mix_one_hot", [True])
+def test_rows_are_probability_vectors(mix_one_hot):
+    T = 37
+    a, b, _ = inputs(T, 5, 1, B=1, H=2, scale=4.0)
+    v = torch.eye(T, dtype=torch.float64)[None, :, None, :].expand(1, T, 2, T)  # one-hot values
+    y, _ = latte_causal(a, b, v, chunk_size=8)
+    A = y[0].permute(1, 0, 2)  # [H, t, s]
+    assert (A >= -1e-15).all()
+    assert A.triu(1).abs().max() < 1e-15
+    assert torch.allclose(A.sum(-1), torch.ones(2, T, dtype=torch.float64), atol=1e-12)
+    assert rel_err(A, R.latte_causal_matrix(a, b)[0]) < 1e-10
+
+
+EXTREMES = {
+    "std40": lambda b: b * 40,
+    "spike80_late_in_chunk": lambda b: b.index_fill(1, torch.tensor([14, 15, 46, 47]), 80.0),
+    "minus1e4": lambda b: b * 0 - 1e4,
+    "all_equal": lambda b: b * 0 + 3.0,
+    "huge_negative_then_large": lambda b: torch.cat([b[:, :20] - 500, b[:, 20:] + 60], 1),
+}
+
+
+@pytest.mark.parametrize("kind", list(EXTREMES))
+def test_extreme_logits_finite_and_exact(kind):
+    a, b, v = inputs(64, 8, 16)
+    b = EXTREMES[kind](b)
+    a = a * (40 if kind == "std40" else 1)
+    y_ref, _ = R.latte_causal(a, b, v)
+    y, _ = latte_causal(a.float(), b.float(), v.float(), chunk_size=16)
+    assert torch.isfinite(y).all()
+    assert rel_err(y, y_ref) < 1e-4
+    _, g = grads_of(lambda a, b, v: latte_causal(a, b, v, chunk_size=16)[0], [a.float(), b.float(), v.float()])
+    _, g_ref = grads_of(lambda a, b, v: R.latte_causal(a, b, v)[0], [a, b, v])
+    for x, xr in zip(g, g_ref):
+        assert torch.isfinite(x).all()
+        assert rel_err(x, xr, floor=1.0) < 1e-3  # dy, v ~ 1: gradients are O(1)
+
+
+def test_bf16_inputs_stay_finite_and_close():
+    a, b, v = inputs(96, 8, 16, scale=30.0, dtype=torch.float32)
+    y32, _ = latte_causal(a, b, v, chunk_size=32)
+    y16, st = latte_causal(a.bfloat16(), b.bfloat16(), v.bfloat16(), chunk_size=32, output_final_state=True)
+    assert y16.dtype == torch.bfloat16 and st.S.dtype == torch.float32
+    assert torch.isfinite(y16).all()
+    # bf16 rounding of the inputs (8 bits of mantissa) dominates the error
+    y_rounded, _ = latte_causal(a.bfloat16().float(), b.bfloat16().float(), v.bfloat16().float(), chunk_size=32)
+    assert rel_err(y16, y_rounded) < 1e-2
+    assert rel_err(y16, y32) < 0.1
