@@ -34,7 +34,7 @@ from ._checks import (
     check_shape,
     state_dtype,
 )
-from .recurrence import linear_recurrence
+from .chunked import LatteChunked
 
 
 class LatteState(NamedTuple):
@@ -71,53 +71,8 @@ def mask_logits(b: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return b.masked_fill(~mask.view(*mask.shape, *([1] * (b.dim() - mask.dim()))), NEG)
 
 
-# Largest growth of z inside one chunk for which the factorised intra-chunk
-# form is used; its factors then stay within exp(+-40), far from float32 limits.
-SPREAD_LIMIT = 40.0
-
-
-def _intra_log(q, b, z, v):
-    """Exact intra-chunk part built in log space; any logits, O(C^2 L) memory.
-
-    q, b, z: [M, C, H, L]; v: [M, C, H, D] -> [M, C, H, D] (M chunks).
-    """
-    C = q.shape[1]
-    qh, bh, zh = (x.transpose(1, 2) for x in (q, b, z))  # [M, H, C, L]
-    diff = bh.unsqueeze(-3) - zh.unsqueeze(-2)  # [M, H, C(t), C(s), L], <= 0 for s <= t
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    diff = diff.masked_fill(~causal[:, :, None], float("-inf"))
-    w = torch.einsum("mhtsl,mhtl->mhts", diff.exp(), qh)  # [M, H, C, C]
-    return (w @ v.transpose(1, 2)).transpose(1, 2)
-
-
-def _intra_chunk(q, b, z, v):
-    """sum_{s<=t} [sum_l q_tl exp(b_sl - z_tl)] v_s within each chunk.
-
-    q, b, z: [B, N, C, H, L]; v: [B, N, C, H, D] -> [B, N, C, H, D].
-    Factorised through r = z at the chunk's first token:
-    exp(b_s - z_t) = exp(b_s - r) * exp(r - z_t), two matmuls. Both factors lie
-    in [exp(-spread), exp(spread)] with spread = z_last - r, so chunks whose
-    spread exceeds SPREAD_LIMIT (huge or wildly varying logits) are recomputed
-    exactly in log space instead. r cancels, so it is detached.
-    """
-    B, N, C, H, L = q.shape
-    r = z[:, :, :1].detach()  # [B, N, 1, H, L]
-    # clamp: a no-op in accepted chunks, keeps rejected ones finite (no NaN grads)
-    k_f = torch.exp((b - r).clamp(max=SPREAD_LIMIT))  # [B, N, C, H, L]
-    q_f = q * torch.exp(r - z)  # [B, N, C, H, L], <= q
-    w = torch.einsum("bnthl,bnshl->bnhts", q_f, k_f)  # [B, N, H, C, C]
-    w = w * torch.ones(C, C, dtype=w.dtype, device=w.device).tril()
-    y = torch.einsum("bnhts,bnshd->bnthd", w, v)
-    bad = ((z[:, :, -1] - r[:, :, 0]).amax(dim=(-2, -1)) > SPREAD_LIMIT).flatten()  # [B * N]
-    if bool(bad.any()):
-        idx = bad.nonzero().squeeze(1)
-        sel = [x.flatten(0, 1).index_select(0, idx) for x in (q, b, z, v)]
-        y = y.flatten(0, 1).index_copy(0, idx, _intra_log(*sel)).view_as(y)
-    return y
-
-
 def _chunked(a, b, v, chunk_size, state, mask):
-    """float32/float64 core of latte_causal; returns (y, LatteState)."""
+    """Prepare inputs for the chunked kernel; returns (y, LatteState)."""
     B, T, H, L = a.shape
     D = v.shape[-1]
     work = state_dtype(a.dtype)
@@ -129,13 +84,6 @@ def _chunked(a, b, v, chunk_size, state, mask):
         z0 = v.new_full((B, H, L), float("-inf"))  # empty state: no mass yet
     else:
         S0, z0 = state.S.to(work), state.z.to(work)
-    C = min(chunk_size, T)
-    N = -(-T // C)
-    pad = N * C - T
-    if pad:  # masked keys at the end change neither outputs nor the final state
-        q = F.pad(q, (0, 0, 0, 0, 0, pad))
-        b = F.pad(b, (0, 0, 0, 0, 0, pad), value=NEG)
-        v = F.pad(v, (0, 0, 0, 0, 0, pad))
     # p(s|l,t) is invariant to a per-latent shift of b and z: centring on the
     # largest logit keeps float32 precision when all logits share a large
     # offset (e.g. -1e4, whose ulp is 1e-3). The shift is added back to z only
@@ -143,21 +91,14 @@ def _chunked(a, b, v, chunk_size, state, mask):
     c = torch.maximum(b.amax(1), z0).detach()  # [B, H, L]
     b = b - c.unsqueeze(1)
     z0 = z0 - c
-    z = torch.logaddexp(torch.logcumsumexp(b, dim=1), z0.unsqueeze(1))  # [B, NC, H, L]
-    q, b, z = (x.view(B, N, C, H, L) for x in (q, b, z))
-    v = v.view(B, N, C, H, D)
-    z_end = z[:, :, -1]  # [B, N, H, L]
-    z_prev = torch.cat([z0.unsqueeze(1), z_end[:, :-1]], 1)  # [B, N, H, L]
-    # chunk sums normalised at the chunk end, then carried across chunks
-    k_end = torch.exp(b - z_end.unsqueeze(2))  # [B, N, C, H, L] <= 1
-    K = torch.einsum("bnchl,bnchd->bnhld", k_end, v)  # [B, N, H, L, D]
-    log_g = (z_prev - z_end).unsqueeze(-1).expand_as(K)
-    S_all, S_last = linear_recurrence(K, log_g, initial_state=S0, output_final_state=True, chunk_size=16)
-    S_before = torch.cat([S0.unsqueeze(1), S_all[:, :-1]], 1)  # [B, N, H, L, D]
-    q_inter = q * torch.exp(z_prev.unsqueeze(2) - z)  # [B, N, C, H, L]
-    y = torch.einsum("bnchl,bnhld->bnchd", q_inter, S_before) + _intra_chunk(q, b, z, v)
-    y = y.reshape(B, N * C, H, D)[:, :T]
-    return y, LatteState(S_last, z_end[:, -1] + c)
+    C = min(chunk_size, T)
+    pad = -T % C
+    if pad:  # masked keys at the end change neither outputs nor the final state
+        q = F.pad(q, (0, 0, 0, 0, 0, pad))
+        b = F.pad(b, (0, 0, 0, 0, 0, pad), value=NEG)
+        v = F.pad(v, (0, 0, 0, 0, 0, pad))
+    y, S_last, z_last = LatteChunked.apply(q, b, v, S0, z0, C)
+    return y[:, :T], LatteState(S_last, z_last + c)
 
 
 def latte_causal(

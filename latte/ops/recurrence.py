@@ -25,17 +25,21 @@ from ._checks import check_float, check_positive_int, check_shape, state_dtype
 
 
 def _scan(x: torch.Tensor, a: torch.Tensor, h0: torch.Tensor | None, chunk: int):
-    """h_t = a_t h_{t-1} + x_t along dim 1 (no autograd). x, a: [B, T, *F]."""
+    """h_t = a_t h_{t-1} + x_t along dim 1 (no autograd).
+
+    x: [B, T, *F]; a: [B, T, *Fa] with Fa broadcastable to F (a decay shared
+    over trailing dims can have size-1 dims there).
+    """
     B, T = x.shape[:2]
-    feat = x.shape[2:]
+    feat, feat_a = x.shape[2:], a.shape[2:]
     C = max(1, min(chunk, T))
     N = -(-T // C)
     pad = N * C - T
     if pad:  # identity steps at the end: decay 1, input 0
         x = torch.cat([x, x.new_zeros((B, pad, *feat))], 1)
-        a = torch.cat([a, a.new_ones((B, pad, *feat))], 1)
+        a = torch.cat([a, a.new_ones((B, pad, *feat_a))], 1)
     x = x.view(B, N, C, *feat)
-    a = a.view(B, N, C, *feat)
+    a = a.view(B, N, C, *feat_a)
     local = torch.empty_like(x)  # [B, N, C, *F] scan from a zero state
     decay = torch.empty_like(a)  # [B, N, C, *F] prod of a since chunk start
     local[:, :, 0] = x[:, :, 0]

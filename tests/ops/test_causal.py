@@ -165,3 +165,32 @@ def test_bf16_inputs_stay_finite_and_close():
     y_rounded, _ = latte_causal(a.bfloat16().float(), b.bfloat16().float(), v.bfloat16().float(), chunk_size=32)
     assert rel_err(y16, y_rounded) < 1e-2
     assert rel_err(y16, y32) < 0.1
+
+
+@pytest.mark.parametrize("scale", [1.0, 40.0])
+def test_gradients_with_state_and_mask_in_both_intra_chunk_forms(scale):
+    """scale 40 makes z jump by more than SPREAD_LIMIT inside chunks: the exact
+    log-space fallback then runs beside the factorised form in one call."""
+    from latte.ops.chunked import SPREAD_LIMIT
+
+    a, b, v = inputs(50, 6, 5, scale=scale)
+    S0, z0 = random_state(2, 3, 6, 5)
+    mask = torch.rand(2, 50) > 0.2
+    z = torch.logcumsumexp(b, 1)
+    growth = (z[:, 15] - z[:, 0]).max()
+    assert (growth > SPREAD_LIMIT) == (scale > 1)
+
+    def fast(a, b, v, S0, z0):
+        y, st = latte_causal(a, b, v, chunk_size=16, initial_state=LatteState(S0, z0), mask=mask,
+                             output_final_state=True)
+        return torch.cat([y[mask].flatten(), st.S.flatten(), st.z.flatten()])
+
+    def ref(a, b, v, S0, z0):
+        y, (S, z) = R.latte_causal(a, b, v, initial_state=(S0, z0), mask=mask)
+        return torch.cat([y[mask].flatten(), S.flatten(), z.flatten()])
+
+    out, g = grads_of(fast, [a, b, v, S0, z0])
+    out_ref, g_ref = grads_of(ref, [a, b, v, S0, z0])
+    assert rel_err(out, out_ref) < 1e-10
+    for name, x, xr in zip("a b v S0 z0".split(), g, g_ref):
+        assert rel_err(x, xr, floor=1e-3) < 1e-8, name
