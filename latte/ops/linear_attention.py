@@ -127,7 +127,7 @@ def linear_attention(
     D = v.shape[-1]
     if T == 0:
         raise ValueError("q: sequence length T must be >= 1, got 0")
-    work = state_dtype(q.dtype)
+    work, out_dtype = state_dtype(q.dtype), v.dtype
     q, k, v = q.to(work), _masked_keys(k.to(work), mask), v.to(work)
     if not causal:
         if initial_state is not None or output_final_state:
@@ -135,11 +135,11 @@ def linear_attention(
         S = torch.einsum("bthe,bthd->bhed", k, v)  # [B, H, E, D]
         num = torch.einsum("bthe,bhed->bthd", q, S)
         den = torch.einsum("bthe,bhe->bth", q, k.sum(1))
-        return (num / (den.unsqueeze(-1) + EPS)).to(v.dtype), None
+        return (num / (den.unsqueeze(-1) + EPS)).to(out_dtype), None
     if initial_state is not None:
         _check_state(initial_state, B, H, E, D, "initial_state")
     y, state = _chunked(q, k, v, chunk_size, initial_state)
-    return y.to(v.dtype), (state if output_final_state else None)
+    return y.to(out_dtype), (state if output_final_state else None)
 
 
 def linear_attention_step(

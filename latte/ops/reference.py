@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 f64 = torch.float64
+EPS = 1e-6  # must equal latte.ops.linear_attention.EPS (checked by its tests)
 NEG_INF = float("-inf")
 
 
@@ -127,3 +128,25 @@ def linear_recurrence(x, log_a, initial_state=None):
         h = a[:, t] * h + x[:, t]
         out.append(h)
     return torch.stack(out, 1), h
+
+
+def linear_attention(q, k, v, *, causal=True, initial_state=None, mask=None):
+    """y_t = (q_t S_t) / (q_t . z_t + eps) with the T x T matrix A = q k^T
+    built explicitly, in float64. Returns (y [B,T,H,D], (S, z) after the last token)."""
+    q, k, v = q.to(f64), k.to(f64), v.to(f64)
+    if mask is not None:
+        k = k * mask[:, :, None, None]
+    T = q.shape[1]
+    A = torch.einsum("bthe,bshe->bhts", q, k)  # [B, H, T, T]
+    if causal:
+        A = A * torch.ones(T, T, dtype=f64).tril()
+    num = torch.einsum("bhts,bshd->bthd", A, v)
+    den = A.sum(-1).transpose(1, 2)  # [B, T, H]
+    S = torch.einsum("bthe,bthd->bhed", k, v)
+    z = k.sum(1)
+    if initial_state is not None:
+        S0, z0 = initial_state[0].to(f64), initial_state[1].to(f64)
+        num = num + torch.einsum("bthe,bhed->bthd", q, S0)
+        den = den + torch.einsum("bthe,bhe->bth", q, z0)
+        S, z = S + S0, z + z0
+    return num / (den.unsqueeze(-1) + EPS), (S, z)

@@ -1,0 +1,97 @@
+"""LinearAttention: the linear-attention baseline (Katharopoulos et al. 2020).
+
+Legend: B batch, T time, H heads, E head width (dim / H).
+
+  q = phi(x W_q), k = phi(x W_k) [B, T, H, E] with phi(x) = elu(x) + 1 > 0
+  v = x W_v [B, T, H, E]
+  y_t = (q_t S_t) / (q_t . z_t + eps),  S_t = sum_{s<=t} k_s v_s^T,  z_t = sum_{s<=t} k_s
+
+`latte.ops.linear_attention` (chunked) for T > 1, `linear_attention_step` for
+T == 1. No positional encoding, as in the original. The state (S, z) is
+constant in T.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from latte.ops import LinearAttentionState, linear_attention, linear_attention_step
+
+from ._common import check_divides, check_dropout, check_input, check_positive_ints, check_state, real_positions
+
+
+class LinearLayerState(NamedTuple):
+    """Decoding state of LinearAttention: constant in T."""
+
+    attn: LinearAttentionState  # S [B, H, E, E], z [B, H, E] (float32)
+    pos: torch.Tensor  # [B] int64 real tokens seen so far
+
+
+def feature_map(x: torch.Tensor) -> torch.Tensor:
+    """elu(x) + 1: positive, so the normaliser q . z never changes sign."""
+    return F.elu(x) + 1.0
+
+
+class LinearAttention(nn.Module):
+    """Linear attention layer: forward(x, *, state=None, mask=None) -> (y, state).
+
+    Args:
+        dim: model width; num_heads divides it.
+        num_heads: heads H.
+        causal: causal (True) or bidirectional (False, no state).
+        chunk_size: tokens per chunk of the causal op.
+        dropout: applied to the layer output in training.
+        bias: biases in the projections.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        causal: bool = True,
+        chunk_size: int = 64,
+        dropout: float = 0.0,
+        bias: bool = False,
+    ):
+        super().__init__()
+        check_positive_ints(dim=dim, num_heads=num_heads, chunk_size=chunk_size)
+        check_divides("num_heads", num_heads, "dim", dim)
+        check_dropout(dropout)
+        self.dim, self.num_heads, self.causal, self.chunk_size = dim, num_heads, causal, chunk_size
+        self.q_proj = nn.Linear(dim, dim, bias=bias)
+        self.k_proj = nn.Linear(dim, dim, bias=bias)
+        self.v_proj = nn.Linear(dim, dim, bias=bias)
+        self.o_proj = nn.Linear(dim, dim, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, *, state: LinearLayerState | None = None, mask: torch.Tensor | None = None):
+        """x [B, T, dim], mask [B, T] bool (False = padding) ->
+        (y [B, T, dim], LinearLayerState after the last token; None if not causal)."""
+        B, T = check_input(x, self.dim, mask)
+        state = check_state(state, LinearLayerState, B, self.causal)
+        H = self.num_heads
+        q = feature_map(self.q_proj(x).view(B, T, H, -1))  # [B, T, H, E]
+        k = feature_map(self.k_proj(x).view(B, T, H, -1))
+        v = self.v_proj(x).view(B, T, H, -1)
+        if not self.causal:
+            y, _ = linear_attention(q, k, v, causal=False, mask=mask)
+            return self.dropout(self.o_proj(y.flatten(2))), None
+        prev = None if state is None else state.attn
+        if T == 1:
+            m = None if mask is None else mask[:, 0]
+            y, attn = linear_attention_step(q[:, 0], k[:, 0], v[:, 0], prev, mask_t=m)
+            y = y.unsqueeze(1)
+        else:
+            y, attn = linear_attention(
+                q, k, v, chunk_size=self.chunk_size, initial_state=prev, output_final_state=True, mask=mask
+            )
+        _, pos = real_positions(mask, None if state is None else state.pos, B, T, x.device)
+        return self.dropout(self.o_proj(y.flatten(2))), LinearLayerState(attn, pos)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, causal={self.causal}, chunk_size={self.chunk_size}"

@@ -1,0 +1,159 @@
+"""MacchiatoAttention: sliding-window softmax + global latents (MATH.md 4).
+
+Legend: B batch, T time, H query heads, K key/value heads, L latents per head
+(num_latents / H), E head width (head_dim, for q, k and v).
+
+  window branch: q = RoPE(x W_q) [B,T,H,E], k = RoPE(x W_k) [B,T,K,E]
+  values:        v = x W_v [B,T,K,E], shared by both branches
+  latent branch: u = qk_mixer(x); a = u W_a, b = u W_b [B,T,H,L]
+  mixing:        "joint" (one normaliser over window scores and latent
+                 logits + beta) or "gate" (g = x W_g [B,T,H] competes with a)
+  y = (Macchiato(...) merged over heads) W_o, then dropout
+
+Parameter names follow Llama (q_proj, k_proj, v_proj, o_proj) so a pretrained
+decoder's attention maps onto the window branch as it is.
+
+beta [H] (init 0) is added to every latent logit's mass. Converting a
+pretrained model: set it very negative, e.g. `layer.beta.data.fill_(-30.0)`;
+then p(window) = sigmoid(lse_window - logsumexp(a) - beta) ~ 1 and the layer
+starts as pure sliding-window attention, the latents fading in as beta is
+trained up.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from latte.ops import MacchiatoState, macchiato, macchiato_step
+
+from ._common import (
+    check_choice,
+    check_divides,
+    check_dropout,
+    check_input,
+    check_positive_int,
+    check_positive_ints,
+    check_rope_theta,
+    check_state,
+    real_positions,
+)
+from .mixers import QKMixer
+from .rope import RotaryEmbedding
+
+MIXES = ("joint", "gate")
+
+
+class MacchiatoLayerState(NamedTuple):
+    """Decoding state of MacchiatoAttention: constant in T."""
+
+    attn: MacchiatoState  # latte (S, z) + window ring buffer of window_size - 1 keys/values
+    conv: torch.Tensor | None  # [B, conv_size - 1, dim] (float32), None without conv
+    h: torch.Tensor | None  # [B, dim] RG-LRU state (float32), None without RG-LRU
+    pos: torch.Tensor  # [B] int64 real tokens seen so far (RoPE positions)
+
+
+class MacchiatoAttention(nn.Module):
+    """Latte-Macchiato layer: forward(x, *, state=None, mask=None) -> (y, state).
+
+    Args:
+        dim, num_heads, num_latents: as LatteAttention (num_latents total).
+        window_size: tokens each query sees in the window branch (itself included).
+        mix: "joint" or "gate" (adds gate_proj: dim -> num_heads).
+        num_kv_heads: key/value heads, divides num_heads (default num_heads).
+        head_dim: q/k/v head width (default dim / num_heads).
+        rope_theta: RoPE base of the window branch (None: no RoPE).
+        qk_mixer, conv_size, chunk_size: the latent branch, as LatteAttention.
+        dropout: applied to the layer output in training.
+        bias: biases in the projections.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        num_latents: int,
+        *,
+        window_size: int = 128,
+        mix: str = "joint",
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        rope_theta: float | None = 10000.0,
+        qk_mixer: str = "conv_rglru",
+        conv_size: int = 3,
+        chunk_size: int = 64,
+        dropout: float = 0.0,
+        bias: bool = False,
+    ):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        check_positive_ints(
+            dim=dim, num_heads=num_heads, num_latents=num_latents, window_size=window_size,
+            num_kv_heads=num_kv_heads, chunk_size=chunk_size,
+        )
+        if head_dim is None:
+            check_divides("num_heads", num_heads, "dim", dim)
+            head_dim = dim // num_heads
+        check_positive_int("head_dim", head_dim)
+        check_divides("num_heads", num_heads, "num_latents", num_latents)
+        check_divides("num_kv_heads", num_kv_heads, "num_heads", num_heads)
+        check_choice("mix", mix, MIXES)
+        check_rope_theta(rope_theta)
+        check_dropout(dropout)
+        self.dim, self.num_heads, self.num_latents = dim, num_heads, num_latents
+        self.num_kv_heads, self.head_dim, self.window_size = num_kv_heads, head_dim, window_size
+        self.mix, self.chunk_size, self.qk_mixer = mix, chunk_size, qk_mixer
+        self.rope = None if rope_theta is None else RotaryEmbedding(head_dim, rope_theta)
+        self.q_proj = nn.Linear(dim, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(dim, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(dim, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, dim, bias=bias)
+        self.mixer = QKMixer(dim, num_heads, qk_mixer, conv_size=conv_size, causal=True)
+        self.a_proj = nn.Linear(dim, num_latents, bias=bias)
+        self.b_proj = nn.Linear(dim, num_latents, bias=bias)
+        self.gate_proj = nn.Linear(dim, num_heads, bias=bias) if mix == "gate" else None
+        self.beta = nn.Parameter(torch.zeros(num_heads))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, *, state: MacchiatoLayerState | None = None, mask: torch.Tensor | None = None):
+        """x [B, T, dim], mask [B, T] bool (False = padding) ->
+        (y [B, T, dim], MacchiatoLayerState after the last token)."""
+        B, T = check_input(x, self.dim, mask)
+        state = check_state(state, MacchiatoLayerState, B)
+        H, K, E, L = self.num_heads, self.num_kv_heads, self.head_dim, self.num_latents // self.num_heads
+        pos_BT, pos = real_positions(mask, None if state is None else state.pos, B, T, x.device)
+        q = self.q_proj(x).view(B, T, H, E)
+        k = self.k_proj(x).view(B, T, K, E)
+        v = self.v_proj(x).view(B, T, K, E)
+        if self.rope is not None:
+            q, k = self.rope(q, pos_BT), self.rope(k, pos_BT)
+        u, conv, h = self.mixer(
+            x, mask=mask, conv_state=None if state is None else state.conv, h=None if state is None else state.h
+        )
+        a = self.a_proj(u).view(B, T, H, L)
+        b = self.b_proj(u).view(B, T, H, L)
+        gate = None if self.gate_proj is None else self.gate_proj(x)  # [B, T, H]
+        prev = None if state is None else state.attn
+        common = dict(window_size=self.window_size, mix=self.mix, beta=self.beta)
+        if T == 1:  # decoding: constant-time step
+            y, attn = macchiato_step(
+                a[:, 0], b[:, 0], v[:, 0], q[:, 0], k[:, 0], gate_t=None if gate is None else gate[:, 0],
+                mask_t=None if mask is None else mask[:, 0], state=prev, **common,
+            )
+            y = y.unsqueeze(1)
+        else:
+            y, attn = macchiato(
+                a, b, v, q, k, gate=gate, mask=mask, chunk_size=self.chunk_size,
+                initial_state=prev, output_final_state=True, **common,
+            )
+        y = self.dropout(self.o_proj(y.flatten(2)))  # [B, T, H, E] -> [B, T, dim]
+        return y, MacchiatoLayerState(attn, conv, h, pos)
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+            f"head_dim={self.head_dim}, num_latents={self.num_latents}, window_size={self.window_size}, "
+            f"mix={self.mix!r}, qk_mixer={self.qk_mixer!r}, chunk_size={self.chunk_size}"
+        )

@@ -1,0 +1,196 @@
+"""qk mixers: give the latent logits a sense of order (MATH.md 5).
+
+Legend: B batch, T time, F feature width (the layer's dim), K conv kernel,
+G gate blocks (one per head), W width of a block (F / G).
+
+Latent logits a = W_a u, b = W_b u carry no position by themselves; the mixer
+turns the layer input x into u (values keep using the raw x):
+  none        u = x
+  conv        u = depthwise conv1d over time (causal: kernel sees t-K+1..t)
+  rglru       u = RG-LRU(x)
+  conv_rglru  u = RG-LRU(conv(x))       (the default for causal LMs)
+
+Padding: the mixer input is zeroed at padded positions and the RG-LRU takes an
+identity step there (decay 1, input 0). With a zero initial state a conv then
+sees exactly what the unpadded sequence sees for left padding (zeros before the
+first real token) and right padding (nothing after the last one matters);
+the RG-LRU is exact for any padding pattern.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from latte.ops import linear_recurrence
+
+from ._common import QK_MIXERS, check_choice, check_divides, check_positive_int
+
+MAX_SQRT_GRAD = 1000.0  # cap of d sqrt(x) / dx, as in Griffin / recurrentgemma
+
+
+def _work(dtype: torch.dtype) -> torch.dtype:
+    """States and the recurrence are float32 for any input dtype; float64 stays
+    float64 (as in latte.ops), so float64 checks can be tight."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class _SqrtBoundedGrad(torch.autograd.Function):
+    """sqrt(x) whose derivative 1 / (2 sqrt(x)) is capped at MAX_SQRT_GRAD.
+
+    sqrt(1 - alpha^2) has an infinite derivative at alpha = 1, which bf16
+    rounding reaches easily (and float32 reaches when softplus(lam) underflows);
+    inf * 0 then turns every upstream gradient into NaN."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.sqrt(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad / torch.sqrt((4 * x).clamp(min=1.0 / MAX_SQRT_GRAD**2))
+
+
+def sqrt_bounded_grad(x: torch.Tensor) -> torch.Tensor:
+    return _SqrtBoundedGrad.apply(x)
+
+
+class DepthwiseConv(nn.Module):
+    """Per-channel conv over time: x [B, T, F] -> [B, T, F].
+
+    causal=True: output t sees inputs t-K+1..t; the K-1 inputs before the
+    chunk come from the state [B, K-1, F] (zeros at the sequence start), and
+    the last K-1 inputs are returned as the new state (float32).
+    causal=False ("same" conv, for encoders): t sees t-(K-1)//2 .. t+K//2,
+    zeros beyond either end; no state.
+    """
+
+    def __init__(self, dim: int, kernel_size: int, *, causal: bool = True):
+        super().__init__()
+        self.kernel_size, self.causal = kernel_size, causal
+        self.weight = nn.Parameter(torch.empty(dim, 1, kernel_size))
+        self.bias = nn.Parameter(torch.empty(dim))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.kernel_size)  # torch's Conv1d default for fan_in = K
+        self.weight.uniform_(-bound, bound)
+        self.bias.uniform_(-bound, bound)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.weight.shape[0]}, kernel_size={self.kernel_size}, causal={self.causal}"
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None):
+        B, T, Fw = x.shape
+        K = self.kernel_size
+        if not self.causal:
+            xx = F.pad(x.transpose(1, 2), ((K - 1) // 2, K // 2))  # [B, F, T + K - 1]
+            return F.conv1d(xx, self.weight, self.bias, groups=Fw).transpose(1, 2), None
+        if state is None:
+            state = x.new_zeros(B, K - 1, Fw)
+        xx = torch.cat([state.to(x.dtype), x], 1)  # [B, K - 1 + T, F]
+        new_state = xx[:, T:].to(_work(x.dtype))  # [B, K - 1, F]: the last K - 1 inputs
+        y = F.conv1d(xx.transpose(1, 2), self.weight, self.bias, groups=Fw)  # [B, F, T]
+        return y.transpose(1, 2), new_state
+
+
+class RGLRU(nn.Module):
+    """Real-Gated Linear Recurrent Unit (Griffin, De et al. 2024), MATH.md 5:
+
+      r_t = sigmoid(W_r x_t + c_r),  i_t = sigmoid(W_i x_t + c_i)
+      log alpha_t = -c r_t softplus(lam)          (c = 8)
+      h_t = alpha_t h_{t-1} + sqrt(1 - alpha_t^2) (i_t x_t)
+
+    W_r, W_i are block-diagonal (one W x W block per head). lam is initialised
+    so that alpha = exp(-softplus(lam)) lies in [0.9, 0.999] with alpha^2
+    uniform (recurrentgemma's rnn_param_init). The recurrence runs in float32
+    with `latte.ops.linear_recurrence`; the state h is float32 [B, F].
+    """
+
+    def __init__(self, dim: int, num_blocks: int, *, c: float = 8.0, min_rad: float = 0.9, max_rad: float = 0.999):
+        super().__init__()
+        check_divides("num_heads", num_blocks, "dim", dim)
+        self.num_blocks, self.c = num_blocks, c
+        self.min_rad, self.max_rad = min_rad, max_rad
+        W = dim // num_blocks
+        self.w_r = nn.Parameter(torch.empty(num_blocks, W, W))
+        self.c_r = nn.Parameter(torch.empty(dim))
+        self.w_i = nn.Parameter(torch.empty(num_blocks, W, W))
+        self.c_i = nn.Parameter(torch.empty(dim))
+        self.lam = nn.Parameter(torch.empty(dim))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        W = self.w_r.shape[-1]
+        for w in (self.w_r, self.w_i):
+            w.normal_(0.0, W**-0.5)
+        self.c_r.zero_()
+        self.c_i.zero_()
+        alpha = torch.empty_like(self.lam).uniform_(self.min_rad**2, self.max_rad**2).sqrt()
+        self.lam.copy_(torch.log(1.0 / alpha - 1.0))  # softplus(lam) = -log(alpha)
+
+    def _block(self, x: torch.Tensor, w: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        xb = x.unflatten(-1, (self.num_blocks, -1))  # [B, T, G, W]
+        return torch.einsum("btgi,gij->btgj", xb, w).flatten(-2) + c  # [B, T, F]
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+        """x [B, T, F], h [B, F] float32 or None (zeros), mask [B, T] bool.
+        Returns (y [B, T, F] in x's dtype, h after the last token [B, F] float32)."""
+        work = _work(x.dtype)
+        r = torch.sigmoid(self._block(x, self.w_r, self.c_r)).to(work)
+        i = torch.sigmoid(self._block(x, self.w_i, self.c_i)).to(work)
+        log_a = -self.c * r * F.softplus(self.lam.to(work))  # [B, T, F], <= 0
+        u = sqrt_bounded_grad(-torch.expm1(2 * log_a)) * (i * x.to(work))  # sqrt(1 - alpha^2) i x
+        if mask is not None:  # identity step at padding: h passes through unchanged
+            m = mask.unsqueeze(-1)
+            log_a = torch.where(m, log_a, torch.zeros_like(log_a))
+            u = torch.where(m, u, torch.zeros_like(u))
+        h0 = x.new_zeros(x.shape[0], x.shape[-1], dtype=work) if h is None else h.to(work)
+        if x.shape[1] == 1:  # decoding step
+            h_new = torch.exp(log_a[:, 0]) * h0 + u[:, 0]
+            return h_new.unsqueeze(1).to(x.dtype), h_new
+        y, h_new = linear_recurrence(u, log_a, initial_state=h0, output_final_state=True)
+        return y.to(x.dtype), h_new
+
+    def extra_repr(self) -> str:
+        return f"num_blocks={self.num_blocks}, c={self.c}, alpha_init=[{self.min_rad}, {self.max_rad}]"
+
+
+class QKMixer(nn.Module):
+    """The qk mixer of a Latte / Macchiato layer: x [B, T, F] -> u [B, T, F].
+
+    forward(x, mask=None, conv_state=None, h=None) -> (u, conv_state, h); the
+    states are None for parts the mixer does not have. causal=False allows
+    "none" and "conv" (a centred conv); the RG-LRU is causal only.
+    """
+
+    def __init__(self, dim: int, num_heads: int, kind: str = "conv_rglru", *, conv_size: int = 3, causal: bool = True):
+        super().__init__()
+        check_choice("qk_mixer", kind, QK_MIXERS)
+        check_positive_int("conv_size", conv_size)
+        if not causal and "rglru" in kind:
+            raise ValueError(
+                f"qk_mixer: {kind!r} is causal-only (the RG-LRU scans left to right); "
+                "with causal=False use 'none' or 'conv' (a centred conv)"
+            )
+        self.kind = kind
+        self.conv = DepthwiseConv(dim, conv_size, causal=causal) if "conv" in kind else None
+        self.rglru = RGLRU(dim, num_heads) if "rglru" in kind else None
+
+    def forward(self, x, *, mask=None, conv_state=None, h=None):
+        if self.kind == "none":
+            return x, None, None
+        if mask is not None:  # padding carries nothing into the mixer
+            x = x * mask.unsqueeze(-1).to(x.dtype)
+        if self.conv is not None:
+            x, conv_state = self.conv(x, conv_state)
+        if self.rglru is not None:
+            x, h = self.rglru(x, h, mask)
+        return x, conv_state, h

@@ -1,0 +1,49 @@
+"""Rotary position embedding (RoPE, Su et al. 2021) for the window branch of
+Macchiato and the softmax / sliding-window baselines (MATH.md 5).
+
+Legend: B batch, T time, H heads, E head width (even).
+
+Llama's "rotate half" layout (the first and second halves of a head are the
+real and imaginary parts), so pretrained Llama/Gemma q/k projections can be
+reused as they are in Hugging Face checkpoints. Positions are given per token
+(real tokens counted only, see `real_positions`), never assumed to be 0..T-1,
+so left padding and cached decoding rotate every token by its true position.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._common import check_positive_int, check_rope_theta
+
+
+class RotaryEmbedding(nn.Module):
+    """x [B, T, H, E], pos [B, T] int -> x rotated by angle pos * theta^(-2i/E).
+
+    No buffers: the inverse frequencies are recomputed in float32 each call
+    (E / 2 numbers), so `module.to(torch.bfloat16)` cannot degrade them.
+    """
+
+    def __init__(self, head_dim: int, theta: float = 10000.0):
+        super().__init__()
+        check_positive_int("head_dim", head_dim)
+        if head_dim % 2:
+            raise ValueError(f"head_dim: RoPE needs an even head width, got {head_dim}")
+        check_rope_theta(theta)
+        if theta is None:
+            raise ValueError("rope_theta: expected a positive number, got None")
+        self.head_dim = head_dim
+        self.theta = float(theta)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        E = self.head_dim
+        inv_freq = self.theta ** (-torch.arange(0, E, 2, device=x.device, dtype=torch.float32) / E)  # [E/2]
+        ang = pos.to(torch.float32).unsqueeze(-1) * inv_freq  # [B, T, E/2]
+        cos, sin = ang.cos().unsqueeze(2), ang.sin().unsqueeze(2)  # [B, T, 1, E/2]
+        x1, x2 = x.to(torch.float32).chunk(2, dim=-1)
+        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        return out.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, theta={self.theta}"

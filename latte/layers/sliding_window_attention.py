@@ -1,0 +1,110 @@
+"""SlidingWindowAttention: the window-only baseline (SWA; MATH.md 4, l = 0).
+
+Legend: B batch, T time, H query heads, K key/value heads, E head width
+(dim / H), W window size.
+
+Exact causal softmax attention over the last W tokens (itself included) with
+RoPE and grouped KV heads: `latte.ops.sliding_window_attention` for T > 1,
+`sliding_window_step` for T == 1. The state is a ring buffer of the last W - 1
+keys/values: constant in T. It is Macchiato without the latents.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from latte.ops import WindowState, sliding_window_attention, sliding_window_step
+
+from ._common import (
+    check_divides,
+    check_dropout,
+    check_input,
+    check_positive_ints,
+    check_rope_theta,
+    check_state,
+    real_positions,
+)
+from .rope import RotaryEmbedding
+
+
+class WindowLayerState(NamedTuple):
+    """Decoding state of SlidingWindowAttention: constant in T."""
+
+    attn: WindowState  # k [B, W-1, K, E], v [B, W-1, K, E] (float32), mask [B, W-1]
+    pos: torch.Tensor  # [B] int64 real tokens seen so far (RoPE positions)
+
+
+class SlidingWindowAttention(nn.Module):
+    """Sliding-window attention layer: forward(x, *, state=None, mask=None) -> (y, state).
+
+    Args:
+        dim: model width; num_heads divides it.
+        num_heads: query heads.
+        window_size: tokens each query sees, itself included.
+        num_kv_heads: key/value heads, divides num_heads (default num_heads).
+        rope_theta: RoPE base (None: no RoPE).
+        dropout: applied to the layer output in training.
+        bias: biases in the projections.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        window_size: int = 128,
+        num_kv_heads: int | None = None,
+        rope_theta: float | None = 10000.0,
+        dropout: float = 0.0,
+        bias: bool = False,
+    ):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        check_positive_ints(dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, window_size=window_size)
+        check_divides("num_heads", num_heads, "dim", dim)
+        check_divides("num_kv_heads", num_kv_heads, "num_heads", num_heads)
+        check_rope_theta(rope_theta)
+        check_dropout(dropout)
+        self.dim, self.num_heads, self.num_kv_heads, self.window_size = dim, num_heads, num_kv_heads, window_size
+        self.head_dim = E = dim // num_heads
+        self.rope = None if rope_theta is None else RotaryEmbedding(E, rope_theta)
+        self.q_proj = nn.Linear(dim, num_heads * E, bias=bias)
+        self.k_proj = nn.Linear(dim, num_kv_heads * E, bias=bias)
+        self.v_proj = nn.Linear(dim, num_kv_heads * E, bias=bias)
+        self.o_proj = nn.Linear(num_heads * E, dim, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, *, state: WindowLayerState | None = None, mask: torch.Tensor | None = None):
+        """x [B, T, dim], mask [B, T] bool (False = padding) ->
+        (y [B, T, dim], WindowLayerState after the last token)."""
+        B, T = check_input(x, self.dim, mask)
+        state = check_state(state, WindowLayerState, B)
+        H, K, E = self.num_heads, self.num_kv_heads, self.head_dim
+        pos_BT, pos = real_positions(mask, None if state is None else state.pos, B, T, x.device)
+        q = self.q_proj(x).view(B, T, H, E)
+        k = self.k_proj(x).view(B, T, K, E)
+        v = self.v_proj(x).view(B, T, K, E)
+        if self.rope is not None:
+            q, k = self.rope(q, pos_BT), self.rope(k, pos_BT)
+        prev = None if state is None else state.attn
+        if T == 1:
+            y, attn = sliding_window_step(
+                q[:, 0], k[:, 0], v[:, 0], window_size=self.window_size,
+                mask_t=None if mask is None else mask[:, 0], state=prev,
+            )
+            y = y.unsqueeze(1)
+        else:
+            y, attn = sliding_window_attention(
+                q, k, v, window_size=self.window_size, mask=mask, initial_state=prev, output_final_state=True
+            )
+        y = self.dropout(self.o_proj(y.flatten(2)))  # [B, T, H, E] -> [B, T, dim]
+        return y, WindowLayerState(attn, pos)
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+            f"window_size={self.window_size}"
+        )

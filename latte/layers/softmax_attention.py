@@ -1,0 +1,125 @@
+"""SoftmaxAttention: the standard-attention baseline with a KV cache.
+
+Legend: B batch, T new tokens, S cached tokens, H query heads, K key/value
+heads, E head width (dim / H).
+
+torch's scaled_dot_product_attention with RoPE and grouped KV heads. The
+decoding state is a KV cache that grows with the context: the one layer whose
+state is not constant in T (that is the point of the comparison). Padded keys
+are masked out; every query also sees its own key, so a padded query's row is
+never empty (no NaN) and real queries are unaffected.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._common import (
+    check_divides,
+    check_dropout,
+    check_input,
+    check_positive_ints,
+    check_rope_theta,
+    check_state,
+    real_positions,
+)
+from .rope import RotaryEmbedding
+
+
+class KVCache(NamedTuple):
+    """Decoding state of SoftmaxAttention: grows with the context."""
+
+    k: torch.Tensor  # [B, S, K, E] keys (RoPE applied), input dtype
+    v: torch.Tensor  # [B, S, K, E] values, input dtype
+    mask: torch.Tensor  # [B, S] bool, True for real tokens
+    pos: torch.Tensor  # [B] int64 real tokens seen so far
+
+
+def _allowed(key_mask: torch.Tensor, T: int, causal: bool) -> torch.Tensor:
+    """Boolean attention mask [B, 1, T, S + T] for the T newest queries."""
+    B, ST = key_mask.shape
+    i = torch.arange(T, device=key_mask.device)[:, None] + (ST - T)  # absolute query index
+    j = torch.arange(ST, device=key_mask.device)[None, :]
+    allowed = key_mask[:, None, :] & ((j <= i) if causal else True)  # [B, T, S + T]
+    return (allowed | (j == i)).unsqueeze(1)  # own key always visible
+
+
+class SoftmaxAttention(nn.Module):
+    """Multi-head softmax attention: forward(x, *, state=None, mask=None) -> (y, state).
+
+    Args:
+        dim: model width; num_heads divides it.
+        num_heads: query heads.
+        num_kv_heads: key/value heads, divides num_heads (default num_heads).
+        causal: causal LM attention (True) or bidirectional (False, no state).
+        rope_theta: RoPE base (None: no RoPE, e.g. encoders with absolute
+            positions).
+        dropout: applied to the layer output in training (as every layer here,
+            so comparisons are like for like).
+        bias: biases in the projections.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        causal: bool = True,
+        rope_theta: float | None = 10000.0,
+        dropout: float = 0.0,
+        bias: bool = False,
+    ):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        check_positive_ints(dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads)
+        check_divides("num_heads", num_heads, "dim", dim)
+        check_divides("num_kv_heads", num_kv_heads, "num_heads", num_heads)
+        check_rope_theta(rope_theta)
+        check_dropout(dropout)
+        self.dim, self.num_heads, self.num_kv_heads, self.causal = dim, num_heads, num_kv_heads, causal
+        self.head_dim = E = dim // num_heads
+        self.rope = None if rope_theta is None else RotaryEmbedding(E, rope_theta)
+        self.q_proj = nn.Linear(dim, num_heads * E, bias=bias)
+        self.k_proj = nn.Linear(dim, num_kv_heads * E, bias=bias)
+        self.v_proj = nn.Linear(dim, num_kv_heads * E, bias=bias)
+        self.o_proj = nn.Linear(num_heads * E, dim, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, *, state: KVCache | None = None, mask: torch.Tensor | None = None):
+        """x [B, T, dim], mask [B, T] bool (False = padding) ->
+        (y [B, T, dim], KVCache with every token so far; None if not causal)."""
+        B, T = check_input(x, self.dim, mask)
+        state = check_state(state, KVCache, B, self.causal)
+        H, K, E = self.num_heads, self.num_kv_heads, self.head_dim
+        pos_BT, pos = real_positions(mask, None if state is None else state.pos, B, T, x.device)
+        q = self.q_proj(x).view(B, T, H, E)
+        k = self.k_proj(x).view(B, T, K, E)
+        v = self.v_proj(x).view(B, T, K, E)
+        if self.rope is not None:
+            q, k = self.rope(q, pos_BT), self.rope(k, pos_BT)
+        key_mask = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
+        if state is not None:
+            k = torch.cat([state.k.to(k.dtype), k], 1)  # [B, S + T, K, E]
+            v = torch.cat([state.v.to(v.dtype), v], 1)
+            key_mask = torch.cat([state.mask, key_mask], 1)
+        new_state = KVCache(k, v, key_mask, pos) if self.causal else None
+        # [B, L, K, E] -> [B, H, L, E]: query head h uses KV head h // (H / K)
+        kh, vh = (t.repeat_interleave(H // K, dim=2).transpose(1, 2) for t in (k, v))
+        if mask is None and state is None:  # plain causal / full attention: fast path
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), kh, vh, is_causal=self.causal)
+        else:
+            allowed = _allowed(key_mask, T, self.causal)  # [B, 1, T, S + T]
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), kh, vh, attn_mask=allowed)
+        y = self.dropout(self.o_proj(y.transpose(1, 2).flatten(2)))  # [B, H, T, E] -> [B, T, dim]
+        return y, new_state
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+            f"causal={self.causal}"
+        )
