@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import check_positive_int, check_rank, check_shape, state_dtype
-from .causal import LatteState, _check_inputs, _chunked, _check_state, latte_causal_step
+from ._checks import check_cu_seqlens, check_positive_int, check_rank, check_shape, state_dtype
+from .causal import LatteState, _chunked, _check_state, latte_causal_step
 from .sliding_window import (
     WindowState,
     _blocked,
@@ -32,6 +32,7 @@ from .sliding_window import (
     check_window_state,
     window_step,
 )
+from .varlen import run_packed
 
 MIXES = ("joint", "gate")
 
@@ -83,7 +84,7 @@ def _mix(y_win, lse_win, y_lat, a, gate, beta, mix):
 
 def macchiato(
     a, b, v, q, k, *, window_size, mix="joint", gate=None, beta=None, scale=None,
-    mask=None, chunk_size=64, initial_state=None, output_final_state=False,
+    mask=None, chunk_size=64, initial_state=None, output_final_state=False, cu_seqlens=None,
 ):
     """Latte-Macchiato attention over a sequence.
 
@@ -97,8 +98,8 @@ def macchiato(
             sliding-window attention), default 0.
         scale: window score scale, default 1/sqrt(E).
         mask: [B, T] bool, False for padding.
-        chunk_size, initial_state (MacchiatoState), output_final_state: as in
-            latte_causal.
+        chunk_size, initial_state (MacchiatoState), output_final_state,
+            cu_seqlens (packed documents, B == 1): as in latte_causal.
     Returns:
         (y [B, T, H, D] in v's dtype, MacchiatoState or None)
     """
@@ -107,20 +108,34 @@ def macchiato(
     D = v.shape[-1]
     if T == 0:
         raise ValueError("a: sequence length T must be >= 1, got 0")
-    lat_state = win_state = None
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+
+    def run(a, b, v, q, k, *rest):
+        gate = rest[0] if len(rest) == 3 else None  # rest: ([gate,] mask, state)
+        mask, state = rest[-2:]
+        lat_state, win_state = state if state is not None else (None, None)
+        y_win, lse, win_state = _blocked(q, k, v, window_size, scale, mask, win_state, lengths)
+        y_lat, lat_state = _chunked(a, b, _repeat_kv(v, H), chunk_size, lat_state, mask)
+        y = _mix(y_win, lse, y_lat, a.to(y_lat.dtype), gate, beta, mix)
+        return y, MacchiatoState(lat_state, win_state)
+
+    n, lengths = B, None
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, B, T)
+        n, lengths = cu_seqlens.numel() - 1, cu_seqlens[1:] - cu_seqlens[:-1]
     if initial_state is not None:
         if not isinstance(initial_state, MacchiatoState):
             raise ValueError(f"initial_state: expected a MacchiatoState, got {type(initial_state).__name__}")
-        _check_state(initial_state.latte, B, H, L, D, name="initial_state.latte")
-        check_window_state(initial_state.window, q, k, v, window_size, name="initial_state.window")
-        lat_state, win_state = initial_state
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    y_win, lse, win_state = _blocked(q, k, v, window_size, scale, mask, win_state)
-    v_lat = _repeat_kv(v, H)
-    _check_inputs(a, b, v_lat, mask)
-    y_lat, lat_state = _chunked(a, b, v_lat, chunk_size, lat_state, mask)
-    y = _mix(y_win, lse, y_lat, a.to(y_lat.dtype), gate, beta, mix)
-    return y.to(v.dtype), (MacchiatoState(lat_state, win_state) if output_final_state else None)
+        _check_state(initial_state.latte, n, H, L, D, name="initial_state.latte")
+        qn = q.new_empty(n, 1, H, q.shape[-1])  # shapes of one row per sequence
+        check_window_state(initial_state.window, qn, k[:1].expand(n, -1, -1, -1), v[:1].expand(n, -1, -1, -1),
+                           window_size, name="initial_state.window")
+    tensors = (a, b, v, q, k) + ((gate,) if gate is not None else ())
+    if cu_seqlens is not None:
+        y, state = run_packed(run, tensors, cu_seqlens, mask, initial_state)
+    else:
+        y, state = run(*tensors, mask, initial_state)
+    return y.to(v.dtype), (state if output_final_state else None)
 
 
 def macchiato_step(

@@ -72,8 +72,12 @@ def check_window_state(state, q, k, v, window_size, name="initial_state"):
     check_mask(f"{name}.mask", state.mask, (B, P))
 
 
-def _blocked(q, k, v, window_size, scale, mask, state):
-    """Core in the work dtype: returns (y [B,T,H,D], lse [B,T,H], WindowState)."""
+def _blocked(q, k, v, window_size, scale, mask, state, lengths=None):
+    """Core in the work dtype: returns (y [B,T,H,D], lse [B,T,H], WindowState).
+
+    lengths [B]: tokens of each row for a right-padded batch of documents, so
+    each row's final buffer ends at its own last token (default: T for all).
+    """
     B, T, H, E = q.shape
     K, D, P = k.shape[2], v.shape[-1], window_size - 1
     G = H // K
@@ -83,7 +87,12 @@ def _blocked(q, k, v, window_size, scale, mask, state):
     kk = torch.cat([state.k.to(work), k.to(work)], 1)  # [B, P + T, K, E]
     vv = torch.cat([state.v.to(work), v.to(work)], 1)  # [B, P + T, K, D]
     km = torch.cat([state.mask, mask], 1)  # [B, P + T]
-    new_state = WindowState(kk[:, T:], vv[:, T:], km[:, T:])
+    if lengths is None:
+        new_state = WindowState(kk[:, T:], vv[:, T:], km[:, T:])
+    else:  # the P slots before each row's end: [len_b, len_b + P) of cache + sequence
+        idx = lengths.to(q.device)[:, None] + torch.arange(P, device=q.device)[None, :]  # [B, P]
+        take = lambda x: x.gather(1, idx.view(B, P, *([1] * (x.dim() - 2))).expand(B, P, *x.shape[2:]))
+        new_state = WindowState(take(kk), take(vv), take(km))
     Q = min(T, max(window_size, 16))
     N = -(-T // Q)
     pad = N * Q - T

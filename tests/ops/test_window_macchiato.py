@@ -164,3 +164,22 @@ def test_gradients_flow_through_the_state_exactly(mix):
         assert rel_err(x, xr, floor=1e-3) < 1e-10
     for i in (1, 2, 4):  # prefix keys and values (b, v, k) really receive gradient
         assert g_split[i][:, :split].abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("mix", ["joint", "gate"])
+def test_macchiato_packed_documents_equal_separate_runs(mix):
+    lens = [7, 1, 30, 12]
+    T = sum(lens)
+    a, b, v, q, k = inputs_mac(T, B=1)
+    gate = torch.randn(1, T, 4, dtype=f64) if mix == "gate" else None
+    cu = torch.tensor([0, 7, 8, 38, 50])
+    kw = dict(window_size=5, mix=mix, chunk_size=8)
+    y, st = macchiato(a, b, v, q, k, gate=gate, cu_seqlens=cu, output_final_state=True, **kw)
+    for i, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        sl = slice(s, e)
+        y_doc, st_doc = macchiato(a[:, sl], b[:, sl], v[:, sl], q[:, sl], k[:, sl],
+                                  gate=None if gate is None else gate[:, sl], output_final_state=True, **kw)
+        assert rel_err(y[:, sl], y_doc) < 1e-12
+        assert rel_err(st.latte.S[i], st_doc.latte.S[0]) < 1e-12
+        assert torch.equal(st.window.mask[i], st_doc.window.mask[0])
+        assert torch.equal(st.window.k[i], st_doc.window.k[0]) and torch.equal(st.window.v[i], st_doc.window.v[0])
