@@ -1,0 +1,256 @@
+"""`LatteConfig`: one validated dataclass for the language model and the encoder.
+
+Built directly (``LatteConfig(dim=256, ...)``), from a dict (`from_dict`, which
+also rejects unknown keys) or from JSON (`load_json`). Every problem is
+reported at once in one ValueError (`latte.config_io.ConfigError`) naming the
+field, the value received and what is allowed (STYLE.md habit 5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..config_io import ConfigError, ConfigErrors, atomic_write
+
+Mixer = Literal["latte", "macchiato", "softmax", "linear", "swa"]
+MIXERS: tuple[str, ...] = typing.get_args(Mixer)
+# Mixers with a bidirectional form (MATH.md 2); the window mixers are causal only.
+BIDIRECTIONAL_MIXERS = ("latte", "softmax", "linear")
+LATENT_MIXERS = ("latte", "macchiato")
+
+
+@dataclass
+class LatteConfig:
+    """Architecture of a `LatteForCausalLM` (causal=True) or a
+    `LatteForSequenceClassification` encoder (causal=False).
+
+    mixer: one name for every layer or a list with one name per layer
+        ("latte" latent attention, "macchiato" window + latents, "softmax",
+        "linear" attention, "swa" sliding-window softmax).
+    num_latents: L, the TOTAL latent count, split evenly over heads (MATH.md).
+    qk_mixer: how latent logits get order (MATH.md 5); None resolves to
+        "conv_rglru" for causal models and "none" for encoders (the RG-LRU is
+        causal only).
+    num_kv_heads: key/value heads of the softmax-style branches (softmax, swa,
+        the macchiato window); None means num_heads.
+    ffn_dim: MLP hidden width; None derives it from mlp_ratio: mlp_ratio * dim
+        for "gelu", and 2/3 of that rounded up to a multiple of 8 for "swiglu"
+        (three matrices instead of two: about the same parameter count).
+    position_embedding: absolute positions added to the token embeddings.
+        "none" suits causal LMs (recurrent qk_mixer / RoPE carry position);
+        encoders need "learned" or "sinusoidal". Absolute positions count real
+        (unpadded) tokens and are limited to max_position_embeddings.
+    num_labels, pooling: the classification head ("mean" over real tokens, or
+        "cls": the first real token).
+    """
+
+    vocab_size: int = 50257
+    dim: int = 512
+    num_layers: int = 8
+    num_heads: int = 8
+    num_latents: int = 256
+    num_kv_heads: int | None = None
+    mixer: Mixer | list[Mixer] = "latte"
+    window_size: int = 128
+    mix: Literal["joint", "gate"] = "joint"
+    qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] | None = None
+    conv_size: int = 3
+    chunk_size: int = 64
+    rope_theta: float = 10000.0
+    mlp: Literal["swiglu", "gelu"] = "swiglu"
+    mlp_ratio: float = 4.0
+    ffn_dim: int | None = None
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    tie_embeddings: bool = True
+    position_embedding: Literal["none", "learned", "sinusoidal"] = "none"
+    max_position_embeddings: int = 2048
+    causal: bool = True
+    num_labels: int = 2
+    pooling: Literal["mean", "cls"] = "mean"
+    initializer_range: float = 0.02
+
+    def __post_init__(self):
+        if isinstance(self.mixer, tuple):
+            self.mixer = list(self.mixer)
+        if self.qk_mixer is None and isinstance(self.causal, bool):
+            self.qk_mixer = "conv_rglru" if self.causal else "none"
+        errs = ConfigErrors(type(self).__name__)
+        bad = _check_types(self, errs)
+        _check_ranges(self, errs, bad)  # skips the checks that involve an ill-typed field
+        errs.raise_if_any()
+
+    # ------------------------------------------------------------------ derived
+
+    @property
+    def mixers(self) -> list[str]:
+        """The mixer of each layer."""
+        return list(self.mixer) if isinstance(self.mixer, list) else [self.mixer] * self.num_layers
+
+    @property
+    def ffn_hidden(self) -> int:
+        """The resolved MLP hidden width (see `ffn_dim`)."""
+        if self.ffn_dim is not None:
+            return self.ffn_dim
+        width = self.mlp_ratio * self.dim
+        if self.mlp == "gelu":
+            return max(1, int(round(width)))
+        return max(8, -(-int(round(2 * width / 3)) // 8) * 8)
+
+    # ------------------------------------------------------------------ presets
+
+    @classmethod
+    def tiny(cls, mixer: str | list[str] = "latte", **overrides: Any) -> "LatteConfig":
+        """A model of a few thousand parameters for tests: runs in milliseconds.
+        The window (8) and chunk (8) are small so short sequences cross both."""
+        base = dict(vocab_size=64, dim=32, num_layers=2, num_heads=2, num_latents=8,
+                    window_size=8, chunk_size=8, mlp_ratio=2.0, max_position_embeddings=4096,
+                    mixer=mixer)
+        return cls(**{**base, **overrides})
+
+    @classmethod
+    def paper_table6(cls, mixer: str | list[str] = "latte", **overrides: Any) -> "LatteConfig":
+        """The paper's language model (Table 6, MATH.md 6): 8 layers, 8 heads,
+        D 512, GELU feed-forward 2048, 256 latents (32 per head), window 128,
+        conv kernel 3, dropout 0.1, learned positions, GPT-2 BPE vocabulary.
+
+        Choices the table leaves open: qk_mixer "conv" (the table lists a conv
+        kernel of 3 and no RG-LRU), LayerNorm (GPT-2 style), tied embeddings,
+        and max_position_embeddings 512 = the training sequence length; longer
+        inputs raise unless it is overridden."""
+        base = dict(vocab_size=50257, dim=512, num_layers=8, num_heads=8, num_latents=256,
+                    window_size=128, conv_size=3, qk_mixer="conv", mlp="gelu", ffn_dim=2048,
+                    norm="layernorm", dropout=0.1, position_embedding="learned",
+                    max_position_embeddings=512, tie_embeddings=True, mixer=mixer)
+        return cls(**{**base, **overrides})
+
+    # ------------------------------------------------------------------ dict / JSON
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str = "LatteConfig") -> "LatteConfig":
+        """Builds from a plain dict; unknown keys, wrong types and out-of-range
+        values are all reported together in one ValueError headed by `where`."""
+        if not isinstance(data, dict):
+            raise ConfigError(where, [("", f"expected a mapping of LatteConfig fields, got {type(data).__name__}")])
+        names = sorted(f.name for f in dataclasses.fields(cls))
+        problems = []
+        for key in data:
+            if key not in names:
+                close = difflib.get_close_matches(str(key), names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.append((str(key), f"unknown key{hint}; allowed keys: {', '.join(names)}"))
+        try:
+            config = cls(**{k: v for k, v in data.items() if k in names})
+        except ConfigError as e:
+            problems += e.problems
+        if problems:
+            raise ConfigError(where, problems)
+        return config
+
+    def save_json(self, path: str | os.PathLike) -> None:
+        atomic_write(path, json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load_json(cls, path: str | os.PathLike) -> "LatteConfig":
+        return cls.from_dict(read_json(path), where=str(path))
+
+
+def read_json(path: str | os.PathLike) -> dict[str, Any]:
+    """A JSON object from `path`; malformed JSON is a ValueError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+# ---------------------------------------------------------------------- validation
+
+_INT_FIELDS = ("vocab_size", "dim", "num_layers", "num_heads", "num_latents", "window_size",
+               "conv_size", "chunk_size", "max_position_embeddings", "num_labels")
+_FLOAT_FIELDS = ("rope_theta", "mlp_ratio", "norm_eps", "dropout", "initializer_range")
+_CHOICES = {"mix": ("joint", "gate"), "qk_mixer": ("none", "conv", "rglru", "conv_rglru"),
+            "mlp": ("swiglu", "gelu"), "norm": ("rmsnorm", "layernorm"),
+            "position_embedding": ("none", "learned", "sinusoidal"), "pooling": ("mean", "cls")}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_types(cfg: LatteConfig, errs: ConfigErrors) -> set[str]:
+    """Type and choice checks; converts ints given for float fields. Returns
+    the names of the fields that failed."""
+    n = len(errs.problems)
+    for name in _INT_FIELDS:
+        v = getattr(cfg, name)
+        if errs.check(_is_int(v), name, v, "an integer >= 1"):
+            errs.check(v >= 1, name, v, "an integer >= 1")
+    for name in ("num_kv_heads", "ffn_dim"):
+        v = getattr(cfg, name)
+        if v is not None and errs.check(_is_int(v), name, v, "None or an integer >= 1"):
+            errs.check(v >= 1, name, v, "None or an integer >= 1")
+    for name in _FLOAT_FIELDS:
+        v = getattr(cfg, name)
+        if errs.check(isinstance(v, (int, float)) and not isinstance(v, bool), name, v, "a number"):
+            setattr(cfg, name, float(v))
+    for name in ("tie_embeddings", "causal"):
+        errs.check(isinstance(getattr(cfg, name), bool), name, getattr(cfg, name), "true or false")
+    for name, allowed in _CHOICES.items():
+        v = getattr(cfg, name)
+        errs.check(isinstance(v, str) and v in allowed, name, v, "one of " + ", ".join(map(repr, allowed)))
+    allowed = "one of " + ", ".join(map(repr, MIXERS)) + " or a list of those, one per layer"
+    m = cfg.mixer
+    if isinstance(m, list):
+        for i, item in enumerate(m):
+            errs.check(isinstance(item, str) and item in MIXERS, f"mixer[{i}]", item, allowed)
+    else:
+        errs.check(isinstance(m, str) and m in MIXERS, "mixer", m, allowed)
+    return {p.split("[")[0] for p, _ in errs.problems[n:]}
+
+
+def _check_ranges(cfg: LatteConfig, errs: ConfigErrors, bad: set[str]) -> None:
+    def ok(*names: str) -> bool:
+        return not bad.intersection(names)
+
+    if ok("num_layers") and isinstance(cfg.mixer, list):
+        errs.check(len(cfg.mixer) == cfg.num_layers, "mixer", cfg.mixer,
+                   f"a single name or a list of num_layers ({cfg.num_layers}) names")
+    named = cfg.mixer if isinstance(cfg.mixer, list) else [cfg.mixer]
+    mixers = {m for m in named if isinstance(m, str) and m in MIXERS}  # the valid ones
+    if ok("dim", "num_heads"):
+        errs.check(cfg.dim % cfg.num_heads == 0, "dim", cfg.dim, f"a multiple of num_heads ({cfg.num_heads})")
+    if ok("num_latents", "num_heads") and mixers & set(LATENT_MIXERS):
+        errs.check(cfg.num_latents % cfg.num_heads == 0, "num_latents", cfg.num_latents,
+                   f"a multiple of num_heads ({cfg.num_heads}): latents are split evenly over heads")
+    if ok("num_kv_heads", "num_heads") and cfg.num_kv_heads is not None:
+        errs.check(cfg.num_heads % cfg.num_kv_heads == 0, "num_kv_heads", cfg.num_kv_heads,
+                   f"a divisor of num_heads ({cfg.num_heads})")
+    if ok("causal", "qk_mixer") and cfg.causal is False and mixers & set(LATENT_MIXERS):
+        errs.check(cfg.qk_mixer in ("none", "conv"), "qk_mixer", cfg.qk_mixer,
+                   "'none' or 'conv' with causal=False (the RG-LRU is causal only)")
+    if ok("causal") and cfg.causal is False:
+        causal_only = sorted(mixers - set(BIDIRECTIONAL_MIXERS))
+        errs.check(not causal_only, "mixer", cfg.mixer,
+                   f"with causal=False only {', '.join(map(repr, BIDIRECTIONAL_MIXERS))} "
+                   f"(no bidirectional form of {', '.join(map(repr, causal_only))})")
+    for name, cond, allowed in (("rope_theta", lambda v: v > 0, "> 0"),
+                                ("mlp_ratio", lambda v: v > 0, "> 0"),
+                                ("norm_eps", lambda v: v > 0, "> 0"),
+                                ("dropout", lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+                                ("initializer_range", lambda v: v > 0, "> 0")):
+        if ok(name):
+            errs.check(cond(getattr(cfg, name)), name, getattr(cfg, name), allowed)

@@ -1,0 +1,270 @@
+"""Hugging Face `transformers` adapter (optional: `pip install latte[hf]`).
+
+Tested with transformers 5.23.0 (torch 2.13.0+cpu).
+
+    from latte.models import hf
+    hf.register()                                   # AutoConfig / AutoModelFor*
+    model = AutoModelForCausalLM.from_pretrained(folder)   # folder from the native save_pretrained
+    model.generate(ids, max_new_tokens=20, do_sample=False)
+
+Formats are shared, not converted: the wrappers own exactly the native module
+tree (`model.*`, `lm_head.*` / `head.*`), so the native `model.safetensors`
+loads as it is, and `LatteHFConfig` reads the native `config.json` (the
+LatteConfig fields, validated by LatteConfig, with `model_type: "latte"`). A
+folder written by the HF `save_pretrained` loads back natively too
+(`latte.models.from_pretrained`), through `native_config_dict`.
+
+Decoding state: transformers builds a DynamicCache (a growing key/value store)
+unless a model opts out; these models opt out (`_supports_default_dynamic_cache`
+is False, like Mamba) and carry their own `LatteHFCache`, a `Cache` subclass
+holding the native `LatteCache`, in `past_key_values`. `generate` prefills
+with one chunked forward, then feeds one token per step with the full
+attention mask, of which the forward keeps the last columns.
+
+This is the only module that uses Hugging Face names (hidden_size,
+num_hidden_layers, tie_word_embeddings, past_key_values, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    GenerationMixin,
+    PreTrainedConfig,
+    PreTrainedModel,
+)
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutput
+
+from .cache import LatteCache
+from .causal_lm import LatteForCausalLM, causal_lm_loss
+from .classification import LatteForSequenceClassification, pool
+from .config import LatteConfig
+from .modeling import MLP, LatteModel, check_attention_mask, init_module
+
+_NATIVE_FIELDS = tuple(f.name for f in dataclasses.fields(LatteConfig))
+
+
+class LatteHFConfig(PreTrainedConfig):
+    """The LatteConfig fields as attributes (validated by LatteConfig), plus
+    the usual PreTrainedConfig ones. `to_latte_config()` gives the native one."""
+
+    model_type = "latte"
+    attribute_map = {"hidden_size": "dim", "num_hidden_layers": "num_layers",
+                     "num_attention_heads": "num_heads", "tie_word_embeddings": "tie_embeddings",
+                     "num_key_value_heads": "num_kv_heads"}
+
+    def __post_init__(self, **kwargs):
+        native = {k: kwargs.pop(k) for k in _NATIVE_FIELDS if k in kwargs}
+        for alias, name in self.attribute_map.items():  # hidden_size=... -> dim=...
+            if alias in kwargs:
+                native[name] = kwargs.pop(alias)
+        if self.id2label is not None:  # a PreTrainedConfig field, set before __post_init__
+            native["num_labels"] = len(self.id2label)
+        kwargs["num_labels"] = native.get("num_labels", 2)
+        kwargs.pop("latte_version", None)
+        cfg = LatteConfig.from_dict(native, where="LatteHFConfig")
+        self.use_cache = kwargs.pop("use_cache", True)
+        super().__post_init__(**kwargs)
+        for k, v in cfg.to_dict().items():
+            if k != "num_labels":  # a PreTrainedConfig property backed by id2label
+                setattr(self, k, v)
+
+    def to_latte_config(self) -> LatteConfig:
+        data = {k: getattr(self, k) for k in _NATIVE_FIELDS if k != "num_labels"}
+        return LatteConfig.from_dict({**data, "num_labels": self.num_labels}, where="LatteHFConfig")
+
+    @classmethod
+    def from_latte_config(cls, config: LatteConfig, **kwargs: Any) -> "LatteHFConfig":
+        return cls(**config.to_dict(), **kwargs)
+
+
+def native_config_dict(data: dict[str, Any]) -> dict[str, Any]:
+    """A config.json dict written by the HF `save_pretrained` -> the native
+    layout (LatteConfig fields + model_type + architectures)."""
+    out = {k: data[k] for k in _NATIVE_FIELDS if k in data}
+    if data.get("id2label"):
+        out["num_labels"] = len(data["id2label"])
+    archs = [a.replace("LatteHF", "Latte") for a in data.get("architectures") or []]
+    return {"model_type": data.get("model_type", "latte"), "architectures": archs, **out}
+
+
+class LatteHFCache(Cache):
+    """`past_key_values` of the Latte models: wraps the native LatteCache
+    (`self.latte`), updated in place by each forward."""
+
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, latte: LatteCache | None = None):
+        super().__init__(layers=[])
+        self.latte = latte
+
+    def __len__(self) -> int:
+        return 0 if self.latte is None else len(self.latte.layers)
+
+    def __repr__(self) -> str:
+        nbytes = 0 if self.latte is None else self.latte.nbytes()
+        return f"LatteHFCache(seen_tokens={self.get_seq_length()}, nbytes={nbytes})"
+
+    @property
+    def batch_size(self) -> int:
+        return -1 if self.latte is None else self.latte.batch_size
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0 if self.latte is None else self.latte.seen_tokens
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.latte = None
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove:
+            raise NotImplementedError("LatteHFCache: a recurrent state cannot drop tokens")
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.latte is not None:
+            self.latte = self.latte.select(beam_idx)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.reorder_cache(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.latte is not None:
+            self.latte = self.latte.repeat_interleave(repeats)
+
+
+class LatteHFPreTrainedModel(PreTrainedModel):
+    config_class = LatteHFConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _is_stateful = True  # no assisted generation: a recurrent state cannot roll back
+    _no_split_modules = ["Block"]
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the forward creates its own LatteHFCache
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """Only reached for tensors missing from a checkpoint (or on direct
+        construction): the native init. Children are visited before parents,
+        so the MLP and head inits below win over the generic reset."""
+        cfg = self.config
+        if module is getattr(self, "lm_head", None) or module is getattr(self, "head", None):
+            nn.init.normal_(module.weight, 0.0, cfg.initializer_range)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, (nn.Embedding, MLP, nn.LayerNorm, nn.RMSNorm)):
+            init_module(module, cfg.initializer_range, cfg.num_layers)
+        elif hasattr(module, "reset_parameters") and module is not self:
+            module.reset_parameters()  # inside a mixer: the layer's own init
+
+
+class LatteHFForCausalLM(LatteHFPreTrainedModel, GenerationMixin):
+    """`LatteForCausalLM` behind the transformers API (forward, generate)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed.weight"}
+
+    def __init__(self, config: LatteHFConfig):
+        super().__init__(config)
+        native = config.to_latte_config()
+        if not native.causal:
+            raise ValueError("causal: LatteHFForCausalLM needs causal=True")
+        self.model = LatteModel(native)
+        self.lm_head = nn.Linear(native.dim, native.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.embed = value
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                past_key_values: LatteHFCache | None = None, labels: torch.LongTensor | None = None,
+                use_cache: bool | None = None, return_dict: bool | None = None,
+                logits_to_keep: int = 0, **kwargs: Any) -> CausalLMOutputWithPast | tuple:
+        if input_ids is None:
+            raise ValueError("input_ids: required (inputs_embeds is not supported)")
+        if past_key_values is not None and not isinstance(past_key_values, LatteHFCache):
+            raise ValueError(f"past_key_values: expected a LatteHFCache, got {type(past_key_values).__name__}")
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        T = input_ids.shape[1]
+        if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape[1] > T:
+            attention_mask = attention_mask[:, -T:]  # generate passes the mask of the whole sequence
+        state = None if past_key_values is None else past_key_values.latte
+        hidden, state = self.model(input_ids, state=state, attention_mask=attention_mask, use_cache=use_cache)
+        logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        loss = None
+        if labels is not None:
+            loss = causal_lm_loss(logits, labels, check_attention_mask(attention_mask, tuple(input_ids.shape)))
+        cache = None
+        if use_cache:
+            cache = past_key_values if past_key_values is not None else LatteHFCache()
+            cache.latte = state
+        if return_dict is False:
+            return tuple(v for v in (loss, logits, cache) if v is not None)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+
+    def to_native(self) -> LatteForCausalLM:
+        """A native LatteForCausalLM with the same weights."""
+        native = LatteForCausalLM(self.config.to_latte_config())
+        native.load_state_dict(self.state_dict())
+        return native
+
+
+class LatteHFForSequenceClassification(LatteHFPreTrainedModel):
+    """`LatteForSequenceClassification` behind the transformers API."""
+
+    def __init__(self, config: LatteHFConfig):
+        super().__init__(config)
+        native = config.to_latte_config()
+        if native.causal:
+            raise ValueError("causal: LatteHFForSequenceClassification needs causal=False (an encoder)")
+        self.model = LatteModel(native)
+        self.head = nn.Linear(native.dim, native.num_labels)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.embed = value
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                labels: torch.LongTensor | None = None, return_dict: bool | None = None,
+                **kwargs: Any) -> SequenceClassifierOutput | tuple:
+        if input_ids is None:
+            raise ValueError("input_ids: required (inputs_embeds is not supported)")
+        hidden, _ = self.model(input_ids, attention_mask=attention_mask)
+        mask = check_attention_mask(attention_mask, tuple(input_ids.shape))
+        logits = self.head(pool(hidden, mask, self.config.pooling))
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(logits.float(), labels.long())
+        if return_dict is False:
+            return tuple(v for v in (loss, logits) if v is not None)
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+
+    def to_native(self) -> LatteForSequenceClassification:
+        native = LatteForSequenceClassification(self.config.to_latte_config())
+        native.load_state_dict(self.state_dict())
+        return native
+
+
+def register() -> None:
+    """Registers the classes with AutoConfig, AutoModelForCausalLM and
+    AutoModelForSequenceClassification (safe to call more than once)."""
+    AutoConfig.register("latte", LatteHFConfig, exist_ok=True)
+    AutoModelForCausalLM.register(LatteHFConfig, LatteHFForCausalLM, exist_ok=True)
+    AutoModelForSequenceClassification.register(LatteHFConfig, LatteHFForSequenceClassification, exist_ok=True)

@@ -1,0 +1,225 @@
+"""The backbone: pre-norm blocks around a token mixer, and `LatteModel`.
+
+    x = embed(ids) [+ absolute position]           [B, T, dim]
+    for each block:  x = x + mixer(norm(x))         (latte, macchiato, softmax, linear or swa)
+                     x = x + mlp(norm(x))
+    h = norm(x)                                     [B, T, dim]
+
+Padding: `attention_mask` [B, T] (True / 1 = real token) goes to every mixer,
+which excludes padded positions; absolute positions count real tokens only,
+so left padding shifts nothing. Outputs at padded positions are unspecified.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..layers import (
+    LatteAttention,
+    LinearAttention,
+    MacchiatoAttention,
+    SlidingWindowAttention,
+    SoftmaxAttention,
+)
+from .cache import LatteCache
+from .config import LatteConfig
+
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def build_mixer(config: LatteConfig, kind: str) -> nn.Module:
+    """The token mixer of one block; `kind` is one of config.mixers."""
+    c = config
+    if kind == "latte":
+        return LatteAttention(c.dim, c.num_heads, c.num_latents, causal=c.causal, qk_mixer=c.qk_mixer,
+                              conv_size=c.conv_size, chunk_size=c.chunk_size, dropout=c.dropout)
+    if kind == "macchiato":
+        return MacchiatoAttention(c.dim, c.num_heads, c.num_latents, window_size=c.window_size, mix=c.mix,
+                                  num_kv_heads=c.num_kv_heads, rope_theta=c.rope_theta, qk_mixer=c.qk_mixer,
+                                  conv_size=c.conv_size, chunk_size=c.chunk_size, dropout=c.dropout)
+    if kind == "softmax":
+        return SoftmaxAttention(c.dim, c.num_heads, num_kv_heads=c.num_kv_heads, causal=c.causal,
+                                rope_theta=c.rope_theta, dropout=c.dropout)
+    if kind == "linear":
+        return LinearAttention(c.dim, c.num_heads, causal=c.causal, chunk_size=c.chunk_size, dropout=c.dropout)
+    if kind == "swa":
+        return SlidingWindowAttention(c.dim, c.num_heads, window_size=c.window_size, num_kv_heads=c.num_kv_heads,
+                                      rope_theta=c.rope_theta, dropout=c.dropout)
+    raise AssertionError(f"unvalidated mixer {kind!r}")  # LatteConfig rejects unknown names
+
+
+def build_norm(config: LatteConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.dim, eps=config.norm_eps)
+    return nn.LayerNorm(config.dim, eps=config.norm_eps)
+
+
+class MLP(nn.Module):
+    """SwiGLU (down(silu(gate) * up)) or GELU (down(gelu(up))), then dropout."""
+
+    def __init__(self, config: LatteConfig):
+        super().__init__()
+        self.kind, F_ = config.mlp, config.ffn_hidden
+        self.up = nn.Linear(config.dim, 2 * F_ if self.kind == "swiglu" else F_, bias=False)
+        self.down = nn.Linear(F_, config.dim, bias=False)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        if self.kind == "swiglu":
+            gate, up = h.chunk(2, dim=-1)  # [B, T, 2F] -> 2 x [B, T, F]
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h)
+        return self.dropout(self.down(h))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: LatteConfig, layer_idx: int):
+        super().__init__()
+        self.mixer_norm = build_norm(config)
+        self.mixer = build_mixer(config, config.mixers[layer_idx])
+        self.mlp_norm = build_norm(config)
+        self.mlp = MLP(config)
+
+    def forward(self, x, *, state=None, mask=None):
+        y, state = self.mixer(self.mixer_norm(x), state=state, mask=mask)
+        x = x + y
+        x = x + self.mlp(self.mlp_norm(x))
+        return x, state
+
+
+def sinusoidal(pos: torch.Tensor, dim: int) -> torch.Tensor:
+    """Transformer sinusoids for integer positions pos [B, T] -> [B, T, dim]
+    (first half sin, second half cos), computed in float32 on the fly."""
+    half = (dim + 1) // 2
+    freq = torch.exp(-math.log(10000.0) * torch.arange(half, device=pos.device, dtype=torch.float32) / half)
+    ang = pos.to(torch.float32).unsqueeze(-1) * freq  # [B, T, half]
+    return torch.cat([ang.sin(), ang.cos()], dim=-1)[..., :dim]
+
+
+def check_input_ids(input_ids, vocab_size: int) -> tuple[int, int]:
+    """input_ids: integer tensor [B, T >= 1] with ids in [0, vocab_size). Runs
+    before any compute so a bad id never reaches an embedding lookup."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise ValueError(f"input_ids: expected an integer tensor [B, T], got {type(input_ids).__name__}")
+    if input_ids.dtype not in _INT_DTYPES:
+        raise ValueError(f"input_ids: expected an integer dtype (torch.long), got {input_ids.dtype}")
+    if input_ids.dim() != 2 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids: expected shape [B, T >= 1], got {tuple(input_ids.shape)}")
+    if input_ids.numel():
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"input_ids: found id {bad}, but ids must be in [0, {vocab_size - 1}] "
+                             f"(max id {vocab_size - 1}, vocab_size {vocab_size})")
+    return tuple(input_ids.shape)
+
+
+def check_attention_mask(attention_mask, shape: tuple[int, int]) -> torch.Tensor | None:
+    """[B, T] bool, or integers 0/1 (1 = real token) -> bool mask, or None when
+    every token is real (the unmasked fast path)."""
+    if attention_mask is None:
+        return None
+    m = attention_mask
+    if not isinstance(m, torch.Tensor) or tuple(m.shape) != tuple(shape):
+        got = tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
+        raise ValueError(f"attention_mask: expected shape {tuple(shape)} like input_ids, got {got}")
+    if m.dtype != torch.bool:
+        if m.dtype not in _INT_DTYPES or ((m != 0) & (m != 1)).any():
+            raise ValueError(f"attention_mask: expected bool or 0/1 integers (1 = real token), got dtype {m.dtype}")
+        m = m.bool()
+    return None if bool(m.all()) else m
+
+
+class LatteModel(nn.Module):
+    """Embeddings, `num_layers` blocks and the final norm: ids -> hidden states."""
+
+    def __init__(self, config: LatteConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.dim)
+        self.pos_embed = (nn.Embedding(config.max_position_embeddings, config.dim)
+                          if config.position_embedding == "learned" else None)
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
+        self.norm = build_norm(config)
+
+    def forward(self, input_ids: torch.Tensor, *, state: LatteCache | None = None,
+                attention_mask: torch.Tensor | None = None, use_cache: bool = False):
+        """input_ids [B, T] -> (hidden [B, T, dim], LatteCache or None).
+
+        The cache is returned when use_cache is set or a state was given; it
+        continues exactly with the next tokens."""
+        cfg = self.config
+        B, T = check_input_ids(input_ids, cfg.vocab_size)
+        mask = check_attention_mask(attention_mask, (B, T))
+        self._check_state(state, B, use_cache)
+        pos0 = state.pos if state is not None else torch.zeros(B, dtype=torch.long, device=input_ids.device)
+        m = torch.ones(B, T, dtype=torch.long, device=input_ids.device) if mask is None else mask.long()
+        pos = pos0[:, None] + m.cumsum(1) - m  # [B, T] real tokens before each one
+        if cfg.position_embedding != "none":
+            n = int(pos.max()) + 1
+            if n > cfg.max_position_embeddings:
+                raise ValueError(f"sequence of {n} positions exceeds max_position_embeddings="
+                                 f"{cfg.max_position_embeddings} (position_embedding={cfg.position_embedding!r}); "
+                                 "shorten the input or build the model with a larger limit")
+
+        x = self.embed(input_ids)  # [B, T, dim]
+        if cfg.position_embedding == "learned":
+            x = x + self.pos_embed(pos)
+        elif cfg.position_embedding == "sinusoidal":
+            x = x + sinusoidal(pos, cfg.dim).to(x.dtype)
+        x = self.dropout(x)
+        states = []
+        for i, block in enumerate(self.blocks):
+            x, s = block(x, state=None if state is None else state.layers[i], mask=mask)
+            states.append(s)
+        x = self.norm(x)
+
+        if not (use_cache or state is not None):
+            return x, None
+        seen = T + (0 if state is None else state.seen_tokens)
+        return x, LatteCache(states, seen, pos0 + m.sum(1))
+
+    def _check_state(self, state, B: int, use_cache: bool) -> None:
+        if not self.config.causal and (state is not None or use_cache):
+            raise ValueError("state/use_cache: a bidirectional model (causal=False) keeps no decoding state")
+        if state is None:
+            return
+        if not isinstance(state, LatteCache):
+            raise ValueError(f"state: expected a LatteCache from a previous forward, got {type(state).__name__}")
+        if len(state.layers) != len(self.blocks) or state.batch_size != B:
+            raise ValueError(f"state: holds {len(state.layers)} layers x batch {state.batch_size}, "
+                             f"expected {len(self.blocks)} layers x batch {B}")
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """GPT-2 style init of the modules this package owns (embeddings, MLPs,
+        norms); each mixer keeps the init its layer chose. The MLP output is
+        scaled by 1/sqrt(2 num_layers) so the residual stream does not grow
+        with depth."""
+        inside_mixers = {id(m) for block in self.blocks for m in block.mixer.modules()}
+        for module in self.modules():
+            if id(module) not in inside_mixers:
+                init_module(module, self.config.initializer_range, self.config.num_layers)
+
+
+def init_module(module: nn.Module, std: float, num_layers: int) -> None:
+    """Init of one module owned by latte.models (nothing inside a mixer)."""
+    if isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, 0.0, std)
+    elif isinstance(module, MLP):
+        nn.init.normal_(module.up.weight, 0.0, std)
+        nn.init.normal_(module.down.weight, 0.0, std / math.sqrt(2 * num_layers))
+    elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+        if module.weight is not None:
+            nn.init.ones_(module.weight)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)

@@ -1,0 +1,100 @@
+"""LatteConfig: validation reports every problem at once, dict/JSON round
+trips, presets."""
+
+import json
+
+import pytest
+
+from latte.config_io import ConfigError
+from latte.models import LatteConfig
+
+
+def lines(excinfo):
+    return [line.strip() for line in str(excinfo.value).splitlines()[1:]]
+
+
+def test_every_problem_reported_at_once_naming_field_value_allowed():
+    with pytest.raises(ValueError) as e:
+        LatteConfig(dim=30, num_heads=4, num_latents=6, mixer=["latte", "bogus"], num_layers=3,
+                    dropout=1.5, mlp="relu", tie_embeddings=1, num_kv_heads=3)
+    got = lines(e)
+    assert isinstance(e.value, ConfigError)
+    expected = {
+        "dim": "got 30 (int), expected a multiple of num_heads (4)",
+        "num_latents": "got 6 (int)",
+        "num_kv_heads": "a divisor of num_heads (4)",
+        "mixer[1]": "got 'bogus' (str), expected one of 'latte', 'macchiato', 'softmax', 'linear', 'swa'",
+        "dropout": "got 1.5 (float), expected in [0, 1)",
+        "mlp": "got 'relu' (str), expected one of 'swiglu', 'gelu'",
+        "tie_embeddings": "got 1 (int), expected true or false",
+        "mixer": "a list of num_layers (3) names",
+    }
+    for field, text in expected.items():
+        assert any(line.startswith(f"{field}:") and text in line for line in got), (field, got)
+    assert len(got) == len(expected)
+
+
+@pytest.mark.parametrize("kwargs, field, text", [
+    (dict(num_layers=0), "num_layers", "an integer >= 1"),
+    (dict(vocab_size=2.5), "vocab_size", "an integer >= 1"),
+    (dict(mixer=["latte", "swa", "latte"], num_layers=2), "mixer", "list of num_layers (2)"),
+    (dict(mixer="swa", causal=False), "mixer", "no bidirectional form of 'swa'"),
+    (dict(mixer="latte", causal=False, qk_mixer="rglru"), "qk_mixer", "causal only"),
+    (dict(position_embedding="rotary"), "position_embedding", "'none', 'learned', 'sinusoidal'"),
+    (dict(pooling="max"), "pooling", "'mean', 'cls'"),
+    (dict(norm_eps=0), "norm_eps", "> 0"),
+    (dict(ffn_dim=0), "ffn_dim", "None or an integer >= 1"),
+    (dict(mix="sum"), "mix", "'joint', 'gate'"),
+])
+def test_single_problem_messages(kwargs, field, text):
+    with pytest.raises(ValueError) as e:
+        LatteConfig(**kwargs)
+    assert len(lines(e)) == 1 and lines(e)[0].startswith(f"{field}:") and text in lines(e)[0], lines(e)
+
+
+def test_irrelevant_fields_are_not_checked():
+    LatteConfig(mixer="softmax", num_heads=6, dim=48, num_latents=256)  # latents unused by softmax
+    with pytest.raises(ValueError, match="num_latents"):
+        LatteConfig(mixer="latte", num_heads=6, dim=48, num_latents=256)
+
+
+def test_from_dict_reports_unknown_keys_types_and_ranges_together():
+    with pytest.raises(ValueError) as e:
+        LatteConfig.from_dict({"dimm": 32, "num_heads": "two", "mixer": "latte", "dropout": 2}, where="cfg.json")
+    msg = str(e.value)
+    assert msg.startswith("cfg.json: 3 config problems")
+    assert "dimm: unknown key (did you mean 'dim'?)" in msg
+    assert "num_heads: got 'two' (str), expected an integer >= 1" in msg
+    assert "dropout: got 2.0 (float), expected in [0, 1)" in msg
+
+
+def test_dict_and_json_round_trip(tmp_path):
+    cfg = LatteConfig.tiny(mixer=["latte", "swa"], rope_theta=500, ffn_dim=40)
+    assert cfg.rope_theta == 500.0 and isinstance(cfg.rope_theta, float)
+    assert LatteConfig.from_dict(cfg.to_dict()) == cfg
+    cfg.save_json(tmp_path / "c.json")
+    assert LatteConfig.load_json(tmp_path / "c.json") == cfg
+    (tmp_path / "bad.json").write_text("{\"dim\": 32,}")
+    with pytest.raises(ValueError, match="bad.json: invalid JSON"):
+        LatteConfig.load_json(tmp_path / "bad.json")
+    (tmp_path / "unk.json").write_text(json.dumps({**cfg.to_dict(), "heads": 2}))
+    with pytest.raises(ValueError, match=r"unk.json: 1 config problem:\n  heads: unknown key"):
+        LatteConfig.load_json(tmp_path / "unk.json")
+
+
+def test_derived_values():
+    assert LatteConfig(mixer="latte", causal=True).qk_mixer == "conv_rglru"
+    assert LatteConfig(mixer="latte", causal=False).qk_mixer == "none"
+    assert LatteConfig.tiny(mixer=["latte", "swa"]).mixers == ["latte", "swa"]
+    assert LatteConfig.tiny(mixer="swa").mixers == ["swa", "swa"]
+    assert LatteConfig(dim=512, mlp="gelu").ffn_hidden == 2048
+    assert LatteConfig(dim=512, mlp="swiglu").ffn_hidden == 1368  # 2/3 * 2048 rounded up to 8
+    assert LatteConfig(ffn_dim=100).ffn_hidden == 100
+
+
+def test_paper_table6_preset():
+    cfg = LatteConfig.paper_table6(mixer="macchiato")
+    assert (cfg.num_layers, cfg.num_heads, cfg.dim, cfg.ffn_hidden, cfg.mlp) == (8, 8, 512, 2048, "gelu")
+    assert (cfg.num_latents, cfg.window_size, cfg.conv_size, cfg.qk_mixer) == (256, 128, 3, "conv")
+    assert (cfg.dropout, cfg.position_embedding, cfg.vocab_size) == (0.1, "learned", 50257)
+    assert LatteConfig.paper_table6(dropout=0.0).dropout == 0.0

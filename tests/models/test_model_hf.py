@@ -1,0 +1,133 @@
+"""Hugging Face adapter: Auto classes load a native folder; greedy generate
+through transformers == native generate; the cache is the recurrent state."""
+
+import json
+
+import pytest
+import torch
+
+from latte.models import MIXERS, LatteConfig, LatteForSequenceClassification, from_pretrained
+
+transformers = pytest.importorskip("transformers")
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: E402
+
+from latte.models import hf  # noqa: E402
+
+hf.register()
+
+
+@pytest.fixture
+def saved(make_lm, tmp_path):
+    def save(mixer, **kw):
+        model = make_lm(mixer, **kw)
+        model.save_pretrained(tmp_path / "native")
+        return model, tmp_path / "native"
+
+    return save
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_auto_classes_load_native_folder_and_greedy_generate_matches(saved, make_ids, mixer):
+    model, path = saved(mixer)
+    hfm = AutoModelForCausalLM.from_pretrained(path)
+    assert isinstance(hfm, hf.LatteHFForCausalLM) and isinstance(AutoConfig.from_pretrained(path), hf.LatteHFConfig)
+    assert hfm.config.to_latte_config() == model.config
+    x = make_ids(2, 10)
+    assert torch.equal(hfm(x).logits, model(x).logits)
+    lengths = []
+    hfm.register_forward_pre_hook(lambda m, a, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    ours = model.generate(x, 12, temperature=0)
+    theirs = hfm.generate(x, max_new_tokens=12, do_sample=False)
+    assert torch.equal(theirs, ours)
+    assert lengths == [10] + [1] * 11  # prefill once, then one token per step from the cache
+
+
+@pytest.mark.parametrize("mixer", ["latte", "macchiato", "softmax"])
+def test_left_padded_batch_and_eos_match_native(saved, make_ids, mixer):
+    model, path = saved(mixer)
+    hfm = AutoModelForCausalLM.from_pretrained(path)
+    x = make_ids(3, 9)
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[1, :4] = 0
+    mask[2, :7] = 0
+    free = model.generate(x, 10, temperature=0, attention_mask=mask)
+    eos = int(free[1, 9 + 3])
+    ours = model.generate(x, 10, temperature=0, attention_mask=mask, eos_token_id=eos)
+    theirs = hfm.generate(x, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=eos,
+                          pad_token_id=eos)
+    assert torch.equal(theirs, ours)
+
+
+def test_cache_is_the_native_state(saved, make_ids):
+    model, path = saved("swa")
+    hfm = AutoModelForCausalLM.from_pretrained(path)
+    x = make_ids(2, 12)
+    out = hfm(x[:, :8], use_cache=True)
+    cache = out.past_key_values
+    assert isinstance(cache, hf.LatteHFCache) and cache.get_seq_length() == 8 and len(cache) == 2
+    step = hfm(x[:, 8:], past_key_values=cache, use_cache=True)
+    assert step.past_key_values is cache and cache.get_seq_length() == 12
+    torch.testing.assert_close(step.logits, model(x).logits[:, 8:], atol=1e-4, rtol=0)
+    cache.reorder_cache(torch.tensor([1]))
+    assert cache.batch_size == 1
+    with pytest.raises(ValueError, match="LatteHFCache"):
+        hfm(x, past_key_values=transformers.DynamicCache())
+
+
+def test_loss_matches_native(saved, make_ids):
+    model, path = saved("latte")
+    hfm = AutoModelForCausalLM.from_pretrained(path)
+    x = make_ids(2, 10)
+    torch.testing.assert_close(hfm(x, labels=x).loss, model(x, labels=x).loss, atol=0, rtol=0)
+
+
+def test_hf_save_loads_natively_and_back(saved, make_ids, tmp_path):
+    model, path = saved("macchiato", tie_embeddings=False)
+    hfm = AutoModelForCausalLM.from_pretrained(path)
+    hfm.save_pretrained(tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "latte"
+    native = from_pretrained(tmp_path / "hf")
+    x = make_ids(2, 7)
+    assert native.config == model.config and torch.equal(native.eval()(x).logits, model(x).logits)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert torch.equal(again(x).logits, model(x).logits)
+    assert torch.equal(hfm.to_native().eval()(x).logits, model(x).logits)
+
+
+def test_sequence_classification_through_auto(tmp_path, make_ids):
+    torch.manual_seed(0)
+    model = LatteForSequenceClassification(
+        LatteConfig.tiny(mixer=["latte", "softmax"], causal=False, num_labels=3, pooling="cls",
+                         position_embedding="learned")).eval()
+    model.save_pretrained(tmp_path)
+    hfm = AutoModelForSequenceClassification.from_pretrained(tmp_path)
+    assert isinstance(hfm, hf.LatteHFForSequenceClassification) and hfm.config.num_labels == 3
+    x = make_ids(2, 8)
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[0, :3] = 0
+    labels = torch.tensor([2, 0])
+    a, b = hfm(x, attention_mask=mask, labels=labels), model(x, attention_mask=mask, labels=labels)
+    assert torch.equal(a.logits, b.logits) and torch.equal(a.loss, b.loss)
+
+
+def test_invalid_config_is_reported_by_latte_validation(tmp_path, make_lm):
+    make_lm("latte").save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_latents": 7, "mix": "sum"}))
+    with pytest.raises(ValueError) as e:
+        AutoConfig.from_pretrained(tmp_path)
+    assert "num_latents: got 7" in str(e.value) and "mix: got 'sum'" in str(e.value)
+
+
+def test_direct_construction_and_hf_names(make_ids):
+    cfg = hf.LatteHFConfig(hidden_size=48, num_hidden_layers=3, num_attention_heads=4, num_latents=8,
+                           vocab_size=64, mixer="latte", tie_word_embeddings=False, num_labels=5)
+    native = cfg.to_latte_config()
+    assert (native.dim, native.num_layers, native.num_heads, native.tie_embeddings) == (48, 3, 4, False)
+    assert cfg.hidden_size == 48 and cfg.num_labels == 5 and native.num_labels == 5
+    torch.manual_seed(0)
+    model = hf.LatteHFForCausalLM(cfg).eval()
+    assert model.lm_head.weight is not model.model.embed.weight
+    out = model(make_ids(2, 6), labels=make_ids(2, 6))
+    assert torch.isfinite(out.logits).all() and abs(out.loss.item() - 4.16) < 0.5  # ~ln 64 at init
+    assert hf.LatteHFConfig.from_latte_config(native).to_latte_config() == native
