@@ -34,11 +34,33 @@ SPREAD_LIMIT = 40.0
 _SCAN_CHUNK = 16
 
 
-def _log_normalisers(b, z0, C):
-    """z, z at chunk ends, z before each chunk, and the chunk references r."""
+# Inside a chunk, logcumsumexp is computed as M + log(cumsum(exp(b - M))) with
+# M the chunk's max; exact unless the chunk's first logit is far below M (its
+# partial sums would underflow), in which case torch.logcumsumexp (exact, but
+# ~100x slower than exp on CPU) redoes that chunk.
+_SHIFT_LIMIT = 60.0
+
+
+def _chunk_logcumsumexp(b, z0, C):
+    """z_t = logaddexp(logcumsumexp(b)_t, z0) as [B, N, C, H, L]."""
     B, TT, H, L = b.shape
     N = TT // C
-    z = torch.logaddexp(torch.logcumsumexp(b, dim=1), z0.unsqueeze(1)).view(B, N, C, H, L)
+    bc = b.view(B, N, C, H, L)
+    M = bc.amax(2, keepdim=True)  # [B, N, 1, H, L]
+    local = torch.log(torch.cumsum(torch.exp(bc - M), 2)) + M  # logcumsumexp inside each chunk
+    bad = ((M[:, :, 0] - bc[:, :, 0]).amax(dim=(-2, -1)) > _SHIFT_LIMIT).flatten()  # [B * N]
+    if bool(bad.any()):
+        idx = bad.nonzero().squeeze(1)
+        exact = torch.logcumsumexp(bc.flatten(0, 1).index_select(0, idx), dim=1)
+        local = local.flatten(0, 1).index_copy(0, idx, exact).view_as(local)
+    # z before each chunk: a logcumsumexp over N chunk totals (small), from z0
+    before = torch.logcumsumexp(torch.cat([z0.unsqueeze(1), local[:, :, -1]], 1), dim=1)[:, :-1]
+    return torch.logaddexp(local, before.unsqueeze(2))
+
+
+def _log_normalisers(b, z0, C):
+    """z, z at chunk ends, z before each chunk, and the chunk references r."""
+    z = _chunk_logcumsumexp(b, z0, C)  # [B, N, C, H, L]
     z_end = z[:, :, -1]  # [B, N, H, L]
     z_prev = torch.cat([z0.unsqueeze(1), z_end[:, :-1]], 1)  # [B, N, H, L]
     r = z[:, :, :1]  # [B, N, 1, H, L]
