@@ -1,0 +1,247 @@
+"""Shared benchmark machinery: timing, peak memory, machine info, JSON, plots.
+
+What is measured (STYLE.md habit 11: numbers are recorded, never asserted):
+- time: `time_call` runs warm-up calls, then >= 5 timed calls; the median and
+  the minimum wall time (ms) are reported with the raw list.
+- peak memory: `memory_points` runs the points in a fresh worker process whose
+  glibc is told to serve every allocation >= 4 KiB with mmap, so freed
+  tensors leave the resident set at once (RSS tracks live memory). For each
+  point the worker runs one warm-up call at a tiny size (library init),
+  allocates the inputs, resets the kernel's peak-RSS mark
+  (`/proc/self/clear_refs` "5"), runs one call and reports
+  VmHWM - VmRSS(before): the peak resident memory the call adds on top of its
+  inputs (outputs, autograd graph and gradients included; allocator and
+  thread-pool overheads too). Linux only; elsewhere it is None.
+- threads: `torch.set_num_threads` is always set explicitly (default 2).
+- a matmul GFLOP/s ceiling (2048 x 2048 fp32 matmul) measured in the same run.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DEFAULT_THREADS = 2
+DEFAULT_OUT = "bench-results"
+
+
+def set_threads(threads: int) -> None:
+    if threads < 1:
+        raise ValueError(f"threads: expected an integer >= 1, got {threads}")
+    torch.set_num_threads(threads)
+
+
+def time_call(fn, *, repeats: int = 5, warmup: int = 1, cap_s: float | None = None) -> dict:
+    """Median/min wall time of `fn()` in ms. With cap_s, the first warm-up call
+    is timed and the point is abandoned (skipped=True) if warm-up + repeats
+    would exceed cap_s seconds."""
+    if repeats < 5:
+        raise ValueError(f"repeats: expected >= 5, got {repeats}")
+    for i in range(max(warmup, 1 if cap_s else 0)):
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        if cap_s is not None and i == 0 and dt * (warmup + repeats) > cap_s:
+            return skipped(f"one call took {dt:.1f} s; {warmup + repeats} calls exceed the {cap_s:g} s cap")
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {
+        "median_ms": statistics.median(times),
+        "min_ms": min(times),
+        "repeats": repeats,
+        "warmup": warmup,
+        "times_ms": [round(t, 4) for t in times],
+        "loadavg_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,  # others on the cores?
+    }
+
+
+def skipped(reason: str) -> dict:
+    return {"skipped": True, "reason": reason}
+
+
+def matmul_ceiling(n: int = 2048, repeats: int = 5) -> dict:
+    """Achieved GFLOP/s of an n x n fp32 matmul with the current threads."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    t = time_call(lambda: a @ b, repeats=repeats, warmup=2)
+    flops = 2 * n**3
+    return {
+        "shape": [n, n, n],
+        "dtype": "float32",
+        **t,
+        "gflops_median": flops / t["median_ms"] / 1e6,
+        "gflops_best": flops / t["min_ms"] / 1e6,
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        m = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+        if m:
+            return m.group(1).strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict:
+    """Where the numbers come from; the load average says how busy it was."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    mem = None
+    try:
+        m = re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text())
+        mem = round(int(m.group(1)) / 2**20, 1) if m else None
+    except OSError:
+        pass
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "usable_cores": usable,
+        "mem_total_gb": mem,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "loadavg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+# ---- peak memory ---------------------------------------------------------------
+
+def _status_kb(key: str) -> int:
+    m = re.search(key + r":\s+(\d+)", Path("/proc/self/status").read_text())
+    return int(m.group(1))
+
+
+def _worker() -> None:
+    """Child side of memory_points: JSON job on stdin, one JSON line per point."""
+    job = json.loads(sys.stdin.read())
+    set_threads(job["threads"])
+    mod, name = job["target"].split(":")
+    build = getattr(importlib.import_module(mod), name)
+    for point in job["points"]:
+        small = {**point, **{k: min(point[k], 64) for k in job["shrink"] if k in point}}
+        build(**small)()  # warm-up at a tiny size: library init, thread pools
+        fn = build(**point)  # allocates the inputs
+        gc.collect()
+        base = _status_kb("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS mark
+        fn()
+        peak = _status_kb("VmHWM")
+        print(json.dumps({**point, "peak_mb": max(peak - base, 0) / 1024, "baseline_rss_mb": base / 1024}), flush=True)
+        del fn
+        gc.collect()
+
+
+def memory_points(target: str, points: list[dict], threads: int, *, shrink: tuple[str, ...] = ("T",),
+                  timeout_s: float = 1800) -> list[dict]:
+    """Peak extra resident memory (MiB) of one call per point, in a fresh
+    process (see the module docstring). `target` is "module:function"; the
+    function takes a point's keys and returns a zero-argument callable; the
+    warm-up call uses the same point with the `shrink` keys capped at 64. A
+    point that kills the worker (e.g. out of memory) gets peak_mb None and a
+    note; a new worker then goes on with the next point."""
+    if not Path("/proc/self/clear_refs").exists():
+        return [{**p, "peak_mb": None, "note": "needs Linux /proc"} for p in points]
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="4096", MALLOC_TRIM_THRESHOLD_="65536")
+    cmd = [sys.executable, "-c", "from latte.bench.common import _worker; _worker()"]
+    results: list[dict] = []
+    while len(results) < len(points):
+        todo = points[len(results):]
+        job = json.dumps({"target": target, "points": todo, "threads": threads, "shrink": list(shrink)})
+        try:
+            proc = subprocess.run(cmd, input=job, capture_output=True, text=True, env=env, timeout=timeout_s)
+            out, err = proc.stdout, proc.stderr
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err = f"worker timed out after {timeout_s:g} s"
+        done = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        results += done
+        if len(done) < len(todo):  # the worker died on todo[len(done)]
+            note = (err.strip().splitlines() or ["worker died (killed: out of memory?)"])[-1][:200]
+            results.append({**todo[len(done)], "peak_mb": None, "note": note})
+    return results
+
+
+# ---- output --------------------------------------------------------------------
+
+def write_json(path: Path, obj: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def fmt(x, digits: int = 1) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    return f"{x:,.{digits}f}" if abs(x) < 1e5 else f"{x:,.0f}"
+
+
+def md_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(c) if not isinstance(c, str) else c for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def plot_loglog(path: Path, panels: dict[str, dict[str, tuple[list, list]]], *,
+                xlabel: str, ylabel: str, title: str) -> bool:
+    """One log-log panel per key of `panels` ({panel: {label: (xs, ys)}}).
+    matplotlib is optional (extra "plot"): without it, print a note and return False."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"note: matplotlib is not installed (pip install 'latte[plot]'); skipped {path}")
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    labels = list(dict.fromkeys(k for series in panels.values() for k in series))
+    color = {k: f"C{i % 10}" for i, k in enumerate(labels)}  # same colour in every panel
+    for ax, (name, series) in zip(axes[0], panels.items()):
+        for label, (xs, ys) in series.items():
+            if xs:
+                ax.plot(xs, ys, marker="o", ms=3, label=label, color=color[label],
+                        ls="--" if label.startswith("(") else "-")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(name)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def add_common_args(p, *, repeats: int = 5) -> None:
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch.set_num_threads (default 2)")
+    p.add_argument("--repeats", type=int, default=repeats, help="timed repeats per point (>= 5)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed warm-up calls per point")
+    p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help="output folder (default bench-results/)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes for CI and tests")

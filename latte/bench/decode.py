@@ -1,0 +1,220 @@
+"""`latte bench decode`: per-token decoding latency and state size vs context
+(EVAL.md section 2).
+
+For each mixer (latte and macchiato decode from a constant-size recurrent
+state, softmax from a growing KV cache; same model size, the paper's Table 6
+preset) the context is grown in chunks THROUGH the state (prefill chunks of
+`--prefill-chunk` tokens, so memory stays bounded), and at each context of
+`--contexts` the next `--tokens` tokens are decoded greedily one at a time;
+each token's latency is timed (median/min reported) and the state's bytes
+recorded. The decoded tokens stay in the context: the next context is reached
+by prefilling the remaining tokens. A context whose predicted prefill time
+exceeds `--prefill-cap` seconds is skipped with the prediction as the reason
+(per-token prefill cost grows linearly with the context for softmax, is
+constant for the others).
+
+    python -m latte.bench.decode [--quick] [--threads 2] [--out bench-results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+from . import common
+
+FULL_CONTEXTS = [1024, 4096, 16384, 65536]
+QUICK_CONTEXTS = [64, 256]
+MIXERS = ("latte", "macchiato", "softmax")
+WARMUP_TOKENS = 2  # untimed decode steps before the timed ones
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="latte bench decode", description=__doc__.split("\n\n")[0])
+    common.add_common_args(p)
+    p.add_argument("--mixers", default=",".join(MIXERS), help="comma-separated LatteConfig mixers")
+    p.add_argument("--contexts", default=None, help="comma-separated context lengths (default 1K,4K,16K,64K)")
+    p.add_argument("--tokens", type=int, default=None, help="decoded tokens timed per context (default 64)")
+    p.add_argument("--prefill-chunk", type=int, default=1024, help="tokens per prefill forward")
+    p.add_argument("--prefill-cap", type=float, default=300.0,
+                   help="skip a context whose prefill would take longer than this (s)")
+    args = p.parse_args(argv)
+    args.mixers = [m for m in args.mixers.split(",") if m]
+    args.contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else (
+        QUICK_CONTEXTS if args.quick else FULL_CONTEXTS)
+    args.tokens = args.tokens or (8 if args.quick else 64)
+    if args.tokens < 5:
+        p.error(f"--tokens: expected >= 5, got {args.tokens}")
+    gaps = [b - a for a, b in zip(args.contexts, args.contexts[1:])]
+    if any(g < args.tokens + WARMUP_TOKENS for g in gaps):
+        p.error(f"--contexts: must increase by at least --tokens + {WARMUP_TOKENS} (the decoded tokens "
+                f"stay in the context), got {args.contexts}")
+    return args
+
+
+def max_len(args) -> int:
+    """Positions used: the longest context plus its timed and warm-up tokens."""
+    return max(args.contexts) + args.tokens + WARMUP_TOKENS
+
+
+def make_config(mixer: str, quick: bool, max_len: int):
+    """Table 6 preset (tiny config in --quick), positions long enough for max_len."""
+    from latte.models import LatteConfig
+
+    if quick:
+        return LatteConfig.tiny(mixer=mixer, max_position_embeddings=max(4096, max_len))
+    # learned positions: the table's 512 is extended (untrained rows cost the same)
+    return LatteConfig.paper_table6(mixer=mixer, max_position_embeddings=max_len)
+
+
+@torch.inference_mode()
+def bench_mixer(mixer: str, args, rows: list[dict]) -> None:
+    """Appends one row per context to `rows` (kept if a later context fails)."""
+    from latte.layers import state_nbytes
+    from latte.models import LatteForCausalLM
+
+    cfg = make_config(mixer, args.quick, max_len(args))
+    torch.manual_seed(0)
+    model = LatteForCausalLM(cfg).eval()
+    gen = torch.Generator().manual_seed(0)
+    state, seen, per_token_prefill, last_avg = None, 0, None, 1.0
+    quadratic = mixer == "softmax"
+    for ctx in args.contexts:
+        rec = {"mixer": mixer, "context": ctx}
+        new = ctx - seen
+        if per_token_prefill is not None and new > 0:
+            growth = (seen + ctx) / 2 / last_avg if quadratic else 1.0  # mean context ratio
+            pred = per_token_prefill * growth * new
+            if pred > args.prefill_cap:
+                rows.append({**rec, **common.skipped(
+                    f"prefill {seen}->{ctx} predicted {pred:.0f} s > {args.prefill_cap:g} s cap"
+                    + (" (KV-cache attention: per-token cost grows with the context)" if quadratic else ""))})
+                break  # longer contexts cost even more
+        t0 = time.perf_counter()
+        while seen < ctx:  # prefill through the state, chunk by chunk
+            n = min(args.prefill_chunk, ctx - seen)
+            ids = torch.randint(0, cfg.vocab_size, (1, n), generator=gen)
+            state = model(ids, state=state, use_cache=True).state
+            seen += n
+        prefill_s = time.perf_counter() - t0
+        if new > 0:
+            per_token_prefill, last_avg = prefill_s / new, (ctx - new + ctx) / 2
+        nbytes = state_nbytes(state)
+        tok = torch.randint(0, cfg.vocab_size, (1, 1), generator=gen)
+        times = []
+        for i in range(args.tokens + WARMUP_TOKENS):
+            t0 = time.perf_counter()
+            out = model(tok, state=state, use_cache=True)
+            tok = out.logits[:, -1:].argmax(-1)
+            dt = (time.perf_counter() - t0) * 1e3
+            state = out.state
+            if i >= WARMUP_TOKENS:
+                times.append(dt)
+        seen += args.tokens + WARMUP_TOKENS
+        rows.append({
+            **rec, "prefill_s": prefill_s, "prefill_tokens": new, "state_bytes": nbytes,
+            "median_ms": statistics.median(times), "min_ms": min(times), "tokens": len(times),
+            "times_ms": [round(t, 3) for t in times],
+        })
+        print(f"  {mixer:10s} ctx={ctx:6d} {rows[-1]['median_ms']:8.2f} ms/token, state {nbytes / 2**20:8.2f} MiB, "
+              f"prefill {prefill_s:.1f} s", flush=True)
+    done = {r["context"] for r in rows if r["mixer"] == mixer}
+    rows += [{"mixer": mixer, "context": c, **common.skipped("a shorter context was already skipped")}
+             for c in args.contexts if c not in done]
+
+
+def run(args) -> dict:
+    common.set_threads(args.threads)
+    info = common.machine_info()
+    rows, status = [], {}
+    for m in args.mixers:
+        try:
+            bench_mixer(m, args, rows)
+            status[m] = "ok"
+        except (ImportError, ValueError, RuntimeError) as e:  # model code missing or OOM
+            status[m] = f"failed: {type(e).__name__}: {e}"
+            done = {r["context"] for r in rows if r["mixer"] == m}
+            rows += [{"mixer": m, "context": c, **common.skipped(status[m])} for c in args.contexts if c not in done]
+    info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    cfg = make_config(args.mixers[0], args.quick, max_len(args)) if args.mixers else None
+    return {
+        "benchmark": "decode", "machine": info,
+        "config": {
+            "threads": args.threads, "dtype": "float32", "quick": args.quick, "contexts": args.contexts,
+            "tokens": args.tokens, "warmup_tokens": WARMUP_TOKENS, "prefill_chunk": args.prefill_chunk,
+            "prefill_cap_s": args.prefill_cap, "batch": 1, "mixers": args.mixers,
+            "model": cfg.to_dict() if cfg is not None else None,
+            "timing": "wall clock of one LatteForCausalLM.forward of 1 token with use_cache (greedy next token)",
+        },
+        "mixers": status, "results": rows, "ratios": ratios(rows),
+    }
+
+
+def ratios(rows) -> dict:
+    """softmax / latte (and / macchiato) per-token latency and state bytes at
+    each context; and per mixer, latency at the longest measured context over
+    the shortest (1.0 = flat in the context)."""
+    ok = {(r["mixer"], r["context"]): r for r in rows if not r.get("skipped")}
+    out = {"longest/shortest median_ms": {}}
+    for mx in dict.fromkeys(m for m, _ in ok):
+        cs = sorted(c for m, c in ok if m == mx)
+        out["longest/shortest median_ms"][mx] = ok[(mx, cs[-1])]["median_ms"] / ok[(mx, cs[0])]["median_ms"]
+    for other in ("latte", "macchiato"):
+        for key in ("median_ms", "state_bytes"):
+            out[f"softmax/{other} {key}"] = {
+                str(c): ok[("softmax", c)][key] / ok[(other, c)][key]
+                for (m, c) in ok if m == "softmax" and (other, c) in ok}
+    return out
+
+
+def markdown(res: dict) -> str:
+    m = res["machine"]
+    ctxs, mixers = res["config"]["contexts"], res["config"]["mixers"]
+    cell = {(r["mixer"], r["context"]): r for r in res["results"]}
+
+    def val(mx, c, key, scale=1.0):
+        r = cell.get((mx, c))
+        return "skip" if r is None or r.get("skipped") else r[key] * scale
+
+    ratio = res["ratios"].get("softmax/latte median_ms", {})
+    hdr = (["context"] + [f"{mx} ms/token" for mx in mixers] + ["softmax/latte"]
+           + [f"{mx} state KiB" for mx in mixers])
+    rows = [[str(c)] + [val(mx, c, "median_ms") for mx in mixers] + [ratio.get(str(c), "-")]
+            + [val(mx, c, "state_bytes", 1 / 1024) for mx in mixers] for c in ctxs]
+    flat = ", ".join(f"{mx} {v:.2f}x" for mx, v in res["ratios"]["longest/shortest median_ms"].items())
+    out = [f"# latte bench decode ({'quick, tiny model' if res['config']['quick'] else 'Table 6 preset'})", "",
+           f"{m['cpu_model']}, torch {m['torch']}, {m['threads']} threads, fp32, batch 1; median over "
+           f"{res['config']['tokens']} decoded tokens per context. Latency at the longest over the shortest "
+           f"measured context: {flat}.", "", common.md_table(hdr, rows)]
+    skips = [f"- {r['mixer']} @ {r['context']}: {r['reason']}" for r in res["results"] if r.get("skipped")]
+    return "\n".join(out + ([""] + skips if skips else [])) + "\n"
+
+
+def plot(res: dict, path) -> bool:
+    series = {}
+    for mx in res["config"]["mixers"]:
+        pts = [(r["context"], r["median_ms"]) for r in res["results"] if r["mixer"] == mx and not r.get("skipped")]
+        series[mx] = ([c for c, _ in pts], [v for _, v in pts])
+    m = res["machine"]
+    title = f"latte bench decode: {m['cpu_model']}, {m['threads']} threads"
+    return common.plot_loglog(path, {"per-token decode latency": series}, xlabel="context (tokens)",
+                              ylabel="median ms / token", title=title)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    res = run(args)
+    common.write_json(args.out / "decode.json", res)
+    md = markdown(res)
+    (args.out / "decode.md").write_text(md)
+    plot(res, args.out / "decode.png")
+    print(md)
+    return res
+
+
+if __name__ == "__main__":
+    main()

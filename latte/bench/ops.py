@@ -1,0 +1,272 @@
+"""`latte bench ops`: runtime and memory of the attention ops (EVAL.md section 1).
+
+Every provider in latte.bench.providers is timed side by side in this one
+process with the same threads, T ascending, forward (no autograd) and
+forward+backward. Peak memory is measured afterwards in a worker process
+(latte.bench.common). Slow Python-loop providers run only while one point
+(warm-up + repeats) fits the time cap; naive softmax only below a memory cap;
+both are recorded as skipped with the reason otherwise.
+
+    python -m latte.bench.ops [--quick] [--threads 2] [--out bench-results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+
+import torch
+
+from . import common
+from . import providers as P
+
+FULL_T = [512, 1024, 2048, 4096, 8192, 16384]
+LATTE_EXTRA_T = [32768, 65536]
+QUICK_T, QUICK_EXTRA_T = [32, 64], [128]
+MODES = ("fwd", "fwdbwd")
+MODE_NAME = {"fwd": "forward", "fwdbwd": "forward+backward"}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="latte bench ops", description=__doc__.split("\n\n")[0])
+    common.add_common_args(p)
+    p.add_argument("--providers", default=",".join(P.PROVIDERS), help="comma-separated subset")
+    p.add_argument("--time-cap", type=float, default=20.0, help="seconds per point for the slow loop providers")
+    p.add_argument("--naive-mem-cap-gb", type=float, default=6.0, help="skip naive-softmax above this estimate")
+    p.add_argument("--recurrent-max-t", type=int, default=2048, help="longest T for latte-recurrent")
+    p.add_argument("--rglru-t", type=int, default=None, help="T of the linear_recurrence comparison (4096)")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory worker")
+    args = p.parse_args(argv)
+    args.providers = [x for x in args.providers.split(",") if x]
+    bad = [x for x in args.providers if x not in P.PROVIDERS]
+    if bad:
+        p.error(f"--providers: unknown {bad}; allowed {list(P.PROVIDERS)}")
+    return args
+
+
+def schedule(args) -> dict[str, list[int]]:
+    base, extra = (QUICK_T, QUICK_EXTRA_T) if args.quick else (FULL_T, LATTE_EXTRA_T)
+    out = {}
+    for p in args.providers:
+        ts = base + extra if p in ("latte", "proj") else list(base)
+        if p == "latte-recurrent":
+            ts = [t for t in ts if t <= args.recurrent_max_t]
+        out[p] = ts
+    return out
+
+
+def _skip_reason(p, T, mode, last, args):
+    if p == "naive-softmax" and P.naive_bytes(T, mode) > args.naive_mem_cap_gb * 2**30:
+        return f"materialised T x T needs ~{P.naive_bytes(T, mode) / 2**30:.1f} GiB > {args.naive_mem_cap_gb:g} GiB cap"
+    prev = last.get((p, mode))
+    if p in P.SLOW and prev is not None:
+        if prev[1] is None:
+            return "a shorter T already exceeded the time cap"
+        pred = prev[1] / 1e3 * T / prev[0] * (args.warmup + args.repeats)
+        if pred > args.time_cap:
+            return f"predicted {pred:.0f} s for the point > {args.time_cap:g} s cap"
+    return None
+
+
+def _measure(p, T, mode, args, ceiling):
+    fn = P.build(p, T, mode)
+    t = common.time_call(fn, repeats=args.repeats, warmup=args.warmup, cap_s=args.time_cap if p in P.SLOW else None)
+    del fn
+    gc.collect()
+    if not t.get("skipped"):
+        flops = P.flops_forward(p, T) * (1 if mode == "fwd" else 3)
+        t["gflop"] = flops / 1e9
+        t["gflops"] = flops / t["median_ms"] / 1e6
+        t["pct_of_ceiling"] = 100 * t["gflops"] / ceiling
+    return t
+
+
+def sweep(args, ceiling: float) -> tuple[list[dict], dict]:
+    plan = schedule(args)
+    status = {p: "ok" for p in plan}
+    results, last = [], {}
+    for T in sorted({t for ts in plan.values() for t in ts}):
+        for p in plan:
+            if T not in plan[p]:
+                continue
+            for mode in MODES:
+                rec = {"provider": p, "T": T, "mode": mode}
+                reason = status[p] if status[p] != "ok" else _skip_reason(p, T, mode, last, args)
+                if reason:
+                    results.append({**rec, **common.skipped(reason)})
+                    continue
+                try:
+                    t = _measure(p, T, mode, args, ceiling)
+                except RuntimeError as e:  # linear attention not written yet
+                    status[p] = str(e)
+                    results.append({**rec, **common.skipped(str(e))})
+                    continue
+                last[(p, mode)] = (T, t.get("median_ms"))
+                results.append({**rec, **t})
+                print(f"  {p:16s} T={T:6d} {mode:7s} " + (
+                    f"skipped: {t['reason']}" if t.get("skipped") else f"{t['median_ms']:10.2f} ms"), flush=True)
+    return results, status
+
+
+def add_memory(results, args) -> None:
+    todo = [r for r in results if not r.get("skipped")]
+    pts = [{"provider": r["provider"], "T": r["T"], "mode": r["mode"]} for r in todo]
+    got = common.memory_points("latte.bench.providers:build", pts, args.threads)
+    for r, m in zip(todo, got, strict=True):
+        r["peak_mb"] = m["peak_mb"]
+        if m.get("note"):
+            r["memory_note"] = m["note"]
+
+
+def rglru(args) -> dict:
+    """linear_recurrence's chunked scan vs a per-step Python loop, [1, T, 512]."""
+    from latte.ops import linear_recurrence
+
+    T = args.rglru_t or (128 if args.quick else 4096)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, T, P.MODEL_DIM, generator=g)
+    log_a = -torch.nn.functional.softplus(torch.randn(1, T, P.MODEL_DIM, generator=g))
+
+    def loop(x, log_a):
+        h, out = torch.zeros_like(x[:, 0]), []
+        for t in range(x.shape[1]):
+            h = torch.exp(log_a[:, t]) * h + x[:, t]
+            out.append(h)
+        return torch.stack(out, 1)
+
+    def make_call(fn, mode):
+        xs = [x.clone().requires_grad_(mode == "fwdbwd"), log_a.clone().requires_grad_(mode == "fwdbwd")]
+        if mode == "fwd":
+            return torch.no_grad()(lambda: fn(*xs))
+        go = torch.randn_like(x)
+        return lambda: torch.autograd.grad(fn(*xs), xs, go)
+
+    res = {"T": T, "features": P.MODEL_DIM}
+    for name, fn in (("chunked", lambda x, la: linear_recurrence(x, la)[0]), ("loop", loop)):
+        for mode in MODES:
+            res[f"{name}_{mode}"] = common.time_call(make_call(fn, mode), repeats=args.repeats, warmup=args.warmup)
+    for mode in MODES:
+        res[f"loop_over_chunked_{mode}"] = res[f"loop_{mode}"]["median_ms"] / res[f"chunked_{mode}"]["median_ms"]
+    return res
+
+
+def ratios(results) -> dict:
+    med = {(r["provider"], r["T"], r["mode"]): r["median_ms"] for r in results if not r.get("skipped")}
+    out = {}
+    for num, den in (("sdpa", "latte"), ("latte", "proj")):
+        for mode in MODES:
+            out[f"{num}/{den} {mode}"] = {
+                str(T): med[(num, T, mode)] / med[(den, T, mode)]
+                for (p, T, m) in med if p == num and m == mode and (den, T, mode) in med
+            }
+    return out
+
+
+def run(args) -> dict:
+    common.set_threads(args.threads)
+    info = common.machine_info()
+    ceiling = common.matmul_ceiling(512 if args.quick else 2048, repeats=args.repeats)
+    print(f"matmul ceiling: {ceiling['gflops_median']:.1f} GFLOP/s (median), threads {args.threads}", flush=True)
+    results, status = sweep(args, ceiling["gflops_median"])
+    if not args.no_memory:
+        print("peak memory (worker process) ...", flush=True)
+        add_memory(results, args)
+    info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    return {
+        "benchmark": "ops",
+        "machine": info,
+        "config": {
+            "threads": args.threads, "dtype": "float32", "quick": args.quick,
+            "repeats": args.repeats, "warmup": args.warmup, "time_cap_s": args.time_cap,
+            "naive_mem_cap_gb": args.naive_mem_cap_gb, "recurrent_max_t": args.recurrent_max_t,
+            "shapes": {"B": 1, "D": P.MODEL_DIM, "H": P.HEADS, "L": P.LATENTS, "Lh": P.LATENTS // P.HEADS,
+                       "Dv": P.DV, "E": P.DV, "chunk_size": P.CHUNK, "window_size": P.WINDOW},
+            "T": schedule(args),
+            "timing": "wall clock; fwd under torch.no_grad; fwdbwd = forward + autograd.grad of all inputs",
+            "memory": common.__doc__.split("- peak memory: ")[1].split("- threads")[0].strip(),
+        },
+        "ceiling": ceiling,
+        "flops": P.FLOPS_NOTE,
+        "providers": status,
+        "results": results,
+        "ratios": ratios(results),
+        "rglru": rglru(args),
+    }
+
+
+def _cell(results, p, T, mode, key="median_ms"):
+    for r in results:
+        if (r["provider"], r["T"], r["mode"]) == (p, T, mode):
+            if r.get("skipped"):
+                return "unavail." if r["reason"].startswith("unavailable") else "skip"
+            return r.get(key)
+    return ""
+
+
+def _load(machine: dict, key: str) -> str:
+    return f"{machine[key][0]:.1f}" if machine.get(key) else "-"
+
+
+def markdown(res: dict) -> str:
+    m, c, rs = res["machine"], res["ceiling"], res["results"]
+    provs = list(res["config"]["T"])
+    Ts = sorted({r["T"] for r in rs})
+    out = [f"# latte bench ops ({'quick' if res['config']['quick'] else 'full'})", "",
+           f"{m['cpu_model']}, {m['usable_cores']} cores, torch {m['torch']}, {m['threads']} threads, fp32, "
+           f"B=1 D=512 H=8 L=256 (Lh=32) dv=64. Matmul ceiling {c['gflops_median']:.1f} GFLOP/s "
+           f"({c['shape'][0]}^3 fp32, median). Median of {res['config']['repeats']} repeats; load avg "
+           f"{_load(m, 'loadavg_start')} -> {_load(m, 'loadavg_end')} (other processes on the cores)."]
+    tables = [("median ms", "median_ms", True), ("achieved GFLOP/s", "gflops", False),
+              ("peak extra MiB", "peak_mb", False)]
+    for mode in MODES:
+        for title, key, with_ratio in tables:
+            hdr = ["T"] + provs + (["sdpa/latte", "latte/proj"] if with_ratio else [])
+            rows = []
+            for T in Ts:
+                row = [str(T)] + [_cell(rs, p, T, mode, key) for p in provs]
+                if with_ratio:
+                    row += [res["ratios"][f"{k} {mode}"].get(str(T), "") for k in ("sdpa/latte", "latte/proj")]
+                rows.append([x if x != "" else "" for x in row])
+            out += ["", f"## {MODE_NAME[mode]}: {title}", "", common.md_table(hdr, rows)]
+    first_skip = {}
+    for r in rs:
+        if r.get("skipped"):
+            first_skip.setdefault((r["provider"], r["mode"]), r)
+    if first_skip:
+        out += ["", "Skipped (first T per provider and mode; every longer T is skipped too):"]
+        out += [f"- {p} {mode} from T={r['T']}: {r['reason']}" for (p, mode), r in first_skip.items()]
+    g = res["rglru"]
+    out += ["", f"linear_recurrence at T={g['T']} x {g['features']}: per-step loop / chunked scan = "
+            f"{g['loop_over_chunked_fwd']:.1f}x forward, {g['loop_over_chunked_fwdbwd']:.1f}x forward+backward "
+            f"(chunked {g['chunked_fwd']['median_ms']:.2f} / {g['chunked_fwdbwd']['median_ms']:.2f} ms)."]
+    return "\n".join(out) + "\n"
+
+
+def plot(res: dict, path) -> bool:
+    panels = {}
+    for mode in MODES:
+        series = {}
+        for p in res["config"]["T"]:
+            pts = [(r["T"], r["median_ms"]) for r in res["results"]
+                   if r["provider"] == p and r["mode"] == mode and not r.get("skipped")]
+            series["(projections)" if p == "proj" else p] = ([t for t, _ in pts], [v for _, v in pts])
+        panels[MODE_NAME[mode]] = series
+    m = res["machine"]
+    return common.plot_loglog(path, panels, xlabel="T (tokens)", ylabel="median time (ms)",
+                              title=f"latte bench ops: {m['cpu_model']}, {m['threads']} threads, torch {m['torch']}")
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    res = run(args)
+    common.write_json(args.out / "ops.json", res)
+    md = markdown(res)
+    (args.out / "ops.md").write_text(md)
+    plot(res, args.out / "ops.png")
+    print(md)
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The attention providers compared by `latte bench ops`: inputs, one call, FLOPs.
+
+Legend: B batch, T time, H heads, L latents per head (Lh), E query/key width,
+D value width per head (dv), C chunk size, W window.
+
+Every provider gets fresh random fp32 inputs of the EVAL.md section 1 shapes
+(B=1, model width 512, H=8, Lh=32, dv=64). Softmax-style providers use
+q, k, v with E = D = 64; the Latte providers use latent logits a, b [.., Lh]
+and values v [.., dv]. The layer's own projections are not part of any
+provider; `proj` measures them separately (x [B, T, 512] -> a, b [T, 256],
+v [T, 512], three bias-free nn.Linear-style matmuls, weight gradients
+included) so the core can be compared with them.
+
+FLOPs are estimates of the work each implementation performs (matmul-like
+multiply-adds counted as 2; exp/softmax not counted); forward+backward is
+counted as 3x forward. They give achieved GFLOP/s, not a ranking.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .paper_scan import paper_scan
+
+MODEL_DIM, HEADS, LATENTS, DV = 512, 8, 256, 64  # Lh = LATENTS // HEADS = 32
+CHUNK, WINDOW = 64, 128
+
+PROVIDERS = ("latte", "latte-recurrent", "macchiato", "sdpa", "naive-softmax", "linear", "paper-scan", "proj")
+SLOW = ("latte-recurrent", "paper-scan")  # Python loops over time: time-capped
+QUADRATIC = ("sdpa", "naive-softmax")
+
+
+def flops_forward(provider: str, T: int, B: int = 1) -> float:
+    H, L, D, E, C, W = HEADS, LATENTS // HEADS, DV, DV, CHUNK, WINDOW
+    latte = 2 * T * C * (L + D) + 4 * T * L * D  # intra C x C blocks + state in/out
+    per_head = {
+        "latte": latte,
+        "latte-recurrent": 5 * T * L * D,  # rescale, outer-product add, read-out
+        "paper-scan": 5 * T * L * D,
+        "macchiato": latte + 4 * T * (2 * W - 1) * E,  # blocked window: W queries x (2W-1) keys
+        "sdpa": 2 * T * T * E,  # causal half of QK^T and PV (the kernel skips masked blocks)
+        "naive-softmax": 4 * T * T * E,  # the full T x T matrix is built
+        "linear": 2 * T * C * (E + D) + 4 * T * E * D,  # chunked form
+    }
+    if provider == "proj":
+        return 2 * B * T * MODEL_DIM * (2 * LATENTS + MODEL_DIM)
+    return B * H * per_head[provider]
+
+
+FLOPS_NOTE = {
+    "latte": "H*(2TC(L+D) + 4TLD), C=64",
+    "latte-recurrent": "H*5TLD",
+    "paper-scan": "H*5TLD",
+    "macchiato": "latte + H*4T(2W-1)E, W=128",
+    "sdpa": "H*2T^2E (causal half)",
+    "naive-softmax": "H*4T^2E (full matrix)",
+    "linear": "H*(2TC(E+D) + 4TED), C=64",
+    "proj": "2T*512*(256+256+512)",
+}
+
+
+def naive_bytes(T: int, mode: str, B: int = 1) -> int:
+    """Rough peak of the materialised T x T softmax: scores, masked scores and
+    probabilities forward; about twice that with the backward pass."""
+    return B * HEADS * T * T * 4 * (3 if mode == "fwd" else 6)
+
+
+def linear_attention_fn():
+    """latte.ops.linear_attention if it exists yet (another engineer writes it)."""
+    try:
+        from latte.ops.linear_attention import linear_attention
+    except ImportError:
+        try:
+            from latte.ops import linear_attention  # type: ignore[attr-defined]
+        except ImportError as e:
+            raise RuntimeError(f"unavailable: {e}") from None
+    if not callable(linear_attention):
+        raise RuntimeError("unavailable: latte.ops.linear_attention is not a function")
+    return linear_attention
+
+
+def _recurrent(a, b, v):
+    from latte.ops import latte_causal_step
+
+    state, ys = None, []
+    for t in range(a.shape[1]):
+        y, state = latte_causal_step(a[:, t], b[:, t], v[:, t], state)
+        ys.append(y)
+    return torch.stack(ys, 1)
+
+
+def _naive(q, k, v):
+    T = q.shape[-2]
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # [B, H, T, T]
+    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def make_inputs(provider: str, T: int, B: int = 1, seed: int = 0) -> tuple[list[torch.Tensor], callable]:
+    """(inputs, fn) with fn(*inputs) -> output tensor."""
+    from latte.ops import latte_causal, macchiato
+
+    g = torch.Generator().manual_seed(seed)
+    H, L, D = HEADS, LATENTS // HEADS, DV
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    if provider in ("latte", "latte-recurrent", "paper-scan"):
+        fn = {
+            "latte": lambda a, b, v: latte_causal(a, b, v, chunk_size=CHUNK)[0],
+            "latte-recurrent": _recurrent,
+            "paper-scan": paper_scan,
+        }[provider]
+        return [r(B, T, H, L), r(B, T, H, L), r(B, T, H, D)], fn
+    if provider == "macchiato":
+        def fn(a, b, v, q, k):
+            return macchiato(a, b, v, q, k, window_size=WINDOW, chunk_size=CHUNK)[0]
+
+        return [r(B, T, H, L), r(B, T, H, L), r(B, T, H, D), r(B, T, H, D), r(B, T, H, D)], fn
+    if provider in ("sdpa", "naive-softmax"):
+        fn = _naive if provider == "naive-softmax" else (
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        )
+        return [r(B, H, T, D), r(B, H, T, D), r(B, H, T, D)], fn  # [B, H, T, E]
+    if provider == "linear":
+        lin = linear_attention_fn()
+
+        def fn(q, k, v):  # elu + 1 feature map (Katharopoulos et al.), part of the cost
+            return lin(F.elu(q) + 1, F.elu(k) + 1, v, chunk_size=CHUNK)[0]
+
+        return [r(B, T, H, D), r(B, T, H, D), r(B, T, H, D)], fn
+    if provider == "proj":  # three nn.Linear-style projections, weights as inputs
+        ws = [r(n, MODEL_DIM) / math.sqrt(MODEL_DIM) for n in (LATENTS, LATENTS, MODEL_DIM)]
+        return [r(B, T, MODEL_DIM), *ws], lambda x, wa, wb, wv: (F.linear(x, wa), F.linear(x, wb), F.linear(x, wv))
+    raise ValueError(f"provider: expected one of {PROVIDERS}, got {provider!r}")
+
+
+def build(provider: str, T: int, mode: str, B: int = 1):
+    """Zero-argument callable running one forward ("fwd", no autograd) or one
+    forward+backward ("fwdbwd", gradients of every input and parameter)."""
+    inputs, fn = make_inputs(provider, T, B)
+    if mode == "fwd":
+        def call():
+            with torch.no_grad():
+                return fn(*inputs)
+
+        return call
+    if mode != "fwdbwd":
+        raise ValueError(f"mode: expected 'fwd' or 'fwdbwd', got {mode!r}")
+    for x in inputs:
+        x.requires_grad_(True)
+    grad_out = []  # made on the first (warm-up) call, from the output's shape
+
+    def call_bwd():
+        out = fn(*inputs)
+        outs = out if isinstance(out, tuple) else (out,)
+        if not grad_out:
+            grad_out.extend(torch.randn_like(o) for o in outs)
+        return torch.autograd.grad(outs, inputs, grad_out, allow_unused=True)
+
+    return call_bwd

@@ -1,0 +1,153 @@
+"""`latte bench train`: training throughput of the Table 6 preset per mixer.
+
+One optimizer step = zero_grad + forward with labels + backward + AdamW step
+(lr 5e-4, weight decay 0.01, the paper's recipe; dropout 0.1 as in the
+preset, model in train mode). Tokens/s = batch * sequence / median step time.
+The batch is `--tokens-per-step // sequence` (at least 1), so that one step
+takes seconds on a 2-core CPU; the batch used is recorded.
+
+    python -m latte.bench.train [--quick] [--threads 2] [--out bench-results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from . import common
+
+MIXERS = ("latte", "macchiato", "softmax", "linear", "swa")
+FULL_SEQS, QUICK_SEQS = [512, 4096], [32, 64]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="latte bench train", description=__doc__.split("\n\n")[0])
+    common.add_common_args(p)
+    p.add_argument("--mixers", default=",".join(MIXERS), help="comma-separated LatteConfig mixers")
+    p.add_argument("--seqs", default=None, help="comma-separated sequence lengths (default 512,4096)")
+    p.add_argument("--tokens-per-step", type=int, default=None, help="batch = this // sequence (default 4096)")
+    args = p.parse_args(argv)
+    args.mixers = [m for m in args.mixers.split(",") if m]
+    args.seqs = [int(s) for s in args.seqs.split(",")] if args.seqs else (QUICK_SEQS if args.quick else FULL_SEQS)
+    args.tokens_per_step = args.tokens_per_step or (128 if args.quick else 4096)
+    return args
+
+
+def make_config(mixer: str, quick: bool, seq: int):
+    from latte.models import LatteConfig
+
+    if quick:
+        return LatteConfig.tiny(mixer=mixer, max_position_embeddings=max(4096, seq))
+    # learned positions sized to the sequence (the table's 512 covers only the shorter one)
+    return LatteConfig.paper_table6(mixer=mixer, max_position_embeddings=max(512, seq))
+
+
+def bench_point(mixer: str, seq: int, args) -> dict:
+    from latte.models import LatteForCausalLM
+
+    cfg = make_config(mixer, args.quick, seq)
+    torch.manual_seed(0)
+    model = LatteForCausalLM(cfg).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.01)
+    batch = max(1, args.tokens_per_step // seq)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+
+    t = common.time_call(step, repeats=args.repeats, warmup=args.warmup)
+    tokens = batch * seq
+    return {
+        "mixer": mixer, "seq": seq, "batch": batch, "tokens_per_step": tokens,
+        "params": sum(p.numel() for p in model.parameters()), **t,
+        "tokens_per_s": tokens / (t["median_ms"] / 1e3),
+    }
+
+
+def _model_dict(args) -> dict | None:
+    """The resolved config of the first mixer at the longest sequence."""
+    try:
+        return make_config(args.mixers[0], args.quick, max(args.seqs)).to_dict()
+    except (ImportError, ValueError, IndexError):
+        return None
+
+
+def run(args) -> dict:
+    common.set_threads(args.threads)
+    info = common.machine_info()
+    rows, status = [], {}
+    for m in args.mixers:
+        status[m] = "ok"
+        for seq in args.seqs:
+            try:
+                rows.append(bench_point(m, seq, args))
+                r = rows[-1]
+                print(f"  {m:10s} seq={seq:5d} batch={r['batch']:3d} {r['median_ms'] / 1e3:7.2f} s/step "
+                      f"{r['tokens_per_s']:9.0f} tok/s", flush=True)
+            except (ImportError, ValueError, RuntimeError) as e:  # model code missing, OOM
+                reason = f"unavailable: {type(e).__name__}: {e}"
+                status[m] = reason if isinstance(e, ImportError) else status[m]
+                rows.append({"mixer": m, "seq": seq, **common.skipped(reason)})
+    info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    return {
+        "benchmark": "train", "machine": info,
+        "config": {
+            "threads": args.threads, "dtype": "float32", "quick": args.quick, "seqs": args.seqs,
+            "mixers": args.mixers, "tokens_per_step": args.tokens_per_step, "repeats": args.repeats,
+            "warmup": args.warmup, "optimizer": "AdamW(lr=5e-4, weight_decay=0.01)",
+            "model": _model_dict(args),
+            "timing": "wall clock of zero_grad + forward(labels) + backward + AdamW.step",
+        },
+        "mixers": status, "results": rows,
+    }
+
+
+def markdown(res: dict) -> str:
+    m, cfg = res["machine"], res["config"]
+    cell = {(r["mixer"], r["seq"]): r for r in res["results"]}
+    hdr = ["mixer", "params (M)"] + [f"seq {s}: batch / s per step / tok/s" for s in cfg["seqs"]]
+    rows = []
+    for mx in cfg["mixers"]:
+        ok = [cell[(mx, s)] for s in cfg["seqs"] if not cell.get((mx, s), {"skipped": True}).get("skipped")]
+        row = [mx, f"{ok[0]['params'] / 1e6:.3f}" if ok else "-"]
+        for s in cfg["seqs"]:
+            r = cell.get((mx, s))
+            row.append("skip" if r is None or r.get("skipped") else
+                       f"{r['batch']} / {r['median_ms'] / 1e3:.2f} / {r['tokens_per_s']:,.0f}")
+        rows.append(row)
+    out = [f"# latte bench train ({'quick, tiny model' if cfg['quick'] else 'Table 6 preset'})", "",
+           f"{m['cpu_model']}, torch {m['torch']}, {m['threads']} threads, fp32; one AdamW step, median of "
+           f"{cfg['repeats']} steps.", "", common.md_table(hdr, rows)]
+    skips = [f"- {r['mixer']} @ {r['seq']}: {r['reason']}" for r in res["results"] if r.get("skipped")]
+    return "\n".join(out + ([""] + skips if skips else [])) + "\n"
+
+
+def plot(res: dict, path) -> bool:
+    series = {}
+    for mx in res["config"]["mixers"]:
+        pts = [(r["seq"], r["tokens_per_s"]) for r in res["results"] if r["mixer"] == mx and not r.get("skipped")]
+        series[mx] = ([s for s, _ in pts], [v for _, v in pts])
+    m = res["machine"]
+    return common.plot_loglog(path, {"training throughput": series}, xlabel="sequence length",
+                              ylabel="tokens / s", title=f"latte bench train: {m['cpu_model']}, {m['threads']} threads")
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    res = run(args)
+    common.write_json(args.out / "train.json", res)
+    md = markdown(res)
+    (args.out / "train.md").write_text(md)
+    plot(res, args.out / "train.png")
+    print(md)
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""`--quick` runs of every benchmark write well-formed results: machine info,
+every provider present at every scheduled point or explicitly skipped with a
+reason. Nothing here looks at a time (STYLE.md habits 10, 11)."""
+
+import importlib.util
+import json
+
+import pytest
+
+from latte.bench import common, decode, ops, providers, train
+
+HAS_MPL = importlib.util.find_spec("matplotlib") is not None
+FAST = ["--quick", "--threads", "1", "--warmup", "0"]
+
+
+def _check_machine(res, threads=1):
+    m = res["machine"]
+    for key in ("platform", "cpu_model", "cpu_count", "torch", "threads", "loadavg_end"):
+        assert key in m
+    assert m["threads"] == res["config"]["threads"] == threads
+    assert res["config"]["dtype"] == "float32"
+
+
+def _check_point(r):
+    if r.get("skipped"):
+        assert isinstance(r["reason"], str) and r["reason"]
+    else:
+        assert r["median_ms"] >= r["min_ms"] > 0
+        assert r.get("repeats", r.get("tokens")) >= 5
+
+
+def _check_files(tmp_path, name, capsys):
+    res = json.loads((tmp_path / f"{name}.json").read_text())
+    assert (tmp_path / f"{name}.md").read_text().startswith(f"# latte bench {name}")
+    if HAS_MPL:
+        assert (tmp_path / f"{name}.png").stat().st_size > 0
+    else:
+        assert "matplotlib is not installed" in capsys.readouterr().out
+    return res
+
+
+@pytest.mark.slow
+def test_ops_quick(tmp_path, capsys):
+    # a tiny naive-softmax cap: T=32 runs, T=64 is recorded as skipped
+    ops.main(FAST + ["--out", str(tmp_path), "--naive-mem-cap-gb", "0.0002", "--no-memory"])
+    res = _check_files(tmp_path, "ops", capsys)
+    _check_machine(res)
+    assert res["ceiling"]["gflops_median"] > 0
+    assert set(res["config"]["T"]) == set(providers.PROVIDERS)
+    got = {(r["provider"], r["T"], r["mode"]): r for r in res["results"]}
+    for p, ts in res["config"]["T"].items():
+        for T in ts:
+            for mode in ops.MODES:
+                _check_point(got[(p, T, mode)])
+    assert got[("naive-softmax", 64, "fwd")]["skipped"]
+    assert not got[("naive-softmax", 32, "fwd")].get("skipped")
+    assert not got[("paper-scan", 32, "fwdbwd")].get("skipped")
+    assert "32" in res["ratios"]["sdpa/latte fwdbwd"]
+    assert res["rglru"]["loop_over_chunked_fwd"] > 0
+
+
+def test_memory_worker_measures_a_point():
+    pts = [{"provider": "latte", "T": 256, "mode": "fwdbwd"}]
+    (m,) = common.memory_points("latte.bench.providers:build", pts, threads=1)
+    assert m["provider"] == "latte" and m["T"] == 256
+    if m.get("note") != "needs Linux /proc":
+        assert m["peak_mb"] > 0  # at least the gradients of the inputs
+
+
+def test_time_call_cap_records_a_skip():
+    t = common.time_call(lambda: sum(range(10000)), repeats=5, warmup=1, cap_s=1e-9)
+    assert t["skipped"] and "cap" in t["reason"]
+    with pytest.raises(ValueError, match="repeats"):
+        common.time_call(lambda: None, repeats=3)
+
+
+@pytest.mark.slow
+def test_decode_quick(tmp_path, capsys):
+    # a tiny prefill cap: each mixer's first context runs, the second is skipped
+    decode.main(FAST + ["--out", str(tmp_path), "--prefill-cap", "1e-9"])
+    res = _check_files(tmp_path, "decode", capsys)
+    _check_machine(res)
+    assert set(res["mixers"]) == set(decode.MIXERS)
+    got = {(r["mixer"], r["context"]): r for r in res["results"]}
+    for m in decode.MIXERS:
+        first, second = (got[(m, c)] for c in res["config"]["contexts"])
+        _check_point(first)
+        assert first["state_bytes"] > 0 and first["tokens"] == res["config"]["tokens"]
+        assert second["skipped"] and "cap" in second["reason"]
+
+
+@pytest.mark.slow
+def test_train_quick(tmp_path, capsys):
+    train.main(FAST + ["--out", str(tmp_path), "--seqs", "32"])
+    res = _check_files(tmp_path, "train", capsys)
+    _check_machine(res)
+    got = {(r["mixer"], r["seq"]): r for r in res["results"]}
+    for m in train.MIXERS:
+        r = got[(m, 32)]
+        _check_point(r)
+        assert r["tokens_per_s"] > 0 and r["batch"] * 32 == r["tokens_per_step"]
