@@ -80,25 +80,31 @@ def _chunked(a, b, v, chunk_size, state, mask):
     b = mask_logits(b.to(work), mask)
     v = v.to(work)
     if state is None:
-        S0 = v.new_zeros(B, H, L, D)
-        z0 = v.new_full((B, H, L), float("-inf"))  # empty state: no mass yet
+        S0 = v.new_zeros(B * H, L, D)
+        z0 = v.new_full((B * H, L), float("-inf"))  # empty state: no mass yet
     else:
-        S0, z0 = state.S.to(work), state.z.to(work)
+        S0, z0 = state.S.to(work).reshape(B * H, L, D), state.z.to(work).reshape(B * H, L)
+
+    def head_major(x):  # [B, T, H, X] -> [B * H, T, X]
+        return x.transpose(1, 2).reshape(B * H, T, x.shape[-1])
+
+    q, b, v = head_major(q), head_major(b), head_major(v)
     # p(s|l,t) is invariant to a per-latent shift of b and z: centring on the
     # largest logit keeps float32 precision when all logits share a large
     # offset (e.g. -1e4, whose ulp is 1e-3). The shift is added back to z only
     # in the returned state.
-    c = torch.maximum(b.amax(1), z0).detach()  # [B, H, L]
+    c = torch.maximum(b.amax(1), z0).detach()  # [B * H, L]
     b = b - c.unsqueeze(1)
     z0 = z0 - c
     C = min(chunk_size, T)
     pad = -T % C
     if pad:  # masked keys at the end change neither outputs nor the final state
-        q = F.pad(q, (0, 0, 0, 0, 0, pad))
-        b = F.pad(b, (0, 0, 0, 0, 0, pad), value=NEG)
-        v = F.pad(v, (0, 0, 0, 0, 0, pad))
+        q = F.pad(q, (0, 0, 0, pad))
+        b = F.pad(b, (0, 0, 0, pad), value=NEG)
+        v = F.pad(v, (0, 0, 0, pad))
     y, S_last, z_last = LatteChunked.apply(q, b, v, S0, z0, C)
-    return y[:, :T], LatteState(S_last, z_last + c)
+    y = y[:, :T].view(B, H, T, D).transpose(1, 2)  # [B, T, H, D]
+    return y, LatteState(S_last.view(B, H, L, D), (z_last + c).view(B, H, L))
 
 
 def latte_causal(

@@ -200,12 +200,12 @@ def test_chunked_logcumsumexp_exact_with_and_without_fallback():
     from latte.ops._checks import NEG
     from latte.ops.chunked import _chunk_logcumsumexp
 
-    b = torch.randn(2, 96, 3, 4) * 3
+    b = torch.randn(6, 96, 4) * 3  # head-major [G, T, L]
     b[0, 32:40] = -200.0  # a chunk starting far below its max: exact fallback
     b[1, :10] = NEG  # masked tokens at the start
-    z0 = torch.full((2, 3, 4), float("-inf"))
+    z0 = torch.full((6, 4), float("-inf"))
     z0[1] = 5.0
-    z = _chunk_logcumsumexp(b, z0, 16).reshape(2, 96, 3, 4)
+    z = _chunk_logcumsumexp(b, z0, 16).reshape(6, 96, 4)
     z_ref = torch.logaddexp(torch.logcumsumexp(b.double(), 1), z0.double().unsqueeze(1))
     assert torch.isfinite(z).all()
     assert (z.double() - z_ref).abs().max() < 1e-5
