@@ -25,6 +25,8 @@ and chunks whose z grows by more than SPREAD_LIMIT are redone in log space.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .recurrence import _scan
@@ -85,11 +87,25 @@ def _sel(idx, *xs):
     return [x.flatten(0, 1).index_select(0, idx) for x in xs]
 
 
+def _without_autocast(fn):
+    """The kernel computes in its inputs' float32 (states are float32 by design);
+    under an autocast region its matmuls would otherwise drop to bf16 and the
+    backward would mix dtypes."""
+
+    @functools.wraps(fn)
+    def run(ctx, first, *rest):
+        with torch.autocast(first.device.type, enabled=False):
+            return fn(ctx, first, *rest)
+
+    return run
+
+
 class LatteChunked(torch.autograd.Function):
     """(q, b [G, N*C, L], v [G, N*C, D], S0 [G, L, D], z0 [G, L], C) ->
     (y [G, N*C, D], S_last, z_last)."""
 
     @staticmethod
+    @_without_autocast
     def forward(ctx, q, b, v, S0, z0, C):
         G, TT, L = q.shape
         N, D = TT // C, v.shape[-1]
@@ -113,6 +129,7 @@ class LatteChunked(torch.autograd.Function):
         return y.view(G, TT, D), S_last, z_end[:, -1]
 
     @staticmethod
+    @_without_autocast
     def backward(ctx, dy, dS_last, dz_last):
         q, b, v, S0, z0, S_before, S_last = ctx.saved_tensors
         G, N, C, L = q.shape

@@ -209,3 +209,14 @@ def test_chunked_logcumsumexp_exact_with_and_without_fallback():
     z_ref = torch.logaddexp(torch.logcumsumexp(b.double(), 1), z0.double().unsqueeze(1))
     assert torch.isfinite(z).all()
     assert (z.double() - z_ref).abs().max() < 1e-5
+
+
+def test_bf16_autocast_forward_and_backward_stay_float32_inside():
+    a, b, v = (x.requires_grad_() for x in inputs(70, 8, 16, dtype=torch.float32))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, st = latte_causal(a, b, v, chunk_size=16, output_final_state=True)
+    y.float().square().sum().backward()
+    assert st.S.dtype == torch.float32
+    assert all(torch.isfinite(x.grad).all() for x in (a, b, v))
+    y_ref, _ = latte_causal(a.detach(), b.detach(), v.detach(), chunk_size=16)
+    assert rel_err(y, y_ref) < 1e-5  # the kernel itself ran in float32
