@@ -1,0 +1,211 @@
+"""`latte <command>` / `python -m latte <command>`: train, generate, eval, bench.
+
+    latte train [--config configs/tiny.yaml] [--resume auto|never|PATH] [--section.field=value ...]
+    latte generate --run RUN_DIR --prompt "..." [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
+    latte eval --run RUN_DIR [--lengths 1,2,4,8] [--max-tokens N] [--out eval.json]
+    latte bench {ops,decode,train} [args...]
+
+Multi-process: torchrun --standalone --nproc_per_node=2 -m latte train ...
+Errors a user can cause (bad config, corpus, checkpoint, a missing optional
+package) print one message and exit 2; I/O errors and non-finite training
+stops exit 1; a clean stop (SIGTERM, time budget) exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+USAGE = __doc__.split("\n\n")[1]
+BENCHES = ("ops", "decode", "train")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    handlers = {"train": cmd_train, "generate": cmd_generate, "eval": cmd_eval, "bench": cmd_bench}
+    if command not in handlers:
+        print(f"latte: unknown command {command!r}; expected one of {', '.join(handlers)}\n{USAGE}",
+              file=sys.stderr)
+        return 2
+    try:
+        return handlers[command](rest)
+    except (ValueError, ImportError) as e:  # a user can fix it: config, data, checkpoint, missing extra
+        print(f"latte {command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # e.g. disk full while saving: the message names the file
+        print(f"latte {command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"latte {command}: interrupted", file=sys.stderr)
+        return 130
+
+
+# --------------------------------------------------------------------------- train
+
+def _split_train_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """--config PATH (or --config=PATH) and --resume X are ours; every other
+    argument is a config override (--train.steps=100, --model.dim 64, ...)."""
+    config, overrides, i = None, [], 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, value = arg.partition("=")
+        if name in ("--config", "--resume"):
+            if not eq:
+                if i + 1 >= len(args):
+                    raise ValueError(f"{name}: missing value")
+                value, i = args[i + 1], i + 1
+            if name == "--config":
+                config = value
+            else:
+                overrides.append(f"--train.resume={value}")
+        else:
+            overrides.append(arg)
+        i += 1
+    return config, overrides
+
+
+def cmd_train(args: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in args):
+        from latte.train.config import DEFAULT_CONFIG
+
+        print("usage: latte train [--config PATH] [--resume auto|never|PATH] [--section.field=value ...]\n"
+              f"default config: {DEFAULT_CONFIG}; sections: data, model, optim, train "
+              "(see latte/train/config.py)")
+        return 0
+    from latte.train.config import load_run_config
+    from latte.train.loop import train
+    from latte.train.step import NonFiniteError
+
+    config, overrides = _split_train_args(args)
+    cfg = load_run_config(config, overrides)
+    try:
+        train(cfg)  # rank 0 prints the results and writes RUN_DIR/summary.json
+    except NonFiniteError as e:
+        print(f"latte train: stopped: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# --------------------------------------------------------------------------- generate
+
+def cmd_generate(args: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="latte generate", description="Stream a continuation from a trained run.")
+    p.add_argument("--run", required=True, help="run folder (newest verified checkpoint) or a step-N folder")
+    p.add_argument("--prompt", default="\n")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=50, help="0 = off")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop-at-eos", action="store_true", help="end at the end-of-document token")
+    a = p.parse_args(args)
+    import torch
+
+    from latte.eval.generation import IncrementalDecoder, stream_tokens
+    from latte.eval.runs import load_trained
+
+    trained = load_trained(a.run)
+    tok = trained.tokenizer
+    ids = tok.encode(a.prompt) or [tok.eos_id]
+    print(f"[{trained.checkpoint}, step {trained.step}]", file=sys.stderr)
+    sys.stdout.write(a.prompt)
+    sys.stdout.flush()
+    decoder = IncrementalDecoder(tok)
+    gen = torch.Generator().manual_seed(a.seed)
+    for token in stream_tokens(trained.model, ids, a.max_new_tokens, temperature=a.temperature,
+                               top_k=a.top_k or None, top_p=a.top_p, generator=gen,
+                               eos_token_id=tok.eos_id if a.stop_at_eos else None):
+        sys.stdout.write(decoder.push(token))
+        sys.stdout.flush()
+    sys.stdout.write(decoder.flush() + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+# --------------------------------------------------------------------------- eval
+
+def cmd_eval(args: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="latte eval", description=(
+        "Validation perplexity of a trained run: by position bucket and at multiples of the "
+        "training length (context extrapolation), all on the same validation tokens."))
+    p.add_argument("--run", required=True, help="run folder (newest verified checkpoint) or a step-N folder")
+    p.add_argument("--lengths", default="1,2,4,8", help="multiples of the training seq_len")
+    p.add_argument("--max-tokens", type=int, default=65536, help="validation tokens evaluated (0 = all)")
+    p.add_argument("--batch-size", type=int, default=8, help="windows per batch at 1x (halved per doubling)")
+    p.add_argument("--out", default=None, help="JSON output (default: RUN/eval.json)")
+    a = p.parse_args(args)
+    try:
+        multiples = sorted({int(x) for x in a.lengths.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"--lengths={a.lengths!r}: expected comma-separated integers like 1,2,4,8") from None
+    if not multiples or multiples[0] < 1:
+        raise ValueError(f"--lengths={a.lengths!r}: expected integers >= 1")
+    from latte.eval.perplexity import extrapolation
+    from latte.eval.runs import load_trained
+    from latte.train.loop import pack_split
+
+    trained = load_trained(a.run)
+    cfg = trained.config
+    tokens = pack_split(cfg, trained.tokenizer, "validation")
+    max_tokens = a.max_tokens if a.max_tokens > 0 else len(tokens)
+    print(f"latte eval: {trained.checkpoint} (step {trained.step}, {cfg.model.mixer}, trained at seq_len "
+          f"{cfg.data.seq_len}); validation split of {cfg.data.source!r}: {len(tokens):,} tokens, "
+          f"evaluating up to {max_tokens:,}", file=sys.stderr)
+    results = extrapolation(trained.model, tokens, train_len=cfg.data.seq_len, multiples=multiples,
+                            max_tokens=max_tokens, batch_size=a.batch_size)
+    report = {"checkpoint": str(trained.checkpoint), "step": trained.step, "mixer": cfg.model.mixer,
+              "train_seq_len": cfg.data.seq_len, "source": cfg.data.source, "results": results}
+    out = Path(a.out) if a.out else Path(a.run) / "eval.json"
+    if (Path(a.run) / "manifest.json").is_file() and not a.out:
+        out = Path(a.run).parent / "eval.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(format_table(results))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def format_table(results: list[dict]) -> str:
+    buckets = []
+    for r in results:
+        for b in r.get("buckets", []):
+            if b["bucket"] not in buckets:
+                buckets.append(b["bucket"])
+    head = f"{'length':>7} {'x':>3} {'tokens':>8} {'ppl':>9}" + "".join(f" {b:>10}" for b in buckets)
+    lines = [head, "-" * len(head)]
+    for r in results:
+        if "error" in r:
+            lines.append(f"{r['seq_len']:>7} {r['multiple']:>3}  not applicable: {r['error']}")
+            continue
+        by = {b["bucket"]: b["ppl"] for b in r["buckets"]}
+        cells = "".join(f" {by[b]:>10.2f}" if b in by else f" {'':>10}" for b in buckets)
+        lines.append(f"{r['seq_len']:>7} {r['multiple']:>3} {r['tokens']:>8} {r['ppl']:>9.2f}{cells}")
+    lines.append("(ppl by position within each window, a bucket clipped at the window's end; "
+                 "the same validation tokens at every length)")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- bench
+
+def cmd_bench(args: list[str]) -> int:
+    if not args or args[0] not in BENCHES:
+        print(f"usage: latte bench {{{','.join(BENCHES)}}} [args...]", file=sys.stderr)
+        return 2
+    name = f"latte.bench.{args[0]}"
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name not in (name, "latte.bench"):
+            raise  # a missing dependency of the benchmark: show it as it is
+        print(f"latte bench {args[0]}: {name} is not available in this installation", file=sys.stderr)
+        return 2
+    if not hasattr(module, "main"):
+        print(f"latte bench {args[0]}: {name} has no main(argv)", file=sys.stderr)
+        return 2
+    return int(module.main(args[1:]) or 0)

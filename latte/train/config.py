@@ -1,0 +1,216 @@
+"""The run configuration: one validated dataclass per concern.
+
+    RunConfig
+      data:  DataConfig    corpus, split, tokenizer, sequence length, cache
+      model: ModelConfig   the `LatteConfig` fields (vocab_size from the tokenizer)
+      optim: OptimConfig   AdamW, lr schedule, clipping, accumulation
+      train: TrainConfig   steps, batch, eval/save/log cadence, faults, distributed
+
+Built from YAML plus ``--section.field=value`` overrides with
+`latte.config_io.build`, which reports every unknown key, wrong type and
+out-of-range value at once (STYLE.md habit 5). The resolved config is saved
+in the run folder and in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from latte.config_io import ConfigError, ConfigErrors, build, load_yaml, merge, parse_overrides
+from latte.models import LatteConfig
+
+# The default job of `latte train` (no --config): the tiny CPU recipe.
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+
+
+@dataclass
+class DataConfig:
+    """source: see `latte.data.load_documents` ("shakespeare", "pydoc", a file
+    or folder, "hf:<name>[:split]"). tokenizer: "bpe" trains a byte-level BPE
+    of `vocab_size` on the training split; anything else is a path to a
+    tokenizer.json / *.tiktoken file (or a folder holding one), and
+    `vocab_size` is then ignored. cache_dir holds the packed token files."""
+
+    source: str = "shakespeare"
+    text_field: str = "text"
+    val_fraction: float = 0.1
+    split_seed: int = 0
+    tokenizer: str = "bpe"
+    vocab_size: int = 4096
+    seq_len: int = 256
+    cache_dir: str = "runs/.cache"
+
+    def __post_init__(self):
+        e = ConfigErrors(type(self).__name__)
+        e.check(bool(self.source), "source", self.source, "a non-empty string")
+        e.check(0.0 < self.val_fraction < 1.0, "val_fraction", self.val_fraction, "in (0, 1)")
+        e.check(bool(self.tokenizer), "tokenizer", self.tokenizer, "'bpe' or a tokenizer path")
+        e.check(self.vocab_size >= 257, "vocab_size", self.vocab_size, ">= 257 (256 bytes + eos)")
+        e.check(self.seq_len >= 1, "seq_len", self.seq_len, ">= 1")
+        e.check(bool(self.cache_dir), "cache_dir", self.cache_dir, "a non-empty path")
+        e.raise_if_any()
+
+
+# ModelConfig mirrors LatteConfig field for field (so the two never drift
+# apart), minus what the trainer decides: a causal LM, no classification head,
+# and vocab_size taken from the tokenizer unless given (it may then only be
+# larger, e.g. padded to a multiple of 64).
+_NOT_MODEL_FIELDS = ("vocab_size", "causal", "num_labels", "pooling")
+_LATTE_HINTS = typing.get_type_hints(LatteConfig)
+_model_fields = [
+    (f.name, _LATTE_HINTS[f.name], field(default=f.default) if f.default_factory is dataclasses.MISSING
+     else field(default_factory=f.default_factory))
+    for f in dataclasses.fields(LatteConfig) if f.name not in _NOT_MODEL_FIELDS
+]
+
+
+def _model_post_init(self) -> None:
+    self.to_latte_config(self.vocab_size or 257)  # LatteConfig's own checks; ConfigError names fields
+
+
+def _to_latte_config(self, vocab_size: int) -> LatteConfig:
+    """The model architecture for a tokenizer of `vocab_size` ids."""
+    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "vocab_size"}
+    return LatteConfig(vocab_size=self.vocab_size or vocab_size, causal=True, **fields)
+
+
+ModelConfig = dataclasses.make_dataclass(
+    "ModelConfig",
+    [("vocab_size", typing.Optional[int], field(default=None)), *_model_fields],
+    namespace={"__post_init__": _model_post_init, "to_latte_config": _to_latte_config,
+               "__doc__": "The LatteConfig fields of a causal LM; vocab_size None = the tokenizer's."},
+)
+ModelConfig.__module__ = __name__
+
+# Fields that change what the weights mean or their shapes: they must match
+# when resuming (everything else may change, with a warning).
+ARCHITECTURE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "dropout")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW (no weight decay on norms, biases, embeddings); lr = `lr_at(step)`:
+    warm-up then linear/cosine decay to min_lr_ratio * lr. grad_clip 0 = off.
+    grad_accum micro-batches per optimizer step (per rank)."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    warmup_steps: int = 30
+    decay: Literal["linear", "cosine", "constant"] = "cosine"
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    grad_accum: int = 1
+
+    def __post_init__(self):
+        self.betas = tuple(self.betas)
+        e = ConfigErrors(type(self).__name__)
+        e.check(self.lr > 0, "lr", self.lr, "> 0")
+        e.check(all(0.0 <= b < 1.0 for b in self.betas), "betas", self.betas, "two numbers in [0, 1)")
+        e.check(self.eps > 0, "eps", self.eps, "> 0")
+        e.check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+        e.check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, ">= 0")
+        e.check(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
+        e.check(self.grad_clip >= 0, "grad_clip", self.grad_clip, ">= 0 (0 = no clipping)")
+        e.check(self.grad_accum >= 1, "grad_accum", self.grad_accum, ">= 1")
+        e.raise_if_any()
+
+
+@dataclass
+class TrainConfig:
+    """steps: optimizer steps in total (skipped ones included).
+    global_batch_size: sequences per optimizer step over all ranks and
+    micro-batches. eval_every / save_every / sample_every: in steps, 0 = only
+    at the end. eval_batches: global batches per periodic validation (0 = the
+    whole validation split, which the final validation always uses).
+    resume: "auto" (the newest verified checkpoint in run_dir, if any),
+    "never" (refuse a run_dir that has checkpoints) or a checkpoint/run path.
+    num_threads: torch intra-op threads (None: torch's default, divided
+    among the local ranks under torchrun). time_budget_minutes: a bound on
+    the whole job; training stops early (checkpoint, then the final
+    validation) when only the time for those is left (None = no limit)."""
+
+    steps: int = 300
+    global_batch_size: int = 16
+    eval_every: int = 100
+    eval_batches: int = 8
+    save_every: int = 100
+    keep: int = 2
+    seed: int = 0
+    precision: Literal["fp32", "bf16"] = "fp32"
+    on_nonfinite: Literal["skip", "raise"] = "skip"
+    max_consecutive_skips: int = 10
+    run_dir: str = "runs/tiny"
+    resume: str = "auto"
+    log_every: int = 10
+    sample_every: int = 0
+    sample_tokens: int = 80
+    sample_prompt: str = "\n"
+    sample_temperature: float = 0.8
+    sample_top_k: int = 50
+    tensorboard: bool = True
+    distributed: Literal["ddp", "fsdp2"] = "ddp"
+    num_threads: int | None = None
+    time_budget_minutes: float | None = None
+
+    def __post_init__(self):
+        e = ConfigErrors(type(self).__name__)
+        e.check(self.steps >= 1, "steps", self.steps, ">= 1")
+        e.check(self.global_batch_size >= 1, "global_batch_size", self.global_batch_size, ">= 1")
+        for name in ("eval_every", "eval_batches", "save_every", "sample_every", "sample_tokens"):
+            e.check(getattr(self, name) >= 0, name, getattr(self, name), ">= 0")
+        e.check(self.keep >= 2, "keep", self.keep, ">= 2 (a crash while saving must leave one good checkpoint)")
+        e.check(self.max_consecutive_skips >= 1, "max_consecutive_skips", self.max_consecutive_skips, ">= 1")
+        e.check(bool(self.run_dir), "run_dir", self.run_dir, "a non-empty path")
+        e.check(bool(self.resume), "resume", self.resume, "'auto', 'never' or a checkpoint path")
+        e.check(self.log_every >= 1, "log_every", self.log_every, ">= 1")
+        e.check(self.sample_temperature >= 0, "sample_temperature", self.sample_temperature, ">= 0 (0 = greedy)")
+        e.check(self.sample_top_k >= 0, "sample_top_k", self.sample_top_k, ">= 0 (0 = no top-k)")
+        if self.num_threads is not None:
+            e.check(self.num_threads >= 1, "num_threads", self.num_threads, ">= 1 or null")
+        if self.time_budget_minutes is not None:
+            e.check(self.time_budget_minutes > 0, "time_budget_minutes", self.time_budget_minutes, "> 0 or null")
+        e.raise_if_any()
+
+
+@dataclass
+class RunConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self):
+        e = ConfigErrors(type(self).__name__)
+        o, t = self.optim, self.train
+        e.check(o.warmup_steps <= t.steps, "optim.warmup_steps", o.warmup_steps,
+                f"<= train.steps ({t.steps})")
+        e.check(t.global_batch_size % o.grad_accum == 0, "train.global_batch_size", t.global_batch_size,
+                f"a multiple of optim.grad_accum ({o.grad_accum})")
+        e.raise_if_any()
+
+
+def load_run_config(config_path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    """YAML at `config_path` (default: configs/tiny.yaml) + CLI overrides ->
+    a validated RunConfig. Every problem is reported at once (a ValueError)."""
+    path = Path(config_path) if config_path is not None else DEFAULT_CONFIG
+    if not path.is_file():
+        hint = "" if config_path is not None else " (the default job); pass --config PATH"
+        raise ValueError(f"config file {path}: not found{hint}")
+    data = merge(load_yaml(path), parse_overrides(list(overrides)))
+    where = str(path) + (" + overrides" if overrides else "")
+    return build(RunConfig, data, where=where)
+
+
+def check_world_size(cfg: RunConfig, world_size: int) -> None:
+    """The batch must split evenly over ranks and micro-batches."""
+    per = world_size * cfg.optim.grad_accum
+    if cfg.train.global_batch_size % per:
+        raise ConfigError("RunConfig", [("train.global_batch_size",
+                          f"got {cfg.train.global_batch_size}, expected a multiple of world_size "
+                          f"({world_size}) x optim.grad_accum ({cfg.optim.grad_accum}) = {per}")])

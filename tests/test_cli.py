@@ -1,0 +1,115 @@
+"""`latte train | generate | eval | bench` end to end on a tiny run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from latte.cli import _split_train_args, main
+from latte.config_io import build
+from latte.train.config import RunConfig
+from tests.train.runs import REPO, tiny_config_dict, write_config, write_corpus
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    (root / "corpus").mkdir()
+    corpus = write_corpus(root / "corpus")
+    cfg = build(RunConfig, tiny_config_dict(corpus, root / "run", root / "cache"))
+    path = write_config(cfg, root / "tiny.yaml")
+    assert main(["train", "--config", str(path), "--train.steps=4", "--optim.warmup_steps=1"]) == 0
+    return root / "run"
+
+
+def test_train_args_split():
+    assert _split_train_args(["--config", "a.yaml", "--train.steps=3", "--resume", "auto", "--model.dim", "8"]) == (
+        "a.yaml", ["--train.steps=3", "--train.resume=auto", "--model.dim", "8"])
+    assert _split_train_args(["--config=b.yaml"]) == ("b.yaml", [])
+
+
+def test_train_wrote_a_checkpoint(trained_run):
+    summary = json.loads((trained_run / "summary.json").read_text())
+    assert summary["step"] == 4 and (trained_run / "step-00000004" / "manifest.json").is_file()
+
+
+def test_generate_streams_a_continuation(trained_run, capsys):
+    assert main(["generate", "--run", str(trained_run), "--prompt", "The ", "--max-new-tokens", "12",
+                 "--seed", "1"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("The ") and len(out.out) > len("The \n")
+    assert "step-00000004" in out.err
+    # same seed, same text
+    assert main(["generate", "--run", str(trained_run), "--prompt", "The ", "--max-new-tokens", "12",
+                 "--seed", "1"]) == 0
+    assert capsys.readouterr().out == out.out
+
+
+def test_streaming_equals_model_generate(trained_run):
+    from latte.eval.generation import IncrementalDecoder, stream_tokens
+    from latte.eval.runs import load_trained
+
+    t = load_trained(trained_run)
+    ids = t.tokenizer.encode("def f")
+    streamed = list(stream_tokens(t.model, ids, 10, temperature=0))
+    ref = t.model.generate(torch.tensor([ids]), 10, temperature=0)[0, len(ids):].tolist()
+    assert streamed == ref
+    d = IncrementalDecoder(t.tokenizer)
+    assert "".join(d.push(i) for i in streamed) + d.flush() == t.tokenizer.decode(streamed)
+
+
+def test_eval_prints_table_and_writes_json(trained_run, capsys):
+    assert main(["eval", "--run", str(trained_run), "--lengths", "1,2", "--max-tokens", "512"]) == 0
+    out = capsys.readouterr().out
+    assert "length" in out and "1-128" in out
+    report = json.loads((trained_run / "eval.json").read_text())
+    assert [r["seq_len"] for r in report["results"]] == [32, 64]
+    assert report["results"][0]["tokens"] == report["results"][1]["tokens"]
+
+
+def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
+    assert main(["train", "--train.stepz=3", "--optim.lr=-1"]) == 2
+    err = capsys.readouterr().err
+    assert "train.stepz: unknown key (did you mean 'steps'?)" in err and "optim.lr: got -1" in err
+
+
+def test_eval_of_a_folder_without_checkpoints_exits_2(tmp_path, capsys):
+    assert main(["eval", "--run", str(tmp_path)]) == 2
+    assert "no verified checkpoint" in capsys.readouterr().err
+
+
+def test_unknown_command_and_help(capsys):
+    assert main(["fly"]) == 2
+    assert "unknown command 'fly'" in capsys.readouterr().err
+    assert main(["--help"]) == 0 and "latte train" in capsys.readouterr().out
+
+
+def test_bench_dispatches_lazily(monkeypatch, capsys):
+    import importlib
+
+    real = importlib.import_module
+    calls = []
+
+    def fake(name, *a):
+        if name == "latte.bench.decode":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        if name == "latte.bench.ops":
+            calls.append(name)
+            return type("M", (), {"main": staticmethod(lambda argv: calls.append(argv) or 0)})
+        return real(name, *a)
+
+    monkeypatch.setattr(importlib, "import_module", fake)
+    assert main(["bench", "decode"]) == 2
+    assert "latte.bench.decode is not available" in capsys.readouterr().err
+    assert main(["bench", "ops", "--quick"]) == 0 and calls == ["latte.bench.ops", ["--quick"]]
+    assert main(["bench", "nope"]) == 2
+
+
+def test_python_dash_m_latte():
+    proc = subprocess.run([sys.executable, "-m", "latte", "--help"], cwd=REPO, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert proc.returncode == 0 and "torchrun" in proc.stdout

@@ -1,0 +1,32 @@
+"""Fixtures for the trainer tests: a small corpus written once per session
+and a tiny run config of a few thousand parameters (see runs.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from latte.config_io import build, merge, parse_overrides
+from latte.train.config import RunConfig
+from tests.train.runs import tiny_config_dict, write_corpus
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("pack-cache")
+
+
+@pytest.fixture
+def make_config(corpus, cache_dir, tmp_path):
+    """make_config(run_dir=..., **{"train.steps": 4}) -> RunConfig."""
+    def make(run_dir: Path | str | None = None, **overrides) -> RunConfig:
+        data = tiny_config_dict(corpus, Path(run_dir or tmp_path / "run"), cache_dir)
+        data = merge(data, parse_overrides([f"{k}={v}" for k, v in overrides.items()]))
+        return build(RunConfig, data, where="test config")
+    return make

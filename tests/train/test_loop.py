@@ -1,0 +1,250 @@
+"""The training loop in-process on a tiny model: outputs, exact resume,
+non-finite steps, data and config refusals (RELIABILITY.md failure table)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from latte.train.checkpoint import find_latest_checkpoint, load_checkpoint
+from latte.train.distributed import DistEnv
+from latte.train.loop import _no_decay_names, train
+from latte.train.step import NonFiniteError, SkipGuard, StepResult, summed_cross_entropy, train_step
+from latte.train.metrics import read_csv
+from tests.train.runs import losses
+
+
+def weights(step_dir) -> dict[str, torch.Tensor]:
+    return load_file(str(step_dir / "model.safetensors"))
+
+
+def test_run_writes_run_folder_and_beats_nothing_silly(make_config, tmp_path):
+    cfg = make_config(**{"train.steps": 4, "train.eval_every": 2, "train.save_every": 2,
+                         "train.tensorboard": True})
+    summary = train(cfg)
+    run = tmp_path / "run"
+    for name in ("config.yaml", "tokenizer.json", "metrics.csv", "val.csv", "summary.json", "samples.txt",
+                 "loss_curve.png", "step-00000002/manifest.json", "step-00000004/manifest.json"):
+        assert (run / name).is_file(), name
+    assert any((run / "tb").iterdir())
+    assert [s for s, _ in losses(run)] == [1, 2, 3, 4]
+    val = read_csv(run / "val.csv")
+    assert [int(r["step"]) for r in val] == [2, 4]  # periodic at 2, final (whole split) at 4
+    assert summary["step"] == 4 and math.isfinite(summary["val_ppl"]) and summary["unigram_ppl"] > 1
+    assert json.loads((run / "summary.json").read_text())["val_tokens"] == summary["val_tokens"]
+    ckpt = load_checkpoint(run / "step-00000004")
+    assert ckpt.trainer_state["sample_index"] == 4 * 4 and ckpt.trainer_state["tokens_seen"] == 4 * 4 * 32
+    assert ckpt.config["train"]["steps"] == 4 and (run / "step-00000004" / "tokenizer.json").is_file()
+
+
+def test_resume_in_process_is_bitwise_and_rerun_is_a_no_op(make_config, tmp_path):
+    train(make_config(run_dir=tmp_path / "straight"))
+    cut = make_config(run_dir=tmp_path / "cut")
+    train(make_config(run_dir=tmp_path / "cut", **{"train.time_budget_minutes": 1e-9}))  # stops after step 1
+    assert [s for s, _ in losses(tmp_path / "cut")] == [1]
+    train(cut)
+    assert losses(tmp_path / "cut") == losses(tmp_path / "straight")
+    before = losses(tmp_path / "cut")
+    summary = train(cut)  # already complete: evaluates again, trains nothing
+    assert summary["step"] == 6 and losses(tmp_path / "cut") == before
+
+
+def test_nan_loss_skips_the_update(make_config, tmp_path, monkeypatch):
+    monkeypatch.setenv("LATTE_FAULTS", "nan_loss=1")  # the second step (0-based step 1)
+    summary = train(make_config(**{"train.steps": 3, "train.save_every": 1}))
+    run = tmp_path / "run"
+    rows = read_csv(run / "metrics.csv")
+    assert [r["applied"] for r in rows] == ["1", "0", "1"] and rows[1]["loss"] == "nan"
+    w1, w2, w3 = (weights(run / f"step-0000000{i}") for i in (1, 2, 3))
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)  # no update applied
+    assert not all(torch.equal(w2[k], w3[k]) for k in w2)  # training goes on afterwards
+    o1, o2 = (load_checkpoint(run / f"step-0000000{i}").optimizer_state["state"] for i in (1, 2))
+    assert all(torch.equal(o1[k]["exp_avg"], o2[k]["exp_avg"]) for k in o1)  # moments untouched
+    assert summary["skipped_steps"] == 1 and math.isfinite(summary["val_ppl"])
+
+
+def test_consecutive_skip_cap_stops_naming_the_step(make_config, monkeypatch):
+    monkeypatch.setenv("LATTE_FAULTS", "nan_loss=1:100")
+    with pytest.raises(NonFiniteError, match=r"at step 3, batch global samples \[12, 16\).*3 consecutive"):
+        train(make_config(**{"train.max_consecutive_skips": 3}))
+
+
+def test_raise_mode_raises_at_the_first_non_finite_step(make_config, monkeypatch):
+    monkeypatch.setenv("LATTE_FAULTS", "nan_loss=2")
+    with pytest.raises(NonFiniteError, match=r"step 2.*on_nonfinite: raise"):
+        train(make_config(**{"train.on_nonfinite": "raise"}))
+
+
+def test_empty_corpus_is_refused_with_counts(make_config, tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.txt").write_text("")
+    (tmp_path / "empty" / "b.txt").write_text("")
+    with pytest.raises(ValueError, match=r"is empty: 2 document\(s\), 0 characters"):
+        train(make_config(**{"data.source": str(tmp_path / "empty")}))
+    assert not (tmp_path / "run" / "metrics.csv").exists()
+
+
+def test_too_short_corpus_is_refused_with_counts(make_config, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("To be, or not to be, that is the question.\nWhether 'tis nobler in the mind.\n")
+    with pytest.raises(ValueError, match=r"corpus too short for data.seq_len=32 \(one window needs 33 tokens "
+                                         r"per split\): the train split has \d+ tokens in 1 document\(s\), "
+                                         r"the validation split has \d+ tokens in 1 document"):
+        train(make_config(**{"data.source": str(short), "data.vocab_size": 300}))
+    assert not (tmp_path / "run" / "metrics.csv").exists()
+
+
+def test_token_ids_beyond_vocab_are_refused_before_training(make_config, tmp_path):
+    with pytest.raises(ValueError, match=r"token id \d+ .* outside \[0, vocab_size=100\)"):
+        train(make_config(**{"model.vocab_size": 100}))  # the tokenizer has 320 ids
+    assert not (tmp_path / "run" / "metrics.csv").exists()
+
+
+def test_resume_with_changed_shapes_names_the_fields(make_config, tmp_path):
+    train(make_config(**{"train.steps": 2, "optim.warmup_steps": 1}))
+    with pytest.raises(ValueError) as e:
+        train(make_config(**{"model.dim": 48, "model.num_layers": 3}))
+    msg = str(e.value)
+    assert "changes the model architecture (2 fields)" in msg
+    assert "model.dim: checkpoint 32, config 48" in msg and "model.num_layers: checkpoint 2, config 3" in msg
+
+
+def test_resume_with_only_lr_changed_warns(make_config, caplog):
+    train(make_config(**{"train.steps": 2, "optim.warmup_steps": 1}))
+    with caplog.at_level(logging.WARNING, logger="latte.train"):
+        summary = train(make_config(**{"train.steps": 2, "optim.warmup_steps": 1, "optim.lr": 1e-3}))
+    assert "optim.lr: checkpoint 0.003, config 0.001" in caplog.text
+    assert summary["step"] == 2
+
+
+def test_resume_never_refuses_a_run_folder_with_checkpoints(make_config):
+    train(make_config(**{"train.steps": 2, "optim.warmup_steps": 1}))
+    with pytest.raises(ValueError, match="resume='never' but .* already holds checkpoints"):
+        train(make_config(**{"train.resume": "never"}))
+
+
+def test_resume_from_explicit_checkpoint_into_a_new_run(make_config, tmp_path):
+    train(make_config(run_dir=tmp_path / "a"))
+    summary = train(make_config(run_dir=tmp_path / "b", **{"train.resume": str(tmp_path / "a" / "step-00000003")}))
+    assert summary["step"] == 6
+    assert losses(tmp_path / "b") == losses(tmp_path / "a")[3:]
+    assert find_latest_checkpoint(tmp_path / "b").name == "step-00000006"
+
+
+# --------------------------------------------------------------------------- one step, directly
+
+def _toy(seed=0, mixer="macchiato"):
+    from latte.models import LatteConfig, LatteForCausalLM
+
+    torch.manual_seed(seed)
+    model = LatteForCausalLM(LatteConfig.tiny(mixer=mixer))
+    groups = [{"params": [p for n, p in model.named_parameters() if n not in _no_decay_names(model)],
+               "weight_decay": 0.1},
+              {"params": [p for n, p in model.named_parameters() if n in _no_decay_names(model)],
+               "weight_decay": 0.0}]
+    return model, torch.optim.AdamW(groups, lr=1e-2)
+
+
+def _batch(B=4, T=16, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randint(0, 64, (B, T + 1), generator=g)
+    return rows[:, :-1], rows[:, 1:]
+
+
+def test_loss_uses_preshifted_labels_exactly_once():
+    """Our summed loss on (x, shifted y) == the model's own loss on the
+    unshifted window (which shifts inside): no double shift."""
+    model, _ = _toy()
+    x, y = _batch()
+    window = torch.cat([x, y[:, -1:]], 1)  # [B, T + 1]
+    ref = model(window, labels=window).loss  # shifts inside; ignores the last logit
+    ours, count = summed_cross_entropy(model(x).logits, y)
+    assert count == x.numel()
+    torch.testing.assert_close(ours / count, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_grad_accumulation_matches_one_big_batch():
+    env = DistEnv()
+    x, y = _batch(B=8)
+    results = []
+    for accum in (1, 2, 4):
+        model, opt = _toy()
+        r = train_step(model, opt, x, y, lr=1e-2, env=env, grad_accum=accum, grad_clip=1.0)
+        results.append((r, [p.detach().clone() for p in model.parameters()]))
+    (r1, p1), *rest = results
+    for r, p in rest:
+        assert r.tokens == r1.tokens == 8 * 16 and math.isclose(r.loss, r1.loss, rel_tol=1e-6)
+        for a, b in zip(p1, p):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_nan_step_leaves_parameters_and_optimizer_untouched():
+    model, opt = _toy()
+    x, y = _batch()
+    train_step(model, opt, x, y, lr=1e-2, env=DistEnv())  # some optimizer state to protect
+    before = [p.detach().clone() for p in model.parameters()]
+    state_before = {k: v["exp_avg"].clone() for k, v in opt.state.items()}
+    r = train_step(model, opt, x, y, lr=1e-2, env=DistEnv(), inject_nan=True)
+    assert not r.applied and math.isnan(r.loss)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(state_before[k], v["exp_avg"]) for k, v in opt.state.items())
+    assert all(p.grad is None for p in model.parameters())  # gradients dropped
+    assert train_step(model, opt, x, y, lr=1e-2, env=DistEnv()).applied
+
+
+def test_skip_guard_counts_and_resets():
+    ok, bad = StepResult(1.0, 1, 1.0, True, 0), StepResult(math.nan, 1, math.nan, False, 0)
+    g = SkipGuard("skip", 2)
+    g.update(bad, 0, "b0")
+    g.update(ok, 1, "b1")
+    g.update(bad, 2, "b2")
+    assert g.state_dict() == {"skipped_steps": 2, "consecutive_skips": 1}
+    with pytest.raises(NonFiniteError, match="at step 3, batch b3: 2 consecutive"):
+        g.update(bad, 3, "b3")
+
+
+def test_no_weight_decay_on_norms_biases_embeddings():
+    model, _ = _toy()
+    names = _no_decay_names(model)
+    assert "model.embed.weight" in names and "lm_head.weight" not in dict(model.named_parameters())  # tied
+    assert all(p.ndim < 2 or "embed" in n for n, p in model.named_parameters() if n in names)
+    assert any("norm" in n for n in names)
+    assert all(p.ndim >= 2 for n, p in model.named_parameters() if n not in names)
+
+
+@pytest.mark.parametrize("mixer", ["softmax", "latte", "macchiato", "linear", "swa"])
+def test_bf16_autocast_step_is_finite(mixer):
+    model, opt = _toy(mixer=mixer)
+    x, y = _batch()
+    r = train_step(model, opt, x, y, lr=1e-2, env=DistEnv(), precision="bf16")
+    assert r.applied and math.isfinite(r.loss) and math.isfinite(r.grad_norm)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # weights stay fp32
+
+
+def test_time_budget_leaves_room_for_the_final_validation():
+    from types import SimpleNamespace
+
+    from latte.data import TokenWindows
+    from latte.train.loop import _out_of_time
+
+    cfg = SimpleNamespace(train=SimpleNamespace(time_budget_minutes=1.0, global_batch_size=4),
+                          data=SimpleNamespace(seq_len=100))
+    val = TokenWindows(np.zeros(100 * 300 + 1, dtype=np.uint16), 100)  # 30,000 validation tokens
+    run = SimpleNamespace(cfg=cfg, val_windows=val, eval_speedup=3.0, recent_tokens_per_s=0.0,
+                          t_start=time.perf_counter())
+    assert not _out_of_time(run)  # no speed measured yet
+    run.recent_tokens_per_s = 1000.0  # final validation ~10 s, a step 0.4 s: plenty of time
+    assert not _out_of_time(run)
+    run.recent_tokens_per_s = 250.0  # validation ~40 s (x1.25 + 5 s margin): less than 60 s left? no
+    assert not _out_of_time(run)
+    run.recent_tokens_per_s = 100.0  # validation ~100 s: stop now
+    assert _out_of_time(run)
+    run.recent_tokens_per_s, run.t_start = 1e9, time.perf_counter() - 61
+    assert _out_of_time(run)  # over budget whatever the speed

@@ -1,0 +1,115 @@
+"""Run configs: the shipped YAML files, overrides, and errors that name every problem."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from latte.config_io import build, load_yaml, to_dict
+from latte.models import LatteConfig
+from latte.train.config import (ARCHITECTURE_FIELDS, DEFAULT_CONFIG, ModelConfig, RunConfig, check_world_size,
+                                load_run_config)
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+MIXERS = ("latte", "macchiato", "softmax", "linear", "swa")
+
+
+def test_default_job_is_tiny_yaml():
+    assert DEFAULT_CONFIG == CONFIGS / "tiny.yaml"
+    cfg = load_run_config()
+    assert cfg.data.source == "shakespeare" and cfg.data.tokenizer == "bpe"
+    assert 4096 <= cfg.data.vocab_size <= 8192
+    assert cfg.model.to_latte_config(cfg.data.vocab_size).mixers  # builds a valid LatteConfig
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.rglob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_builds(path):
+    cfg = load_run_config(path)
+    cfg.model.to_latte_config(cfg.model.vocab_size or cfg.data.vocab_size)
+
+
+def test_mixer_configs_are_like_for_like():
+    """One recipe, one difference: the mixer (and the run folder; no time
+    budget, so that a slower mixer is not stopped earlier)."""
+    tiny = to_dict(load_run_config())
+    for mixer in MIXERS:
+        cfg = to_dict(load_run_config(CONFIGS / "mixers" / f"{mixer}.yaml"))
+        assert cfg["model"]["mixer"] == mixer
+        assert cfg["train"]["run_dir"] == f"runs/mixers/{mixer}"
+        for section in ("data", "optim"):
+            assert cfg[section] == tiny[section], section
+        strip = lambda d, keys: {k: v for k, v in d.items() if k not in keys}  # noqa: E731
+        assert strip(cfg["model"], {"mixer"}) == strip(tiny["model"], {"mixer"})
+        assert cfg["train"]["time_budget_minutes"] is None
+        assert strip(cfg["train"], {"run_dir", "time_budget_minutes"}) == strip(tiny["train"], {"run_dir", "time_budget_minutes"})
+
+
+def test_paper_table6_config_matches_the_paper():
+    """MATH.md section 6: the OpenWebText recipe of the paper."""
+    cfg = load_run_config(CONFIGS / "paper-table6.yaml")
+    m, o, t, d = cfg.model, cfg.optim, cfg.train, cfg.data
+    assert (m.num_layers, m.num_heads, m.dim, m.ffn_dim, m.num_latents, m.window_size) == (8, 8, 512, 2048, 256, 128)
+    assert (m.conv_size, m.dropout) == (3, 0.1)
+    assert (d.seq_len, t.global_batch_size, t.steps) == (512, 64, 200_000)
+    assert (o.lr, o.warmup_steps, o.weight_decay, o.decay) == (5e-4, 4000, 0.01, "linear")
+    assert d.source == "hf:openwebtext" and d.tokenizer.endswith("gpt2.tiktoken")
+    paper = LatteConfig.paper_table6(mixer=m.mixer)
+    ours = m.to_latte_config(50257)
+    assert ours == paper
+
+
+def test_model_config_mirrors_latte_config():
+    ours = {f.name for f in dataclasses.fields(ModelConfig)}
+    theirs = {f.name for f in dataclasses.fields(LatteConfig)}
+    assert ours == theirs - {"causal", "num_labels", "pooling"}
+    assert "dropout" not in ARCHITECTURE_FIELDS and "dim" in ARCHITECTURE_FIELDS
+
+
+def test_overrides_are_typed_and_applied():
+    cfg = load_run_config(None, ["--train.steps=70", "--optim.lr", "3e-4", "model.mixer=softmax",
+                                 "--optim.betas=[0.8, 0.9]"])
+    assert cfg.train.steps == 70 and cfg.optim.lr == 3e-4 and cfg.model.mixer == "softmax"
+    assert cfg.optim.betas == (0.8, 0.9)
+
+
+def test_bad_config_lists_every_problem_with_field_names():
+    with pytest.raises(ValueError) as e:
+        load_run_config(None, ["--train.stepz=5", "--optim.lr=-1", "--model.num_heads=3",
+                               "--train.precision=fp16", "--data.seq_len=zero"])
+    msg = str(e.value)
+    assert "5 config problems" in msg
+    assert "train.stepz: unknown key (did you mean 'steps'?)" in msg
+    assert "optim.lr: got -1" in msg and "> 0" in msg
+    assert "train.precision: got 'fp16'" in msg and "'bf16'" in msg
+    assert "data.seq_len: got 'zero'" in msg
+
+
+def test_model_range_problems_are_named_under_model():
+    with pytest.raises(ValueError) as e:
+        load_run_config(None, ["--model.num_heads=5"])
+    assert "model.dim: got 192" in str(e.value) and "multiple of num_heads (5)" in str(e.value)
+
+
+def test_cross_section_checks():
+    with pytest.raises(ValueError, match=r"optim.warmup_steps: got 500 .*<= train.steps \(100\)"):
+        load_run_config(None, ["--train.steps=100", "--optim.warmup_steps=500"])
+    with pytest.raises(ValueError, match="multiple of optim.grad_accum"):
+        load_run_config(None, ["--optim.grad_accum=3"])
+    cfg = load_run_config(None, ["--train.global_batch_size=6"])
+    with pytest.raises(ValueError, match=r"multiple of world_size \(4\)"):
+        check_world_size(cfg, 4)
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(ValueError, match="nope.yaml: not found"):
+        load_run_config(tmp_path / "nope.yaml")
+
+
+def test_resolved_config_round_trips(tmp_path):
+    from latte.config_io import save_yaml
+
+    cfg = load_run_config()
+    save_yaml(cfg, tmp_path / "c.yaml")
+    assert build(RunConfig, load_yaml(tmp_path / "c.yaml")) == cfg
