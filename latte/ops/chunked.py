@@ -100,6 +100,78 @@ def _without_autocast(fn):
     return run
 
 
+# Chunks per segment are chosen so one segment's [G, n, C, max(C, D, L)]
+# temporaries hold about this many floats (16 MB): small enough for the
+# allocator to reuse freed blocks instead of mapping (and page-faulting) fresh
+# memory for every temporary, which made T = 65536 cost 18x T = 16384.
+_SEGMENT_ELEMS = 1 << 22
+
+
+def _segments(G, N, C, width):
+    n = max(1, _SEGMENT_ELEMS // (G * C * width))
+    return [(n0, min(N, n0 + n)) for n0 in range(0, N, n)]
+
+
+def _forward_segment(q, b, v, S0, z0):
+    """One segment: q, b [G, n, C, L], v [G, n, C, D] (views), state (S0, z0)
+    -> (y [G, n, C, D], S_before [G, n, L, D], S_last, z_last)."""
+    G, n, C, L = q.shape
+    z, z_end, z_prev, r, bad = _log_normalisers(b.reshape(G, n * C, L), z0, C)
+    K = torch.exp(b - z_end.unsqueeze(2)).transpose(-1, -2) @ v  # [G, n, L, D] chunk sums at chunk end
+    g = torch.exp(z_prev - z_end).unsqueeze(-1)  # [G, n, L, 1] chunk decay
+    S_all, S_last = _scan(K, g, S0, _SCAN_CHUNK)
+    S_before = torch.cat([S0.unsqueeze(1), S_all[:, :-1]], 1)  # [G, n, L, D]
+    q_prev = q * torch.exp(z_prev.unsqueeze(2) - z)  # [G, n, C, L]
+    y = q_prev @ S_before  # inter-chunk: [G, n, C, D]
+    k_f = torch.exp((b - r).clamp(max=SPREAD_LIMIT))  # clamp: a no-op where used
+    w = ((q * torch.exp(r - z)) @ k_f.transpose(-1, -2)).tril_()  # [G, n, C(t), C(s)]
+    y += w @ v
+    if bad is not None:
+        E = _log_space_weights(b, z, bad)  # [M, C, C, L]
+        qs, vs, qps, Sbs = _sel(bad, q, v, q_prev, S_before)
+        y = _overwrite(y, bad, qps @ Sbs + torch.einsum("mtsl,mtl->mts", E, qs) @ vs)
+    return y, S_before, S_last, z_end[:, -1]
+
+
+def _backward_segment(q, b, v, S_before, z0, dy, init):
+    """Gradients of one segment given the reverse state `init` [G, L, D + 1]
+    after it; returns (dq, db, dv, reverse state before the segment)."""
+    G, n, C, L = q.shape
+    D = v.shape[-1]
+    z, z_end, z_prev, r, bad = _log_normalisers(b.reshape(G, n * C, L), z0, C)
+    e_prev = torch.exp(z_prev.unsqueeze(2) - z)  # [G, n, C, L] decay since the chunk start
+    qz = torch.exp(r - z)
+    k_f = torch.exp((b - r).clamp(max=SPREAD_LIMIT))
+    M = (dy @ v.transpose(-1, -2)).tril_()  # [G, n, C(t), C(s)]: dy_t . v_s, s <= t
+    # u = dy . Vbar: the gradient w.r.t. q
+    u = (dy @ S_before.transpose(-1, -2)) * e_prev + qz * (M @ k_f)
+    w = ((q * qz) @ k_f.transpose(-1, -2)).tril_()
+    dv = w.transpose(-1, -2) @ dy  # [G, n, C, D]
+    if bad is not None:
+        E = _log_space_weights(b, z, bad)
+        Ms, dys, Sbs, eps, qs = _sel(bad, M, dy, S_before, e_prev, q)
+        u = _overwrite(u, bad, (dys @ Sbs.transpose(-1, -2)) * eps + torch.einsum("mtsl,mts->mtl", E, Ms))
+    qu = q * u
+    upper = torch.ones(C, C, dtype=q.dtype, device=q.device).triu_()  # sums over t >= s
+    db = k_f * (M.transpose(-1, -2) @ (q * qz) - upper @ (qz * qu))
+    if bad is not None:
+        w_bad = torch.einsum("mtsl,mtl->mts", E, qs)
+        dv = _overwrite(dv, bad, w_bad.transpose(-1, -2) @ dys)
+        qus = _sel(bad, qu)[0]
+        db = _overwrite(db, bad, torch.einsum("mtsl,mtl,mts->msl", E, qs, Ms) - torch.einsum("mtsl,mtl->msl", E, qus))
+    # reverse states over chunks: R_{n-1} = g_n R_n + (local sum over chunk n)
+    g = torch.exp(z_prev - z_end)  # [G, n, L]
+    Lv = (q * e_prev).transpose(-1, -2) @ dy  # [G, n, L, D]
+    Lq = (e_prev * qu).sum(2)  # [G, n, L]
+    R, R_first = _scan(torch.cat([Lv, Lq.unsqueeze(-1)], -1).flip(1), g.flip(1).unsqueeze(-1), init, _SCAN_CHUNK)
+    R_after = torch.cat([R.flip(1)[:, 1:], init.unsqueeze(1)], 1)  # reverse state after chunk n
+    Rv, Rq = R_after[..., :D], R_after[..., D]  # [G, n, L, D], [G, n, L]
+    k_end = torch.exp(b - z_end.unsqueeze(2))  # [G, n, C, L]
+    dv += k_end @ Rv
+    db += k_end * (v @ Rv.transpose(-1, -2) - Rq.unsqueeze(2))
+    return u, db, dv, R_first
+
+
 class LatteChunked(torch.autograd.Function):
     """(q, b [G, N*C, L], v [G, N*C, D], S0 [G, L, D], z0 [G, L], C) ->
     (y [G, N*C, D], S_last, z_last)."""
@@ -109,67 +181,38 @@ class LatteChunked(torch.autograd.Function):
     def forward(ctx, q, b, v, S0, z0, C):
         G, TT, L = q.shape
         N, D = TT // C, v.shape[-1]
-        z, z_end, z_prev, r, bad = _log_normalisers(b, z0, C)
         q, b, v = q.view(G, N, C, L), b.view(G, N, C, L), v.view(G, N, C, D)
-        K = torch.exp(b - z_end.unsqueeze(2)).transpose(-1, -2) @ v  # [G, N, L, D] chunk sums at chunk end
-        g = torch.exp(z_prev - z_end).unsqueeze(-1)  # [G, N, L, 1] chunk decay
-        S_all, S_last = _scan(K, g, S0, _SCAN_CHUNK)
-        S_before = torch.cat([S0.unsqueeze(1), S_all[:, :-1]], 1)  # [G, N, L, D]
-        q_prev = q * torch.exp(z_prev.unsqueeze(2) - z)  # [G, N, C, L]
-        y = q_prev @ S_before  # inter-chunk: [G, N, C, D]
-        k_f = torch.exp((b - r).clamp(max=SPREAD_LIMIT))  # clamp: a no-op where used
-        w = ((q * torch.exp(r - z)) @ k_f.transpose(-1, -2)).tril_()  # [G, N, C(t), C(s)]
-        y += w @ v
-        if bad is not None:
-            E = _log_space_weights(b, z, bad)  # [M, C, C, L]
-            qs, vs, qps, Sbs = _sel(bad, q, v, q_prev, S_before)
-            y = _overwrite(y, bad, qps @ Sbs + torch.einsum("mtsl,mtl->mts", E, qs) @ vs)
-        ctx.save_for_backward(q, b, v, S0, z0, S_before, S_last)
-        ctx.C = C
-        return y.view(G, TT, D), S_last, z_end[:, -1]
+        y = v.new_empty(G, N, C, D)
+        S_before = v.new_empty(G, N, L, D)
+        segments = _segments(G, N, C, max(C, D, L))
+        z_starts = []  # z before each segment: the backward recomputes z from there
+        S, z = S0, z0
+        for n0, n1 in segments:
+            z_starts.append(z)
+            sl = slice(n0, n1)
+            y[:, sl], S_before[:, sl], S, z = _forward_segment(q[:, sl], b[:, sl], v[:, sl], S, z)
+        ctx.save_for_backward(q, b, v, S0, S_before, S, torch.stack(z_starts))
+        ctx.segments = segments
+        return y.view(G, TT, D), S, z
 
     @staticmethod
     @_without_autocast
     def backward(ctx, dy, dS_last, dz_last):
-        q, b, v, S0, z0, S_before, S_last = ctx.saved_tensors
+        q, b, v, S0, S_before, S_last, z_starts = ctx.saved_tensors
         G, N, C, L = q.shape
         D = v.shape[-1]
-        z, z_end, z_prev, r, bad = _log_normalisers(b.view(G, N * C, L), z0, C)
         dy = dy.reshape(G, N, C, D)
         dS_last = torch.zeros_like(S_last) if dS_last is None else dS_last
-        dz_last = torch.zeros_like(z0) if dz_last is None else dz_last
-        e_prev = torch.exp(z_prev.unsqueeze(2) - z)  # [G, N, C, L] decay since the chunk start
-        qz = torch.exp(r - z)
-        k_f = torch.exp((b - r).clamp(max=SPREAD_LIMIT))
-        M = (dy @ v.transpose(-1, -2)).tril_()  # [G, N, C(t), C(s)]: dy_t . v_s, s <= t
-        # u = dy . Vbar: the gradient w.r.t. q
-        u = (dy @ S_before.transpose(-1, -2)) * e_prev + qz * (M @ k_f)
-        w = ((q * qz) @ k_f.transpose(-1, -2)).tril_()
-        dv = w.transpose(-1, -2) @ dy  # [G, N, C, D]
-        if bad is not None:
-            E = _log_space_weights(b, z, bad)
-            Ms, dys, Sbs, eps, qs = _sel(bad, M, dy, S_before, e_prev, q)
-            u = _overwrite(u, bad, (dys @ Sbs.transpose(-1, -2)) * eps + torch.einsum("mtsl,mts->mtl", E, Ms))
-        qu = q * u
-        upper = torch.ones(C, C, dtype=q.dtype, device=q.device).triu_()  # sums over t >= s
-        db = k_f * (M.transpose(-1, -2) @ (q * qz) - upper @ (qz * qu))
-        if bad is not None:
-            w_bad = torch.einsum("mtsl,mtl->mts", E, qs)
-            dv = _overwrite(dv, bad, w_bad.transpose(-1, -2) @ dys)
-            qus = _sel(bad, qu)[0]
-            db = _overwrite(db, bad, torch.einsum("mtsl,mtl,mts->msl", E, qs, Ms) - torch.einsum("mtsl,mtl->msl", E, qus))
-        # reverse states over chunks: R_{n-1} = g_n R_n + (local sum over chunk n)
-        g = torch.exp(z_prev - z_end)  # [G, N, L]
-        Lv = (q * e_prev).transpose(-1, -2) @ dy  # [G, N, L, D]
-        Lq = (e_prev * qu).sum(2)  # [G, N, L]
-        init = torch.cat([dS_last, ((dS_last * S_last).sum(-1) - dz_last).unsqueeze(-1)], -1)  # [G, L, D + 1]
-        R, R_first = _scan(torch.cat([Lv, Lq.unsqueeze(-1)], -1).flip(1), g.flip(1).unsqueeze(-1), init, _SCAN_CHUNK)
-        R_after = torch.cat([R.flip(1)[:, 1:], init.unsqueeze(1)], 1)  # reverse state after chunk n
-        Rv, Rq = R_after[..., :D], R_after[..., D]  # [G, N, L, D], [G, N, L]
-        k_end = torch.exp(b - z_end.unsqueeze(2))  # [G, N, C, L]
-        dv += k_end @ Rv
-        db += k_end * (v @ Rv.transpose(-1, -2) - Rq.unsqueeze(2))
-        dS0 = R_first[..., :D]
-        dz0 = (S0 * dS0).sum(-1) - R_first[..., D]
+        dz_last = torch.zeros_like(z_starts[0]) if dz_last is None else dz_last
+        # reverse state after the last chunk: the final-state cotangents
+        R = torch.cat([dS_last, ((dS_last * S_last).sum(-1) - dz_last).unsqueeze(-1)], -1)  # [G, L, D + 1]
+        dq, db, dv = torch.empty_like(q), torch.empty_like(b), torch.empty_like(v)
+        for (n0, n1), z0 in reversed(list(zip(ctx.segments, z_starts))):
+            sl = slice(n0, n1)
+            dq[:, sl], db[:, sl], dv[:, sl], R = _backward_segment(
+                q[:, sl], b[:, sl], v[:, sl], S_before[:, sl], z0, dy[:, sl], R
+            )
+        dS0 = R[..., :D]
+        dz0 = (S0 * dS0).sum(-1) - R[..., D]
         TT = N * C
-        return u.reshape(G, TT, L), db.reshape(G, TT, L), dv.reshape(G, TT, D), dS0, dz0, None
+        return dq.view(G, TT, L), db.view(G, TT, L), dv.view(G, TT, D), dS0, dz0, None
