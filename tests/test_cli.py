@@ -113,3 +113,16 @@ def test_python_dash_m_latte():
     proc = subprocess.run([sys.executable, "-m", "latte", "--help"], cwd=REPO, capture_output=True, text=True,
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=60)
     assert proc.returncode == 0 and "torchrun" in proc.stdout
+
+
+def test_bench_command_runs_and_updates_a_readme_section(tmp_path):
+    from latte.cli import main
+
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- bench:ops:start -->\nold numbers\n<!-- bench:ops:end -->\nrest\n")
+    out = tmp_path / "bench"
+    assert main(["bench", "ops", "--quick", "--no-memory", "--out", str(out), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert "old numbers" not in text and "latte bench ops (quick)" in text
+    assert text.startswith("intro\n") and text.endswith("rest\n")
+    assert (out / "ops.json").exists()

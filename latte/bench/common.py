@@ -245,3 +245,23 @@ def add_common_args(p, *, repeats: int = 5) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up calls per point")
     p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help="output folder (default bench-results/)")
     p.add_argument("--quick", action="store_true", help="tiny sizes for CI and tests")
+    p.add_argument("--readme", type=Path, default=None,
+                   help="also replace this benchmark's section of a README (between its bench markers)")
+
+
+def update_readme(path: Path, name: str, markdown: str, image: str | None = None) -> None:
+    """Replace the text between `<!-- bench:NAME:start -->` and
+    `<!-- bench:NAME:end -->` in `path` with `markdown` (+ an image link), so
+    the README's numbers always come from a benchmark run, never by hand."""
+    path = Path(path)
+    text = path.read_text()
+    start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+    if start not in text or end not in text:
+        raise ValueError(f"{path}: no {start} ... {end} markers to replace")
+    # the benchmark's own headings sit three levels below the README's section
+    body = "\n".join("###" + line if line.startswith("#") else line for line in markdown.strip().splitlines())
+    if image:
+        body += f"\n\n![{name}]({image})"
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{start}\n{body}\n{end}{tail}")

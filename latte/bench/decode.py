@@ -211,6 +211,8 @@ def main(argv=None) -> dict:
     common.write_json(args.out / "decode.json", res)
     md = markdown(res)
     (args.out / "decode.md").write_text(md)
+    if args.readme is not None:
+        common.update_readme(args.readme, "decode", md, None)
     plot(res, args.out / "decode.png")
     print(md)
     return res

@@ -263,6 +263,8 @@ def main(argv=None) -> dict:
     common.write_json(args.out / "ops.json", res)
     md = markdown(res)
     (args.out / "ops.md").write_text(md)
+    if args.readme is not None:
+        common.update_readme(args.readme, "ops", md, str(args.out / "ops.png"))
     plot(res, args.out / "ops.png")
     print(md)
     return res

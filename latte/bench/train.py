@@ -144,6 +144,8 @@ def main(argv=None) -> dict:
     common.write_json(args.out / "train.json", res)
     md = markdown(res)
     (args.out / "train.md").write_text(md)
+    if args.readme is not None:
+        common.update_readme(args.readme, "train", md, None)
     plot(res, args.out / "train.png")
     print(md)
     return res
