@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from torch import nn
 
 QK_MIXERS = ("none", "conv", "rglru", "conv_rglru")
 
@@ -105,3 +106,29 @@ def state_nbytes(state) -> int:
     if isinstance(state, (int, float, bool)):
         return 0
     raise ValueError(f"state: cannot size an object of type {type(state).__name__}")
+
+
+def build_qkvo(module: nn.Module, dim: int, num_heads: int, num_kv_heads: int, head_dim: int,
+               rope_theta: float | None, bias: bool) -> None:
+    """Give `module` the window/softmax projections under Llama's names
+    (q_proj, k_proj, v_proj, o_proj: pretrained decoders convert into them)
+    and its RoPE; shared by the softmax, sliding-window and Macchiato layers."""
+    from .rope import RotaryEmbedding
+
+    module.rope = None if rope_theta is None else RotaryEmbedding(head_dim, rope_theta)
+    module.q_proj = nn.Linear(dim, num_heads * head_dim, bias=bias)
+    module.k_proj = nn.Linear(dim, num_kv_heads * head_dim, bias=bias)
+    module.v_proj = nn.Linear(dim, num_kv_heads * head_dim, bias=bias)
+    module.o_proj = nn.Linear(num_heads * head_dim, dim, bias=bias)
+
+
+def project_qkv(module: nn.Module, x: torch.Tensor, pos_BT: torch.Tensor):
+    """x [B, T, dim] -> q [B, T, H, E], k, v [B, T, K, E], RoPE at the real positions."""
+    B, T = x.shape[:2]
+    H, K, E = module.num_heads, module.num_kv_heads, module.head_dim
+    q = module.q_proj(x).view(B, T, H, E)
+    k = module.k_proj(x).view(B, T, K, E)
+    v = module.v_proj(x).view(B, T, K, E)
+    if module.rope is not None:
+        q, k = module.rope(q, pos_BT), module.rope(k, pos_BT)
+    return q, k, v

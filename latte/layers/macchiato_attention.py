@@ -39,9 +39,10 @@ from ._common import (
     check_rope_theta,
     check_state,
     real_positions,
+    build_qkvo,
+    project_qkv,
 )
 from .mixers import QKMixer
-from .rope import RotaryEmbedding
 
 MIXES = ("joint", "gate")
 
@@ -105,11 +106,7 @@ class MacchiatoAttention(nn.Module):
         self.dim, self.num_heads, self.num_latents = dim, num_heads, num_latents
         self.num_kv_heads, self.head_dim, self.window_size = num_kv_heads, head_dim, window_size
         self.mix, self.chunk_size, self.qk_mixer = mix, chunk_size, qk_mixer
-        self.rope = None if rope_theta is None else RotaryEmbedding(head_dim, rope_theta)
-        self.q_proj = nn.Linear(dim, num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(dim, num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(dim, num_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(num_heads * head_dim, dim, bias=bias)
+        build_qkvo(self, dim, num_heads, num_kv_heads, head_dim, rope_theta, bias)
         self.mixer = QKMixer(dim, num_heads, qk_mixer, conv_size=conv_size, causal=True)
         self.a_proj = nn.Linear(dim, num_latents, bias=bias)
         self.b_proj = nn.Linear(dim, num_latents, bias=bias)
@@ -122,13 +119,9 @@ class MacchiatoAttention(nn.Module):
         (y [B, T, dim], MacchiatoLayerState after the last token)."""
         B, T = check_input(x, self.dim, mask)
         state = check_state(state, MacchiatoLayerState, B)
-        H, K, E, L = self.num_heads, self.num_kv_heads, self.head_dim, self.num_latents // self.num_heads
+        H, L = self.num_heads, self.num_latents // self.num_heads
         pos_BT, pos = real_positions(mask, None if state is None else state.pos, B, T, x.device)
-        q = self.q_proj(x).view(B, T, H, E)
-        k = self.k_proj(x).view(B, T, K, E)
-        v = self.v_proj(x).view(B, T, K, E)
-        if self.rope is not None:
-            q, k = self.rope(q, pos_BT), self.rope(k, pos_BT)
+        q, k, v = project_qkv(self, x, pos_BT)
         u, conv, h = self.mixer(
             x, mask=mask, conv_state=None if state is None else state.conv, h=None if state is None else state.h
         )

@@ -26,8 +26,9 @@ from ._common import (
     check_rope_theta,
     check_state,
     real_positions,
+    build_qkvo,
+    project_qkv,
 )
-from .rope import RotaryEmbedding
 
 
 class KVCache(NamedTuple):
@@ -82,12 +83,8 @@ class SoftmaxAttention(nn.Module):
         check_rope_theta(rope_theta)
         check_dropout(dropout)
         self.dim, self.num_heads, self.num_kv_heads, self.causal = dim, num_heads, num_kv_heads, causal
-        self.head_dim = E = dim // num_heads
-        self.rope = None if rope_theta is None else RotaryEmbedding(E, rope_theta)
-        self.q_proj = nn.Linear(dim, num_heads * E, bias=bias)
-        self.k_proj = nn.Linear(dim, num_kv_heads * E, bias=bias)
-        self.v_proj = nn.Linear(dim, num_kv_heads * E, bias=bias)
-        self.o_proj = nn.Linear(num_heads * E, dim, bias=bias)
+        self.head_dim = dim // num_heads
+        build_qkvo(self, dim, num_heads, num_kv_heads, self.head_dim, rope_theta, bias)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, *, state: KVCache | None = None, mask: torch.Tensor | None = None):
@@ -95,13 +92,9 @@ class SoftmaxAttention(nn.Module):
         (y [B, T, dim], KVCache with every token so far; None if not causal)."""
         B, T = check_input(x, self.dim, mask)
         state = check_state(state, KVCache, B, self.causal)
-        H, K, E = self.num_heads, self.num_kv_heads, self.head_dim
+        H, K = self.num_heads, self.num_kv_heads
         pos_BT, pos = real_positions(mask, None if state is None else state.pos, B, T, x.device)
-        q = self.q_proj(x).view(B, T, H, E)
-        k = self.k_proj(x).view(B, T, K, E)
-        v = self.v_proj(x).view(B, T, K, E)
-        if self.rope is not None:
-            q, k = self.rope(q, pos_BT), self.rope(k, pos_BT)
+        q, k, v = project_qkv(self, x, pos_BT)
         key_mask = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
         if state is not None:
             k = torch.cat([state.k.to(k.dtype), k], 1)  # [B, S + T, K, E]

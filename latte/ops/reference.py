@@ -96,16 +96,15 @@ def sliding_window_attention(q, k, v, window_size, scale=None, mask=None):
 
 def macchiato_matrix(a, b, q, k, window_size, mix="joint", gate=None, beta=None, scale=None, mask=None):
     """p(s|t) of MATH.md 4 built term by term: [B, H, T, T]."""
-    H = q.shape[2]
     e = window_matrix_logits(q, k, window_size, scale, mask)  # [B, H, T, T]
     a64 = a.to(f64) + (0 if beta is None else beta.to(f64)[None, None, :, None])
     log_lat = a64.permute(0, 2, 1, 3)  # [B, H, T, L] log of unnormalised p(l|t)
+    # log of the window state's unnormalised mass: its scores (joint) or the gate logit
     if mix == "joint":
         log_win = torch.logsumexp(e, -1, keepdim=True)  # [B, H, T, 1]
-        p_win_rows = torch.softmax(e, -1)
     else:
         log_win = gate.to(f64).permute(0, 2, 1)[..., None]
-        p_win_rows = torch.softmax(e, -1)
+    p_win_rows = torch.softmax(e, -1)  # p(s | t, l = 0)
     log_z = torch.logsumexp(torch.cat([log_win, log_lat], -1), -1, keepdim=True)
     p_l = torch.exp(log_lat - log_z)  # [B, H, T, L]
     p_s_given_l = _causal_log_weights(b, mask=mask).exp()  # [B, H, L, T, T]
