@@ -36,8 +36,9 @@ from latte.data import (SampleLoader, TokenWindows, load_documents, load_tokeniz
 from latte.eval.perplexity import nll_sums, subset, summarize
 from latte.models import LatteForCausalLM, num_parameters
 from latte.train import distributed as D
-from latte.train.checkpoint import (MANIFEST, capture_rng_state, check_state_against, find_latest_checkpoint,
-                                    load_checkpoint, restore_rng_state, save_checkpoint, verify_checkpoint)
+from latte.train.checkpoint import (MANIFEST, check_state_against, find_latest_checkpoint, load_checkpoint,
+                                    save_checkpoint, verify_checkpoint)
+from latte.train.rng import capture_rng_state, restore_rng_state
 from latte.train.config import ARCHITECTURE_FIELDS, RunConfig, check_world_size
 from latte.train.faults import Faults, kill_self
 from latte.train.metrics import NullLogger, RunLogger
