@@ -265,3 +265,15 @@ def update_readme(path: Path, name: str, markdown: str, image: str | None = None
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
     path.write_text(f"{head}{start}\n{body}\n{end}{tail}")
+
+
+def write_outputs(args, name: str, res: dict, markdown: str, plot, *, image_in_readme: bool = False) -> None:
+    """NAME.json, NAME.md and NAME.png in args.out, the README section when
+    --readme is given, and the table on stdout: the same for every benchmark."""
+    write_json(args.out / f"{name}.json", res)
+    (args.out / f"{name}.md").write_text(markdown)
+    png = args.out / f"{name}.png"
+    plot(res, png)
+    if args.readme is not None:
+        update_readme(args.readme, name, markdown, str(png) if image_in_readme else None)
+    print(markdown)

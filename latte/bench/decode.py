@@ -208,13 +208,7 @@ def plot(res: dict, path) -> bool:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     res = run(args)
-    common.write_json(args.out / "decode.json", res)
-    md = markdown(res)
-    (args.out / "decode.md").write_text(md)
-    if args.readme is not None:
-        common.update_readme(args.readme, "decode", md, None)
-    plot(res, args.out / "decode.png")
-    print(md)
+    common.write_outputs(args, "decode", res, markdown(res), plot)
     return res
 
 

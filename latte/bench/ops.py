@@ -260,13 +260,7 @@ def plot(res: dict, path) -> bool:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     res = run(args)
-    common.write_json(args.out / "ops.json", res)
-    md = markdown(res)
-    (args.out / "ops.md").write_text(md)
-    if args.readme is not None:
-        common.update_readme(args.readme, "ops", md, str(args.out / "ops.png"))
-    plot(res, args.out / "ops.png")
-    print(md)
+    common.write_outputs(args, "ops", res, markdown(res), plot, image_in_readme=True)
     return res
 
 

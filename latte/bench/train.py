@@ -141,13 +141,7 @@ def plot(res: dict, path) -> bool:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     res = run(args)
-    common.write_json(args.out / "train.json", res)
-    md = markdown(res)
-    (args.out / "train.md").write_text(md)
-    if args.readme is not None:
-        common.update_readme(args.readme, "train", md, None)
-    plot(res, args.out / "train.png")
-    print(md)
+    common.write_outputs(args, "train", res, markdown(res), plot)
     return res
 
 
