@@ -132,3 +132,15 @@ def project_qkv(module: nn.Module, x: torch.Tensor, pos_BT: torch.Tensor):
     if module.rope is not None:
         q, k = module.rope(q, pos_BT), module.rope(k, pos_BT)
     return q, k, v
+
+
+def check_window_heads(dim, num_heads, num_kv_heads, rope_theta, dropout, **more_positive) -> int:
+    """Validation shared by the softmax and sliding-window layers (head width
+    dim / num_heads); returns num_kv_heads with its default (num_heads) applied."""
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    check_positive_ints(dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, **more_positive)
+    check_divides("num_heads", num_heads, "dim", dim)
+    check_divides("num_kv_heads", num_kv_heads, "num_heads", num_heads)
+    check_rope_theta(rope_theta)
+    check_dropout(dropout)
+    return num_kv_heads

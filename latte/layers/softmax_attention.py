@@ -19,15 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._common import (
-    check_divides,
-    check_dropout,
-    check_input,
-    check_positive_ints,
-    check_rope_theta,
-    check_state,
-    real_positions,
     build_qkvo,
+    check_input,
+    check_state,
+    check_window_heads,
     project_qkv,
+    real_positions,
 )
 
 
@@ -76,12 +73,7 @@ class SoftmaxAttention(nn.Module):
         bias: bool = False,
     ):
         super().__init__()
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        check_positive_ints(dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads)
-        check_divides("num_heads", num_heads, "dim", dim)
-        check_divides("num_kv_heads", num_kv_heads, "num_heads", num_heads)
-        check_rope_theta(rope_theta)
-        check_dropout(dropout)
+        num_kv_heads = check_window_heads(dim, num_heads, num_kv_heads, rope_theta, dropout)
         self.dim, self.num_heads, self.num_kv_heads, self.causal = dim, num_heads, num_kv_heads, causal
         self.head_dim = dim // num_heads
         build_qkvo(self, dim, num_heads, num_kv_heads, self.head_dim, rope_theta, bias)
