@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from latte.ops import linear_cross_entropy
+
 from .cache import LatteCache
 from .config import LatteConfig
 from .io import PretrainedMixin
@@ -20,33 +22,85 @@ IGNORE_INDEX = -100
 @dataclass
 class CausalLMOutput:
     loss: torch.Tensor | None  # mean over non-ignored target tokens
-    logits: torch.Tensor  # [B, T, vocab_size]
+    logits: torch.Tensor | None  # [B, T, vocab_size]; None when the fused loss skipped them
     state: LatteCache | None  # continues after the last token
+
+
+def _check_labels(name: str, labels: torch.Tensor, shape: tuple, V: int) -> None:
+    if not isinstance(labels, torch.Tensor) or tuple(labels.shape) != shape:
+        got = tuple(labels.shape) if isinstance(labels, torch.Tensor) else type(labels).__name__
+        raise ValueError(f"{name}: expected shape {shape} like input_ids, got {got}")
+    if labels.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{name}: expected an integer tensor, got dtype {labels.dtype}")
+    bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= V))
+    if bad.any():
+        raise ValueError(f"{name}: found {int(labels[bad][0])}; {name} must be in [0, {V - 1}] or -100 (ignored)")
+
+
+def next_token_targets(labels: torch.Tensor | None, shift_labels: torch.Tensor | None,
+                       mask: torch.Tensor | None, shape: tuple, V: int) -> torch.Tensor:
+    """Targets [B, T] aligned with the positions (position t predicts
+    targets[:, t]; -100 = no loss there).
+
+    labels: input_ids-aligned; shifted here, so the last position has no
+    target, and labels at padded positions (mask False) are ignored.
+    shift_labels: already shifted (what a loader of (x, y) windows yields),
+    used as they are. Exactly one of the two is given."""
+    if (labels is None) == (shift_labels is None):
+        raise ValueError("labels, shift_labels: give exactly one (labels are shifted inside, "
+                         "shift_labels are already shifted)")
+    if shift_labels is not None:
+        _check_labels("shift_labels", shift_labels, shape, V)
+        return shift_labels.long()
+    _check_labels("labels", labels, shape, V)
+    labels = labels.long()
+    if mask is not None:
+        labels = labels.masked_fill(~mask, IGNORE_INDEX)
+    return F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+
+
+def mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits [B, T, V] against position-aligned targets
+    (-100 ignored; 0 when every target is ignored)."""
+    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                            ignore_index=IGNORE_INDEX, reduction="sum")
+    return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Next-token cross-entropy: position t predicts labels[t + 1]. Targets
     equal to -100 or at padded positions (mask False) are ignored; the loss is
     the mean over the remaining targets (0 if there are none)."""
-    V = logits.shape[-1]
-    if labels.shape != logits.shape[:2]:
-        raise ValueError(f"labels: expected shape {tuple(logits.shape[:2])} like input_ids, got {tuple(labels.shape)}")
-    if labels.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"labels: expected an integer tensor, got dtype {labels.dtype}")
-    bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= V))
-    if bad.any():
-        raise ValueError(f"labels: found {int(labels[bad][0])}; labels must be in [0, {V - 1}] or -100 (ignored)")
-    if mask is not None:
-        labels = labels.masked_fill(~mask, IGNORE_INDEX)
-    target = labels[:, 1:].reshape(-1)  # [B (T-1)]
-    pred = logits[:, :-1].reshape(-1, V).float()  # [B (T-1), V]
-    total = F.cross_entropy(pred, target, ignore_index=IGNORE_INDEX, reduction="sum")
-    return total / (target != IGNORE_INDEX).sum().clamp(min=1)
+    B, T, V = logits.shape
+    return mean_cross_entropy(logits, next_token_targets(labels, None, mask, (B, T), V))
+
+
+def head_and_loss(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor | None, return_logits: bool | None,
+                  training: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(logits or None, mean loss or None) of an LM head over hidden [B, T, D].
+
+    return_logits None means: skip the logits exactly when a loss is computed
+    in training mode with gradients on (the usual training step). Without
+    logits the loss comes from the fused, chunked head + cross-entropy
+    (latte.ops.linear_cross_entropy), which never forms [B, T, V]."""
+    if return_logits is None:
+        return_logits = not (targets is not None and training and torch.is_grad_enabled())
+    if return_logits:
+        logits = head(hidden)
+        return logits, None if targets is None else mean_cross_entropy(logits, targets)
+    if targets is None:
+        raise ValueError("return_logits=False needs labels or shift_labels: there would be nothing to return")
+    if head.bias is not None:
+        raise ValueError("return_logits=False: the fused loss supports an LM head without bias")
+    total = linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, targets.reshape(-1),
+                                 ignore_index=IGNORE_INDEX)
+    return None, total / (targets != IGNORE_INDEX).sum().clamp(min=1)
 
 
 class LatteForCausalLM(PretrainedMixin, nn.Module):
-    """Causal language model. `forward(input_ids, *, labels=None, state=None,
-    use_cache=False, attention_mask=None) -> CausalLMOutput(loss, logits, state)`."""
+    """Causal language model. `forward(input_ids, *, labels=None, shift_labels=None,
+    state=None, use_cache=False, attention_mask=None, return_logits=None)
+    -> CausalLMOutput(loss, logits, state)`."""
 
     def __init__(self, config: LatteConfig):
         super().__init__()
@@ -64,16 +118,25 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
                 nn.init.normal_(self.lm_head.weight, 0.0, config.initializer_range)
 
     def forward(self, input_ids: torch.Tensor, *, labels: torch.Tensor | None = None,
-                state: LatteCache | None = None, use_cache: bool = False,
-                attention_mask: torch.Tensor | None = None) -> CausalLMOutput:
-        """Labels are input_ids-aligned (shifted inside, -100 ignored). The
-        state is returned when use_cache is set or a state was given."""
+                shift_labels: torch.Tensor | None = None, state: LatteCache | None = None,
+                use_cache: bool = False, attention_mask: torch.Tensor | None = None,
+                return_logits: bool | None = None) -> CausalLMOutput:
+        """labels are input_ids-aligned (shifted inside, -100 ignored);
+        shift_labels are already shifted (position t predicts shift_labels[:, t]).
+        The loss is the mean over the targets that are not -100.
+
+        return_logits: None (default) returns logits unless a loss is computed
+        in training mode with gradients enabled: then the fused chunked head +
+        cross-entropy is used and `logits` is None (a [B, T, V] tensor is
+        50257 x 4 bytes per token). True or False forces either way.
+        The state is returned when use_cache is set or a state was given."""
+        B, T = check_input_ids(input_ids, self.config.vocab_size)
+        mask = check_attention_mask(attention_mask, (B, T))
+        targets = None
+        if labels is not None or shift_labels is not None:
+            targets = next_token_targets(labels, shift_labels, mask, (B, T), self.config.vocab_size)
         hidden, state = self.model(input_ids, state=state, attention_mask=attention_mask, use_cache=use_cache)
-        logits = self.lm_head(hidden)  # [B, T, V]
-        loss = None
-        if labels is not None:
-            mask = check_attention_mask(attention_mask, tuple(input_ids.shape))
-            loss = causal_lm_loss(logits, labels, mask)
+        logits, loss = head_and_loss(hidden, self.lm_head, targets, return_logits, self.training)
         return CausalLMOutput(loss, logits, state)
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:

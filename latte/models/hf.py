@@ -44,7 +44,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutput
 
 from .cache import LatteCache
-from .causal_lm import LatteForCausalLM, causal_lm_loss
+from .causal_lm import LatteForCausalLM, head_and_loss, next_token_targets
 from .classification import LatteForSequenceClassification, pool
 from .config import LatteConfig
 from .modeling import MLP, LatteModel, check_attention_mask, init_module
@@ -204,10 +204,14 @@ class LatteHFForCausalLM(LatteHFPreTrainedModel, GenerationMixin):
             attention_mask = attention_mask[:, -T:]  # generate passes the mask of the whole sequence
         state = None if past_key_values is None else past_key_values.latte
         hidden, state = self.model(input_ids, state=state, attention_mask=attention_mask, use_cache=use_cache)
-        logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        shift_labels = kwargs.get("shift_labels")
         loss = None
-        if labels is not None:
-            loss = causal_lm_loss(logits, labels, check_attention_mask(attention_mask, tuple(input_ids.shape)))
+        if labels is None and shift_labels is None:
+            logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        else:  # the native model's loss: fused head + cross-entropy when training
+            mask = check_attention_mask(attention_mask, tuple(input_ids.shape))
+            targets = next_token_targets(labels, shift_labels, mask, tuple(input_ids.shape), self.config.vocab_size)
+            logits, loss = head_and_loss(hidden, self.lm_head, targets, None, self.training)
         cache = None
         if use_cache:
             cache = past_key_values if past_key_values is not None else LatteHFCache()

@@ -8,6 +8,7 @@ the input dtype. Every function here has a float64 reference in
 from . import reference
 from .bidirectional import latte_bidirectional
 from .causal import LatteState, latte_causal, latte_causal_step
+from .cross_entropy import linear_cross_entropy
 from .linear_attention import LinearAttentionState, linear_attention, linear_attention_step
 from .macchiato import MacchiatoState, macchiato, macchiato_step
 from .recurrence import linear_recurrence
@@ -28,6 +29,7 @@ __all__ = [
     "latte_causal_step",
     "linear_attention",
     "linear_attention_step",
+    "linear_cross_entropy",
     "linear_recurrence",
     "macchiato",
     "macchiato_step",

@@ -149,3 +149,9 @@ def linear_attention(q, k, v, *, causal=True, initial_state=None, mask=None):
         den = den + torch.einsum("bthe,bhe->bth", q, z0)
         S, z = S + S0, z + z0
     return num / (den.unsqueeze(-1) + EPS), (S, z)
+
+
+def linear_cross_entropy(hidden, weight, targets, ignore_index=-100):
+    """Summed cross-entropy of the full logits hidden @ weight.T (float64)."""
+    logits = hidden.to(f64) @ weight.to(f64).t()  # [N, V]
+    return torch.nn.functional.cross_entropy(logits, targets.long(), ignore_index=ignore_index, reduction="sum")

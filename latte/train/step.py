@@ -1,9 +1,9 @@
 """One optimizer step: micro-batches, loss, gradients, the non-finite guard.
 
 Loss. The loader's labels are ALREADY shifted (labels[:, t] is the token
-after input_ids[:, t]), so the model is called with labels=None (it would
-shift them a second time) and the cross-entropy is computed here, summed
-over tokens. Each micro-batch's summed loss is divided by the GLOBAL number
+after input_ids[:, t]), so the model is given them as shift_labels (labels
+would be shifted a second time) and computes the mean loss with its fused
+head + cross-entropy; times the micro-batch's target count it is the sum. Each micro-batch's summed loss is divided by the GLOBAL number
 of target tokens of the step (all ranks, all micro-batches, counted first),
 so the gradient is exactly that of the token-weighted mean loss of the whole
 global batch: no average of averages, and 2 ranks x batch b gives the same
@@ -24,7 +24,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from latte.train.distributed import DistEnv, all_reduce, gradient_sync
@@ -53,13 +52,14 @@ class StepResult:
         return self.loss_sum / max(self.tokens, 1)
 
 
-def summed_cross_entropy(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def summed_loss(model: nn.Module, input_ids_BT: torch.Tensor, labels_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of the next-token losses in float32, number of targets) for labels
-    that are already shifted; -100 is ignored."""
-    V = logits_BTV.shape[-1]
-    loss = F.cross_entropy(logits_BTV.reshape(-1, V).float(), labels_BT.reshape(-1),
-                           ignore_index=IGNORE_INDEX, reduction="sum")
-    return loss, (labels_BT != IGNORE_INDEX).sum()
+    that are already shifted; -100 is ignored. The model computes it with its
+    fused head + cross-entropy (no [B, T, V] logits), inside its forward so
+    that DDP and FSDP2 see one ordinary forward."""
+    count = (labels_BT != IGNORE_INDEX).sum()
+    mean = model(input_ids_BT, shift_labels=labels_BT, return_logits=False).loss
+    return mean * count.clamp(min=1), count
 
 
 def _grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
@@ -97,8 +97,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, input_ids: to
     for i, (x_BT, y_BT) in enumerate(micro):
         with gradient_sync(model, enabled=i == len(micro) - 1):
             with autocast:
-                logits_BTV = model(x_BT).logits  # labels=None: ours are pre-shifted
-            loss_sum, _ = summed_cross_entropy(logits_BTV, y_BT)
+                loss_sum, _ = summed_loss(model, x_BT, y_BT)
             if inject_nan:
                 loss_sum = loss_sum * float("nan")
             (loss_sum * scale).backward()

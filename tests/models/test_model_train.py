@@ -62,6 +62,48 @@ def test_paper_table6_preset_forward_backward_at_512(mixer):
     print(f"\nTable 6 preset, mixer={mixer}: {n:,} parameters "
           f"({model.num_parameters(exclude_embeddings=True):,} without embeddings), "
           f"forward+backward at T=512: {time.perf_counter() - t:.2f}s")
-    assert out.logits.shape == (1, 512, 50257) and torch.isfinite(out.loss)
+    assert out.logits is None and torch.isfinite(out.loss)  # training: the fused loss skips logits
     assert abs(out.loss.item() - 10.8) < 1.0  # ~ln(50257) at init
     assert 45e6 < n < 60e6
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_fused_training_loss_equals_the_logits_path(make_lm, make_ids, tie):
+    """Training mode skips the [B, T, V] logits (fused head + cross-entropy);
+    loss and every gradient equal those of the plain logits path."""
+    x = make_ids(3, 17)
+    mask = torch.ones(3, 17, dtype=torch.bool)
+    mask[2, :4] = False
+    grads = []
+    for return_logits in (False, True):
+        model = make_lm("macchiato", tie_embeddings=tie, dropout=0.0).train()
+        out = model(x, labels=x, attention_mask=mask, return_logits=return_logits)
+        assert (out.logits is None) == (not return_logits)
+        out.loss.backward()
+        grads.append((out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-5, atol=1e-6)
+    for n, g in grads[1][1].items():
+        torch.testing.assert_close(grads[0][1][n], g, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_logits_default_by_mode(make_lm, make_ids):
+    model, x = make_lm("latte"), make_ids(2, 9)
+    assert model.train()(x, labels=x).logits is None  # training with gradients: fused
+    assert model(x).logits.shape == (2, 9, 64)  # no labels: logits
+    with torch.no_grad():
+        assert model(x, labels=x).logits is not None
+    assert model.eval()(x, labels=x).logits is not None
+
+
+def test_shift_labels_equal_labels_shifted_inside(make_lm, make_ids):
+    model = make_lm("latte").eval()
+    w = make_ids(2, 12)
+    ref = model(w, labels=w).loss
+    y = torch.nn.functional.pad(w[:, 1:], (0, 1), value=-100)
+    torch.testing.assert_close(model(w, shift_labels=y).loss, ref)
+    with pytest.raises(ValueError, match="labels, shift_labels: give exactly one"):
+        model(w, labels=w, shift_labels=y)
+    with pytest.raises(ValueError, match="shift_labels: found 64"):
+        model(w, shift_labels=torch.full_like(w, 64))
+    with pytest.raises(ValueError, match="return_logits=False needs labels"):
+        model(w, return_logits=False)
