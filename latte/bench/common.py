@@ -69,6 +69,27 @@ def time_call(fn, *, repeats: int = 5, warmup: int = 1, cap_s: float | None = No
     }
 
 
+def time_interleaved(fns: dict, *, repeats: int = 5, warmup: int = 1) -> dict:
+    """time_call for several functions in rounds (a, b, c, a, b, c, ...), so
+    that drift on a shared machine (other jobs, the allocator warming up)
+    lands on all of them alike and their ratios stay meaningful."""
+    if repeats < 5:
+        raise ValueError(f"repeats: expected >= 5, got {repeats}")
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {name: {"median_ms": statistics.median(ts), "min_ms": min(ts), "repeats": repeats, "warmup": warmup,
+                   "times_ms": [round(t, 4) for t in ts], "loadavg_1min": load, "interleaved": True}
+            for name, ts in times.items()}
+
+
 def skipped(reason: str) -> dict:
     return {"skipped": True, "reason": reason}
 

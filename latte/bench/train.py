@@ -44,7 +44,10 @@ def make_config(mixer: str, quick: bool, seq: int):
     return LatteConfig.paper_table6(mixer=mixer, max_position_embeddings=max(512, seq))
 
 
-def bench_point(mixer: str, seq: int, args) -> dict:
+def build_point(mixer: str, seq: int, args) -> dict:
+    """A model, optimizer and batch for one (mixer, sequence), and two calls:
+    one training step, and forward+backward of the first attention layer alone
+    on a batch of the same shape (times num_layers: the step's attention share)."""
     from latte.models import LatteForCausalLM
 
     cfg = make_config(mixer, args.quick, seq)
@@ -54,20 +57,49 @@ def bench_point(mixer: str, seq: int, args) -> dict:
     batch = max(1, args.tokens_per_step // seq)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
+    x = torch.randn(batch, seq, cfg.dim, generator=g, requires_grad=True)
+    layer = model.model.blocks[0].mixer
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = model(ids, labels=ids).loss
+        loss = model(ids, labels=ids).loss  # train mode: the fused head + loss
         loss.backward()
         opt.step()
 
-    t = common.time_call(step, repeats=args.repeats, warmup=args.warmup)
-    tokens = batch * seq
-    return {
-        "mixer": mixer, "seq": seq, "batch": batch, "tokens_per_step": tokens,
-        "params": sum(p.numel() for p in model.parameters()), **t,
-        "tokens_per_s": tokens / (t["median_ms"] / 1e3),
-    }
+    def attention():
+        y, _ = layer(x)
+        y.sum().backward()
+
+    return {"mixer": mixer, "seq": seq, "batch": batch, "tokens_per_step": batch * seq,
+            "num_layers": cfg.num_layers, "params": sum(p.numel() for p in model.parameters()),
+            "step": step, "attention": attention}
+
+
+def bench_seq(seq: int, args) -> list[dict]:
+    """All mixers at one sequence length, timed in interleaved rounds."""
+    points, rows = {}, []
+    for m in args.mixers:
+        try:
+            points[m] = build_point(m, seq, args)
+        except (ImportError, ValueError, RuntimeError) as e:  # model code missing, OOM
+            rows.append({"mixer": m, "seq": seq, **common.skipped(f"unavailable: {type(e).__name__}: {e}")})
+    steps = common.time_interleaved({m: p["step"] for m, p in points.items()},
+                                    repeats=args.repeats, warmup=args.warmup)
+    layers = common.time_interleaved({m: p["attention"] for m, p in points.items()},
+                                     repeats=args.repeats, warmup=args.warmup)
+    for m, p in points.items():
+        t = steps[m]
+        attn_ms = layers[m]["median_ms"] * p["num_layers"]
+        rows.append({
+            **{k: v for k, v in p.items() if k not in ("step", "attention")}, **t,
+            "tokens_per_s": p["tokens_per_step"] / (t["median_ms"] / 1e3),
+            "attention_layer_ms": layers[m]["median_ms"], "attention_ms": attn_ms,
+            "attention_share": attn_ms / t["median_ms"],
+        })
+        print(f"  {m:10s} seq={seq:5d} batch={p['batch']:3d} {t['median_ms'] / 1e3:7.2f} s/step "
+              f"{rows[-1]['tokens_per_s']:9.0f} tok/s  attention layers {attn_ms / 1e3:6.2f} s", flush=True)
+    points.clear()
+    return rows
 
 
 def _model_dict(args) -> dict | None:
@@ -81,19 +113,11 @@ def _model_dict(args) -> dict | None:
 def run(args) -> dict:
     common.set_threads(args.threads)
     info = common.machine_info()
-    rows, status = [], {}
-    for m in args.mixers:
-        status[m] = "ok"
-        for seq in args.seqs:
-            try:
-                rows.append(bench_point(m, seq, args))
-                r = rows[-1]
-                print(f"  {m:10s} seq={seq:5d} batch={r['batch']:3d} {r['median_ms'] / 1e3:7.2f} s/step "
-                      f"{r['tokens_per_s']:9.0f} tok/s", flush=True)
-            except (ImportError, ValueError, RuntimeError) as e:  # model code missing, OOM
-                reason = f"unavailable: {type(e).__name__}: {e}"
-                status[m] = reason if isinstance(e, ImportError) else status[m]
-                rows.append({"mixer": m, "seq": seq, **common.skipped(reason)})
+    rows = []
+    for seq in args.seqs:
+        rows += bench_seq(seq, args)
+    status = {m: next((r["reason"] for r in rows if r["mixer"] == m and r.get("skipped")), "ok")
+              for m in args.mixers}
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return {
         "benchmark": "train", "machine": info,
@@ -102,16 +126,33 @@ def run(args) -> dict:
             "mixers": args.mixers, "tokens_per_step": args.tokens_per_step, "repeats": args.repeats,
             "warmup": args.warmup, "optimizer": "AdamW(lr=5e-4, weight_decay=0.01)",
             "model": _model_dict(args),
-            "timing": "wall clock of zero_grad + forward(labels) + backward + AdamW.step",
+            "timing": "wall clock of zero_grad + forward(labels) + backward + AdamW.step; mixers "
+                      "interleaved round by round; attention = first mixer layer fwd+bwd x num_layers",
         },
         "mixers": status, "results": rows,
     }
 
 
+def _ratio_notes(cell: dict, seqs: list, mixer: str = "macchiato", base: str = "softmax") -> list[str]:
+    """mixer / base throughput per sequence, and the most it could be if the
+    mixer's attention layers cost nothing (everything else unchanged)."""
+    notes = []
+    for s in seqs:
+        a, b = cell.get((mixer, s)), cell.get((base, s))
+        if not a or not b or a.get("skipped") or b.get("skipped"):
+            continue
+        rest = max(a["median_ms"] - a["attention_ms"], 1e-9)
+        notes.append(f"- seq {s}: {mixer} / {base} tokens/s = {b['median_ms'] / a['median_ms']:.2f}x. "
+                     f"Attention layers are {a['attention_share']:.0%} of the {mixer} step and "
+                     f"{b['attention_share']:.0%} of the {base} step; with zero-cost attention layers "
+                     f"{mixer} could reach at most {b['median_ms'] / rest:.2f}x.")
+    return notes
+
+
 def markdown(res: dict) -> str:
     m, cfg = res["machine"], res["config"]
     cell = {(r["mixer"], r["seq"]): r for r in res["results"]}
-    hdr = ["mixer", "params (M)"] + [f"seq {s}: batch / s per step / tok/s" for s in cfg["seqs"]]
+    hdr = ["mixer", "params (M)"] + [f"seq {s}: batch / s per step / tok/s / attention share" for s in cfg["seqs"]]
     rows = []
     for mx in cfg["mixers"]:
         ok = [cell[(mx, s)] for s in cfg["seqs"] if not cell.get((mx, s), {"skipped": True}).get("skipped")]
@@ -119,13 +160,17 @@ def markdown(res: dict) -> str:
         for s in cfg["seqs"]:
             r = cell.get((mx, s))
             row.append("skip" if r is None or r.get("skipped") else
-                       f"{r['batch']} / {r['median_ms'] / 1e3:.2f} / {r['tokens_per_s']:,.0f}")
+                       f"{r['batch']} / {r['median_ms'] / 1e3:.2f} / {r['tokens_per_s']:,.0f} / "
+                       f"{r.get('attention_share', float('nan')):.0%}")
         rows.append(row)
     out = [f"# latte bench train ({'quick, tiny model' if cfg['quick'] else 'Table 6 preset'})", "",
-           f"{m['cpu_model']}, torch {m['torch']}, {m['threads']} threads, fp32; one AdamW step, median of "
-           f"{cfg['repeats']} steps.", "", common.md_table(hdr, rows)]
+           f"{m['cpu_model']}, torch {m['torch']}, {m['threads']} threads, fp32; one AdamW step (fused LM "
+           f"head + loss), median of {cfg['repeats']} steps, mixers interleaved round by round. Attention "
+           f"share = forward+backward of one mixer layer alone x layers / step time.", "",
+           common.md_table(hdr, rows)]
+    notes = _ratio_notes(cell, cfg["seqs"])
     skips = [f"- {r['mixer']} @ {r['seq']}: {r['reason']}" for r in res["results"] if r.get("skipped")]
-    return "\n".join(out + ([""] + skips if skips else [])) + "\n"
+    return "\n".join(out + ([""] + notes if notes else []) + ([""] + skips if skips else [])) + "\n"
 
 
 def plot(res: dict, path) -> bool:

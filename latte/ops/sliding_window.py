@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from ._checks import check_mask, check_positive_int, check_rank, check_same, check_shape, state_dtype
 
@@ -72,6 +73,126 @@ def check_window_state(state, q, k, v, window_size, name="initial_state"):
     check_mask(f"{name}.mask", state.mask, (B, P))
 
 
+# One segment's score tensor holds about this many floats (16 MB), as in the
+# chunked Latte kernel; the query block Q is 64 (keys per block: Q + W - 1).
+_SEGMENT_ELEMS = 1 << 22
+_QBLOCK = 64
+
+
+def _segments(X, N, per_block):
+    """(x0, x1, n0, n1) ranges of [X, N, ...] tensors, each a contiguous slab:
+    several whole rows x when a row fits, else one row cut into block ranges."""
+    if N * per_block <= _SEGMENT_ELEMS:
+        step = max(1, _SEGMENT_ELEMS // (N * per_block))
+        return [(x0, min(X, x0 + step), 0, N) for x0 in range(0, X, step)]
+    step = max(1, _SEGMENT_ELEMS // per_block)
+    return [(x, x + 1, n0, min(N, n0 + step)) for x in range(X) for n0 in range(0, N, step)]
+
+
+def _scores(q, k, key_ok, K, Q, scale, seg):
+    """Scores of one segment with the mask added (0 / -inf):
+    q [X, N, G*Q, E], k [X, N, J, E], key_ok [B, N, J] (X = B * K, query rows
+    ordered (g, r)) -> [x1 - x0, n1 - n0, G*Q, J]."""
+    x0, x1, n0, n1 = seg
+    J = k.shape[2]
+    r = torch.arange(Q, device=q.device)[:, None]
+    j = torch.arange(J, device=q.device)[None, :]
+    band, own = (j >= r) & (j <= r + J - Q), j == r + J - Q  # own key: always visible
+    rows = torch.arange(x0, x1, device=q.device) // K  # batch row of each x
+    ok = (band & key_ok[rows, n0:n1, None, :]) | own  # [x, n, Q, J]
+    qs, ks = q[x0:x1, n0:n1], k[x0:x1, n0:n1]
+    s = torch.bmm(qs.flatten(0, 1), ks.flatten(0, 1).transpose(1, 2)).mul_(scale)
+    s = s.view(x1 - x0, n1 - n0, -1, Q, J).masked_fill_(~ok[:, :, None], float("-inf"))
+    return s.view(x1 - x0, n1 - n0, -1, J)
+
+
+def _bmm(a, b, out, ta=False, tb=False):
+    """out [x, n, i, k] = a @ b over the flattened batch (x, n); ta / tb use
+    a / b transposed (strided views: bmm takes them without a copy)."""
+    a, b = a.flatten(0, 1), b.flatten(0, 1)
+    torch.bmm(a.transpose(1, 2) if ta else a, b.transpose(1, 2) if tb else b, out=out.flatten(0, 1))
+    return out
+
+
+class KeyBlocks(torch.autograd.Function):
+    """x [X, P + N*Q, W] (head-major) -> the overlapping blocks
+    [X, N, Q + P, W], block n = positions [nQ, nQ + Q + P). The backward adds
+    the blocks back in ceil((Q + P) / Q) tiled passes."""
+
+    @staticmethod
+    def forward(ctx, x, Q, P):
+        X, TT, W = x.shape
+        ctx.Q, ctx.shape = Q, x.shape
+        N = (TT - P) // Q
+        x = x.contiguous()  # as_strided below assumes it
+        return x.as_strided((X, N, Q + P, W), (TT * W, Q * W, W, 1)).contiguous()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d):
+        Q, (X, TT, W) = ctx.Q, ctx.shape
+        N, J = d.shape[1], d.shape[2]
+        out = d.new_zeros(X, TT, W)
+        for m0 in range(0, J, Q):  # slots [m0, m0 + Q) of block n: positions nQ + m0 + (0 .. Q-1)
+            tile = d[:, :, m0:m0 + Q]
+            tile = F.pad(tile, (0, 0, 0, Q - tile.shape[2])).reshape(X, N * Q, W)
+            n = min(N * Q, TT - m0)
+            out[:, m0:m0 + n] += tile[:, :n]
+        return out, None, None
+
+
+class WindowBlocks(torch.autograd.Function):
+    """Blocked window softmax with recomputation (the FlashAttention recipe
+    at block granularity): only q, k, v, y and lse are saved; each segment's
+    probabilities are rebuilt in the backward.
+
+    (q [X, N, G*Q, E], k [X, N, J, E], v [X, N, J, D], key_ok [B, N, J] bool,
+    K, Q, scale) -> (y [X, N, G*Q, D], lse [X, N, G*Q]), J = Q + P.
+    Gradient of a row with p = softmax(s):  ds = p (dy v^T - dy . y + dlse).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, key_ok, K, Q, scale):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # segments are views of one slab
+        X, N, GQ, _ = q.shape
+        segments = _segments(X, N, GQ * k.shape[2])
+        y = v.new_empty(X, N, GQ, v.shape[-1])
+        lse = q.new_empty(X, N, GQ)
+        for seg in segments:
+            x0, x1, n0, n1 = seg
+            p = _scores(q, k, key_ok, K, Q, scale, seg)
+            m = p.amax(-1, keepdim=True)  # finite: every row sees its own key
+            p.sub_(m).exp_()
+            total = p.sum(-1, keepdim=True)
+            lse[x0:x1, n0:n1] = (m + total.log()).squeeze(-1)
+            _bmm(p.div_(total), v[x0:x1, n0:n1], y[x0:x1, n0:n1])
+        ctx.save_for_backward(q, k, v, key_ok, y, lse)
+        ctx.K, ctx.Q, ctx.scale, ctx.segments = K, Q, scale, segments
+        return y, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dlse):
+        q, k, v, key_ok, y, lse = ctx.saved_tensors
+        K, Q, scale = ctx.K, ctx.Q, ctx.scale
+        dy = torch.zeros_like(y) if dy is None else dy.contiguous()
+        row = (dy * y).sum(-1)  # [X, N, G*Q]
+        if dlse is not None:
+            row = row - dlse
+        dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+        for seg in ctx.segments:
+            x0, x1, n0, n1 = seg
+            at = (slice(x0, x1), slice(n0, n1))
+            p = _scores(q, k, key_ok, K, Q, scale, seg)
+            p.sub_(lse[at].unsqueeze(-1)).exp_()
+            _bmm(p, dy[at], dv[at], ta=True)
+            ds = _bmm(dy[at], v[at], torch.empty_like(p), tb=True)
+            ds.sub_(row[at].unsqueeze(-1)).mul_(p).mul_(scale)
+            _bmm(ds, k[at], dq[at])
+            _bmm(ds, q[at], dk[at], ta=True)
+        return dq, dk, dv, None, None, None, None
+
+
 def _blocked(q, k, v, window_size, scale, mask, state, lengths=None):
     """Core in the work dtype: returns (y [B,T,H,D], lse [B,T,H], WindowState).
 
@@ -93,25 +214,24 @@ def _blocked(q, k, v, window_size, scale, mask, state, lengths=None):
         idx = lengths.to(q.device)[:, None] + torch.arange(P, device=q.device)[None, :]  # [B, P]
         take = lambda x: x.gather(1, idx.view(B, P, *([1] * (x.dim() - 2))).expand(B, P, *x.shape[2:]))
         new_state = WindowState(take(kk), take(vv), take(km))
-    Q = min(T, max(window_size, 16))
+    Q = min(T, _QBLOCK)
     N = -(-T // Q)
     pad = N * Q - T
-    qq = F.pad(q.to(work), (0, 0, 0, 0, 0, pad)).view(B, N, Q, K, G, E)
-    kk, vv = F.pad(kk, (0, 0, 0, 0, 0, pad)), F.pad(vv, (0, 0, 0, 0, 0, pad))
-    km = F.pad(km, (0, pad))
-    kb = kk.unfold(1, Q + P, Q)  # [B, N, K, E, Q + P]
-    vb = vv.unfold(1, Q + P, Q)  # [B, N, K, D, Q + P]
-    mb = km.unfold(1, Q + P, Q)  # [B, N, Q + P]
-    s = torch.einsum("bnqkge,bnkej->bnkgqj", qq, kb) * scale  # [B, N, K, G, Q, Q + P]
-    r = torch.arange(Q, device=q.device)[:, None]
-    j = torch.arange(Q + P, device=q.device)[None, :]
-    band = (j >= r) & (j <= r + P)  # key j is in query r's window
-    valid = (band & mb[:, :, None, :]) | (j == r + P)  # [B, N, Q, Q + P]; own key always
-    s = s.masked_fill(~valid[:, :, None, None], float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)  # [B, N, K, G, Q], finite: own key is valid
-    p = torch.exp(s - lse.unsqueeze(-1))
-    y = torch.einsum("bnkgqj,bnkdj->bnqkgd", p, vb).reshape(B, N * Q, H, D)[:, :T]
-    lse = lse.permute(0, 1, 4, 2, 3).reshape(B, N * Q, H)[:, :T]
+
+    def head_major(x):  # [B, P + T, K, W] -> [B * K, P + N * Q, W], zero-padded at the end
+        return F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(1, 2).reshape(B * K, -1, x.shape[-1])
+
+    # block n: queries [nQ, nQ + Q) see keys [nQ - P, nQ + Q) = J = Q + P slots
+    qb = F.pad(q.to(work), (0, 0, 0, 0, 0, pad)).view(B, N, Q, K, G, E).permute(0, 3, 1, 4, 2, 5)
+    key_ok = F.pad(km, (0, pad)).unfold(1, Q + P, Q)  # [B, N, J]
+    y, lse = WindowBlocks.apply(
+        qb.reshape(B * K, N, G * Q, E),
+        KeyBlocks.apply(head_major(kk), Q, P),  # [B * K, N, J, E]
+        KeyBlocks.apply(head_major(vv), Q, P),  # [B * K, N, J, D]
+        key_ok.contiguous(), K, Q, scale,
+    )
+    y = y.view(B, K, N, G, Q, D).permute(0, 2, 4, 1, 3, 5).reshape(B, N * Q, H, D)[:, :T]
+    lse = lse.view(B, K, N, G, Q).permute(0, 2, 4, 1, 3).reshape(B, N * Q, H)[:, :T]
     return y, lse, new_state
 
 

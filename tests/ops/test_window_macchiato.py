@@ -28,10 +28,13 @@ def test_window_matches_reference_forward_and_grad(T, W, K):
     y, lse, _ = sliding_window_attention_lse(q, k, v, window_size=W)
     y_ref, lse_ref = R.sliding_window_attention(q, k, v, W)
     assert rel_err(y, y_ref) < 1e-12 and rel_err(lse, lse_ref) < 1e-12
-    _, g = grads_of(lambda q, k, v: sliding_window_attention(q, k, v, window_size=W)[0], [q, k, v])
-    _, g_ref = grads_of(lambda q, k, v: R.sliding_window_attention(q, k, v, W)[0], [q, k, v])
+    # gradients through both outputs (Macchiato's joint mix uses lse);
+    # floor: with T = 1 or W = 1 the exact dq, dk are 0 and ours are ~1e-17
+    both = lambda y, lse, *_: torch.cat([y.flatten(), lse.flatten()])
+    _, g = grads_of(lambda q, k, v: both(*sliding_window_attention_lse(q, k, v, window_size=W)), [q, k, v])
+    _, g_ref = grads_of(lambda q, k, v: both(*R.sliding_window_attention(q, k, v, W)), [q, k, v])
     for x, xr in zip(g, g_ref):
-        assert rel_err(x, xr) < 1e-10
+        assert rel_err(x, xr, floor=1e-4) < 1e-10
     y32, _ = sliding_window_attention(q.float(), k.float(), v.float(), window_size=W)
     assert rel_err(y32, y_ref) < 1e-5
 
