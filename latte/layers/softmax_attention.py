@@ -93,13 +93,16 @@ class SoftmaxAttention(nn.Module):
             v = torch.cat([state.v.to(v.dtype), v], 1)
             key_mask = torch.cat([state.mask, key_mask], 1)
         new_state = KVCache(k, v, key_mask, pos) if self.causal else None
-        # [B, L, K, E] -> [B, H, L, E]: query head h uses KV head h // (H / K)
-        kh, vh = (t.repeat_interleave(H // K, dim=2).transpose(1, 2) for t in (k, v))
+        # [B, L, K, E] -> [B, K, L, E]; SDPA maps query head h to KV head h // (H / K)
+        kh, vh = k.transpose(1, 2), v.transpose(1, 2)
+        gqa = dict(enable_gqa=True) if H != K else {}
         if mask is None and state is None:  # plain causal / full attention: fast path
-            y = F.scaled_dot_product_attention(q.transpose(1, 2), kh, vh, is_causal=self.causal)
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), kh, vh, is_causal=self.causal, **gqa)
+        elif T == 1 and mask is None and bool(key_mask.all()):  # decoding, no padding: sees every key
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), kh, vh, **gqa)
         else:
             allowed = _allowed(key_mask, T, self.causal)  # [B, 1, T, S + T]
-            y = F.scaled_dot_product_attention(q.transpose(1, 2), kh, vh, attn_mask=allowed)
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), kh, vh, attn_mask=allowed, **gqa)
         y = self.dropout(self.o_proj(y.transpose(1, 2).flatten(2)))  # [B, H, T, E] -> [B, T, dim]
         return y, new_state
 

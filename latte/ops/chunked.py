@@ -152,8 +152,8 @@ def _backward_segment(q, b, v, S_before, z0, dy, init):
         Ms, dys, Sbs, eps, qs = _sel(bad, M, dy, S_before, e_prev, q)
         u = _overwrite(u, bad, (dys @ Sbs.transpose(-1, -2)) * eps + torch.einsum("mtsl,mts->mtl", E, Ms))
     qu = q * u
-    upper = torch.ones(C, C, dtype=q.dtype, device=q.device).triu_()  # sums over t >= s
-    db = k_f * (M.transpose(-1, -2) @ (q * qz) - upper @ (qz * qu))
+    suffix = (qz * qu).flip(2).cumsum(2).flip(2)  # sums over t >= s inside the chunk
+    db = k_f * (M.transpose(-1, -2) @ (q * qz) - suffix)
     if bad is not None:
         w_bad = torch.einsum("mtsl,mtl->mts", E, qs)
         dv = _overwrite(dv, bad, w_bad.transpose(-1, -2) @ dys)
