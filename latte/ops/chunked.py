@@ -112,20 +112,28 @@ def _segments(G, N, C, width):
     return [(n0, min(N, n0 + n)) for n0 in range(0, N, n)]
 
 
+def _add_bmm(out, a, b):
+    """out += a @ b in place, for [G, n, i, j] @ [G, n, j, k] (out contiguous)."""
+    G, n = a.shape[:2]
+    out.view(G * n, *out.shape[2:]).baddbmm_(a.reshape(G * n, *a.shape[2:]), b.reshape(G * n, *b.shape[2:]))
+
+
 def _forward_segment(q, b, v, S0, z0):
     """One segment: q, b [G, n, C, L], v [G, n, C, D] (views), state (S0, z0)
     -> (y [G, n, C, D], S_before [G, n, L, D], S_last, z_last)."""
     G, n, C, L = q.shape
     z, z_end, z_prev, r, bad = _log_normalisers(b.reshape(G, n * C, L), z0, C)
-    K = torch.exp(b - z_end.unsqueeze(2)).transpose(-1, -2) @ v  # [G, n, L, D] chunk sums at chunk end
+    K = (b - z_end.unsqueeze(2)).exp_().transpose(-1, -2) @ v  # [G, n, L, D] chunk sums at chunk end
     g = torch.exp(z_prev - z_end).unsqueeze(-1)  # [G, n, L, 1] chunk decay
     S_all, S_last = _scan(K, g, S0, _SCAN_CHUNK)
     S_before = torch.cat([S0.unsqueeze(1), S_all[:, :-1]], 1)  # [G, n, L, D]
-    q_prev = q * torch.exp(z_prev.unsqueeze(2) - z)  # [G, n, C, L]
+    # (in-place exp / mul on fresh temporaries: each saved pass over a
+    # [G, n, C, L] tensor is measurable on a memory-bound CPU)
+    q_prev = (z_prev.unsqueeze(2) - z).exp_().mul_(q)  # [G, n, C, L]
     y = q_prev @ S_before  # inter-chunk: [G, n, C, D]
-    k_f = torch.exp((b - r).clamp(max=SPREAD_LIMIT))  # clamp: a no-op where used
-    w = ((q * torch.exp(r - z)) @ k_f.transpose(-1, -2)).tril_()  # [G, n, C(t), C(s)]
-    y += w @ v
+    k_f = (b - r).clamp_(max=SPREAD_LIMIT).exp_()  # clamp: a no-op where used
+    w = ((r - z).exp_().mul_(q) @ k_f.transpose(-1, -2)).tril_()  # [G, n, C(t), C(s)]
+    _add_bmm(y, w, v)
     if bad is not None:
         E = _log_space_weights(b, z, bad)  # [M, C, C, L]
         qs, vs, qps, Sbs = _sel(bad, q, v, q_prev, S_before)
@@ -139,21 +147,25 @@ def _backward_segment(q, b, v, S_before, z0, dy, init):
     G, n, C, L = q.shape
     D = v.shape[-1]
     z, z_end, z_prev, r, bad = _log_normalisers(b.reshape(G, n * C, L), z0, C)
-    e_prev = torch.exp(z_prev.unsqueeze(2) - z)  # [G, n, C, L] decay since the chunk start
-    qz = torch.exp(r - z)
-    k_f = torch.exp((b - r).clamp(max=SPREAD_LIMIT))
+    e_prev = (z_prev.unsqueeze(2) - z).exp_()  # [G, n, C, L] decay since the chunk start
+    qz = (r - z).exp_()
+    k_f = (b - r).clamp_(max=SPREAD_LIMIT).exp_()
     M = (dy @ v.transpose(-1, -2)).tril_()  # [G, n, C(t), C(s)]: dy_t . v_s, s <= t
     # u = dy . Vbar: the gradient w.r.t. q
-    u = (dy @ S_before.transpose(-1, -2)) * e_prev + qz * (M @ k_f)
-    w = ((q * qz) @ k_f.transpose(-1, -2)).tril_()
+    u = (dy @ S_before.transpose(-1, -2)).mul_(e_prev).addcmul_(qz, M @ k_f)
+    q_qz = q * qz
+    w = (q_qz @ k_f.transpose(-1, -2)).tril_()
     dv = w.transpose(-1, -2) @ dy  # [G, n, C, D]
     if bad is not None:
         E = _log_space_weights(b, z, bad)
         Ms, dys, Sbs, eps, qs = _sel(bad, M, dy, S_before, e_prev, q)
         u = _overwrite(u, bad, (dys @ Sbs.transpose(-1, -2)) * eps + torch.einsum("mtsl,mts->mtl", E, Ms))
     qu = q * u
-    suffix = (qz * qu).flip(2).cumsum(2).flip(2)  # sums over t >= s inside the chunk
-    db = k_f * (M.transpose(-1, -2) @ (q * qz) - suffix)
+    # sums over t >= s inside the chunk: one batched matmul with a stride-0
+    # triangular operand (a broadcast `upper @ x` would copy it per chunk)
+    upper = torch.ones(C, C, dtype=q.dtype, device=q.device).triu_()
+    suffix = torch.bmm(upper.expand(G * n, C, C), qz.mul_(qu).flatten(0, 1)).view(G, n, C, L)
+    db = (M.transpose(-1, -2) @ q_qz).sub_(suffix).mul_(k_f)
     if bad is not None:
         w_bad = torch.einsum("mtsl,mtl->mts", E, qs)
         dv = _overwrite(dv, bad, w_bad.transpose(-1, -2) @ dys)
@@ -162,13 +174,13 @@ def _backward_segment(q, b, v, S_before, z0, dy, init):
     # reverse states over chunks: R_{n-1} = g_n R_n + (local sum over chunk n)
     g = torch.exp(z_prev - z_end)  # [G, n, L]
     Lv = (q * e_prev).transpose(-1, -2) @ dy  # [G, n, L, D]
-    Lq = (e_prev * qu).sum(2)  # [G, n, L]
+    Lq = e_prev.mul_(qu).sum(2)  # [G, n, L]
     R, R_first = _scan(torch.cat([Lv, Lq.unsqueeze(-1)], -1).flip(1), g.flip(1).unsqueeze(-1), init, _SCAN_CHUNK)
     R_after = torch.cat([R.flip(1)[:, 1:], init.unsqueeze(1)], 1)  # reverse state after chunk n
     Rv, Rq = R_after[..., :D], R_after[..., D]  # [G, n, L, D], [G, n, L]
-    k_end = torch.exp(b - z_end.unsqueeze(2))  # [G, n, C, L]
-    dv += k_end @ Rv
-    db += k_end * (v @ Rv.transpose(-1, -2) - Rq.unsqueeze(2))
+    k_end = (b - z_end.unsqueeze(2)).exp_()  # [G, n, C, L]
+    _add_bmm(dv, k_end, Rv)
+    db.addcmul_(k_end, (v @ Rv.transpose(-1, -2)).sub_(Rq.unsqueeze(2)))
     return u, db, dv, R_first
 
 
