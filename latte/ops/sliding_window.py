@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from ._checks import check_mask, check_positive_int, check_rank, check_same, check_shape, state_dtype
+from .chunked import _without_autocast
 
 
 class WindowState(NamedTuple):
@@ -152,6 +153,7 @@ class WindowBlocks(torch.autograd.Function):
     """
 
     @staticmethod
+    @_without_autocast
     def forward(ctx, q, k, v, key_ok, K, Q, scale):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # segments are views of one slab
         X, N, GQ, _ = q.shape
@@ -172,6 +174,7 @@ class WindowBlocks(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @_without_autocast
     def backward(ctx, dy, dlse):
         q, k, v, key_ok, y, lse = ctx.saved_tensors
         K, Q, scale = ctx.K, ctx.Q, ctx.scale

@@ -186,3 +186,18 @@ def test_macchiato_packed_documents_equal_separate_runs(mix):
         assert rel_err(st.latte.S[i], st_doc.latte.S[0]) < 1e-12
         assert torch.equal(st.window.mask[i], st_doc.window.mask[0])
         assert torch.equal(st.window.k[i], st_doc.window.k[0]) and torch.equal(st.window.v[i], st_doc.window.v[0])
+
+
+@pytest.mark.parametrize("mix", ["joint", "gate"])
+def test_macchiato_under_bf16_autocast_matches_float32(mix):
+    """The window kernel computes in float32 inside an autocast region (its
+    matmuls must not drop to bf16 against float32 buffers)."""
+    a, b, v, q, k = (x.float() for x in inputs_mac(80))
+    gate = torch.randn(2, 80, 4) if mix == "gate" else None
+    leaves = [x.clone().requires_grad_() for x in (a, b, v, q, k)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, _ = macchiato(*leaves, window_size=16, mix=mix, gate=gate, chunk_size=16)
+    y.float().sum().backward()
+    ref, _ = macchiato(a, b, v, q, k, window_size=16, mix=mix, gate=gate, chunk_size=16)
+    assert rel_err(y.float(), ref) < 1e-5
+    assert all(torch.isfinite(x.grad).all() for x in leaves)
