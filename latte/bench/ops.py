@@ -69,11 +69,7 @@ def _skip_reason(p, T, mode, last, args):
     return None
 
 
-def _measure(p, T, mode, args, ceiling):
-    fn = P.build(p, T, mode)
-    t = common.time_call(fn, repeats=args.repeats, warmup=args.warmup, cap_s=args.time_cap if p in P.SLOW else None)
-    del fn
-    gc.collect()
+def _rates(t: dict, p: str, T: int, mode: str, ceiling: float) -> dict:
     if not t.get("skipped"):
         flops = P.flops_forward(p, T) * (1 if mode == "fwd" else 3)
         t["gflop"] = flops / 1e9
@@ -82,30 +78,61 @@ def _measure(p, T, mode, args, ceiling):
     return t
 
 
+def _measure_slow(p, T, mode, args, ceiling):
+    """A Python-loop provider alone, with the time cap."""
+    fn = P.build(p, T, mode)
+    t = common.time_call(fn, repeats=args.repeats, warmup=args.warmup, cap_s=args.time_cap)
+    del fn
+    gc.collect()
+    return _rates(t, p, T, mode, ceiling)
+
+
+def _measure_together(ps, T, mode, args, ceiling) -> dict:
+    """The other providers at one (T, mode), timed in interleaved rounds so
+    their ratios (sdpa / latte, latte / proj) come from the same moments."""
+    fns, out = {}, {}
+    for p in ps:
+        try:
+            fns[p] = P.build(p, T, mode)
+        except RuntimeError as e:  # linear attention not written yet
+            out[p] = e
+    times = common.time_interleaved(fns, repeats=args.repeats, warmup=args.warmup) if fns else {}
+    fns.clear()
+    gc.collect()
+    out.update({p: _rates(t, p, T, mode, ceiling) for p, t in times.items()})
+    return out
+
+
 def sweep(args, ceiling: float) -> tuple[list[dict], dict]:
     plan = schedule(args)
     status = {p: "ok" for p in plan}
     results, last = [], {}
+
+    def record(p, T, mode, t):
+        last[(p, mode)] = (T, t.get("median_ms"))
+        results.append({"provider": p, "T": T, "mode": mode, **t})
+        print(f"  {p:16s} T={T:6d} {mode:7s} " + (
+            f"skipped: {t['reason']}" if t.get("skipped") else f"{t['median_ms']:10.2f} ms"), flush=True)
+
     for T in sorted({t for ts in plan.values() for t in ts}):
-        for p in plan:
-            if T not in plan[p]:
-                continue
-            for mode in MODES:
-                rec = {"provider": p, "T": T, "mode": mode}
+        for mode in MODES:
+            together = []
+            for p in plan:
+                if T not in plan[p]:
+                    continue
                 reason = status[p] if status[p] != "ok" else _skip_reason(p, T, mode, last, args)
                 if reason:
-                    results.append({**rec, **common.skipped(reason)})
-                    continue
-                try:
-                    t = _measure(p, T, mode, args, ceiling)
-                except RuntimeError as e:  # linear attention not written yet
-                    status[p] = str(e)
-                    results.append({**rec, **common.skipped(str(e))})
-                    continue
-                last[(p, mode)] = (T, t.get("median_ms"))
-                results.append({**rec, **t})
-                print(f"  {p:16s} T={T:6d} {mode:7s} " + (
-                    f"skipped: {t['reason']}" if t.get("skipped") else f"{t['median_ms']:10.2f} ms"), flush=True)
+                    results.append({"provider": p, "T": T, "mode": mode, **common.skipped(reason)})
+                elif p in P.SLOW:
+                    record(p, T, mode, _measure_slow(p, T, mode, args, ceiling))
+                else:
+                    together.append(p)
+            for p, t in _measure_together(together, T, mode, args, ceiling).items():
+                if isinstance(t, RuntimeError):
+                    status[p] = str(t)
+                    results.append({"provider": p, "T": T, "mode": mode, **common.skipped(str(t))})
+                else:
+                    record(p, T, mode, t)
     return results, status
 
 
@@ -148,7 +175,29 @@ def rglru(args) -> dict:
             res[f"{name}_{mode}"] = common.time_call(make_call(fn, mode), repeats=args.repeats, warmup=args.warmup)
     for mode in MODES:
         res[f"loop_over_chunked_{mode}"] = res[f"loop_{mode}"]["median_ms"] / res[f"chunked_{mode}"]["median_ms"]
+    res["layer"] = rglru_share(x, args)
     return res
+
+
+def rglru_share(x, args) -> dict:
+    """Forward+backward of the RG-LRU mixer (gates and scan) against the whole
+    causal LatteAttention layer it sits in (qk_mixer conv_rglru, EVAL.md
+    shapes), timed in interleaved rounds."""
+    from latte.layers import LatteAttention
+
+    torch.manual_seed(0)
+    layer = LatteAttention(P.MODEL_DIM, P.HEADS, P.LATENTS, qk_mixer="conv_rglru", chunk_size=P.CHUNK)
+    xs = x.clone().requires_grad_(True)
+
+    def whole():
+        layer(xs)[0].sum().backward()
+
+    def mixer():
+        layer.mixer.rglru(xs)[0].sum().backward()
+
+    t = common.time_interleaved({"layer": whole, "rglru": mixer}, repeats=args.repeats, warmup=args.warmup)
+    return {"layer_fwdbwd": t["layer"], "rglru_fwdbwd": t["rglru"],
+            "share": t["rglru"]["median_ms"] / t["layer"]["median_ms"]}
 
 
 def ratios(results) -> dict:
@@ -240,6 +289,11 @@ def markdown(res: dict) -> str:
     out += ["", f"linear_recurrence at T={g['T']} x {g['features']}: per-step loop / chunked scan = "
             f"{g['loop_over_chunked_fwd']:.1f}x forward, {g['loop_over_chunked_fwdbwd']:.1f}x forward+backward "
             f"(chunked {g['chunked_fwd']['median_ms']:.2f} / {g['chunked_fwdbwd']['median_ms']:.2f} ms)."]
+    if "layer" in g:
+        lay = g["layer"]
+        out += ["", f"RG-LRU mixer (gates + scan) forward+backward: {lay['rglru_fwdbwd']['median_ms']:.1f} ms, "
+                f"{lay['share']:.0%} of the whole LatteAttention layer (qk_mixer conv_rglru, "
+                f"{lay['layer_fwdbwd']['median_ms']:.1f} ms) at T={g['T']}."]
     return "\n".join(out) + "\n"
 
 
