@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"latte: unknown command {command!r}; expected one of {', '.join(handlers)}\n{USAGE}",
               file=sys.stderr)
         return 2
+    from latte.allocator import tune
+
+    tune()  # reuse freed memory instead of page-faulting it back in (LATTE_MALLOC=default: off)
     try:
         return handlers[command](rest)
     except (ValueError, ImportError) as e:  # a user can fix it: config, data, checkpoint, missing extra

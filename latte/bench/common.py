@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from latte import allocator
+
 DEFAULT_THREADS = 2
 DEFAULT_OUT = "bench-results"
 
@@ -40,6 +42,7 @@ def set_threads(threads: int) -> None:
     if threads < 1:
         raise ValueError(f"threads: expected an integer >= 1, got {threads}")
     torch.set_num_threads(threads)
+    allocator.tune()  # as `latte train` runs; recorded in machine_info
 
 
 def time_call(fn, *, repeats: int = 5, warmup: int = 1, cap_s: float | None = None) -> dict:
@@ -141,6 +144,7 @@ def machine_info() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "allocator": allocator.tune() or "default",
         "loadavg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -44,6 +44,8 @@ class MacchiatoState(NamedTuple):
 
 def _repeat_kv(v: torch.Tensor, heads: int) -> torch.Tensor:
     """[..., K, D] -> [..., H, D]: query head h uses KV head h // (H / K)."""
+    if heads == v.shape[-2]:
+        return v  # repeat_interleave would copy even for one repeat
     return v.repeat_interleave(heads // v.shape[-2], dim=-2)
 
 

@@ -115,31 +115,25 @@ def _bmm(a, b, out, ta=False, tb=False):
     return out
 
 
-class KeyBlocks(torch.autograd.Function):
-    """x [X, P + N*Q, W] (head-major) -> the overlapping blocks
-    [X, N, Q + P, W], block n = positions [nQ, nQ + Q + P). The backward adds
-    the blocks back in ceil((Q + P) / Q) tiled passes."""
+def _key_blocks(x, Q, P):
+    """x [X, P + N*Q, W] (head-major) -> the overlapping blocks [X, N, Q + P, W],
+    block n = positions [nQ, nQ + Q + P)."""
+    x = x.contiguous()  # as_strided below assumes it
+    X, TT, W = x.shape
+    return x.as_strided((X, (TT - P) // Q, Q + P, W), (TT * W, Q * W, W, 1)).contiguous()
 
-    @staticmethod
-    def forward(ctx, x, Q, P):
-        X, TT, W = x.shape
-        ctx.Q, ctx.shape = Q, x.shape
-        N = (TT - P) // Q
-        x = x.contiguous()  # as_strided below assumes it
-        return x.as_strided((X, N, Q + P, W), (TT * W, Q * W, W, 1)).contiguous()
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, d):
-        Q, (X, TT, W) = ctx.Q, ctx.shape
-        N, J = d.shape[1], d.shape[2]
-        out = d.new_zeros(X, TT, W)
-        for m0 in range(0, J, Q):  # slots [m0, m0 + Q) of block n: positions nQ + m0 + (0 .. Q-1)
-            tile = d[:, :, m0:m0 + Q]
-            tile = F.pad(tile, (0, 0, 0, Q - tile.shape[2])).reshape(X, N * Q, W)
-            n = min(N * Q, TT - m0)
-            out[:, m0:m0 + n] += tile[:, :n]
-        return out, None, None
+def _fold_blocks(d, Q, TT):
+    """The adjoint of _key_blocks: d [X, N, J, W] -> [X, TT, W], adding each
+    block back in ceil(J / Q) tiled passes."""
+    X, N, J, W = d.shape
+    out = d.new_zeros(X, TT, W)
+    for m0 in range(0, J, Q):  # slots [m0, m0 + Q) of block n: positions nQ + m0 + (0 .. Q-1)
+        tile = d[:, :, m0:m0 + Q]
+        tile = F.pad(tile, (0, 0, 0, Q - tile.shape[2])).reshape(X, N * Q, W)
+        n = min(N * Q, TT - m0)
+        out[:, m0:m0 + n] += tile[:, :n]
+    return out
 
 
 class WindowBlocks(torch.autograd.Function):
@@ -147,16 +141,21 @@ class WindowBlocks(torch.autograd.Function):
     at block granularity): only q, k, v, y and lse are saved; each segment's
     probabilities are rebuilt in the backward.
 
-    (q [X, N, G*Q, E], k [X, N, J, E], v [X, N, J, D], key_ok [B, N, J] bool,
-    K, Q, scale) -> (y [X, N, G*Q, D], lse [X, N, G*Q]), J = Q + P.
+    (q [X, N, G*Q, E], keys [X, P + N*Q, E], values [X, P + N*Q, D] (head-major,
+    the P cached positions first), key_ok [B, N, J] bool, K, Q, scale)
+    -> (y [X, N, G*Q, D], lse [X, N, G*Q]), J = Q + P. The overlapping key
+    blocks [X, N, J, .] are built in the forward and again in the backward
+    rather than saved (they are J / Q ~ 3x the keys).
     Gradient of a row with p = softmax(s):  ds = p (dy v^T - dy . y + dlse).
     """
 
     @staticmethod
     @_without_autocast
-    def forward(ctx, q, k, v, key_ok, K, Q, scale):
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # segments are views of one slab
+    def forward(ctx, q, kk, vv, key_ok, K, Q, scale):
+        q = q.contiguous()  # segments are views of one slab
         X, N, GQ, _ = q.shape
+        P = kk.shape[1] - N * Q
+        k, v = _key_blocks(kk, Q, P), _key_blocks(vv, Q, P)
         segments = _segments(X, N, GQ * k.shape[2])
         y = v.new_empty(X, N, GQ, v.shape[-1])
         lse = q.new_empty(X, N, GQ)
@@ -168,7 +167,7 @@ class WindowBlocks(torch.autograd.Function):
             total = p.sum(-1, keepdim=True)
             lse[x0:x1, n0:n1] = (m + total.log()).squeeze(-1)
             _bmm(p.div_(total), v[x0:x1, n0:n1], y[x0:x1, n0:n1])
-        ctx.save_for_backward(q, k, v, key_ok, y, lse)
+        ctx.save_for_backward(q, kk, vv, key_ok, y, lse)
         ctx.K, ctx.Q, ctx.scale, ctx.segments = K, Q, scale, segments
         return y, lse
 
@@ -176,8 +175,10 @@ class WindowBlocks(torch.autograd.Function):
     @once_differentiable
     @_without_autocast
     def backward(ctx, dy, dlse):
-        q, k, v, key_ok, y, lse = ctx.saved_tensors
+        q, kk, vv, key_ok, y, lse = ctx.saved_tensors
         K, Q, scale = ctx.K, ctx.Q, ctx.scale
+        P = kk.shape[1] - q.shape[1] * Q
+        k, v = _key_blocks(kk, Q, P), _key_blocks(vv, Q, P)
         dy = torch.zeros_like(y) if dy is None else dy.contiguous()
         row = (dy * y).sum(-1)  # [X, N, G*Q]
         if dlse is not None:
@@ -193,7 +194,8 @@ class WindowBlocks(torch.autograd.Function):
             ds.sub_(row[at].unsqueeze(-1)).mul_(p).mul_(scale)
             _bmm(ds, k[at], dq[at])
             _bmm(ds, q[at], dk[at], ta=True)
-        return dq, dk, dv, None, None, None, None
+        TT = kk.shape[1]
+        return dq, _fold_blocks(dk, Q, TT), _fold_blocks(dv, Q, TT), None, None, None, None
 
 
 def _blocked(q, k, v, window_size, scale, mask, state, lengths=None):
@@ -221,16 +223,19 @@ def _blocked(q, k, v, window_size, scale, mask, state, lengths=None):
     N = -(-T // Q)
     pad = N * Q - T
 
-    def head_major(x):  # [B, P + T, K, W] -> [B * K, P + N * Q, W], zero-padded at the end
-        return F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(1, 2).reshape(B * K, -1, x.shape[-1])
+    def padded(x):  # zero-padded at the end of time to N * Q (+ P) positions
+        return F.pad(x, (0,) * (2 * (x.dim() - 2)) + (0, pad)) if pad else x
+
+    def head_major(x):  # [B, P + T, K, W] -> [B * K, P + N * Q, W]
+        return padded(x).transpose(1, 2).reshape(B * K, -1, x.shape[-1])
 
     # block n: queries [nQ, nQ + Q) see keys [nQ - P, nQ + Q) = J = Q + P slots
-    qb = F.pad(q.to(work), (0, 0, 0, 0, 0, pad)).view(B, N, Q, K, G, E).permute(0, 3, 1, 4, 2, 5)
-    key_ok = F.pad(km, (0, pad)).unfold(1, Q + P, Q)  # [B, N, J]
+    qb = padded(q.to(work)).view(B, N, Q, K, G, E).permute(0, 3, 1, 4, 2, 5)
+    key_ok = padded(km).unfold(1, Q + P, Q)  # [B, N, J]
     y, lse = WindowBlocks.apply(
         qb.reshape(B * K, N, G * Q, E),
-        KeyBlocks.apply(head_major(kk), Q, P),  # [B * K, N, J, E]
-        KeyBlocks.apply(head_major(vv), Q, P),  # [B * K, N, J, D]
+        head_major(kk),  # [B * K, P + N * Q, E]
+        head_major(vv),  # [B * K, P + N * Q, D]
         key_ok.contiguous(), K, Q, scale,
     )
     y = y.view(B, K, N, G, Q, D).permute(0, 2, 4, 1, 3, 5).reshape(B, N * Q, H, D)[:, :T]
