@@ -187,7 +187,9 @@ def memory_points(target: str, points: list[dict], threads: int, *, shrink: tupl
     note; a new worker then goes on with the next point."""
     if not Path("/proc/self/clear_refs").exists():
         return [{**p, "peak_mb": None, "note": "needs Linux /proc"} for p in points]
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="4096", MALLOC_TRIM_THRESHOLD_="65536")
+    # LATTE_MALLOC=default: the worker must not apply latte.allocator.tune
+    # (M_MMAP_MAX=0 would keep freed memory resident and hide every peak)
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="4096", MALLOC_TRIM_THRESHOLD_="65536", LATTE_MALLOC="default")
     cmd = [sys.executable, "-c", "from latte.bench.common import _worker; _worker()"]
     results: list[dict] = []
     while len(results) < len(points):
