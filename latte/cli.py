@@ -152,7 +152,7 @@ def cmd_eval(args: list[str]) -> int:
         raise ValueError(f"--lengths={a.lengths!r}: expected integers >= 1")
     from latte.eval.perplexity import extrapolation
     from latte.eval.runs import load_trained
-    from latte.train.loop import pack_split
+    from latte.train.setup import pack_split
 
     trained = load_trained(a.run)
     cfg = trained.config

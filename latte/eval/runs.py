@@ -13,7 +13,7 @@ from latte.data import Tokenizer, load_tokenizer
 from latte.models import LatteForCausalLM
 from latte.train.checkpoint import MANIFEST, check_state_against, find_latest_checkpoint, load_checkpoint
 from latte.train.config import RunConfig
-from latte.train.loop import TOKENIZER_FILES
+from latte.train.setup import TOKENIZER_FILES
 
 
 @dataclass

@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 
 from latte.train.checkpoint import find_latest_checkpoint, load_checkpoint
 from latte.train.distributed import DistEnv
-from latte.train.loop import _no_decay_names, train
+from latte.train.loop import train
+from latte.train.setup import _no_decay_names
 from latte.train.step import NonFiniteError, SkipGuard, StepResult, summed_loss, train_step
 from latte.train.metrics import read_csv
 from tests.train.runs import losses
