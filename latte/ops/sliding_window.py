@@ -179,10 +179,8 @@ class WindowBlocks(torch.autograd.Function):
         K, Q, scale = ctx.K, ctx.Q, ctx.scale
         P = kk.shape[1] - q.shape[1] * Q
         k, v = _key_blocks(kk, Q, P), _key_blocks(vv, Q, P)
-        dy = torch.zeros_like(y) if dy is None else dy.contiguous()
-        row = (dy * y).sum(-1)  # [X, N, G*Q]
-        if dlse is not None:
-            row = row - dlse
+        dy = dy.contiguous()  # autograd materialises unused output gradients as zeros
+        row = (dy * y).sum(-1).sub_(dlse)  # [X, N, G*Q]
         dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
         for seg in ctx.segments:
             x0, x1, n0, n1 = seg

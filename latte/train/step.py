@@ -3,8 +3,9 @@
 Loss. The loader's labels are ALREADY shifted (labels[:, t] is the token
 after input_ids[:, t]), so the model is given them as shift_labels (labels
 would be shifted a second time) and computes the mean loss with its fused
-head + cross-entropy; times the micro-batch's target count it is the sum. Each micro-batch's summed loss is divided by the GLOBAL number
-of target tokens of the step (all ranks, all micro-batches, counted first),
+head + cross-entropy; times the micro-batch's target count it is the sum.
+Each micro-batch's summed loss is divided by the GLOBAL number of target
+tokens of the step (all ranks, all micro-batches, counted first),
 so the gradient is exactly that of the token-weighted mean loss of the whole
 global batch: no average of averages, and 2 ranks x batch b gives the same
 update as 1 process x batch 2b. DDP and FSDP2 average gradients over ranks,
