@@ -12,9 +12,11 @@ and z_prev the one before it:
   inter   y_t  += (softmax(a_t) * exp(z_prev - z_t)) @ S_{n-1}
   intra   y_t  += sum_{s<=t in chunk} [sum_l softmax(a_t)_l exp(b_s - z_t)_l] v_s
 Every exponent above is <= 0, so no logit magnitude can overflow. The intra
-weights are built in log space (b_s - z_t, masked above the diagonal) and never
-as a product exp(b_s) * exp(-z_t), which overflows and meets the zero mask as
-inf * 0 = NaN. No T x T tensor is built: the intra part is N blocks of C x C.
+weights are never a product exp(b_s) * exp(-z_t), which overflows and meets the
+zero mask as inf * 0 = NaN: both factors are taken relative to a per-chunk
+reference and stay within [exp(-40), 1], and the rare chunks where that cannot
+hold are computed in log space (chunked.py). No T x T tensor is built: the
+intra part is N blocks of C x C, laid out chunk-major [N, B * H, C, .].
 """
 
 from __future__ import annotations
@@ -85,25 +87,25 @@ def _chunked(a, b, v, chunk_size, state, mask):
     else:
         S0, z0 = state.S.to(work).reshape(B * H, L, D), state.z.to(work).reshape(B * H, L)
 
-    def head_major(x):  # [B, T, H, X] -> [B * H, T, X]
-        return x.transpose(1, 2).reshape(B * H, T, x.shape[-1])
-
-    q, b, v = head_major(q), head_major(b), head_major(v)
     # p(s|l,t) is invariant to a per-latent shift of b and z: centring on the
     # largest logit keeps float32 precision when all logits share a large
     # offset (e.g. -1e4, whose ulp is 1e-3). The shift is added back to z only
     # in the returned state.
-    c = torch.maximum(b.amax(1), z0).detach()  # [B * H, L]
-    b = b - c.unsqueeze(1)
+    c = torch.maximum(b.amax(1).view(B * H, L), z0).detach()  # [B * H, L]
     z0 = z0 - c
     C = min(chunk_size, T)
-    pad = -T % C
-    if pad:  # masked keys at the end change neither outputs nor the final state
-        q = F.pad(q, (0, 0, 0, pad))
-        b = F.pad(b, (0, 0, 0, pad), value=NEG)
-        v = F.pad(v, (0, 0, 0, pad))
-    y, S_last, z_last = LatteChunked.apply(q, b, v, S0, z0, C)
-    y = y[:, :T].view(B, H, T, D).transpose(1, 2)  # [B, T, H, D]
+    N = -(-T // C)
+    pad = N * C - T
+
+    def chunk_major(x, value=0.0):  # [B, T, H, X] -> [N, B * H, C, X], contiguous
+        if pad:  # masked keys at the end change neither outputs nor the final state
+            x = F.pad(x, (0, 0, 0, 0, 0, pad), value=value)
+        return x.unflatten(1, (N, C)).permute(1, 0, 3, 2, 4).reshape(N, B * H, C, x.shape[-1]).contiguous()
+
+    b = chunk_major(b, NEG)
+    b = b - c.view(1, B * H, 1, L)
+    y, S_last, z_last = LatteChunked.apply(chunk_major(q), b, chunk_major(v), S0, z0)
+    y = y.view(N, B, H, C, D).permute(1, 0, 3, 2, 4).reshape(B, N * C, H, D)[:, :T]
     return y, LatteState(S_last.view(B, H, L, D), (z_last + c).view(B, H, L))
 
 

@@ -1,13 +1,13 @@
 """The chunked causal Latte kernel with an analytic backward (MATH.md 3.2).
 
-Legend: G = batch x heads (head-major: every product below is a plain
-batched matmul on contiguous blocks), N chunks, C chunk size (t: query, s: key
-position in a chunk), L latents per head, D value width.
+Legend: N chunks (n in one segment), G = batch x heads, C chunk size (t: query,
+s: key position in a chunk), L latents per head, D value width. Tensors are
+chunk-major, [N, G, C, .]: a segment (a run of chunks) is one contiguous
+block, so every product below is a batched matmul over n * G without a copy.
 
 Inputs are already prepared by latte_causal: q = softmax(a), key logits b
 (masked, centred, padded to N * C), values v, initial state (S0, z0).
-Forward:
-  z_t   = logaddexp(logcumsumexp(b)_t, z0)
+Forward, with z_t = logaddexp(logcumsumexp(b)_t, z0):
   y_t   = sum_l q_tl [exp(zp - z_t)_l (S_before)_l + sum_{s<=t in chunk} exp(b_s - z_t)_l v_s]
   S_n   = exp(zp_n - z_end_n) S_{n-1} + sum_{s in n} exp(b_s - z_end_n) v_s
 Backward, with u_tl = dy_t . Vbar_tl (the gradient w.r.t. q):
@@ -16,71 +16,77 @@ Backward, with u_tl = dy_t . Vbar_tl (the gradient w.r.t. q):
 Future chunks enter through reverse states normalised at each chunk end,
   Rv_n = sum_{t after chunk n} exp(z_end_n - z_t) q_t dy_t   [L, D]
   Rq_n = sum_{t after chunk n} exp(z_end_n - z_t) q_t u_t    [L]
-carried backwards in time by the same scan as the forward state (every
-exponent <= 0). Only the inputs and the chunk states are saved; each chunk's
-C x C blocks are rebuilt in the backward. The intra-chunk blocks use the
-factorised form exp(b_s - r) exp(r - z_t) (r = z at the chunk's first token)
-and chunks whose z grows by more than SPREAD_LIMIT are redone in log space.
+carried backwards in time by the same recurrence as the forward state.
+
+Inside a chunk nothing is taken in log space: with m = max(chunk max of b,
+z_prev) per latent, E_s = exp(b_s - m) <= 1 and Z_t = exp(z_t - m) =
+cumsum(E)_t + exp(z_prev - m), so exp(b_s - z_t) = E_s / Z_t and
+exp(z_prev - z_t) = exp(z_prev - m) / Z_t. Z_end >= 1 always (it includes
+the largest of the chunk's mass and the previous mass), and Z_t only grows
+with t, so the factors stay in [exp(-SPREAD_LIMIT), 1] unless the chunk's
+first Z is below exp(-SPREAD_LIMIT); those rare chunks (z growing by more than
+SPREAD_LIMIT inside one chunk) are redone exactly in log space. Only the
+inputs and the chunk states are saved; each chunk's C x C blocks are rebuilt
+in the backward.
 """
 
 from __future__ import annotations
 
 import functools
+import math
+from typing import NamedTuple
 
 import torch
-
-from .recurrence import _scan
 
 # Largest growth of z inside one chunk for which the factorised intra-chunk
 # form is used; its factors then stay within exp(+-40), far from float32 limits.
 SPREAD_LIMIT = 40.0
-_SCAN_CHUNK = 16
-# Inside a chunk, logcumsumexp is computed as M + log(cumsum(exp(b - M))) with
-# M the chunk's max; exact unless the chunk's first logit is far below M (its
-# partial sums would underflow), in which case torch.logcumsumexp (exact, but
-# ~100x slower than exp on CPU) redoes that chunk.
-_SHIFT_LIMIT = 60.0
 
 
-def _chunk_logcumsumexp(b, z0, C):
-    """z_t = logaddexp(logcumsumexp(b)_t, z0): b [G, N*C, L], z0 [G, L] -> [G, N, C, L]."""
-    G, TT, L = b.shape
-    bc = b.view(G, TT // C, C, L)
-    M = bc.amax(2, keepdim=True)  # [G, N, 1, L]
-    local = torch.log(torch.cumsum(torch.exp(bc - M), 2)) + M  # logcumsumexp inside each chunk
-    bad = ((M[:, :, 0] - bc[:, :, 0]).amax(-1) > _SHIFT_LIMIT).flatten()  # [G * N]
-    if bool(bad.any()):
-        idx = bad.nonzero().squeeze(1)
-        exact = torch.logcumsumexp(bc.flatten(0, 1).index_select(0, idx), dim=1)
-        local = _overwrite(local, idx, exact)
-    # z before each chunk: a logcumsumexp over N chunk totals (small), from z0
-    before = torch.logcumsumexp(torch.cat([z0.unsqueeze(1), local[:, :, -1]], 1), dim=1)[:, :-1]
-    return torch.logaddexp(local, before.unsqueeze(2))
+class _Norm(NamedTuple):
+    """The per-chunk normalisers of one segment (m: the chunk's reference)."""
+
+    E: torch.Tensor  # [n, G, C, L] exp(b - m)
+    inv_Z: torch.Tensor  # [n, G, C, L] exp(m - z_t)
+    beta: torch.Tensor  # [n, G, 1, L] exp(z_prev - m)
+    Z_end: torch.Tensor  # [n, G, 1, L] exp(z_end - m) >= 1
+    z_prev: torch.Tensor  # [n, G, 1, L] z before each chunk
+    z_last: torch.Tensor  # [G, L] z after the segment
+    bad: torch.Tensor | None  # chunks (flattened (n, g)) for the log-space form
 
 
-def _log_normalisers(b, z0, C):
-    """z, z at chunk ends, z before each chunk, the chunk references r, and the
-    chunks (flattened (g, n)) whose z grows too much for the factorised form."""
-    z = _chunk_logcumsumexp(b, z0, C)  # [G, N, C, L]
-    z_end = z[:, :, -1]  # [G, N, L]
-    z_prev = torch.cat([z0.unsqueeze(1), z_end[:, :-1]], 1)  # [G, N, L]
-    r = z[:, :, :1]  # [G, N, 1, L]
-    bad = ((z_end - r[:, :, 0]).amax(-1) > SPREAD_LIMIT).flatten()  # [G * N]
-    return z, z_end, z_prev, r, bad.nonzero().squeeze(1) if bool(bad.any()) else None
+def _normalisers(b, z0):
+    """b [n, G, C, L] (contiguous), z0 [G, L] the log-normaliser before the segment."""
+    M = b.amax(2, keepdim=True)  # [n, G, 1, L]
+    E = (b - M).exp_()
+    total = E.sum(2, keepdim=True).log_().add_(M)  # log of each chunk's mass
+    z_end = torch.logcumsumexp(torch.cat([z0[None, :, None], total]), 0)  # [n + 1, G, 1, L]
+    z_prev, z_last = z_end[:-1], z_end[-1, :, 0]
+    m = torch.maximum(M, z_prev)
+    alpha, beta = (M - m).exp_(), (z_prev - m).exp_()  # both <= 1, one of them is 1
+    Z = E.cumsum(2)
+    torch.addcmul(beta, Z, alpha, out=Z)  # exp(z_t - m)
+    E.mul_(alpha)
+    Z_end = Z[:, :, -1:].clone()
+    bad = (Z[:, :, 0].amin(-1) < math.exp(-SPREAD_LIMIT)).flatten()  # [n * G]
+    bad = bad.nonzero().squeeze(1) if bool(bad.any()) else None
+    return _Norm(E, Z.reciprocal_(), beta, Z_end, z_prev, z_last, bad)
 
 
-def _log_space_weights(b, z, idx):
-    """E[m, t, s, l] = exp(b_s - z_t) for s <= t, for the chunks in idx."""
-    bs, zs = (x.flatten(0, 1).index_select(0, idx) for x in (b, z))  # [M, C, L]
+def _exact(b, nm, idx):
+    """For the chunks idx: the exact z [M, C, L] and W[m, t, s, l] = exp(b_s - z_t)
+    (s <= t, else 0), both from log space."""
+    bs, zp = _sel(idx, b, nm.z_prev)  # [M, C, L], [M, 1, L]
+    z = torch.logaddexp(torch.logcumsumexp(bs, 1), zp)
     C = bs.shape[1]
-    diff = bs.unsqueeze(1) - zs.unsqueeze(2)  # [M, C(t), C(s), L]
+    diff = bs.unsqueeze(1) - z.unsqueeze(2)  # [M, C(t), C(s), L]
     causal = torch.ones(C, C, dtype=torch.bool, device=b.device).tril()
-    return diff.masked_fill(~causal[:, :, None], float("-inf")).exp()
+    return z, diff.masked_fill(~causal[:, :, None], float("-inf")).exp()
 
 
 def _overwrite(x, idx, values):
-    """A copy of x [G, N, ...] whose chunks idx (flattened (g, n)) are values."""
-    return x.flatten(0, 1).index_copy(0, idx, values).view_as(x)
+    """Chunks idx (flattened (n, g)) of the contiguous x [n, G, ...] := values, in place."""
+    x.flatten(0, 1).index_copy_(0, idx, values)
 
 
 def _sel(idx, *xs):
@@ -100,7 +106,7 @@ def _without_autocast(fn):
     return run
 
 
-# Chunks per segment are chosen so one segment's [G, n, C, max(C, D, L)]
+# Chunks per segment are chosen so one segment's [n, G, C, max(C, D, L)]
 # temporaries hold about this many floats (16 MB): small enough for the
 # allocator to reuse freed blocks instead of mapping (and page-faulting) fresh
 # memory for every temporary, which made T = 65536 cost 18x T = 16384.
@@ -112,108 +118,121 @@ def _segments(G, N, C, width):
     return [(n0, min(N, n0 + n)) for n0 in range(0, N, n)]
 
 
-def _add_bmm(out, a, b):
-    """out += a @ b in place, for [G, n, i, j] @ [G, n, j, k] (out contiguous)."""
-    G, n = a.shape[:2]
-    out.view(G * n, *out.shape[2:]).baddbmm_(a.reshape(G * n, *a.shape[2:]), b.reshape(G * n, *b.shape[2:]))
+def _mm(a, b, out=None):
+    """a @ b for [n, G, i, j] @ [n, G, j, k] as one bmm over n * G (either
+    operand may be a transposed view of a contiguous tensor: no copy)."""
+    n, G = a.shape[:2]
+    res = torch.bmm(a.flatten(0, 1), b.flatten(0, 1), out=None if out is None else out.view(n * G, *out.shape[2:]))
+    return res.view(n, G, *res.shape[1:])
 
 
-def _forward_segment(q, b, v, S0, z0):
-    """One segment: q, b [G, n, C, L], v [G, n, C, D] (views), state (S0, z0)
-    -> (y [G, n, C, D], S_before [G, n, L, D], S_last, z_last)."""
-    G, n, C, L = q.shape
-    z, z_end, z_prev, r, bad = _log_normalisers(b.reshape(G, n * C, L), z0, C)
-    K = (b - z_end.unsqueeze(2)).exp_().transpose(-1, -2) @ v  # [G, n, L, D] chunk sums at chunk end
-    g = torch.exp(z_prev - z_end).unsqueeze(-1)  # [G, n, L, 1] chunk decay
-    S_all, S_last = _scan(K, g, S0, _SCAN_CHUNK)
-    S_before = torch.cat([S0.unsqueeze(1), S_all[:, :-1]], 1)  # [G, n, L, D]
-    # (in-place exp / mul on fresh temporaries: each saved pass over a
-    # [G, n, C, L] tensor is measurable on a memory-bound CPU)
-    q_prev = (z_prev.unsqueeze(2) - z).exp_().mul_(q)  # [G, n, C, L]
-    y = q_prev @ S_before  # inter-chunk: [G, n, C, D]
-    k_f = (b - r).clamp_(max=SPREAD_LIMIT).exp_()  # clamp: a no-op where used
-    w = ((r - z).exp_().mul_(q) @ k_f.transpose(-1, -2)).tril_()  # [G, n, C(t), C(s)]
-    _add_bmm(y, w, v)
-    if bad is not None:
-        E = _log_space_weights(b, z, bad)  # [M, C, C, L]
-        qs, vs, qps, Sbs = _sel(bad, q, v, q_prev, S_before)
-        y = _overwrite(y, bad, qps @ Sbs + torch.einsum("mtsl,mtl->mts", E, qs) @ vs)
-    return y, S_before, S_last, z_end[:, -1]
+def _add_mm(out, a, b):
+    """out += a @ b in place (out contiguous [n, G, i, k])."""
+    out.view(-1, *out.shape[2:]).baddbmm_(a.flatten(0, 1), b.flatten(0, 1))
 
 
-def _backward_segment(q, b, v, S_before, z0, dy, init):
+def _t(x):
+    return x.transpose(-1, -2)
+
+
+def _forward_segment(q, b, v, S0, z0, y, S_before):
+    """One segment of n chunks: q, b [n, G, C, L], v [n, G, C, D] (contiguous),
+    state (S0, z0); writes y [n, G, C, D] and S_before [n, G, L, D] (the state
+    before each chunk); returns the state after the segment."""
+    nm = _normalisers(b, z0)
+    E, inv_Z = nm.E, nm.inv_Z
+    K = _mm(_t(E), v).div_(_t(nm.Z_end))  # [n, G, L, D] the chunk's sum, normalised at its end
+    g = _t(nm.beta / nm.Z_end)  # [n, G, L, 1] chunk decay exp(z_prev - z_end)
+    S_before[0] = S0
+    for i in range(len(K) - 1):  # chunk to chunk: a short loop on [G, L, D]
+        torch.addcmul(K[i], g[i], S_before[i], out=S_before[i + 1])
+    S_last = torch.addcmul(K[-1], g[-1], S_before[-1])
+    qi = q * inv_Z
+    _mm(qi * nm.beta, S_before, out=y)  # inter-chunk: q exp(z_prev - z_t)
+    _add_mm(y, _mm(qi, _t(E)).tril_(), v)  # intra-chunk: [n, G, C(t), C(s)] weights
+    if nm.bad is not None:
+        z, W = _exact(b, nm, nm.bad)
+        qs, vs, Sbs, zp = _sel(nm.bad, q, v, S_before, nm.z_prev)
+        _overwrite(y, nm.bad, (qs * (zp - z).exp()) @ Sbs + torch.einsum("mtsl,mtl->mts", W, qs) @ vs)
+    return S_last, nm.z_last
+
+
+def _backward_segment(q, b, v, S_before, z0, dy, init, dq, db, dv):
     """Gradients of one segment given the reverse state `init` [G, L, D + 1]
-    after it; returns (dq, db, dv, reverse state before the segment)."""
-    G, n, C, L = q.shape
-    D = v.shape[-1]
-    z, z_end, z_prev, r, bad = _log_normalisers(b.reshape(G, n * C, L), z0, C)
-    e_prev = (z_prev.unsqueeze(2) - z).exp_()  # [G, n, C, L] decay since the chunk start
-    qz = (r - z).exp_()
-    k_f = (b - r).clamp_(max=SPREAD_LIMIT).exp_()
-    M = (dy @ v.transpose(-1, -2)).tril_()  # [G, n, C(t), C(s)]: dy_t . v_s, s <= t
+    after it: writes dq, db, dv and returns the reverse state before it."""
+    C, D = q.shape[2], v.shape[-1]
+    nm = _normalisers(b, z0)
+    E, inv_Z, bad = nm.E, nm.inv_Z, nm.bad
+    e_prev = inv_Z * nm.beta  # [n, G, C, L] exp(z_prev - z_t)
+    qi = q * inv_Z
+    M = _mm(dy, _t(v)).tril_()  # [n, G, C(t), C(s)]: dy_t . v_s, s <= t
     # u = dy . Vbar: the gradient w.r.t. q
-    u = (dy @ S_before.transpose(-1, -2)).mul_(e_prev).addcmul_(qz, M @ k_f)
-    q_qz = q * qz
-    w = (q_qz @ k_f.transpose(-1, -2)).tril_()
-    dv = w.transpose(-1, -2) @ dy  # [G, n, C, D]
+    u = _mm(dy, _t(S_before), out=dq).mul_(e_prev).addcmul_(inv_Z, _mm(M, E))
     if bad is not None:
-        E = _log_space_weights(b, z, bad)
-        Ms, dys, Sbs, eps, qs = _sel(bad, M, dy, S_before, e_prev, q)
-        u = _overwrite(u, bad, (dys @ Sbs.transpose(-1, -2)) * eps + torch.einsum("mtsl,mts->mtl", E, Ms))
+        z, W = _exact(b, nm, bad)
+        Ms, dys, Sbs, qs, zp = _sel(bad, M, dy, S_before, q, nm.z_prev)
+        eps = (zp - z).exp()
+        _overwrite(e_prev, bad, eps)
+        _overwrite(u, bad, (dys @ _t(Sbs)) * eps + torch.einsum("mtsl,mts->mtl", W, Ms))
     qu = q * u
+    # reverse states over chunks: R_{i-1} = g_i R_i + (local sum over chunk i),
+    # R_after[i] the reverse state after chunk i
+    local = torch.cat([_mm(_t(q * e_prev), dy), e_prev.mul_(qu).sum(2).unsqueeze(-1)], -1)  # [n, G, L, D + 1]
+    g = _t(nm.beta / nm.Z_end)  # [n, G, L, 1]
+    R_after = torch.empty_like(local)
+    R_after[-1] = init
+    for i in range(len(local) - 1, 0, -1):
+        torch.addcmul(local[i], g[i], R_after[i], out=R_after[i - 1])
+    R_first = torch.addcmul(local[0], g[0], R_after[0])
+    # exp(b_s - z_end) = E / Z_end: fold 1 / Z_end into the small reverse states
+    R_end = R_after / _t(nm.Z_end)
+    Rv, Rq = R_end[..., :D], R_end[..., D]  # [n, G, L, D], [n, G, L]
+    if bad is not None:
+        qus = _sel(bad, qu)[0]
     # sums over t >= s inside the chunk: one batched matmul with a stride-0
     # triangular operand (a broadcast `upper @ x` would copy it per chunk)
     upper = torch.ones(C, C, dtype=q.dtype, device=q.device).triu_()
-    suffix = torch.bmm(upper.expand(G * n, C, C), qz.mul_(qu).flatten(0, 1)).view(G, n, C, L)
-    db = (M.transpose(-1, -2) @ q_qz).sub_(suffix).mul_(k_f)
+    suffix = torch.bmm(upper.expand(qu.shape[0] * qu.shape[1], C, C), qu.mul_(inv_Z).flatten(0, 1)).view_as(qu)
+    _mm(_t(_mm(qi, _t(E)).tril_()), dy, out=dv)  # [n, G, C, D]
+    _add_mm(dv, E, Rv)
+    _mm(_t(M), qi, out=db).sub_(suffix)
+    _add_mm(db, v, _t(Rv))
+    db.sub_(Rq.unsqueeze(2)).mul_(E)
     if bad is not None:
-        w_bad = torch.einsum("mtsl,mtl->mts", E, qs)
-        dv = _overwrite(dv, bad, w_bad.transpose(-1, -2) @ dys)
-        qus = _sel(bad, qu)[0]
-        db = _overwrite(db, bad, torch.einsum("mtsl,mtl,mts->msl", E, qs, Ms) - torch.einsum("mtsl,mtl->msl", E, qus))
-    # reverse states over chunks: R_{n-1} = g_n R_n + (local sum over chunk n)
-    g = torch.exp(z_prev - z_end)  # [G, n, L]
-    Lv = (q * e_prev).transpose(-1, -2) @ dy  # [G, n, L, D]
-    Lq = e_prev.mul_(qu).sum(2)  # [G, n, L]
-    R, R_first = _scan(torch.cat([Lv, Lq.unsqueeze(-1)], -1).flip(1), g.flip(1).unsqueeze(-1), init, _SCAN_CHUNK)
-    R_after = torch.cat([R.flip(1)[:, 1:], init.unsqueeze(1)], 1)  # reverse state after chunk n
-    Rv, Rq = R_after[..., :D], R_after[..., D]  # [G, n, L, D], [G, n, L]
-    k_end = (b - z_end.unsqueeze(2)).exp_()  # [G, n, C, L]
-    _add_bmm(dv, k_end, Rv)
-    db.addcmul_(k_end, (v @ Rv.transpose(-1, -2)).sub_(Rq.unsqueeze(2)))
-    return u, db, dv, R_first
+        Es, vs, Rvs, Rqs = _sel(bad, E, v, Rv, Rq)
+        _overwrite(dv, bad, _t(torch.einsum("mtsl,mtl->mts", W, qs)) @ dys + Es @ Rvs)
+        intra = torch.einsum("mtsl,mtl,mts->msl", W, qs, Ms) - torch.einsum("mtsl,mtl->msl", W, qus)
+        _overwrite(db, bad, intra + Es * (vs @ _t(Rvs) - Rqs.unsqueeze(1)))
+    return R_first
 
 
 class LatteChunked(torch.autograd.Function):
-    """(q, b [G, N*C, L], v [G, N*C, D], S0 [G, L, D], z0 [G, L], C) ->
-    (y [G, N*C, D], S_last, z_last)."""
+    """(q, b [N, G, C, L], v [N, G, C, D] chunk-major and contiguous,
+    S0 [G, L, D], z0 [G, L]) -> (y [N, G, C, D], S_last, z_last)."""
 
     @staticmethod
     @_without_autocast
-    def forward(ctx, q, b, v, S0, z0, C):
-        G, TT, L = q.shape
-        N, D = TT // C, v.shape[-1]
-        q, b, v = q.view(G, N, C, L), b.view(G, N, C, L), v.view(G, N, C, D)
-        y = v.new_empty(G, N, C, D)
-        S_before = v.new_empty(G, N, L, D)
+    def forward(ctx, q, b, v, S0, z0):
+        N, G, C, L = q.shape
+        D = v.shape[-1]
+        y = v.new_empty(N, G, C, D)
+        S_before = v.new_empty(N, G, L, D)
         segments = _segments(G, N, C, max(C, D, L))
         z_starts = []  # z before each segment: the backward recomputes z from there
         S, z = S0, z0
         for n0, n1 in segments:
             z_starts.append(z)
-            sl = slice(n0, n1)
-            y[:, sl], S_before[:, sl], S, z = _forward_segment(q[:, sl], b[:, sl], v[:, sl], S, z)
+            S, z = _forward_segment(q[n0:n1], b[n0:n1], v[n0:n1], S, z, y[n0:n1], S_before[n0:n1])
         ctx.save_for_backward(q, b, v, S0, S_before, S, torch.stack(z_starts))
         ctx.segments = segments
-        return y.view(G, TT, D), S, z
+        return y, S, z
 
     @staticmethod
     @_without_autocast
     def backward(ctx, dy, dS_last, dz_last):
         q, b, v, S0, S_before, S_last, z_starts = ctx.saved_tensors
-        G, N, C, L = q.shape
         D = v.shape[-1]
-        dy = dy.reshape(G, N, C, D)
+        dy = dy.contiguous()
         dS_last = torch.zeros_like(S_last) if dS_last is None else dS_last
         dz_last = torch.zeros_like(z_starts[0]) if dz_last is None else dz_last
         # reverse state after the last chunk: the final-state cotangents
@@ -221,10 +240,7 @@ class LatteChunked(torch.autograd.Function):
         dq, db, dv = torch.empty_like(q), torch.empty_like(b), torch.empty_like(v)
         for (n0, n1), z0 in reversed(list(zip(ctx.segments, z_starts))):
             sl = slice(n0, n1)
-            dq[:, sl], db[:, sl], dv[:, sl], R = _backward_segment(
-                q[:, sl], b[:, sl], v[:, sl], S_before[:, sl], z0, dy[:, sl], R
-            )
+            R = _backward_segment(q[sl], b[sl], v[sl], S_before[sl], z0, dy[sl], R, dq[sl], db[sl], dv[sl])
         dS0 = R[..., :D]
         dz0 = (S0 * dS0).sum(-1) - R[..., D]
-        TT = N * C
-        return dq.view(G, TT, L), db.view(G, TT, L), dv.view(G, TT, D), dS0, dz0, None
+        return dq, db, dv, dS0, dz0

@@ -196,19 +196,37 @@ def test_gradients_with_state_and_mask_in_both_intra_chunk_forms(scale):
         assert rel_err(x, xr, floor=1e-3) < 1e-8, name
 
 
-def test_chunked_logcumsumexp_exact_with_and_without_fallback():
+def test_chunk_normalisers_match_log_space_and_flag_spread_chunks():
+    """The kernel's factorised normalisers: E / Z_t = exp(b_s - z_t) and
+    beta / Z_t = exp(z_prev - z_t) against float64 logcumsumexp; a chunk whose
+    z grows by more than SPREAD_LIMIT is flagged for the log-space form."""
     from latte.ops._checks import NEG
-    from latte.ops.chunked import _chunk_logcumsumexp
+    from latte.ops.chunked import _normalisers
 
-    b = torch.randn(6, 96, 4) * 3  # head-major [G, T, L]
-    b[0, 32:40] = -200.0  # a chunk starting far below its max: exact fallback
-    b[1, :10] = NEG  # masked tokens at the start
-    z0 = torch.full((6, 4), float("-inf"))
+    G, T, L, C = 6, 96, 4, 16
+    b = torch.randn(G, T, L) * 3
+    b[0, 40] = 100.0  # z jumps by ~90 inside the chunk [32, 48)
+    b[2, :8] = -200.0  # the first chunk starts far below its own max, from an empty state
+    b[1, :10] = NEG  # masked tokens at the start, after a finite initial state
+    z0 = torch.full((G, L), float("-inf"))
     z0[1] = 5.0
-    z = _chunk_logcumsumexp(b, z0, 16).reshape(6, 96, 4)
-    z_ref = torch.logaddexp(torch.logcumsumexp(b.double(), 1), z0.double().unsqueeze(1))
-    assert torch.isfinite(z).all()
-    assert (z.double() - z_ref).abs().max() < 1e-5
+    chunk_major = b.view(G, T // C, C, L).transpose(0, 1).contiguous()  # [N, G, C, L]
+    nm = _normalisers(chunk_major, z0)
+
+    def as_time(x):  # [N, G, C or 1, L] -> [G, N, C or 1, L]
+        return x.transpose(0, 1).double()
+
+    z_ref = torch.logaddexp(torch.logcumsumexp(b.double(), 1), z0.double().unsqueeze(1)).view(G, T // C, C, L)
+    z_prev_ref = torch.cat([z0.double()[:, None, None].expand(G, 1, 1, L), z_ref[:, :-1, -1:]], 1)
+    weight = as_time(nm.E * nm.inv_Z)  # exp(b_t - z_t)
+    decay = as_time(nm.beta * nm.inv_Z)  # exp(z_prev - z_t)
+    assert nm.bad.tolist() == [0 * G + 2, 2 * G + 0]  # flattened (chunk, row)
+    ok = torch.ones(G, T // C, dtype=torch.bool)
+    ok[0, 2] = ok[2, 0] = False
+    assert torch.allclose(weight[ok], (b.double().view(G, T // C, C, L) - z_ref).exp()[ok], atol=1e-6)
+    assert torch.allclose(decay[ok], (z_prev_ref - z_ref).exp()[ok], atol=1e-6)
+    assert torch.allclose(nm.z_last.double(), z_ref[:, -1, -1], atol=1e-4)
+    assert torch.isfinite(nm.Z_end).all() and (nm.Z_end >= 1 - 1e-6).all()
 
 
 def test_bf16_autocast_forward_and_backward_stay_float32_inside():
