@@ -90,10 +90,27 @@ def _segments(X, N, per_block):
     return [(x, x + 1, n0, min(N, n0 + step)) for x in range(X) for n0 in range(0, N, step)]
 
 
+# exp() on CPU leaves its vectorised path for arguments whose result is
+# subnormal or zero (below about -87.3 in float32): such lanes cost ~20-150x
+# more, and a window block has a third of its scores masked to -inf. The
+# arguments are therefore clamped to this floor and masked entries zeroed
+# after the exp; an unmasked weight below exp(floor) (relative to the row's
+# largest) is then off by at most exp(floor).
+_EXP_FLOOR = {torch.float64: -700.0}
+
+
+def _masked_exp_(p, shift, masked):
+    """exp(p - shift) in place, exactly 0 where `masked` (broadcast over G)."""
+    floor = _EXP_FLOOR.get(p.dtype, -80.0)
+    p.sub_(shift).clamp_(min=floor).exp_()
+    x, n, _, J = p.shape
+    return p.view(x, n, -1, masked.shape[-2], J).masked_fill_(masked[:, :, None], 0.0).view_as(p)
+
+
 def _scores(q, k, key_ok, K, Q, scale, seg):
-    """Scores of one segment with the mask added (0 / -inf):
+    """Scores of one segment with the mask added (0 / -inf), and the mask:
     q [X, N, G*Q, E], k [X, N, J, E], key_ok [B, N, J] (X = B * K, query rows
-    ordered (g, r)) -> [x1 - x0, n1 - n0, G*Q, J]."""
+    ordered (g, r)) -> ([x1 - x0, n1 - n0, G*Q, J], masked [x1 - x0, n1 - n0, Q, J])."""
     x0, x1, n0, n1 = seg
     J = k.shape[2]
     r = torch.arange(Q, device=q.device)[:, None]
@@ -103,8 +120,9 @@ def _scores(q, k, key_ok, K, Q, scale, seg):
     ok = (band & key_ok[rows, n0:n1, None, :]) | own  # [x, n, Q, J]
     qs, ks = q[x0:x1, n0:n1], k[x0:x1, n0:n1]
     s = torch.bmm(qs.flatten(0, 1), ks.flatten(0, 1).transpose(1, 2)).mul_(scale)
-    s = s.view(x1 - x0, n1 - n0, -1, Q, J).masked_fill_(~ok[:, :, None], float("-inf"))
-    return s.view(x1 - x0, n1 - n0, -1, J)
+    masked = ~ok
+    s = s.view(x1 - x0, n1 - n0, -1, Q, J).masked_fill_(masked[:, :, None], float("-inf"))
+    return s.view(x1 - x0, n1 - n0, -1, J), masked
 
 
 def _bmm(a, b, out, ta=False, tb=False):
@@ -161,9 +179,9 @@ class WindowBlocks(torch.autograd.Function):
         lse = q.new_empty(X, N, GQ)
         for seg in segments:
             x0, x1, n0, n1 = seg
-            p = _scores(q, k, key_ok, K, Q, scale, seg)
+            p, masked = _scores(q, k, key_ok, K, Q, scale, seg)
             m = p.amax(-1, keepdim=True)  # finite: every row sees its own key
-            p.sub_(m).exp_()
+            _masked_exp_(p, m, masked)
             total = p.sum(-1, keepdim=True)
             lse[x0:x1, n0:n1] = (m + total.log()).squeeze(-1)
             _bmm(p.div_(total), v[x0:x1, n0:n1], y[x0:x1, n0:n1])
@@ -185,8 +203,8 @@ class WindowBlocks(torch.autograd.Function):
         for seg in ctx.segments:
             x0, x1, n0, n1 = seg
             at = (slice(x0, x1), slice(n0, n1))
-            p = _scores(q, k, key_ok, K, Q, scale, seg)
-            p.sub_(lse[at].unsqueeze(-1)).exp_()
+            p, masked = _scores(q, k, key_ok, K, Q, scale, seg)
+            _masked_exp_(p, lse[at].unsqueeze(-1), masked)
             _bmm(p, dy[at], dv[at], ta=True)
             ds = _bmm(dy[at], v[at], torch.empty_like(p), tb=True)
             ds.sub_(row[at].unsqueeze(-1)).mul_(p).mul_(scale)

@@ -39,6 +39,30 @@ def test_window_matches_reference_forward_and_grad(T, W, K):
     assert rel_err(y32, y_ref) < 1e-5
 
 
+def test_window_float32_scores_far_below_the_max_and_masked_keys_exactly_zero():
+    """The kernel clamps exp arguments at a floor (CPU exp is ~50x slower on
+    underflowing lanes) and zeroes masked entries after the exp: scores
+    hundreds below their row's max still match float64, and a masked key's
+    weight is exactly 0 (a huge value there would show any exp(floor) leak)."""
+    torch.manual_seed(3)
+    q, k, v = qkv(70)
+    q, k = q * 6, k * 6  # scores spread over hundreds
+    mask = torch.ones(2, 70, dtype=torch.bool)
+    mask[0, 20] = False
+    v_bad = v.clone()
+    v_bad[0, 20] = 1e35
+    y_ref, _ = R.sliding_window_attention(q, k, v, 16, mask=mask)
+    q32, k32, v32 = (x.float().requires_grad_() for x in (q, k, v_bad))
+    y, _ = sliding_window_attention(q32, k32, v32, window_size=16, mask=mask)
+    real = mask.clone()
+    assert rel_err(y[real], y_ref[real]) < 1e-5
+    dy = torch.randn_like(y) * real[..., None, None]
+    gq, gk = torch.autograd.grad(y, (q32, k32), dy)
+    q64, k64 = (x.clone().requires_grad_() for x in (q, k))
+    gq_ref, gk_ref = torch.autograd.grad(R.sliding_window_attention(q64, k64, v, 16, mask=mask)[0], (q64, k64), dy.double())
+    assert rel_err(gq, gq_ref, floor=1e-3) < 1e-4 and rel_err(gk, gk_ref, floor=1e-3) < 1e-4
+
+
 def test_window_mask_and_continuation_and_steps():
     q, k, v = qkv(50)
     mask = torch.ones(2, 50, dtype=torch.bool)
