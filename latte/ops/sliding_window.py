@@ -5,10 +5,11 @@ KV), G queries per KV head, E query/key width, D value width, W window size,
 P = W - 1 cached tokens, Q query block, N blocks.
 
 Token t attends to s in (t - W, t]. The blocked form cuts the queries into
-blocks of Q tokens; block n sees keys [nQ - P, nQ + Q), so the score tensor is
-[N, Q, Q + P]: linear in T, never T x T. Besides the output it returns the
-log-normaliser lse_t = log sum_{s in W(t)} exp(e_{t,s}), which Macchiato needs
-to mix the window with the latents in one distribution.
+blocks of Q tokens and the keys into tiles of Q; block n sees the c + 1 tiles
+ending with its own (c = ceil((W - 1) / Q)), so the scores are
+[N, Q, (c + 1) Q]-sized: linear in T, never T x T. Besides the output it
+returns the log-normaliser lse_t = log sum_{s in W(t)} exp(e_{t,s}), which
+Macchiato needs to mix the window with the latents in one distribution.
 
 A query always sees its own key, even when it is padding: every row then has
 at least one finite score, so no NaN arises from an empty softmax, and real
@@ -21,10 +22,9 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from ._checks import check_mask, check_positive_int, check_rank, check_same, check_shape, state_dtype
-from .chunked import _without_autocast
+from .window_tiles import WindowTiles
 
 
 class WindowState(NamedTuple):
@@ -74,144 +74,8 @@ def check_window_state(state, q, k, v, window_size, name="initial_state"):
     check_mask(f"{name}.mask", state.mask, (B, P))
 
 
-# One segment's score tensor holds about this many floats (16 MB), as in the
-# chunked Latte kernel; the query block Q is 64 (keys per block: Q + W - 1).
-_SEGMENT_ELEMS = 1 << 22
+# Query block (and key tile) size of the blocked kernel.
 _QBLOCK = 64
-
-
-def _segments(X, N, per_block):
-    """(x0, x1, n0, n1) ranges of [X, N, ...] tensors, each a contiguous slab:
-    several whole rows x when a row fits, else one row cut into block ranges."""
-    if N * per_block <= _SEGMENT_ELEMS:
-        step = max(1, _SEGMENT_ELEMS // (N * per_block))
-        return [(x0, min(X, x0 + step), 0, N) for x0 in range(0, X, step)]
-    step = max(1, _SEGMENT_ELEMS // per_block)
-    return [(x, x + 1, n0, min(N, n0 + step)) for x in range(X) for n0 in range(0, N, step)]
-
-
-# exp() on CPU leaves its vectorised path for arguments whose result is
-# subnormal or zero (below about -87.3 in float32): such lanes cost ~20-150x
-# more, and a window block has a third of its scores masked to -inf. The
-# arguments are therefore clamped to this floor and masked entries zeroed
-# after the exp; an unmasked weight below exp(floor) (relative to the row's
-# largest) is then off by at most exp(floor).
-_EXP_FLOOR = {torch.float64: -700.0}
-
-
-def _masked_exp_(p, shift, masked):
-    """exp(p - shift) in place, exactly 0 where `masked` (broadcast over G)."""
-    floor = _EXP_FLOOR.get(p.dtype, -80.0)
-    p.sub_(shift).clamp_(min=floor).exp_()
-    x, n, _, J = p.shape
-    return p.view(x, n, -1, masked.shape[-2], J).masked_fill_(masked[:, :, None], 0.0).view_as(p)
-
-
-def _scores(q, k, key_ok, K, Q, scale, seg):
-    """Scores of one segment with the mask added (0 / -inf), and the mask:
-    q [X, N, G*Q, E], k [X, N, J, E], key_ok [B, N, J] (X = B * K, query rows
-    ordered (g, r)) -> ([x1 - x0, n1 - n0, G*Q, J], masked [x1 - x0, n1 - n0, Q, J])."""
-    x0, x1, n0, n1 = seg
-    J = k.shape[2]
-    r = torch.arange(Q, device=q.device)[:, None]
-    j = torch.arange(J, device=q.device)[None, :]
-    band, own = (j >= r) & (j <= r + J - Q), j == r + J - Q  # own key: always visible
-    rows = torch.arange(x0, x1, device=q.device) // K  # batch row of each x
-    ok = (band & key_ok[rows, n0:n1, None, :]) | own  # [x, n, Q, J]
-    qs, ks = q[x0:x1, n0:n1], k[x0:x1, n0:n1]
-    s = torch.bmm(qs.flatten(0, 1), ks.flatten(0, 1).transpose(1, 2)).mul_(scale)
-    masked = ~ok
-    s = s.view(x1 - x0, n1 - n0, -1, Q, J).masked_fill_(masked[:, :, None], float("-inf"))
-    return s.view(x1 - x0, n1 - n0, -1, J), masked
-
-
-def _bmm(a, b, out, ta=False, tb=False):
-    """out [x, n, i, k] = a @ b over the flattened batch (x, n); ta / tb use
-    a / b transposed (strided views: bmm takes them without a copy)."""
-    a, b = a.flatten(0, 1), b.flatten(0, 1)
-    torch.bmm(a.transpose(1, 2) if ta else a, b.transpose(1, 2) if tb else b, out=out.flatten(0, 1))
-    return out
-
-
-def _key_blocks(x, Q, P):
-    """x [X, P + N*Q, W] (head-major) -> the overlapping blocks [X, N, Q + P, W],
-    block n = positions [nQ, nQ + Q + P)."""
-    x = x.contiguous()  # as_strided below assumes it
-    X, TT, W = x.shape
-    return x.as_strided((X, (TT - P) // Q, Q + P, W), (TT * W, Q * W, W, 1)).contiguous()
-
-
-def _fold_blocks(d, Q, TT):
-    """The adjoint of _key_blocks: d [X, N, J, W] -> [X, TT, W], adding each
-    block back in ceil(J / Q) tiled passes."""
-    X, N, J, W = d.shape
-    out = d.new_zeros(X, TT, W)
-    for m0 in range(0, J, Q):  # slots [m0, m0 + Q) of block n: positions nQ + m0 + (0 .. Q-1)
-        tile = d[:, :, m0:m0 + Q]
-        tile = F.pad(tile, (0, 0, 0, Q - tile.shape[2])).reshape(X, N * Q, W)
-        n = min(N * Q, TT - m0)
-        out[:, m0:m0 + n] += tile[:, :n]
-    return out
-
-
-class WindowBlocks(torch.autograd.Function):
-    """Blocked window softmax with recomputation (the FlashAttention recipe
-    at block granularity): only q, k, v, y and lse are saved; each segment's
-    probabilities are rebuilt in the backward.
-
-    (q [X, N, G*Q, E], keys [X, P + N*Q, E], values [X, P + N*Q, D] (head-major,
-    the P cached positions first), key_ok [B, N, J] bool, K, Q, scale)
-    -> (y [X, N, G*Q, D], lse [X, N, G*Q]), J = Q + P. The overlapping key
-    blocks [X, N, J, .] are built in the forward and again in the backward
-    rather than saved (they are J / Q ~ 3x the keys).
-    Gradient of a row with p = softmax(s):  ds = p (dy v^T - dy . y + dlse).
-    """
-
-    @staticmethod
-    @_without_autocast
-    def forward(ctx, q, kk, vv, key_ok, K, Q, scale):
-        q = q.contiguous()  # segments are views of one slab
-        X, N, GQ, _ = q.shape
-        P = kk.shape[1] - N * Q
-        k, v = _key_blocks(kk, Q, P), _key_blocks(vv, Q, P)
-        segments = _segments(X, N, GQ * k.shape[2])
-        y = v.new_empty(X, N, GQ, v.shape[-1])
-        lse = q.new_empty(X, N, GQ)
-        for seg in segments:
-            x0, x1, n0, n1 = seg
-            p, masked = _scores(q, k, key_ok, K, Q, scale, seg)
-            m = p.amax(-1, keepdim=True)  # finite: every row sees its own key
-            _masked_exp_(p, m, masked)
-            total = p.sum(-1, keepdim=True)
-            lse[x0:x1, n0:n1] = (m + total.log()).squeeze(-1)
-            _bmm(p.div_(total), v[x0:x1, n0:n1], y[x0:x1, n0:n1])
-        ctx.save_for_backward(q, kk, vv, key_ok, y, lse)
-        ctx.K, ctx.Q, ctx.scale, ctx.segments = K, Q, scale, segments
-        return y, lse
-
-    @staticmethod
-    @once_differentiable
-    @_without_autocast
-    def backward(ctx, dy, dlse):
-        q, kk, vv, key_ok, y, lse = ctx.saved_tensors
-        K, Q, scale = ctx.K, ctx.Q, ctx.scale
-        P = kk.shape[1] - q.shape[1] * Q
-        k, v = _key_blocks(kk, Q, P), _key_blocks(vv, Q, P)
-        dy = dy.contiguous()  # autograd materialises unused output gradients as zeros
-        row = (dy * y).sum(-1).sub_(dlse)  # [X, N, G*Q]
-        dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
-        for seg in ctx.segments:
-            x0, x1, n0, n1 = seg
-            at = (slice(x0, x1), slice(n0, n1))
-            p, masked = _scores(q, k, key_ok, K, Q, scale, seg)
-            _masked_exp_(p, lse[at].unsqueeze(-1), masked)
-            _bmm(p, dy[at], dv[at], ta=True)
-            ds = _bmm(dy[at], v[at], torch.empty_like(p), tb=True)
-            ds.sub_(row[at].unsqueeze(-1)).mul_(p).mul_(scale)
-            _bmm(ds, k[at], dq[at])
-            _bmm(ds, q[at], dk[at], ta=True)
-        TT = kk.shape[1]
-        return dq, _fold_blocks(dk, Q, TT), _fold_blocks(dv, Q, TT), None, None, None, None
 
 
 def _blocked(q, k, v, window_size, scale, mask, state, lengths=None):
@@ -236,26 +100,23 @@ def _blocked(q, k, v, window_size, scale, mask, state, lengths=None):
         take = lambda x: x.gather(1, idx.view(B, P, *([1] * (x.dim() - 2))).expand(B, P, *x.shape[2:]))
         new_state = WindowState(take(kk), take(vv), take(km))
     Q = min(T, _QBLOCK)
-    N = -(-T // Q)
-    pad = N * Q - T
+    N, c = -(-T // Q), -(-P // Q)
+    pad, front = N * Q - T, c * Q - P  # zeros after the sequence, masked slots before the cache
 
-    def padded(x):  # zero-padded at the end of time to N * Q (+ P) positions
-        return F.pad(x, (0,) * (2 * (x.dim() - 2)) + (0, pad)) if pad else x
+    def padded(x, before=0):  # along time: `before` slots in front, `pad` after
+        return F.pad(x, (0,) * (2 * (x.dim() - 2)) + (before, pad)) if before or pad else x
 
-    def head_major(x):  # [B, P + T, K, W] -> [B * K, P + N * Q, W]
-        return padded(x).transpose(1, 2).reshape(B * K, -1, x.shape[-1])
+    def tiles(x):  # [B, P + T, K, W] -> [N + c, B * K, Q, W]: tile i = padded slots [iQ, iQ + Q)
+        x = padded(x, front)
+        return x.view(B, N + c, Q, K, x.shape[-1]).permute(1, 0, 3, 2, 4).reshape(N + c, B * K, Q, x.shape[-1])
 
-    # block n: queries [nQ, nQ + Q) see keys [nQ - P, nQ + Q) = J = Q + P slots
-    qb = padded(q.to(work)).view(B, N, Q, K, G, E).permute(0, 3, 1, 4, 2, 5)
-    key_ok = padded(km).unfold(1, Q + P, Q)  # [B, N, J]
-    y, lse = WindowBlocks.apply(
-        qb.reshape(B * K, N, G * Q, E),
-        head_major(kk),  # [B * K, P + N * Q, E]
-        head_major(vv),  # [B * K, P + N * Q, D]
-        key_ok.contiguous(), K, Q, scale,
+    # block n: queries [nQ, nQ + Q) see tiles n .. n + c, i.e. keys [nQ - cQ, nQ + Q)
+    qb = padded(q.to(work)).view(B, N, Q, K, G, E).permute(1, 0, 3, 4, 2, 5)
+    y, lse = WindowTiles.apply(
+        qb.reshape(N, B * K, G * Q, E), tiles(kk), tiles(vv), padded(km, front).view(B, N + c, Q), K, P, scale,
     )
-    y = y.view(B, K, N, G, Q, D).permute(0, 2, 4, 1, 3, 5).reshape(B, N * Q, H, D)[:, :T]
-    lse = lse.view(B, K, N, G, Q).permute(0, 2, 4, 1, 3).reshape(B, N * Q, H)[:, :T]
+    y = y.view(N, B, K, G, Q, D).permute(1, 0, 4, 2, 3, 5).reshape(B, N * Q, H, D)[:, :T]
+    lse = lse.view(N, B, K, G, Q).permute(1, 0, 4, 2, 3).reshape(B, N * Q, H)[:, :T]
     return y, lse, new_state
 
 
