@@ -66,32 +66,37 @@ def _masked_keys(k, mask):
 
 
 def _chunked(q, k, v, chunk_size, state):
-    """Causal core in the work dtype; returns (y [B,T,H,D], LinearAttentionState)."""
+    """Causal core in the work dtype; returns (y [B,T,H,D], LinearAttentionState).
+    Chunk-major [N, B * H, C, .] layout: every product is one bmm over N * B * H
+    contiguous blocks (einsum over [B, N, C, H, .] would permute and copy)."""
     B, T, H, E = q.shape
     D = v.shape[-1]
+    G = B * H
     if state is None:
-        S0, z0 = q.new_zeros(B, H, E, D), q.new_zeros(B, H, E)
+        S0, z0 = q.new_zeros(G, E, D), q.new_zeros(G, E)
     else:
-        S0, z0 = state.S.to(q.dtype), state.z.to(q.dtype)
+        S0, z0 = state.S.to(q.dtype).reshape(G, E, D), state.z.to(q.dtype).reshape(G, E)
     C = min(chunk_size, T)
     N = -(-T // C)
     pad = N * C - T
-    if pad:  # zero keys at the end change neither outputs nor the final state
-        q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
-    q, k = q.view(B, N, C, H, E), k.view(B, N, C, H, E)
-    v = v.view(B, N, C, H, D)
+
+    def chunk_major(x):  # [B, T, H, X] -> [N * B * H, C, X]; zero keys at the end change nothing
+        x = F.pad(x, (0, 0, 0, 0, 0, pad)) if pad else x
+        return x.unflatten(1, (N, C)).permute(1, 0, 3, 2, 4).reshape(N * G, C, x.shape[-1])
+
+    q, k, v = chunk_major(q), chunk_major(k), chunk_major(v)
     causal = torch.ones(C, C, dtype=q.dtype, device=q.device).tril()
-    A = torch.einsum("bnthe,bnshe->bnhts", q, k) * causal  # [B, N, H, C, C]
-    num = torch.einsum("bnhts,bnshd->bnthd", A, v)  # [B, N, C, H, D]
-    den = A.sum(-1).transpose(2, 3)  # [B, N, C, H]
-    S_incl = S0.unsqueeze(1) + torch.einsum("bnche,bnchd->bnhed", k, v).cumsum(1)  # [B, N, H, E, D]
-    z_incl = z0.unsqueeze(1) + k.sum(2).cumsum(1)  # [B, N, H, E]
-    S_before = torch.cat([S0.unsqueeze(1), S_incl[:, :-1]], 1)
-    z_before = torch.cat([z0.unsqueeze(1), z_incl[:, :-1]], 1)
-    num = num + torch.einsum("bnche,bnhed->bnchd", q, S_before)
-    den = den + torch.einsum("bnche,bnhe->bnch", q, z_before)
-    y = num / (den.unsqueeze(-1) + EPS)
-    return y.reshape(B, N * C, H, D)[:, :T], LinearAttentionState(S_incl[:, -1], z_incl[:, -1])
+    A = torch.bmm(q, k.transpose(1, 2)) * causal  # [N * G, C, C]
+    kv = torch.bmm(k.transpose(1, 2), v).view(N, G, E, D)  # each chunk's sum of k v^T
+    S_incl = S0 + kv.cumsum(0)  # [N, G, E, D]
+    z_incl = z0 + k.view(N, G, C, E).sum(2).cumsum(0)  # [N, G, E]
+    S_before = torch.cat([S0.unsqueeze(0), S_incl[:-1]]).view(N * G, E, D)
+    z_before = torch.cat([z0.unsqueeze(0), z_incl[:-1]]).view(N * G, E, 1)
+    num = torch.baddbmm(torch.bmm(A, v), q, S_before)  # [N * G, C, D]
+    den = A.sum(-1, keepdim=True) + torch.bmm(q, z_before)  # [N * G, C, 1]
+    y = num / (den + EPS)
+    y = y.view(N, B, H, C, D).permute(1, 0, 3, 2, 4).reshape(B, N * C, H, D)[:, :T]
+    return y, LinearAttentionState(S_incl[-1].view(B, H, E, D), z_incl[-1].view(B, H, E))
 
 
 def linear_attention(
