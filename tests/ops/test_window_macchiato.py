@@ -63,6 +63,35 @@ def test_window_float32_scores_far_below_the_max_and_masked_keys_exactly_zero():
     assert rel_err(gq, gq_ref, floor=1e-3) < 1e-4 and rel_err(gk, gk_ref, floor=1e-3) < 1e-4
 
 
+@pytest.mark.parametrize("W", [20, 130])
+def test_window_many_segments_with_padding_in_some_equal_reference(monkeypatch, W):
+    """One query block per segment, padding in some segments only (the
+    per-key mask and the own-key exception run in those, the band alone in
+    the others); W = 130 spans three key tiles per block."""
+    import latte.ops.window_tiles as WT
+
+    monkeypatch.setattr(WT, "_SEGMENT_ELEMS", 1)
+    q, k, v = qkv(200)  # Q = 64: four blocks
+    mask = torch.ones(2, 200, dtype=torch.bool)
+    mask[0, 70:75] = False  # block 1 of row 0
+    mask[1, 199] = False  # the last block of row 1
+    args = [q, k, v]
+
+    def fast(q, k, v):
+        y, lse, _ = sliding_window_attention_lse(q, k, v, window_size=W, mask=mask)
+        return torch.cat([y[mask].flatten(), lse[mask].flatten()])
+
+    def ref(q, k, v):
+        y, lse = R.sliding_window_attention(q, k, v, W, mask=mask)
+        return torch.cat([y[mask].flatten(), lse[mask].flatten()])
+
+    out, g = grads_of(fast, args)
+    out_ref, g_ref = grads_of(ref, args)
+    assert rel_err(out, out_ref) < 1e-12
+    for x, xr in zip(g, g_ref):
+        assert rel_err(x, xr, floor=1e-4) < 1e-10
+
+
 def test_window_mask_and_continuation_and_steps():
     q, k, v = qkv(50)
     mask = torch.ones(2, 50, dtype=torch.bool)
