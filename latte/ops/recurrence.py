@@ -89,7 +89,7 @@ def linear_recurrence(
     *,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    chunk_size: int = 64,
+    chunk_size: int = 32,
 ):
     """Scan h_t = exp(log_a_t) * h_{t-1} + x_t along dim 1.
 
@@ -99,7 +99,9 @@ def linear_recurrence(
             real value or -inf is accepted).
         initial_state: [B, *F] h_{-1}, or None for zeros.
         output_final_state: also return h_{T-1} (float32; float64 for float64 x).
-        chunk_size: steps per chunk of the two-level scan.
+        chunk_size: steps per chunk of the two-level scan (32: fastest or
+            within 7% of the fastest of 8-64 at T = 512-16384 on a 2-core CPU,
+            where the cost is mostly per-op overhead of the C + N steps).
     Returns:
         (h [B, T, *F] in x's dtype, h_last [B, *F] float32 or None)
     """
