@@ -24,7 +24,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from ._checks import (
     NEG,
@@ -36,7 +35,7 @@ from ._checks import (
     check_shape,
     state_dtype,
 )
-from .chunked import LatteChunked
+from .chunked import LatteChunked, from_chunks, to_chunks
 
 
 class LatteState(NamedTuple):
@@ -94,18 +93,10 @@ def _chunked(a, b, v, chunk_size, state, mask):
     c = torch.maximum(b.amax(1).view(B * H, L), z0).detach()  # [B * H, L]
     z0 = z0 - c
     C = min(chunk_size, T)
-    N = -(-T // C)
-    pad = N * C - T
-
-    def chunk_major(x, value=0.0):  # [B, T, H, X] -> [N, B * H, C, X], contiguous
-        if pad:  # masked keys at the end change neither outputs nor the final state
-            x = F.pad(x, (0, 0, 0, 0, 0, pad), value=value)
-        return x.unflatten(1, (N, C)).permute(1, 0, 3, 2, 4).reshape(N, B * H, C, x.shape[-1]).contiguous()
-
-    b = chunk_major(b, NEG)
-    b = b - c.view(1, B * H, 1, L)
-    y, S_last, z_last = LatteChunked.apply(chunk_major(q), b, chunk_major(v), S0, z0)
-    y = y.view(N, B, H, C, D).permute(1, 0, 3, 2, 4).reshape(B, N * C, H, D)[:, :T]
+    # masked keys padded at the end change neither outputs nor the final state
+    b = to_chunks(b, C, NEG) - c.view(1, B * H, 1, L)
+    y, S_last, z_last = LatteChunked.apply(to_chunks(q, C), b, to_chunks(v, C), S0, z0)
+    y = from_chunks(y, B, T)
     return y, LatteState(S_last.view(B, H, L, D), (z_last + c).view(B, H, L))
 
 

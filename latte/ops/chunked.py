@@ -37,10 +37,27 @@ import math
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 # Largest growth of z inside one chunk for which the factorised intra-chunk
 # form is used; its factors then stay within exp(+-40), far from float32 limits.
 SPREAD_LIMIT = 40.0
+
+
+def to_chunks(x, C, value=0.0):
+    """[B, T, H, X] -> chunk-major [N, B * H, C, X] (contiguous), time padded
+    at the end with `value` to N * C."""
+    B, T, H, X = x.shape
+    N = -(-T // C)
+    if N * C > T:
+        x = F.pad(x, (0, 0, 0, 0, 0, N * C - T), value=value)
+    return x.unflatten(1, (N, C)).permute(1, 0, 3, 2, 4).reshape(N, B * H, C, X).contiguous()
+
+
+def from_chunks(y, B, T):
+    """The inverse of to_chunks: [N, B * H, C, X] -> [B, T, H, X] (padding dropped)."""
+    N, G, C, X = y.shape
+    return y.view(N, B, G // B, C, X).permute(1, 0, 3, 2, 4).reshape(B, N * C, G // B, X)[:, :T]
 
 
 class _Norm(NamedTuple):

@@ -21,9 +21,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from ._checks import check_mask, check_positive_int, check_rank, check_same, check_shape, state_dtype
+from .chunked import from_chunks, to_chunks
 
 EPS = 1e-6
 
@@ -78,13 +78,8 @@ def _chunked(q, k, v, chunk_size, state):
         S0, z0 = state.S.to(q.dtype).reshape(G, E, D), state.z.to(q.dtype).reshape(G, E)
     C = min(chunk_size, T)
     N = -(-T // C)
-    pad = N * C - T
-
-    def chunk_major(x):  # [B, T, H, X] -> [N * B * H, C, X]; zero keys at the end change nothing
-        x = F.pad(x, (0, 0, 0, 0, 0, pad)) if pad else x
-        return x.unflatten(1, (N, C)).permute(1, 0, 3, 2, 4).reshape(N * G, C, x.shape[-1])
-
-    q, k, v = chunk_major(q), chunk_major(k), chunk_major(v)
+    # chunk-major, flattened to [N * B * H, C, X]; zero keys at the end change nothing
+    q, k, v = (to_chunks(x, C).flatten(0, 1) for x in (q, k, v))
     causal = torch.ones(C, C, dtype=q.dtype, device=q.device).tril()
     A = torch.bmm(q, k.transpose(1, 2)) * causal  # [N * G, C, C]
     kv = torch.bmm(k.transpose(1, 2), v).view(N, G, E, D)  # each chunk's sum of k v^T
@@ -95,7 +90,7 @@ def _chunked(q, k, v, chunk_size, state):
     num = torch.baddbmm(torch.bmm(A, v), q, S_before)  # [N * G, C, D]
     den = A.sum(-1, keepdim=True) + torch.bmm(q, z_before)  # [N * G, C, 1]
     y = num / (den + EPS)
-    y = y.view(N, B, H, C, D).permute(1, 0, 3, 2, 4).reshape(B, N * C, H, D)[:, :T]
+    y = from_chunks(y.view(N, G, C, D), B, T)
     return y, LinearAttentionState(S_incl[-1].view(B, H, E, D), z_incl[-1].view(B, H, E))
 
 
