@@ -4,6 +4,7 @@
     latte generate --run RUN_DIR --prompt "..." [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
     latte eval --run RUN_DIR [--lengths 1,2,4,8] [--max-tokens N] [--out eval.json]
     latte bench {ops,decode,train} [args...]
+    latte experiment NAME [args...]   (latte experiment --help lists them)
 
 Multi-process: torchrun --standalone --nproc_per_node=2 -m latte train ...
 Errors a user can cause (bad config, corpus, checkpoint, a missing optional
@@ -29,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    handlers = {"train": cmd_train, "generate": cmd_generate, "eval": cmd_eval, "bench": cmd_bench}
+    handlers = {"train": cmd_train, "generate": cmd_generate, "eval": cmd_eval, "bench": cmd_bench,
+                "experiment": cmd_experiment}
     if command not in handlers:
         print(f"latte: unknown command {command!r}; expected one of {', '.join(handlers)}\n{USAGE}",
               file=sys.stderr)
@@ -213,3 +215,17 @@ def cmd_bench(args: list[str]) -> int:
         return 2
     module.main(args[1:])  # returns the results dict; failures raise
     return 0
+
+
+# --------------------------------------------------------------------------- experiment
+
+def cmd_experiment(args: list[str]) -> int:
+    from latte.experiments import EXPERIMENTS
+
+    if not args or args[0] in ("-h", "--help") or args[0] not in EXPERIMENTS:
+        known = ", ".join(EXPERIMENTS) or "(none in this installation)"
+        print(f"usage: latte experiment NAME [args...] (NAME --help for its options)\nexperiments: {known}",
+              file=sys.stderr if args and args[0] not in ("-h", "--help") else sys.stdout)
+        return 0 if args and args[0] in ("-h", "--help") else 2
+    module = importlib.import_module(f"latte.experiments.{args[0].replace('-', '_')}")
+    return module.main(args[1:])

@@ -276,13 +276,14 @@ def add_common_args(p, *, repeats: int = 5) -> None:
                    help="also replace this benchmark's section of a README (between its bench markers)")
 
 
-def update_readme(path: Path, name: str, markdown: str, image: str | None = None) -> None:
-    """Replace the text between `<!-- bench:NAME:start -->` and
-    `<!-- bench:NAME:end -->` in `path` with `markdown` (+ an image link), so
-    the README's numbers always come from a benchmark run, never by hand."""
+def update_readme(path: Path, name: str, markdown: str, image: str | None = None, *, kind: str = "bench") -> None:
+    """Replace the text between `<!-- KIND:NAME:start -->` and
+    `<!-- KIND:NAME:end -->` in `path` with `markdown` (+ an image link), so
+    the README's numbers always come from a benchmark or experiment run
+    (kind "bench" or "results"), never by hand."""
     path = Path(path)
     text = path.read_text()
-    start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+    start, end = f"<!-- {kind}:{name}:start -->", f"<!-- {kind}:{name}:end -->"
     if start not in text or end not in text:
         raise ValueError(f"{path}: no {start} ... {end} markers to replace")
     # the benchmark's own headings sit three levels below the README's section

@@ -1,0 +1,116 @@
+"""Resumable sweeps and result files shared by every experiment.
+
+A sweep is a list of cells (flat dicts). Each finished cell is written to
+`WORK/cells/<key>.json` atomically, so a killed sweep continues where it
+stopped and never redoes a finished cell. The results of an experiment are
+written to `OUT/` as:
+
+- `results.json`: a list of flat records (one per cell or row),
+- `results.md`: a header naming the command, machine, threads and wall time,
+  then the experiment's tables,
+- `run.json`: the same provenance as data (command, machine, threads, wall_s),
+- PNG plots written by the experiment itself.
+
+A README section between `<!-- results:NAME:start -->` and
+`<!-- results:NAME:end -->` is replaced by `results.md` when asked, so every
+number in the README comes from these files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ..bench.common import machine_info, update_readme
+from ..config_io import atomic_write
+
+
+def cell_key(cell: dict) -> str:
+    """A stable file-name-safe key for a cell: its items in a fixed order."""
+    parts = [f"{k}={cell[k]}" for k in sorted(cell)]
+    return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", ",".join(parts))
+
+
+class Sweep:
+    """Run `fn(cell) -> record` for every cell not finished in an earlier run.
+
+    `records()` returns the finished records in cell order. A record must be
+    JSON-serialisable; the cell's own fields are merged in front of it."""
+
+    def __init__(self, work_dir: str | Path, cells: Iterable[dict], key: Callable[[dict], str] = cell_key):
+        self.work = Path(work_dir)
+        self.cells = list(cells)
+        self.key = key
+        keys = [key(c) for c in self.cells]
+        if len(set(keys)) != len(keys):
+            dup = sorted({k for k in keys if keys.count(k) > 1})
+            raise ValueError(f"sweep cells must be distinct; repeated: {dup[:3]}")
+
+    def _path(self, cell: dict) -> Path:
+        return self.work / "cells" / f"{self.key(cell)}.json"
+
+    def done(self, cell: dict) -> bool:
+        return self._path(cell).is_file()
+
+    def pending(self) -> list[dict]:
+        return [c for c in self.cells if not self.done(c)]
+
+    def run(self, fn: Callable[[dict], dict], *, desc: str = "sweep") -> list[dict]:
+        todo = self.pending()
+        if len(todo) < len(self.cells):
+            print(f"{desc}: {len(self.cells) - len(todo)} of {len(self.cells)} cells already done "
+                  f"in {self.work}; running the other {len(todo)}", file=sys.stderr)
+        for cell in _progress(todo, desc):
+            record = {**cell, **fn(cell)}
+            path = self._path(cell)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, json.dumps(record, indent=1) + "\n")
+        return self.records()
+
+    def records(self) -> list[dict]:
+        return [json.loads(self._path(c).read_text()) for c in self.cells if self.done(c)]
+
+
+def _progress(items: list, desc: str):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the progress bar is optional (extra "train")
+        return items
+    return tqdm(items, desc=desc, unit="cell", dynamic_ncols=True, file=sys.stderr)
+
+
+def provenance(experiment: str, argv: list[str], started: float, **extra) -> dict:
+    """What made a result: the exact command (`latte experiment NAME ARGS`),
+    the machine, threads and wall time since `started` (time.time())."""
+    command = shlex.join(["latte", "experiment", experiment, *argv])
+    return {"command": command, "machine": machine_info(), "wall_s": round(time.time() - started, 1), **extra}
+
+
+def write_results(out_dir: str | Path, name: str, records: list[dict], tables_md: str, run: dict,
+                  *, readme: str | Path | None = None) -> Path:
+    """results.json, results.md and run.json in out_dir; the README section
+    `results:NAME` is replaced by results.md when `readme` is given."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for r in records:
+        bad = [k for k, v in r.items() if isinstance(v, (dict, list))]
+        if bad:
+            raise ValueError(f"{name}: result records must be flat; fields {bad} hold {type(r[bad[0]]).__name__}")
+    m = run["machine"]
+    load = m.get("loadavg_start")
+    head = (f"#### {name}\n\nCommand: `{run['command']}`\n\n"
+            f"{m['cpu_model']}, {m['usable_cores']} cores, torch {m['torch']}, {m['threads']} threads; "
+            f"wall time {run['wall_s']:,.0f} s; load average at start {load[0]:.1f}"
+            if load else f"#### {name}\n\nCommand: `{run['command']}`")
+    markdown = f"{head}\n\n{tables_md.strip()}\n"
+    atomic_write(out / "results.json", json.dumps(records, indent=1) + "\n")
+    atomic_write(out / "results.md", markdown)
+    atomic_write(out / "run.json", json.dumps(run, indent=1) + "\n")
+    if readme is not None:
+        update_readme(Path(readme), name, markdown, kind="results")
+    return out
