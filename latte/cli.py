@@ -1,6 +1,6 @@
 """`latte <command>` / `python -m latte <command>`: train, generate, eval, bench.
 
-    latte train [--config configs/tiny.yaml] [--resume auto|never|PATH] [--section.field=value ...]
+    latte train [--config tiny] [--resume auto|never|PATH] [--section.field=value ...]
     latte generate --run RUN_DIR --prompt "..." [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
     latte eval --run RUN_DIR [--lengths 1,2,4,8] [--max-tokens N] [--out eval.json]
     latte bench {ops,decode,train} [args...]

@@ -24,7 +24,10 @@ from latte.config_io import ConfigError, ConfigErrors, build, load_yaml, merge, 
 from latte.models import LatteConfig
 
 # The default job of `latte train` (no --config): the tiny CPU recipe.
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+# Shipped run configs live in the package (latte/configs/*.yaml), so that an
+# installed wheel runs `latte train` from any directory.
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "tiny.yaml"
 
 
 @dataclass
@@ -195,13 +198,30 @@ class RunConfig:
         e.raise_if_any()
 
 
+def shipped_configs() -> list[str]:
+    """Names of the configs shipped with the package ("tiny", "mixers/latte", ...)."""
+    return sorted(p.relative_to(CONFIG_DIR).with_suffix("").as_posix() for p in CONFIG_DIR.rglob("*.yaml"))
+
+
+def resolve_config(config: str | Path | None) -> Path:
+    """A YAML path, or the name of a shipped config ("tiny", "mixers/latte");
+    None is the default job (tiny)."""
+    if config is None:
+        return DEFAULT_CONFIG
+    path = Path(config)
+    if path.is_file():
+        return path
+    name = path.as_posix().removesuffix(".yaml")
+    if (CONFIG_DIR / f"{name}.yaml").is_file():
+        return CONFIG_DIR / f"{name}.yaml"
+    raise ValueError(f"--config {config}: no such file, and not a shipped config name; "
+                     f"shipped: {', '.join(shipped_configs())}")
+
+
 def load_run_config(config_path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
-    """YAML at `config_path` (default: configs/tiny.yaml) + CLI overrides ->
-    a validated RunConfig. Every problem is reported at once (a ValueError)."""
-    path = Path(config_path) if config_path is not None else DEFAULT_CONFIG
-    if not path.is_file():
-        hint = "" if config_path is not None else " (the default job); pass --config PATH"
-        raise ValueError(f"config file {path}: not found{hint}")
+    """YAML at `config_path` or a shipped config name (default: tiny) + CLI
+    overrides -> a validated RunConfig. Every problem is reported at once (a ValueError)."""
+    path = resolve_config(config_path)
     data = merge(load_yaml(path), parse_overrides(list(overrides)))
     where = str(path) + (" + overrides" if overrides else "")
     return build(RunConfig, data, where=where)

@@ -10,9 +10,9 @@ import pytest
 from latte.config_io import build, load_yaml, to_dict
 from latte.models import LatteConfig
 from latte.train.config import (ARCHITECTURE_FIELDS, DEFAULT_CONFIG, ModelConfig, RunConfig, check_world_size,
-                                load_run_config)
+                                load_run_config, resolve_config, shipped_configs)
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "latte" / "configs"
 MIXERS = ("latte", "macchiato", "softmax", "linear", "swa")
 
 
@@ -22,6 +22,15 @@ def test_default_job_is_tiny_yaml():
     assert cfg.data.source == "shakespeare" and cfg.data.tokenizer == "bpe"
     assert 4096 <= cfg.data.vocab_size <= 8192
     assert cfg.model.to_latte_config(cfg.data.vocab_size).mixers  # builds a valid LatteConfig
+
+
+def test_configs_by_name_or_path():
+    assert resolve_config("tiny") == resolve_config("tiny.yaml") == DEFAULT_CONFIG
+    assert resolve_config("mixers/latte") == CONFIGS / "mixers" / "latte.yaml"
+    assert resolve_config(str(CONFIGS / "mixers" / "swa.yaml")) == CONFIGS / "mixers" / "swa.yaml"
+    assert {"tiny", "mixers/latte", "paper-table6"} <= set(shipped_configs())
+    with pytest.raises(ValueError, match="shipped: .*mixers/latte"):
+        resolve_config("no-such-config")
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.rglob("*.yaml")), ids=lambda p: p.name)
@@ -103,7 +112,7 @@ def test_cross_section_checks():
 
 
 def test_missing_config_file_is_named(tmp_path):
-    with pytest.raises(ValueError, match="nope.yaml: not found"):
+    with pytest.raises(ValueError, match="nope.yaml: no such file"):
         load_run_config(tmp_path / "nope.yaml")
 
 
