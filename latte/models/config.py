@@ -39,9 +39,12 @@ class LatteConfig:
         causal only).
     num_kv_heads: key/value heads of the softmax-style branches (softmax, swa,
         the macchiato window); None means num_heads.
+    mlp: "swiglu", "gelu", or "none" for attention-only blocks (no MLP and no
+        second norm: the 2-layer models of the Zoology MQAR sweeps).
     ffn_dim: MLP hidden width; None derives it from mlp_ratio: mlp_ratio * dim
         for "gelu", and 2/3 of that rounded up to a multiple of 8 for "swiglu"
         (three matrices instead of two: about the same parameter count).
+        Ignored with mlp "none".
     position_embedding: absolute positions added to the token embeddings.
         "none" suits causal LMs (recurrent qk_mixer / RoPE carry position);
         encoders need "learned" or "sinusoidal". Absolute positions count real
@@ -63,7 +66,7 @@ class LatteConfig:
     conv_size: int = 3
     chunk_size: int = 64
     rope_theta: float = 10000.0
-    mlp: Literal["swiglu", "gelu"] = "swiglu"
+    mlp: Literal["swiglu", "gelu", "none"] = "swiglu"
     mlp_ratio: float = 4.0
     ffn_dim: int | None = None
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
@@ -183,7 +186,7 @@ _INT_FIELDS = ("vocab_size", "dim", "num_layers", "num_heads", "num_latents", "w
                "conv_size", "chunk_size", "max_position_embeddings", "num_labels")
 _FLOAT_FIELDS = ("rope_theta", "mlp_ratio", "norm_eps", "dropout", "initializer_range")
 _CHOICES = {"mix": ("joint", "gate"), "qk_mixer": ("none", "conv", "rglru", "conv_rglru"),
-            "mlp": ("swiglu", "gelu"), "norm": ("rmsnorm", "layernorm"),
+            "mlp": ("swiglu", "gelu", "none"), "norm": ("rmsnorm", "layernorm"),
             "position_embedding": ("none", "learned", "sinusoidal"), "pooling": ("mean", "cls")}
 
 

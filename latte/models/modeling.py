@@ -2,7 +2,7 @@
 
     x = embed(ids) [+ absolute position]           [B, T, dim]
     for each block:  x = x + mixer(norm(x))         (latte, macchiato, softmax, linear or swa)
-                     x = x + mlp(norm(x))
+                     x = x + mlp(norm(x))          (skipped with mlp "none")
     h = norm(x)                                     [B, T, dim]
 
 Padding: `attention_mask` [B, T] (True / 1 = real token) goes to every mixer,
@@ -79,19 +79,22 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x)).
+    With mlp "none" the block is attention only (mlp and mlp_norm are None)."""
 
     def __init__(self, config: LatteConfig, layer_idx: int):
         super().__init__()
         self.mixer_norm = build_norm(config)
         self.mixer = build_mixer(config, config.mixers[layer_idx])
-        self.mlp_norm = build_norm(config)
-        self.mlp = MLP(config)
+        has_mlp = config.mlp != "none"
+        self.mlp_norm = build_norm(config) if has_mlp else None
+        self.mlp = MLP(config) if has_mlp else None
 
     def forward(self, x, *, state=None, mask=None):
         y, state = self.mixer(self.mixer_norm(x), state=state, mask=mask)
         x = x + y
-        x = x + self.mlp(self.mlp_norm(x))
+        if self.mlp is not None:
+            x = x + self.mlp(self.mlp_norm(x))
         return x, state
 
 

@@ -98,3 +98,32 @@ def test_paper_table6_preset():
     assert (cfg.num_latents, cfg.window_size, cfg.conv_size, cfg.qk_mixer) == (256, 128, 3, "conv")
     assert (cfg.dropout, cfg.position_embedding, cfg.vocab_size) == (0.1, "learned", 50257)
     assert LatteConfig.paper_table6(dropout=0.0).dropout == 0.0
+
+
+@pytest.mark.parametrize("mixer", ["softmax", "latte"])
+def test_mlp_none_builds_attention_only_blocks(mixer):
+    """mlp "none" (the Zoology MQAR blocks): no MLP, no second norm; the
+    mixer weights are those of the same model with an MLP, and the output is
+    x + mixer(norm(x)) per block, checked against a hand-written forward."""
+    import torch
+
+    from latte.models import LatteForCausalLM
+
+    torch.manual_seed(0)
+    plain = LatteForCausalLM(LatteConfig.tiny(mixer=mixer, mlp="none")).eval()
+    torch.manual_seed(0)
+    full = LatteForCausalLM(LatteConfig.tiny(mixer=mixer)).eval()
+    assert all(b.mlp is None and b.mlp_norm is None for b in plain.model.blocks)
+    mlp_params = sum(p.numel() for b in full.model.blocks for m in (b.mlp, b.mlp_norm) for p in m.parameters())
+    assert plain.num_parameters() == full.num_parameters() - mlp_params
+    ids = torch.randint(0, 64, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        x = plain.model.embed(ids)
+        for b in plain.model.blocks:
+            x = x + b.mixer(b.mixer_norm(x))[0]
+        expected = plain.lm_head(plain.model.norm(x))
+        assert torch.allclose(plain(ids).logits, expected, atol=1e-5)
+        # decoding with a cache continues the same function
+        out = plain(ids[:, :7], use_cache=True)
+        step = plain(ids[:, 7:], state=out.state)
+        assert torch.allclose(torch.cat([out.logits, step.logits], 1), plain(ids).logits, atol=1e-4)
