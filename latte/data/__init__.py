@@ -1,4 +1,5 @@
-"""Text data: corpora, tokenizer, token packing and resumable rank-aware loading.
+"""Text data: corpora, tokenizer, token packing and resumable rank-aware
+loading; synthetic tasks (MQAR associative recall).
 
 Typical use:
     docs = load_documents("shakespeare")
@@ -15,12 +16,14 @@ from latte.data.loader import (
     iter_eval_batches,
     unigram_perplexity,
 )
+from latte.data.mqar import MQARData, mqar, mqar_splits
 from latte.data.packing import check_token_ids, pack_documents, token_dtype
 from latte.data.tokenizer import EOS_TOKEN, Tokenizer, load_tokenizer, train_bpe
 
 __all__ = [
     "Document",
     "EOS_TOKEN",
+    "MQARData",
     "SampleLoader",
     "TokenWindows",
     "Tokenizer",
@@ -28,6 +31,8 @@ __all__ = [
     "iter_eval_batches",
     "load_documents",
     "load_tokenizer",
+    "mqar",
+    "mqar_splits",
     "pack_documents",
     "split_documents",
     "token_dtype",
