@@ -3,6 +3,7 @@
     latte train [--config tiny] [--resume auto|never|PATH] [--section.field=value ...]
     latte generate --run RUN_DIR --prompt "..." [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
     latte eval --run RUN_DIR [--lengths 1,2,4,8] [--max-tokens N] [--out eval.json]
+    latte eval --run RUN_DIR --latents [--max-tokens N] [--out latents.json]   (latent utilisation)
     latte bench {ops,decode,train} [args...]
     latte experiment NAME [args...]   (latte experiment --help lists them)
 
@@ -144,8 +145,13 @@ def cmd_eval(args: list[str]) -> int:
     p.add_argument("--lengths", default="1,2,4,8", help="multiples of the training seq_len")
     p.add_argument("--max-tokens", type=int, default=65536, help="validation tokens evaluated (0 = all)")
     p.add_argument("--batch-size", type=int, default=8, help="windows per batch at 1x (halved per doubling)")
-    p.add_argument("--out", default=None, help="JSON output (default: RUN/eval.json)")
+    p.add_argument("--out", default=None, help="JSON output (default: RUN/eval.json, or RUN/latents.json)")
+    p.add_argument("--latents", action="store_true",
+                   help="latent utilisation instead (Latte / Macchiato): per layer and head the entropy of the "
+                        "average p(l|t), effective latents, used fraction, p(window|t); + a heat-map PNG")
     a = p.parse_args(args)
+    if a.latents:
+        return _eval_latents(a)
     try:
         multiples = sorted({int(x) for x in a.lengths.split(",") if x.strip()})
     except ValueError:
@@ -173,6 +179,33 @@ def cmd_eval(args: list[str]) -> int:
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(format_table(results))
     print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _eval_latents(a: argparse.Namespace) -> int:
+    from latte.data import TokenWindows
+    from latte.eval.latents import format_table as latents_table
+    from latte.eval.latents import latent_utilisation, plot_latents
+    from latte.eval.perplexity import subset
+    from latte.eval.runs import load_trained
+    from latte.train.setup import pack_split
+
+    trained = load_trained(a.run)
+    cfg = trained.config
+    windows = TokenWindows(pack_split(cfg, trained.tokenizer, "validation"), cfg.data.seq_len)
+    if a.max_tokens > 0:
+        windows = subset(windows, max(1, a.max_tokens // cfg.data.seq_len))
+    report = latent_utilisation(trained.model, windows, batch_size=a.batch_size)
+    report.update(checkpoint=str(trained.checkpoint), step=trained.step, mixer=cfg.model.mixer,
+                  qk_mixer=cfg.model.qk_mixer, source=cfg.data.source)
+    run_dir = Path(a.run).parent if (Path(a.run) / "manifest.json").is_file() else Path(a.run)
+    out = Path(a.out) if a.out else run_dir / "latents.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    png = out.with_suffix(".png")
+    plotted = plot_latents(report, png, title=f"{cfg.model.mixer} (qk_mixer {cfg.model.qk_mixer}), "
+                                              f"step {trained.step}, {report['tokens']:,} validation tokens")
+    print(latents_table(report))
+    print(f"wrote {out}" + (f" and {png}" if plotted else ""), file=sys.stderr)
     return 0
 
 

@@ -126,3 +126,17 @@ def test_bench_command_runs_and_updates_a_readme_section(tmp_path):
     assert "old numbers" not in text and "latte bench ops (quick)" in text
     assert text.startswith("intro\n") and text.endswith("rest\n")
     assert (out / "ops.json").exists()
+
+
+def test_eval_latents_writes_json_png_and_table(trained_run, capsys):
+    """The tiny run is Macchiato: per layer and head the utilisation metrics
+    and the window share, written next to the run with a heat map."""
+    assert main(["eval", "--run", str(trained_run), "--latents", "--max-tokens", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "effective latents" in out and "p(window) mean" in out
+    report = json.loads((trained_run / "latents.json").read_text())
+    assert report["mixer"] == "macchiato" and report["tokens"] == 256
+    heads = [h for layer in report["layers"] for h in layer["heads"]]
+    assert len(heads) == 4 and all(1.0 <= h["effective_latents"] <= h["num_latents"] for h in heads)
+    assert all(0.0 < h["p_window_mean"] < 1.0 and len(h["p_window_by_position"]) == 32 for h in heads)
+    assert (trained_run / "latents.png").stat().st_size > 0

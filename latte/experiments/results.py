@@ -19,6 +19,7 @@ number in the README comes from these files.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -84,6 +85,20 @@ def _progress(items: list, desc: str):
     return tqdm(items, desc=desc, unit="cell", dynamic_ncols=True, file=sys.stderr)
 
 
+def pyplot():
+    """matplotlib.pyplot with the Agg backend, or None (a note is printed)
+    when the optional extra "plot" is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib is not installed (pip install 'latte[plot]'); no plot written", file=sys.stderr)
+        return None
+    return plt
+
+
 def provenance(experiment: str, argv: list[str], started: float, **extra) -> dict:
     """What made a result: the exact command (`latte experiment NAME ARGS`),
     the machine, threads and wall time since `started` (time.time())."""
@@ -92,9 +107,11 @@ def provenance(experiment: str, argv: list[str], started: float, **extra) -> dic
 
 
 def write_results(out_dir: str | Path, name: str, records: list[dict], tables_md: str, run: dict,
-                  *, readme: str | Path | None = None) -> Path:
+                  *, readme: str | Path | None = None, images: Iterable[str] = ()) -> Path:
     """results.json, results.md and run.json in out_dir; the README section
-    `results:NAME` is replaced by results.md when `readme` is given."""
+    `results:NAME` is replaced by results.md when `readme` is given. `images`:
+    PNG file names in out_dir, linked at the end (relative to out_dir in
+    results.md, to the README's folder in the README)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for r in records:
@@ -103,14 +120,20 @@ def write_results(out_dir: str | Path, name: str, records: list[dict], tables_md
             raise ValueError(f"{name}: result records must be flat; fields {bad} hold {type(r[bad[0]]).__name__}")
     m = run["machine"]
     load = m.get("loadavg_start")
-    head = (f"#### {name}\n\nCommand: `{run['command']}`\n\n"
+    head = (f"# {name}\n\nCommand: `{run['command']}`\n\n"
             f"{m['cpu_model']}, {m['usable_cores']} cores, torch {m['torch']}, {m['threads']} threads; "
-            f"wall time {run['wall_s']:,.0f} s; load average at start {load[0]:.1f}"
-            if load else f"#### {name}\n\nCommand: `{run['command']}`")
+            f"wall time {run['wall_s']:,.0f} s; load average {load[0]:.1f} when written"
+            if load else f"# {name}\n\nCommand: `{run['command']}`")
+    images = list(images)
+
+    def links(prefix: str) -> str:
+        return "".join(f"\n\n![{Path(png).stem}]({prefix}{png})" for png in images)
+
     markdown = f"{head}\n\n{tables_md.strip()}\n"
     atomic_write(out / "results.json", json.dumps(records, indent=1) + "\n")
-    atomic_write(out / "results.md", markdown)
+    atomic_write(out / "results.md", markdown.rstrip("\n") + links("") + "\n")
     atomic_write(out / "run.json", json.dumps(run, indent=1) + "\n")
     if readme is not None:
-        update_readme(Path(readme), name, markdown, kind="results")
+        rel = Path(os.path.relpath(out.resolve(), Path(readme).resolve().parent)).as_posix()
+        update_readme(Path(readme), name, markdown.rstrip("\n") + links(rel + "/"), kind="results")
     return out

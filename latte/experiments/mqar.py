@@ -1,0 +1,269 @@
+"""`latte experiment mqar`: associative recall against state size (Zoology protocol, scaled).
+
+Every model is 2 attention-only blocks (mlp "none"), one token mixer, width
+64 or 128, 2 heads, vocabulary 8192, trained from scratch on MQAR
+(latte.data.mqar) at (T=64, 4 pairs), (128, 8) and (256, 16). AdamW (weight
+decay 0.1 except norms/embeddings), linear warm-up then cosine decay
+(latte.train.schedule.lr_at), gradient clipping 1.0, at each learning rate of
+a small sweep; training stops early once test accuracy reaches 0.99. The
+loss and the accuracy count only the query positions (labels != -100); the
+LM head is applied to those rows only, which changes nothing but the cost.
+
+A record per (setting, model, lr): accuracy (of the last evaluation: at the
+early stop or the end), state_bytes (per layer, float32, see `state_bytes`),
+steps, examples, seconds. The report keeps the best lr of each (setting,
+model): as in Zoology, lr is selected on the test accuracy.
+
+    latte experiment mqar --quick                  # seconds: the end-to-end test
+    latte experiment mqar --out results/mqar       # the committed sweep (hours)
+    latte experiment mqar --mixers softmax --settings 64x4 --dims 64   # a slice
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from latte.data.mqar import IGNORE_INDEX, MQARData, mqar_splits
+from latte.models import LatteConfig, LatteForCausalLM
+from latte.train.schedule import lr_at
+from latte.train.setup import _no_decay_names  # the trainer's rule: no decay on norms, biases, embeddings
+
+from .mqar_report import report
+from .results import Sweep, provenance, write_results
+
+NAME = "mqar"
+VOCAB_SIZE = 8192
+NUM_LAYERS, NUM_HEADS = 2, 2
+TARGET = 0.99  # early stop (Zoology)
+# Model families: mixer, qk_mixer, window (None: unused), latents as a
+# multiple of dim (None: unused). Latents = dim gives Latte the state of
+# linear attention at the same width: L (dv + 1) = H dv (dv + 1) when L = H dv.
+FAMILIES = {
+    "softmax": ("softmax", None, None, None),
+    "linear": ("linear", None, None, None),
+    "swa-16": ("swa", None, 16, None),
+    "swa-32": ("swa", None, 32, None),
+    "latte-none": ("latte", "none", None, 1.0),
+    "latte-conv": ("latte", "conv", None, 1.0),
+    "latte-conv_rglru": ("latte", "conv_rglru", None, 1.0),
+    "macchiato": ("macchiato", "conv_rglru", 16, 1.0),
+}
+LATENT_MULTIPLES = (0.25, 1.0, 4.0)  # Latte's curve: L = dim/4, dim, 4 dim
+SETTINGS = ((64, 4), (128, 8), (256, 16))
+
+
+@dataclass(frozen=True)
+class Budget:
+    train_examples: dict  # seq_len -> examples
+    test_examples: int
+    epochs: int
+    batch_size: int
+    lrs: tuple
+
+
+FULL = Budget({64: 20000, 128: 20000, 256: 20000}, 1000, 32, 64, (1e-3, 3e-3))
+QUICK = Budget({16: 256, 32: 256}, 64, 2, 32, (3e-3,))
+QUICK_SETTINGS = ((16, 2), (32, 4))
+
+
+def state_bytes(mixer: str, *, dim: int, seq_len: int, num_latents: int | None = None,
+                window_size: int | None = None, qk_mixer: str | None = None, conv_size: int = 3) -> dict:
+    """Recurrent state of ONE layer in float32 bytes, split into the attention
+    state and the qk mixer's (conv inputs, RG-LRU state).
+
+    latte: H Lh (dv + 1) = num_latents (dv + 1) floats (Vbar and z);
+    softmax: the KV cache after seq_len tokens, 2 T dim; linear: H dk (dv + 1)
+    (S and z); swa: the W - 1 cached keys and values, 2 (W - 1) dim;
+    macchiato: latte's plus the window cache."""
+    dv = dim // NUM_HEADS
+    window = 2 * (window_size - 1) * dim if window_size else 0
+    attn = {"softmax": 2 * seq_len * dim, "linear": NUM_HEADS * dv * (dv + 1), "swa": window,
+            "latte": (num_latents or 0) * (dv + 1), "macchiato": (num_latents or 0) * (dv + 1) + window}[mixer]
+    qk = 0
+    if mixer in ("latte", "macchiato"):
+        qk = (conv_size - 1) * dim * ("conv" in qk_mixer) + dim * ("rglru" in qk_mixer)
+    return {"state_bytes": 4 * (attn + qk), "attn_state_bytes": 4 * attn, "qk_mixer_state_bytes": 4 * qk}
+
+
+def cells_for(settings, dims, families, latent_multiples, lrs) -> list[dict]:
+    cells = []
+    for seq_len, pairs in settings:
+        for dim in dims:
+            for fam in families:
+                mixer, qk, window, lat = FAMILIES[fam]
+                multiples = latent_multiples if mixer == "latte" else ((lat,) if lat else (None,))
+                for m in multiples:
+                    for lr in lrs:
+                        cells.append({"seq_len": seq_len, "num_kv_pairs": pairs, "model": fam, "dim": dim,
+                                      "num_latents": int(m * dim) if m else None, "lr": lr})
+    return cells
+
+
+def model_config(cell: dict) -> LatteConfig:
+    mixer, qk, window, _ = FAMILIES[cell["model"]]
+    extra = {"qk_mixer": qk} if qk else {}
+    return LatteConfig(vocab_size=VOCAB_SIZE, dim=cell["dim"], num_layers=NUM_LAYERS, num_heads=NUM_HEADS,
+                       num_latents=cell["num_latents"] or NUM_HEADS, mixer=mixer, window_size=window or 16,
+                       mlp="none", dropout=0.0, max_position_embeddings=cell["seq_len"], **extra)
+
+
+def scored_logits(model: LatteForCausalLM, ids_BT: torch.Tensor, labels_BT: torch.Tensor):
+    """(logits [Q, V], targets [Q]) at the Q query positions of the batch."""
+    hidden_BTD, _ = model.model(ids_BT)
+    keep = labels_BT != IGNORE_INDEX
+    return model.lm_head(hidden_BTD[keep]), labels_BT[keep]
+
+
+@torch.no_grad()
+def accuracy(model: LatteForCausalLM, data: MQARData, batch_size: int = 256) -> float:
+    """Fraction of query positions whose argmax is the paired value."""
+    was = model.training
+    model.eval()
+    hit = total = 0
+    for i in range(0, len(data), batch_size):
+        logits, target = scored_logits(model, data.input_ids[i:i + batch_size], data.labels[i:i + batch_size])
+        hit += int((logits.argmax(-1) == target).sum())
+        total += target.numel()
+    model.train(was)
+    return hit / max(total, 1)
+
+
+def _adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
+    no_decay = _no_decay_names(model)
+    groups = [{"params": [p for n, p in model.named_parameters() if n not in no_decay], "weight_decay": 0.1},
+              {"params": [p for n, p in model.named_parameters() if n in no_decay], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+
+
+def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed: int = 0,
+               verbose: bool = False) -> dict:
+    """Train one model on one setting at one lr; returns the record's fields."""
+    torch.manual_seed(seed)
+    model = LatteForCausalLM(model_config(cell))
+    opt = _adamw(model, cell["lr"])
+    B = budget.batch_size
+    per_epoch = math.ceil(len(train) / B)
+    total = budget.epochs * per_epoch
+    warmup = max(1, total // 20)
+    g = torch.Generator().manual_seed(seed)
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
+    step, skipped, acc, best, epoch, loss = 0, 0, 0.0, 0.0, 0, math.nan
+    for epoch in range(1, budget.epochs + 1):
+        order = torch.randperm(len(train), generator=g)
+        for i in range(0, len(train), B):
+            idx = order[i:i + B]
+            lr = lr_at(step, base_lr=cell["lr"], warmup_steps=warmup, total_steps=total, decay="cosine")
+            for group in opt.param_groups:
+                group["lr"] = lr
+            logits, target = scored_logits(model, train.input_ids[idx], train.labels[idx])
+            loss_t = F.cross_entropy(logits, target)
+            loss_t.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if torch.isfinite(loss_t) and torch.isfinite(norm):
+                opt.step()
+                loss = float(loss_t.detach())
+            else:  # a non-finite step is dropped, and counted in the record
+                skipped += 1
+            opt.zero_grad(set_to_none=True)
+            step += 1
+        acc = accuracy(model, test)
+        best = max(best, acc)
+        if verbose:
+            print(f"  {cell['model']} dim {cell['dim']} T {cell['seq_len']} lr {cell['lr']:g}: epoch {epoch} "
+                  f"loss {loss:.3f} accuracy {acc:.3f} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        if acc >= TARGET:
+            break
+    return {**state_bytes(model.config.mixer, dim=cell["dim"], seq_len=cell["seq_len"],
+                          num_latents=cell["num_latents"], window_size=FAMILIES[cell["model"]][2],
+                          qk_mixer=FAMILIES[cell["model"]][1]),
+            "mixer": model.config.mixer, "qk_mixer": FAMILIES[cell["model"]][1],
+            "window_size": FAMILIES[cell["model"]][2], "accuracy": round(acc, 4), "best_accuracy": round(best, 4),
+            "reached_target": acc >= TARGET, "epochs": epoch, "steps": step, "skipped_steps": skipped,
+            "examples": len(train), "test_examples": len(test), "examples_seen": min(step * B, epoch * len(train)),
+            "final_loss": round(loss, 4), "seconds": round(time.perf_counter() - t0, 1),
+            "loadavg_start": round(load0, 2), "loadavg_end": round(os.getloadavg()[0], 2),
+            "parameters": model.num_parameters(), "fillers": train.fillers}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="latte experiment mqar", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a tiny sweep in seconds (the end-to-end test)")
+    p.add_argument("--out", default=None, help="results folder (default results/mqar, quick: results/mqar-quick)")
+    p.add_argument("--work", default=None, help="finished cells, for resuming (default OUT/cells)")
+    p.add_argument("--settings", default=None, help="T x pairs list, e.g. 64x4,128x8")
+    p.add_argument("--dims", default=None, help="widths, e.g. 64,128")
+    p.add_argument("--mixers", default=None, help=f"model families among {', '.join(FAMILIES)}")
+    p.add_argument("--lrs", default=None, help="learning rates, e.g. 1e-3,3e-3")
+    p.add_argument("--train-examples", type=int, default=None, help="training examples per setting")
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--random-fillers", action="store_true", help="random tokens instead of 0 between queries")
+    p.add_argument("--shard", default="0/1", help="K/N: run every N-th pending cell from K (parallel workers)")
+    p.add_argument("--report-only", action="store_true", help="write the results of the finished cells, run none")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (1: these tiny models lose more to thread sync than they gain)")
+    p.add_argument("--verbose", action="store_true", help="a line per epoch on stderr")
+    p.add_argument("--readme", default=None, help="replace README section results:mqar")
+    return p.parse_args(argv)
+
+
+def _plan(a: argparse.Namespace):
+    budget = QUICK if a.quick else FULL
+    settings = QUICK_SETTINGS if a.quick else SETTINGS
+    if a.settings:
+        settings = tuple(tuple(int(v) for v in s.split("x")) for s in a.settings.split(","))
+    if a.train_examples or a.epochs:
+        budget = Budget({T: a.train_examples or budget.train_examples.get(T, 20000) for T, _ in settings},
+                        budget.test_examples, a.epochs or budget.epochs, budget.batch_size, budget.lrs)
+    if a.lrs:
+        budget = Budget(budget.train_examples, budget.test_examples, budget.epochs, budget.batch_size,
+                        tuple(float(x) for x in a.lrs.split(",")))
+    dims = tuple(int(d) for d in a.dims.split(",")) if a.dims else ((16,) if a.quick else (64, 128))
+    families = tuple(a.mixers.split(",")) if a.mixers else tuple(FAMILIES)
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"--mixers: unknown {unknown}; expected some of {', '.join(FAMILIES)}")
+    multiples = (1.0,) if a.quick else LATENT_MULTIPLES
+    return budget, settings, dims, families, multiples
+
+
+def main(argv: list[str]) -> int:
+    a = parse_args(argv)
+    started = time.time()
+    torch.set_num_threads(a.threads)
+    budget, settings, dims, families, multiples = _plan(a)
+    out = Path(a.out or ("results/mqar-quick" if a.quick else "results/mqar"))
+    cells = cells_for(settings, dims, families, multiples, budget.lrs)
+    sweep = Sweep(a.work or out / "cells", cells)
+    k, n = (int(x) for x in a.shard.split("/"))
+    data: dict = {}
+
+    def run(cell: dict) -> dict:
+        key = (cell["seq_len"], cell["num_kv_pairs"])
+        if key not in data:
+            data.clear()  # one setting in memory at a time (cells are ordered by setting)
+            data[key] = mqar_splits(budget.train_examples[key[0]], budget.test_examples, seq_len=key[0],
+                                    num_kv_pairs=key[1], vocab_size=VOCAB_SIZE,
+                                    seed=0, random_fillers=a.random_fillers)
+        return train_cell(cell, *data[key], budget, verbose=a.verbose)
+
+    if not a.report_only:
+        mine = [c for i, c in enumerate(sweep.pending()) if i % n == k]
+        Sweep(sweep.work, mine).run(run, desc=f"mqar {k}/{n}")
+    records = sweep.records()
+    if not records:
+        print("mqar: no finished cells to report", file=sys.stderr)
+        return 1
+    tables, images = report(records, out, budget=budget, pending=len(sweep.pending()))
+    write_results(out, NAME, records, tables, provenance(NAME, argv, started, threads=a.threads),
+                  readme=a.readme, images=images)
+    print(tables)
+    return 0

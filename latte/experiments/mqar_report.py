@@ -1,0 +1,130 @@
+"""Tables and the accuracy-vs-state plot of `latte experiment mqar`."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from .results import pyplot
+
+MODEL_KEY = ("model", "dim", "num_latents")
+
+
+def best_lr(records: list[dict]) -> list[dict]:
+    """One record per (setting, model, dim, latents): the lr with the highest
+    accuracy (ties: the smaller lr), as Zoology selects."""
+    groups = defaultdict(list)
+    for r in records:
+        groups[(r["seq_len"], r["num_kv_pairs"], *(r[k] for k in MODEL_KEY))].append(r)
+    return [max(rs, key=lambda r: (r["accuracy"], -r["lr"])) for rs in groups.values()]
+
+
+def _label(r: dict) -> str:
+    if r["mixer"] == "latte":
+        return f"{r['model']} L={r['num_latents']}"
+    if r["mixer"] == "macchiato":
+        return f"macchiato L={r['num_latents']} w={r['window_size']}"
+    return r["model"]
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 1000:,.1f}K" if n < 10**6 else f"{n / 1e6:,.2f}M"
+
+
+def accuracy_table(best: list[dict]) -> str:
+    settings = sorted({(r["seq_len"], r["num_kv_pairs"]) for r in best})
+    rows = defaultdict(dict)
+    for r in best:
+        rows[(r["dim"], r["mixer"] != "softmax", r["state_bytes"] if r["mixer"] != "softmax" else 0,
+              _label(r))][(r["seq_len"], r["num_kv_pairs"])] = r
+    head = "| model | dim | state bytes / layer | " + " | ".join(f"T={T}, {P} pairs" for T, P in settings) + " |"
+    lines = [head, "|" + "---|" * (3 + len(settings))]
+    for key in sorted(rows):
+        cells = rows[key]
+        any_r = next(iter(cells.values()))
+        states = sorted({c["state_bytes"] for c in cells.values()})
+        state = _bytes(states[0]) if len(states) == 1 else " / ".join(_bytes(s) for s in states) + " (grows with T)"
+        accs = []
+        for s in settings:
+            c = cells.get(s)
+            accs.append("" if c is None else f"{c['accuracy']:.3f} <sub>lr {c['lr']:g}</sub>")
+        lines.append(f"| {key[3]} | {any_r['dim']} | {state} | " + " | ".join(accs) + " |")
+    return "\n".join(lines)
+
+
+def equal_state_table(best: list[dict]) -> str:
+    """Latte with num_latents = dim holds exactly linear attention's
+    attention state (L (dv + 1) = H dv (dv + 1)): the like-for-like pairs."""
+    by = {(r["seq_len"], r["num_kv_pairs"], r["dim"], r["model"], r["num_latents"]): r for r in best}
+    lines = ["| T, pairs | dim | attention state bytes | linear | latte-none | latte-conv | latte-conv_rglru |",
+             "|---|---|---|---|---|---|---|"]
+    for (T, P, dim, model, L), r in sorted(by.items()):
+        if model != "linear":
+            continue
+        accs = [by.get((T, P, dim, f"latte-{q}", dim)) for q in ("none", "conv", "conv_rglru")]
+        lines.append(f"| {T}, {P} | {dim} | {_bytes(r['attn_state_bytes'])} | {r['accuracy']:.3f} | " +
+                     " | ".join("" if a is None else f"{a['accuracy']:.3f}" for a in accs) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def plot(best: list[dict], path: Path) -> bool:
+    """Accuracy vs state bytes per layer, one panel per (T, pairs), one line
+    per model family and width (Zoology's figure)."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    settings = sorted({(r["seq_len"], r["num_kv_pairs"]) for r in best})
+    fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings), 4.5), squeeze=False)
+    models = sorted({r["model"] for r in best})
+    color = {m: f"C{i % 10}" for i, m in enumerate(models)}
+    for ax, (T, P) in zip(axes[0], settings):
+        for m in models:
+            for dim, marker in ((64, "o"), (128, "s"), (16, "^")):
+                pts = sorted((r["state_bytes"], r["accuracy"]) for r in best
+                             if r["model"] == m and r["dim"] == dim and (r["seq_len"], r["num_kv_pairs"]) == (T, P))
+                if pts:
+                    ax.plot(*zip(*pts), marker=marker, ms=5, color=color[m], lw=1,
+                            label=m if dim == min(r["dim"] for r in best) else None)
+        ax.set_xscale("log")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"MQAR T={T}, {P} key-value pairs")
+        ax.set_xlabel("state bytes per layer (float32)")
+        ax.set_ylabel("test accuracy (best lr)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.suptitle("circles: dim 64, squares: dim 128; latte lines: num_latents = dim/4, dim, 4 dim", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def report(records: list[dict], out: Path, *, budget, pending: int) -> tuple[str, list[str]]:
+    """(markdown tables, names of the PNGs written in out)."""
+    best = best_lr(records)
+    png = Path(out) / "accuracy_vs_state.png"
+    Path(out).mkdir(parents=True, exist_ok=True)
+    plotted = plot(best, png)
+    train = ", ".join(f"T={T}: {n:,}" for T, n in sorted(budget.train_examples.items()))
+    total_s = sum(r["seconds"] for r in records)
+    loads = [r["loadavg_start"] for r in records]
+    fillers = sorted({r["fillers"] for r in records})
+    parts = [
+        f"Zoology's MQAR at CPU scale: vocabulary 8192, fillers {'/'.join(fillers)}, query slots by the "
+        f"power law a = 0.01; 2 attention-only layers, 2 heads; training examples {train}, "
+        f"{budget.test_examples:,} test examples (a disjoint seed stream), batch {budget.batch_size}, "
+        f"up to {budget.epochs} epochs, early stop at accuracy 0.99; AdamW wd 0.1, warm-up + cosine; "
+        f"best of lr in {{{', '.join(f'{x:g}' for x in budget.lrs)}}} on the test accuracy. "
+        f"{len(records)} runs, {total_s / 3600:.1f} h of training in total; load average "
+        f"{min(loads):.1f}-{max(loads):.1f} at the runs' starts (a machine shared with other jobs)."
+        + (f" **{pending} runs not finished yet.**" if pending else ""),
+        "## Accuracy per setting (best lr)",
+        "State bytes per layer in float32: latte num_latents x (dv + 1) plus its qk mixer's state (conv: "
+        "2 dim, RG-LRU: dim floats); softmax the KV cache at T; linear H dk (dv + 1); swa the W - 1 cached "
+        "keys and values; macchiato latents + window cache + qk mixer.",
+        accuracy_table(best),
+    ]
+    eq = equal_state_table(best)
+    if eq:
+        parts += ["## Latte against linear attention at equal attention state (num_latents = dim)", eq]
+    return "\n\n".join(parts), ([png.name] if plotted else [])
