@@ -22,6 +22,7 @@ model): as in Zoology, lr is selected on the test accuracy.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -68,11 +69,12 @@ class Budget:
     epochs: int
     batch_size: int
     lrs: tuple
+    vocab_size: int = VOCAB_SIZE
 
 
 FULL = Budget({64: 20000, 128: 20000, 256: 20000}, 1000, 32, 64, (1e-3, 3e-3))
-QUICK = Budget({16: 256, 32: 256}, 64, 2, 32, (3e-3,))
-QUICK_SETTINGS = ((16, 2), (32, 4))
+QUICK = Budget({16: 128}, 32, 1, 32, (3e-3,))
+QUICK_SETTINGS = ((16, 2),)
 
 
 def state_bytes(mixer: str, *, dim: int, seq_len: int, num_latents: int | None = None,
@@ -108,10 +110,10 @@ def cells_for(settings, dims, families, latent_multiples, lrs) -> list[dict]:
     return cells
 
 
-def model_config(cell: dict) -> LatteConfig:
+def model_config(cell: dict, vocab_size: int = VOCAB_SIZE) -> LatteConfig:
     mixer, qk, window, _ = FAMILIES[cell["model"]]
     extra = {"qk_mixer": qk} if qk else {}
-    return LatteConfig(vocab_size=VOCAB_SIZE, dim=cell["dim"], num_layers=NUM_LAYERS, num_heads=NUM_HEADS,
+    return LatteConfig(vocab_size=vocab_size, dim=cell["dim"], num_layers=NUM_LAYERS, num_heads=NUM_HEADS,
                        num_latents=cell["num_latents"] or NUM_HEADS, mixer=mixer, window_size=window or 16,
                        mlp="none", dropout=0.0, max_position_embeddings=cell["seq_len"], **extra)
 
@@ -148,7 +150,7 @@ def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed
                verbose: bool = False) -> dict:
     """Train one model on one setting at one lr; returns the record's fields."""
     torch.manual_seed(seed)
-    model = LatteForCausalLM(model_config(cell))
+    model = LatteForCausalLM(model_config(cell, train.vocab_size))
     opt = _adamw(model, cell["lr"])
     B = budget.batch_size
     per_epoch = math.ceil(len(train) / B)
@@ -198,7 +200,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="latte experiment mqar", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a tiny sweep in seconds (the end-to-end test)")
     p.add_argument("--out", default=None, help="results folder (default results/mqar, quick: results/mqar-quick)")
-    p.add_argument("--work", default=None, help="finished cells, for resuming (default OUT/cells)")
+    p.add_argument("--work", default=None, help="finished cells, for resuming (default runs/experiments/mqar[-quick])")
     p.add_argument("--settings", default=None, help="T x pairs list, e.g. 64x4,128x8")
     p.add_argument("--dims", default=None, help="widths, e.g. 64,128")
     p.add_argument("--mixers", default=None, help=f"model families among {', '.join(FAMILIES)}")
@@ -220,12 +222,9 @@ def _plan(a: argparse.Namespace):
     settings = QUICK_SETTINGS if a.quick else SETTINGS
     if a.settings:
         settings = tuple(tuple(int(v) for v in s.split("x")) for s in a.settings.split(","))
-    if a.train_examples or a.epochs:
-        budget = Budget({T: a.train_examples or budget.train_examples.get(T, 20000) for T, _ in settings},
-                        budget.test_examples, a.epochs or budget.epochs, budget.batch_size, budget.lrs)
-    if a.lrs:
-        budget = Budget(budget.train_examples, budget.test_examples, budget.epochs, budget.batch_size,
-                        tuple(float(x) for x in a.lrs.split(",")))
+    budget = dataclasses.replace(
+        budget, train_examples={T: a.train_examples or budget.train_examples.get(T, 20000) for T, _ in settings},
+        epochs=a.epochs or budget.epochs, lrs=tuple(float(x) for x in a.lrs.split(",")) if a.lrs else budget.lrs)
     dims = tuple(int(d) for d in a.dims.split(",")) if a.dims else ((16,) if a.quick else (64, 128))
     families = tuple(a.mixers.split(",")) if a.mixers else tuple(FAMILIES)
     unknown = [f for f in families if f not in FAMILIES]
@@ -242,7 +241,7 @@ def main(argv: list[str]) -> int:
     budget, settings, dims, families, multiples = _plan(a)
     out = Path(a.out or ("results/mqar-quick" if a.quick else "results/mqar"))
     cells = cells_for(settings, dims, families, multiples, budget.lrs)
-    sweep = Sweep(a.work or out / "cells", cells)
+    sweep = Sweep(a.work or f"runs/experiments/{out.name}", cells)
     k, n = (int(x) for x in a.shard.split("/"))
     data: dict = {}
 
@@ -251,13 +250,15 @@ def main(argv: list[str]) -> int:
         if key not in data:
             data.clear()  # one setting in memory at a time (cells are ordered by setting)
             data[key] = mqar_splits(budget.train_examples[key[0]], budget.test_examples, seq_len=key[0],
-                                    num_kv_pairs=key[1], vocab_size=VOCAB_SIZE,
+                                    num_kv_pairs=key[1], vocab_size=budget.vocab_size,
                                     seed=0, random_fillers=a.random_fillers)
         return train_cell(cell, *data[key], budget, verbose=a.verbose)
 
     if not a.report_only:
-        mine = [c for i, c in enumerate(sweep.pending()) if i % n == k]
-        Sweep(sweep.work, mine).run(run, desc=f"mqar {k}/{n}")
+        pending = sweep.pending()
+        print(f"mqar: {len(cells) - len(pending)} of {len(cells)} cells already done in {sweep.work}; "
+              f"shard {k}/{n} runs {len(pending[k::n])} of the other {len(pending)}", file=sys.stderr)
+        Sweep(sweep.work, pending[k::n]).run(run, desc=f"mqar {k}/{n}")
     records = sweep.records()
     if not records:
         print("mqar: no finished cells to report", file=sys.stderr)

@@ -110,7 +110,7 @@ def report(records: list[dict], out: Path, *, budget, pending: int) -> tuple[str
     loads = [r["loadavg_start"] for r in records]
     fillers = sorted({r["fillers"] for r in records})
     parts = [
-        f"Zoology's MQAR at CPU scale: vocabulary 8192, fillers {'/'.join(fillers)}, query slots by the "
+        f"Zoology's MQAR at CPU scale: vocabulary {budget.vocab_size}, fillers {'/'.join(fillers)}, query slots by the "
         f"power law a = 0.01; 2 attention-only layers, 2 heads; training examples {train}, "
         f"{budget.test_examples:,} test examples (a disjoint seed stream), batch {budget.batch_size}, "
         f"up to {budget.epochs} epochs, early stop at accuracy 0.99; AdamW wd 0.1, warm-up + cosine; "

@@ -43,14 +43,16 @@ def test_mixer_configs_are_like_for_like():
     """One recipe, one difference: the mixer (and the run folder; no time
     budget, so that a slower mixer is not stopped earlier)."""
     tiny = to_dict(load_run_config())
-    for mixer in MIXERS:
-        cfg = to_dict(load_run_config(CONFIGS / "mixers" / f"{mixer}.yaml"))
-        assert cfg["model"]["mixer"] == mixer
-        assert cfg["train"]["run_dir"] == f"runs/mixers/{mixer}"
+    variants = {m: (m, None) for m in MIXERS} | {"latte-none": ("latte", "none"), "latte-conv": ("latte", "conv")}
+    assert {p.stem for p in (CONFIGS / "mixers").glob("*.yaml")} == set(variants)
+    for name, (mixer, qk_mixer) in variants.items():
+        cfg = to_dict(load_run_config(CONFIGS / "mixers" / f"{name}.yaml"))
+        assert (cfg["model"]["mixer"], cfg["model"]["qk_mixer"]) == (mixer, qk_mixer)
+        assert cfg["train"]["run_dir"] == f"runs/mixers/{name}"
         for section in ("data", "optim"):
             assert cfg[section] == tiny[section], section
         strip = lambda d, keys: {k: v for k, v in d.items() if k not in keys}  # noqa: E731
-        assert strip(cfg["model"], {"mixer"}) == strip(tiny["model"], {"mixer"})
+        assert strip(cfg["model"], {"mixer", "qk_mixer"}) == strip(tiny["model"], {"mixer", "qk_mixer"})
         assert cfg["train"]["time_budget_minutes"] is None
         assert strip(cfg["train"], {"run_dir", "time_budget_minutes"}) == strip(tiny["train"], {"run_dir", "time_budget_minutes"})
 

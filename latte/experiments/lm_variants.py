@@ -1,0 +1,162 @@
+"""`latte experiment lm-variants`: the paper's per-variant language-model table
+(Table 1, scaled), context extrapolation and latent utilisation, from real
+`latte train` / `latte eval` runs.
+
+Seven variants, one recipe: the shipped configs `latte/configs/mixers/*.yaml`
+(the tiny CPU recipe: Shakespeare, an 4096-token BPE trained on the training
+plays, dim 192, 4 layers, 4 heads, 64 latents, window 64 = a quarter of the
+training length 256 as the paper's 128 of 512, 300 steps of 16 x 256 tokens)
+differing only in the token mixer (and Latte's qk mixer), each trained with
+3 seeds. Three stages, each a resumable sweep over (variant, seed):
+
+  train          python -m latte train --config mixers/NAME --train.seed=S --train.run_dir=RUNS/NAME/seed-S
+                 -> results/lm_variants: val_ppl, tokens_per_s, wall time
+  extrapolation  python -m latte eval --run RUN --lengths 1,2,4,8,16
+                 -> results/extrapolation: ppl at 1x..16x the training length, by position bucket
+  latents        python -m latte eval --run RUN --latents (latte and macchiato only)
+                 -> results/latents: entropy, effective latents, used fraction, p(window|t)
+
+A killed sweep continues where it stopped: finished stages are not redone,
+and an interrupted `latte train` resumes from its last checkpoint.
+
+    latte experiment lm-variants --quick          # a tiny version of every stage (the end-to-end test)
+    latte experiment lm-variants --readme README.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .lm_report import extrapolation_report, latents_report, variants_report
+from .results import Sweep, provenance, write_results
+
+VARIANTS = {  # name -> (shipped config, mixer, qk_mixer)
+    "softmax": ("mixers/softmax", "softmax", None),
+    "linear": ("mixers/linear", "linear", None),
+    "swa": ("mixers/swa", "swa", None),
+    "latte-none": ("mixers/latte-none", "latte", "none"),
+    "latte-conv": ("mixers/latte-conv", "latte", "conv"),
+    "latte-conv_rglru": ("mixers/latte", "latte", "conv_rglru"),
+    "macchiato": ("mixers/macchiato", "macchiato", "conv_rglru"),
+}
+STAGES = ("train", "extrapolation", "latents")
+# --quick: every stage on a model of a few thousand parameters, in seconds.
+QUICK_SET = ["data.source=pydoc", "data.vocab_size=320", "data.seq_len=32", "model.dim=32", "model.num_layers=2",
+             "model.num_heads=2", "model.num_latents=8", "model.window_size=8", "model.chunk_size=8",
+             "train.steps=2", "optim.warmup_steps=1", "train.global_batch_size=4", "train.eval_batches=1",
+             "train.save_every=0", "train.sample_tokens=0", "train.log_every=1"]
+
+
+def run_latte(args: list[str], log: Path, threads: int) -> None:
+    """`python -m latte ARGS` in a subprocess, output appended to `log`;
+    RuntimeError with the log's tail when it fails."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        f.write(f"\n$ latte {' '.join(args)}\n")
+        f.flush()
+        rc = subprocess.run([sys.executable, "-m", "latte", *args], stdout=f, stderr=subprocess.STDOUT,
+                            env=env).returncode
+    if rc != 0:
+        tail = log.read_text()[-2000:]
+        raise RuntimeError(f"latte {' '.join(args[:3])} ... exited {rc}; end of {log}:\n{tail}")
+
+
+def train_args(name: str, seed: int, run_dir: Path, threads: int, sets: list[str]) -> list[str]:
+    config = VARIANTS[name][0]
+    return ["train", "--config", config, f"--train.seed={seed}", f"--train.run_dir={run_dir}",
+            f"--train.num_threads={threads}", "--train.tensorboard=false", *[f"--{s}" for s in sets]]
+
+
+def train_cell(cell: dict, a: argparse.Namespace, sets: list[str]) -> dict:
+    run_dir = Path(a.runs) / cell["variant"] / f"seed-{cell['seed']}"
+    resumed = any(run_dir.glob("step-*"))
+    load0, t0 = os.getloadavg()[0], time.time()
+    args = train_args(cell["variant"], cell["seed"], run_dir, a.threads, sets)
+    run_latte(args, run_dir.parent / f"seed-{cell['seed']}.log", a.threads)
+    s = json.loads((run_dir / "summary.json").read_text())
+    _, mixer, qk = VARIANTS[cell["variant"]]
+    return {"mixer": mixer, "qk_mixer": qk, "val_ppl": s["val_ppl"], "val_loss": s["val_loss"],
+            "unigram_ppl": s["unigram_ppl"], "tokens_per_s": s["train_tokens_per_s"], "wall_s": s["wall_time_s"],
+            "steps": s["step"], "tokens_seen": s["tokens_seen"], "parameters": s["parameters"],
+            "val_tokens": s["val_tokens"], "resumed": resumed, "loadavg_start": round(load0, 2),
+            "loadavg_end": round(os.getloadavg()[0], 2), "command": "latte " + " ".join(args),
+            "process_s": round(time.time() - t0, 1)}
+
+
+def eval_cell(cell: dict, a: argparse.Namespace, stage: str) -> dict:
+    run_dir = Path(a.runs) / cell["variant"] / f"seed-{cell['seed']}"
+    out = run_dir / ("eval.json" if stage == "extrapolation" else "latents.json")
+    args = ["eval", "--run", str(run_dir), "--max-tokens", str(a.eval_tokens), "--out", str(out)]
+    args += ["--lengths", a.lengths] if stage == "extrapolation" else ["--latents"]
+    t0, load0 = time.time(), os.getloadavg()[0]
+    run_latte(args, run_dir.parent / f"seed-{cell['seed']}.log", a.threads)
+    _, mixer, qk = VARIANTS[cell["variant"]]
+    report = json.loads(out.read_text())
+    return {"mixer": mixer, "qk_mixer": qk, "report": report, "command": "latte " + " ".join(args),
+            "seconds": round(time.time() - t0, 1), "loadavg_start": round(load0, 2)}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="latte experiment lm-variants", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny models, 2 steps: the end-to-end test")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"among {', '.join(VARIANTS)}")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--stages", default=",".join(STAGES), help=f"among {', '.join(STAGES)}")
+    p.add_argument("--lengths", default="1,2,4,8,16", help="extrapolation: multiples of the training length")
+    p.add_argument("--eval-tokens", type=int, default=None,
+                   help="validation tokens per evaluation (default 65536, quick 512)")
+    p.add_argument("--runs", default=None, help="run folders (default runs/lm_variants, quick runs/lm_variants-quick)")
+    p.add_argument("--results", default=None,
+                   help="folder holding lm_variants/, extrapolation/, latents/ (default results, quick results/quick)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="a config override for every training run (repeatable), e.g. train.steps=100")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each run")
+    p.add_argument("--readme", default=None, help="replace the README sections results:lm_variants, ...")
+    a = p.parse_args(argv)
+    a.runs = a.runs or ("runs/lm_variants-quick" if a.quick else "runs/lm_variants")
+    a.results = Path(a.results or ("results/quick" if a.quick else "results"))
+    a.eval_tokens = a.eval_tokens or (512 if a.quick else 65536)
+    if a.quick and a.lengths == "1,2,4,8,16":
+        a.lengths = "1,2"
+    for name, values, allowed in (("--variants", a.variants, VARIANTS), ("--stages", a.stages, STAGES)):
+        bad = [v for v in values.split(",") if v not in allowed]
+        if bad:
+            raise ValueError(f"{name}: unknown {bad}; expected some of {', '.join(allowed)}")
+    return a
+
+
+def main(argv: list[str]) -> int:
+    a = parse_args(argv)
+    started = time.time()
+    sets = (QUICK_SET if a.quick else []) + a.set
+    variants, seeds = a.variants.split(","), [int(s) for s in a.seeds.split(",")]
+    cells = [{"variant": v, "seed": s} for v in variants for s in seeds]
+    work = Path(a.runs) / ".cells"
+    stages = a.stages.split(",")
+    done = {}
+    if "train" in stages:
+        done["train"] = Sweep(work / "train", cells).run(lambda c: train_cell(c, a, sets), desc="lm-variants train")
+    if "extrapolation" in stages:
+        done["extrapolation"] = Sweep(work / "extrapolation", cells).run(
+            lambda c: eval_cell(c, a, "extrapolation"), desc="lm-variants extrapolation")
+    if "latents" in stages:
+        latent_cells = [c for c in cells if VARIANTS[c["variant"]][1] in ("latte", "macchiato")]
+        done["latents"] = Sweep(work / "latents", latent_cells).run(
+            lambda c: eval_cell(c, a, "latents"), desc="lm-variants latents")
+    builders = {"train": ("lm_variants", variants_report), "extrapolation": ("extrapolation", extrapolation_report),
+                "latents": ("latents", latents_report)}
+    for stage, records in done.items():
+        name, build = builders[stage]
+        out = a.results / name
+        flat, tables, images = build(records, out, runs=Path(a.runs), sets=sets)
+        write_results(out, name, flat, tables, provenance("lm-variants", argv, started, threads=a.threads,
+                                                          stage=stage), readme=a.readme, images=images)
+        print(tables)
+    return 0

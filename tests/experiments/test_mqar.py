@@ -1,0 +1,92 @@
+"""`latte experiment mqar`: state sizes, the training harness, and a quick
+end-to-end run that resumes."""
+
+import json
+
+import pytest
+import torch
+
+from latte.data import mqar_splits
+from latte.experiments import mqar as M
+from latte.experiments.mqar_report import best_lr
+from latte.models import LatteForCausalLM
+
+
+def float_bytes(state) -> int:
+    """Bytes of the floating-point tensors inside a decoding state: what it
+    remembers of the sequence (position counters and buffer masks excluded)."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size() if state.is_floating_point() else 0
+    if isinstance(state, (tuple, list)):
+        return sum(float_bytes(s) for s in state)
+    return 0
+
+
+def test_state_bytes_match_the_layers_decoding_state():
+    """The formula per mixer against the float32 state each layer really
+    keeps after T tokens."""
+    T = 40
+    for model, L in (("softmax", None), ("linear", None), ("swa-16", None), ("latte-none", 16),
+                     ("latte-conv", 16), ("latte-conv_rglru", 64), ("macchiato", 16)):
+        cell = {"seq_len": T, "num_kv_pairs": 2, "model": model, "dim": 16, "num_latents": L, "lr": 1e-3}
+        torch.manual_seed(0)
+        lm = LatteForCausalLM(M.model_config(cell, vocab_size=64))
+        state = lm(torch.randint(0, 64, (1, T)), use_cache=True).state.layers[0]
+        mixer, qk, window, _ = M.FAMILIES[model]
+        got = M.state_bytes(mixer, dim=16, seq_len=T, num_latents=L, window_size=window, qk_mixer=qk)
+        assert float_bytes(state) == got["state_bytes"], model
+
+
+def test_latte_with_dim_latents_holds_linear_attentions_state():
+    for dim in (64, 128):
+        lin = M.state_bytes("linear", dim=dim, seq_len=64)
+        lat = M.state_bytes("latte", dim=dim, seq_len=64, num_latents=dim, qk_mixer="none")
+        assert lin["attn_state_bytes"] == lat["attn_state_bytes"] == lat["state_bytes"]
+
+
+def test_cells_cover_every_family_and_trace_latte_over_latents():
+    cells = M.cells_for(((64, 4),), (64,), tuple(M.FAMILIES), M.LATENT_MULTIPLES, (1e-3,))
+    latte = sorted(c["num_latents"] for c in cells if c["model"] == "latte-none")
+    assert latte == [16, 64, 256]
+    assert {c["model"] for c in cells} == set(M.FAMILIES)
+    assert [c["num_latents"] for c in cells if c["model"] == "macchiato"] == [64]
+
+
+def test_best_lr_keeps_the_most_accurate_run():
+    base = {"seq_len": 64, "num_kv_pairs": 4, "model": "linear", "dim": 64, "num_latents": None}
+    recs = [{**base, "lr": 1e-3, "accuracy": 0.4}, {**base, "lr": 3e-3, "accuracy": 0.6},
+            {**base, "dim": 128, "lr": 1e-3, "accuracy": 0.9}]
+    best = best_lr(recs)
+    assert sorted((r["dim"], r["lr"]) for r in best) == [(64, 3e-3), (128, 1e-3)]
+
+
+@pytest.mark.slow
+def test_harness_learns_recall_with_softmax_attention():
+    """The harness must be able to learn MQAR at all: softmax attention on a
+    small vocabulary reaches the early-stop accuracy well within its epochs
+    (12 epochs when written; chance is 1/8)."""
+    torch.set_num_threads(1)
+    train, test = mqar_splits(2000, 200, seq_len=8, num_kv_pairs=2, vocab_size=16, seed=0)
+    budget = M.Budget({8: 2000}, 200, 30, 32, (3e-3,), vocab_size=16)
+    cell = {"seq_len": 8, "num_kv_pairs": 2, "model": "softmax", "dim": 64, "num_latents": None, "lr": 3e-3}
+    rec = M.train_cell(cell, train, test, budget)
+    assert rec["accuracy"] >= 0.99 and rec["reached_target"] and rec["epochs"] < 30
+
+
+@pytest.mark.slow
+def test_quick_run_writes_results_and_resumes(tmp_path, capsys):
+    out, work = tmp_path / "res", tmp_path / "work"
+    argv = ["--quick", "--out", str(out), "--work", str(work), "--mixers", "softmax,latte-conv_rglru,macchiato"]
+    assert M.main(argv) == 0
+    recs = json.loads((out / "results.json").read_text())
+    assert {r["model"] for r in recs} == {"softmax", "latte-conv_rglru", "macchiato"}
+    for r in recs:
+        assert {"mixer", "seq_len", "num_kv_pairs", "state_bytes", "accuracy", "dim", "lr", "examples"} <= set(r)
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["steps"] == 4
+    assert (out / "accuracy_vs_state.png").stat().st_size > 0
+    md = (out / "results.md").read_text()
+    assert "latte experiment mqar --quick" in md and "| softmax |" in md
+    # a second run finds every cell done and trains nothing
+    capsys.readouterr()
+    assert M.main(argv) == 0
+    assert "3 of 3 cells already done" in capsys.readouterr().err
