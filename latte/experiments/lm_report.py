@@ -36,7 +36,7 @@ def _recipe(records: list[dict], sets: list[str]) -> str:
     return (f"Every run is a real `latte train` of a shipped config `latte/configs/mixers/*.yaml`: the same "
             f"tokens, width, depth, optimizer and {steps} steps ({tokens:,} training tokens) for every "
             f"variant, which differ only in the token mixer{extra}. Validation perplexity on the whole "
-            f"validation split ({r["val_tokens"]:,} tokens of documents never seen in training); tokens/s of "
+            f"validation split ({r['val_tokens']:,} tokens of documents never seen in training); tokens/s of "
             "the training steps alone; wall time of the whole job (tokenizer, packing, validation "
             "included). Each run used 1 thread on a 2-core machine shared with other jobs (load average "
             f"{min(x['loadavg_start'] for x in records):.1f}-{max(x['loadavg_start'] for x in records):.1f} at "
