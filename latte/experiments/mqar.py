@@ -70,6 +70,7 @@ class Budget:
     batch_size: int
     lrs: tuple
     vocab_size: int = VOCAB_SIZE
+    eval_every: int = 250  # steps between test evaluations (early stop granularity)
 
 
 FULL = Budget({64: 20000, 128: 20000, 256: 20000}, 1000, 32, 64, (1e-3, 3e-3))
@@ -146,51 +147,58 @@ def _adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
 
 
+def _batches(n: int, batch_size: int, epochs: int, g: torch.Generator):
+    """(epoch, indices) of every batch: a fresh permutation per epoch."""
+    for epoch in range(1, epochs + 1):
+        order = torch.randperm(n, generator=g)
+        for i in range(0, n, batch_size):
+            yield epoch, order[i:i + batch_size]
+
+
 def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed: int = 0,
                verbose: bool = False) -> dict:
-    """Train one model on one setting at one lr; returns the record's fields."""
+    """Train one model on one setting at one lr; returns the record's fields.
+    Test accuracy is measured every `budget.eval_every` steps and at the end;
+    training stops at the first measurement >= TARGET."""
     torch.manual_seed(seed)
     model = LatteForCausalLM(model_config(cell, train.vocab_size))
     opt = _adamw(model, cell["lr"])
-    B = budget.batch_size
-    per_epoch = math.ceil(len(train) / B)
-    total = budget.epochs * per_epoch
+    total = budget.epochs * math.ceil(len(train) / budget.batch_size)
     warmup = max(1, total // 20)
-    g = torch.Generator().manual_seed(seed)
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     step, skipped, acc, best, epoch, loss = 0, 0, 0.0, 0.0, 0, math.nan
-    for epoch in range(1, budget.epochs + 1):
-        order = torch.randperm(len(train), generator=g)
-        for i in range(0, len(train), B):
-            idx = order[i:i + B]
-            lr = lr_at(step, base_lr=cell["lr"], warmup_steps=warmup, total_steps=total, decay="cosine")
-            for group in opt.param_groups:
-                group["lr"] = lr
-            logits, target = scored_logits(model, train.input_ids[idx], train.labels[idx])
-            loss_t = F.cross_entropy(logits, target)
-            loss_t.backward()
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            if torch.isfinite(loss_t) and torch.isfinite(norm):
-                opt.step()
-                loss = float(loss_t.detach())
-            else:  # a non-finite step is dropped, and counted in the record
-                skipped += 1
-            opt.zero_grad(set_to_none=True)
-            step += 1
-        acc = accuracy(model, test)
-        best = max(best, acc)
-        if verbose:
-            print(f"  {cell['model']} dim {cell['dim']} T {cell['seq_len']} lr {cell['lr']:g}: epoch {epoch} "
-                  f"loss {loss:.3f} accuracy {acc:.3f} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-        if acc >= TARGET:
-            break
+    for epoch, idx in _batches(len(train), budget.batch_size, budget.epochs, torch.Generator().manual_seed(seed)):
+        lr = lr_at(step, base_lr=cell["lr"], warmup_steps=warmup, total_steps=total, decay="cosine")
+        for group in opt.param_groups:
+            group["lr"] = lr
+        logits, target = scored_logits(model, train.input_ids[idx], train.labels[idx])
+        loss_t = F.cross_entropy(logits, target)
+        loss_t.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if torch.isfinite(loss_t) and torch.isfinite(norm):
+            opt.step()
+            loss = float(loss_t.detach())
+        else:  # a non-finite step is dropped, and counted in the record
+            skipped += 1
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        if step % budget.eval_every == 0 or step == total:
+            acc = accuracy(model, test)
+            best = max(best, acc)
+            if verbose:
+                print(f"  {cell['model']} dim {cell['dim']} L {cell['num_latents']} T {cell['seq_len']} "
+                      f"lr {cell['lr']:g}: step {step} (epoch {epoch}) loss {loss:.3f} accuracy {acc:.3f} "
+                      f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+            if acc >= TARGET:
+                break
     return {**state_bytes(model.config.mixer, dim=cell["dim"], seq_len=cell["seq_len"],
                           num_latents=cell["num_latents"], window_size=FAMILIES[cell["model"]][2],
                           qk_mixer=FAMILIES[cell["model"]][1]),
             "mixer": model.config.mixer, "qk_mixer": FAMILIES[cell["model"]][1],
             "window_size": FAMILIES[cell["model"]][2], "accuracy": round(acc, 4), "best_accuracy": round(best, 4),
             "reached_target": acc >= TARGET, "epochs": epoch, "steps": step, "skipped_steps": skipped,
-            "examples": len(train), "test_examples": len(test), "examples_seen": min(step * B, epoch * len(train)),
+            "examples": len(train), "test_examples": len(test),
+            "examples_seen": min(step * budget.batch_size, epoch * len(train)),
             "final_loss": round(loss, 4), "seconds": round(time.perf_counter() - t0, 1),
             "loadavg_start": round(load0, 2), "loadavg_end": round(os.getloadavg()[0], 2),
             "parameters": model.num_parameters(), "fillers": train.fillers}
