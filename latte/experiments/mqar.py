@@ -73,7 +73,10 @@ class Budget:
     eval_every: int = 250  # steps between test evaluations (early stop granularity)
 
 
-FULL = Budget({64: 20000, 128: 20000, 256: 20000}, 1000, 32, 64, (1e-3, 3e-3))
+# Calibrated with softmax attention at (T=64, 4 pairs), dim 64, lr 3e-3: 20,000
+# examples stall at 0.24 test accuracy while the training loss keeps falling
+# (memorised, 6 epochs); 100,000 reach 0.998 within the second epoch.
+FULL = Budget({64: 100000, 128: 100000, 256: 100000}, 1000, 3, 64, (3e-3, 1e-3))
 QUICK = Budget({16: 128}, 32, 1, 32, (3e-3,))
 QUICK_SETTINGS = ((16, 2),)
 
@@ -98,6 +101,10 @@ def state_bytes(mixer: str, *, dim: int, seq_len: int, num_latents: int | None =
 
 
 def cells_for(settings, dims, families, latent_multiples, lrs) -> list[dict]:
+    """Every (setting, model, dim, num_latents, lr), in the order they run:
+    the first lr before the others, dim 64 before 128, Latte at num_latents =
+    dim (linear attention's state) before its other sizes, then setting and
+    family; so a sweep cut short has the most comparable cells first."""
     cells = []
     for seq_len, pairs in settings:
         for dim in dims:
@@ -108,7 +115,13 @@ def cells_for(settings, dims, families, latent_multiples, lrs) -> list[dict]:
                     for lr in lrs:
                         cells.append({"seq_len": seq_len, "num_kv_pairs": pairs, "model": fam, "dim": dim,
                                       "num_latents": int(m * dim) if m else None, "lr": lr})
-    return cells
+
+    def priority(c: dict) -> tuple:
+        multiple = c["num_latents"] / c["dim"] if c["num_latents"] else 1.0
+        return (lrs.index(c["lr"]), dims.index(c["dim"]), multiple != 1.0,
+                settings.index((c["seq_len"], c["num_kv_pairs"])), list(families).index(c["model"]), multiple)
+
+    return sorted(cells, key=priority)
 
 
 def model_config(cell: dict, vocab_size: int = VOCAB_SIZE) -> LatteConfig:
@@ -231,7 +244,7 @@ def _plan(a: argparse.Namespace):
     if a.settings:
         settings = tuple(tuple(int(v) for v in s.split("x")) for s in a.settings.split(","))
     budget = dataclasses.replace(
-        budget, train_examples={T: a.train_examples or budget.train_examples.get(T, 20000) for T, _ in settings},
+        budget, train_examples={T: a.train_examples or budget.train_examples.get(T, 100000) for T, _ in settings},
         epochs=a.epochs or budget.epochs, lrs=tuple(float(x) for x in a.lrs.split(",")) if a.lrs else budget.lrs)
     dims = tuple(int(d) for d in a.dims.split(",")) if a.dims else ((16,) if a.quick else (64, 128))
     families = tuple(a.mixers.split(",")) if a.mixers else tuple(FAMILIES)
@@ -256,7 +269,7 @@ def main(argv: list[str]) -> int:
     def run(cell: dict) -> dict:
         key = (cell["seq_len"], cell["num_kv_pairs"])
         if key not in data:
-            data.clear()  # one setting in memory at a time (cells are ordered by setting)
+            data.clear()  # one setting in memory at a time; regenerating one takes seconds
             data[key] = mqar_splits(budget.train_examples[key[0]], budget.test_examples, seq_len=key[0],
                                     num_kv_pairs=key[1], vocab_size=budget.vocab_size,
                                     seed=0, random_fillers=a.random_fillers)
