@@ -85,7 +85,7 @@ def test_generate_restores_training_mode_and_zero_tokens(make_lm, make_ids):
 @pytest.mark.parametrize("kwargs, match", [
     (dict(max_new_tokens=-1), "max_new_tokens"),
     (dict(max_new_tokens=3, temperature=-1.0), "temperature"),
-    (dict(max_new_tokens=3, top_k=0), "top_k"),
+    (dict(max_new_tokens=3, top_k=-5), "top_k"),
     (dict(max_new_tokens=3, top_p=1.5), "top_p"),
     (dict(max_new_tokens=3, do_sample=True, temperature=0), "do_sample"),
     (dict(max_new_tokens=3, eos_token_id=64), r"eos_token_id: expected None, an id or a list of ids in \[0, 63\]"),
