@@ -168,3 +168,19 @@ def test_gradient_checkpointing_through_transformers(saved, make_ids):
         grads.append({n: p.grad for n, p in hfm.named_parameters()})
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_hf_saved_folder_loads_natively_without_transformers(saved, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model, path = saved("latte", tie_embeddings=False)
+    AutoModelForCausalLM.from_pretrained(path).save_pretrained(tmp_path / "hf")
+    code = ("import sys; sys.modules['transformers'] = None\n"  # any import of transformers fails
+            "from latte.models import from_pretrained\n"
+            f"m = from_pretrained({str(tmp_path / 'hf')!r}); print(type(m).__name__, m.config.dim)")
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0 and out.stdout.split() == ["LatteForCausalLM", "32"], out.stderr
