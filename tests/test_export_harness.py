@@ -12,9 +12,7 @@ import pytest
 import torch
 
 from latte.cli import main
-from latte.config_io import build
-from latte.train.config import RunConfig
-from tests.train.runs import tiny_config_dict, write_config, write_corpus
+from tests.train.runs import train_tiny_run
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
@@ -23,11 +21,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
-    (root / "corpus").mkdir()
-    corpus = write_corpus(root / "corpus")
-    cfg = build(RunConfig, tiny_config_dict(corpus, root / "run", root / "cache"))
-    path = write_config(cfg, root / "tiny.yaml")
-    assert main(["train", "--config", str(path), "--train.steps=4", "--optim.warmup_steps=1"]) == 0
+    train_tiny_run(root)
     assert main(["export", str(root / "run"), str(root / "hf")]) == 0
     return root
 
