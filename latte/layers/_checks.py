@@ -1,6 +1,6 @@
 """Argument checks of the attention layers. Every check raises ValueError
-naming the argument, the value and what is allowed (STYLE.md habits 5, 6);
-none reads a tensor's values, so none synchronises with the device."""
+naming the argument, the value and what is allowed (a user can cause each of
+these); none reads a tensor's values, so none synchronises with the device."""
 
 from __future__ import annotations
 

@@ -72,8 +72,9 @@ def save_weights(state: dict[str, torch.Tensor], path: str | os.PathLike, *,
 
     aliases {alias: stored name}: names to store once; default: the entries
     that share storage (what model.state_dict() gives for tied weights). The
-    write goes through a temporary file renamed into place, so `path` is
-    either the old file or the complete new one. An I/O failure is an
+    write goes through a temporary file, fsynced and renamed into place, so
+    `path` is either the old file or the complete new one (the caller fsyncs
+    the folder when the rename itself must be durable). An I/O failure is an
     OSError naming `path`."""
     path = Path(path)
     aliases = _shared_aliases(state) if aliases is None else dict(aliases)
@@ -88,6 +89,11 @@ def save_weights(state: dict[str, torch.Tensor], path: str | os.PathLike, *,
     try:
         save_file(tensors, str(tmp), metadata=meta)
         os.chmod(tmp, 0o666 & ~_umask())
+        fd = os.open(tmp, os.O_RDONLY)
+        try:  # durable before it takes the name: a crash never leaves a truncated file under `path`
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except (OSError, SafetensorError) as e:
         tmp.unlink(missing_ok=True)
