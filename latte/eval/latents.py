@@ -28,7 +28,8 @@ from torch import nn
 
 from latte.data import TokenWindows, iter_eval_batches
 from latte.layers import LatteAttention, MacchiatoAttention
-from latte.layers._common import project_qkv, real_positions
+from latte.layers.llama_projections import project_qkv
+from latte.layers.rope import real_positions
 from latte.ops import sliding_window_attention_lse
 
 HIST_BINS = 20
@@ -47,9 +48,10 @@ def utilisation(pbar: torch.Tensor) -> dict:
 
 
 @torch.no_grad()
-def layer_probs(layer: nn.Module, x: torch.Tensor):
+def layer_probs(layer: nn.Module, x: torch.Tensor, positions: torch.Tensor | None = None):
     """(p(l|t) [B, T, H, L] float32, p(window|t) [B, T, H] or None) of one
-    layer for its input x [B, T, dim] (no padding)."""
+    layer for its input x [B, T, dim] (no padding) at RoPE positions [B, T]
+    (default 0 .. T-1)."""
     B, T, _ = x.shape
     H, L = layer.num_heads, layer.num_latents // layer.num_heads
     u, _, _ = layer.mixer(x)
@@ -57,7 +59,7 @@ def layer_probs(layer: nn.Module, x: torch.Tensor):
     p = torch.softmax(a, -1)
     if not isinstance(layer, MacchiatoAttention):
         return p, None
-    pos, _ = real_positions(None, None, B, T, x.device)
+    pos = real_positions(None, None, B, T, x.device)[0] if positions is None else positions
     q, k, v = project_qkv(layer, x, pos)
     _, lse_win, _ = sliding_window_attention_lse(q, k, v, window_size=layer.window_size)
     lat = torch.logsumexp(a, -1) + layer.beta.float()
@@ -98,9 +100,9 @@ def latent_utilisation(model: nn.Module, windows: TokenWindows, *, batch_size: i
 
     Returns {"seq_len", "tokens", "layers": [{"layer", "kind", "heads": [...]}]}."""
     layers = latent_layers(model)
-    inputs: dict[int, torch.Tensor] = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, args, i=i: inputs.__setitem__(i, args[0]))
-             for i, m in layers]
+    inputs: dict[int, tuple] = {}  # layer -> (x, positions) of its last call
+    hooks = [m.register_forward_pre_hook(lambda mod, args, kwargs, i=i: inputs.__setitem__(
+        i, (args[0], kwargs.get("positions"))), with_kwargs=True) for i, m in layers]
     totals = {i: _Totals() for i, _ in layers}
     windows_seen = 0
     was = model.training
@@ -109,7 +111,7 @@ def latent_utilisation(model: nn.Module, windows: TokenWindows, *, batch_size: i
         for x, _ in iter_eval_batches(windows, batch_size):
             model(x.to(device))
             for i, layer in layers:
-                totals[i].add(*layer_probs(layer, inputs[i]))
+                totals[i].add(*layer_probs(layer, *inputs[i]))
             windows_seen += x.shape[0]
     finally:
         for h in hooks:

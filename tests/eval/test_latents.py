@@ -77,7 +77,8 @@ def test_window_share_is_the_mix_the_op_applies():
     x = torch.randn(2, 13, 32, dtype=torch.float64)
     p, pw = layer_probs(layer, x)
     assert p.shape == (2, 13, 2, 4) and pw.shape == (2, 13, 2) and bool(((pw > 0) & (pw < 1)).all())
-    from latte.layers._common import project_qkv, real_positions
+    from latte.layers.llama_projections import project_qkv
+    from latte.layers.rope import real_positions
 
     q, k, v = project_qkv(layer, x, real_positions(None, None, 2, 13, x.device)[0])
     u, _, _ = layer.mixer(x)
