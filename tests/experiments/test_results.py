@@ -50,3 +50,14 @@ def test_experiment_command_lists_and_rejects_unknown(capsys):
     assert main(["experiment", "--help"]) == 0
     assert main(["experiment", "no-such-experiment"]) == 2
     assert "experiments:" in capsys.readouterr().err
+
+
+def test_images_are_linked_from_results_md_and_the_readme(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- results:demo:start -->\n<!-- results:demo:end -->\n")
+    run = provenance("demo", [], started=0.0)
+    write_results(tmp_path / "results" / "demo", "demo", [{"a": 1}], "text", run, readme=readme,
+                  images=["plot.png"])
+    assert "![plot](plot.png)" in (tmp_path / "results" / "demo" / "results.md").read_text()
+    text = readme.read_text()
+    assert "![plot](results/demo/plot.png)" in text and "#### demo" in text  # headings sit below the section's
