@@ -137,7 +137,9 @@ def main(argv: list[str]) -> int:
     started = time.time()
     sets = (QUICK_SET if a.quick else []) + a.set
     variants, seeds = a.variants.split(","), [int(s) for s in a.seeds.split(",")]
-    cells = [{"variant": v, "seed": s} for v in variants for s in seeds]
+    # seed-major: every variant's first seed before any second seed, so a sweep
+    # cut short still compares every variant
+    cells = [{"variant": v, "seed": s} for s in seeds for v in variants]
     work = Path(a.runs) / ".cells"
     stages = a.stages.split(",")
     done = {}
