@@ -11,7 +11,7 @@ import torch
 
 from latte.cli import _split_train_args, main
 from latte.config_io import build
-from latte.train.config import RunConfig
+from latte.train.config import LMRunConfig
 from tests.train.runs import REPO, tiny_config_dict, write_config, write_corpus
 
 
@@ -20,7 +20,7 @@ def trained_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     (root / "corpus").mkdir()
     corpus = write_corpus(root / "corpus")
-    cfg = build(RunConfig, tiny_config_dict(corpus, root / "run", root / "cache"))
+    cfg = build(LMRunConfig, tiny_config_dict(corpus, root / "run", root / "cache"))
     path = write_config(cfg, root / "tiny.yaml")
     assert main(["train", "--config", str(path), "--train.steps=4", "--optim.warmup_steps=1"]) == 0
     return root / "run"
@@ -51,9 +51,9 @@ def test_generate_streams_a_continuation(trained_run, capsys):
 
 def test_streaming_equals_model_generate(trained_run):
     from latte.eval.generation import IncrementalDecoder, stream_tokens
-    from latte.eval.runs import load_trained
+    from latte.train.runs import open_run
 
-    t = load_trained(trained_run)
+    t = open_run(trained_run)
     ids = t.tokenizer.encode("def f")
     streamed = list(stream_tokens(t.model, ids, 10, temperature=0))
     ref = t.model.generate(torch.tensor([ids]), 10, temperature=0)[0, len(ids):].tolist()

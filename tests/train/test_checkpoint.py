@@ -1,4 +1,4 @@
-"""Crash-safe checkpoints: each failure case of RELIABILITY.md is a test here."""
+"""Crash-safe checkpoints: each failure case of docs/reliability.md is a test here."""
 
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ def test_flipped_byte_in_weights_is_detected(tmp_path, caplog):
     data = bytearray(weights.read_bytes())
     data[-5] ^= 0x01  # inside the tensor data, not the header
     weights.write_bytes(bytes(data))
-    load_checkpoint(path, verify=False)  # safetensors itself does not notice ...
+    load_checkpoint(path, verify="none").model_state  # safetensors itself does not notice ...
     with pytest.raises(ValueError, match=r"model\.safetensors: sha256 mismatch"):  # ... the manifest does
         load_checkpoint(path)
     with caplog.at_level(logging.WARNING):
@@ -154,7 +154,7 @@ def test_truncated_optimizer_file_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"optimizer\.pt: \d+ bytes but the manifest says \d+ \(truncated"):
         load_checkpoint(path)
     with pytest.raises(ValueError, match=r"optimizer\.pt: cannot be read, truncated or corrupt"):
-        load_checkpoint(path, verify=False)  # the torch error is wrapped and names the file too
+        load_checkpoint(path, verify="none").optimizer_state  # the torch error is wrapped and names the file too
     assert find_latest_checkpoint(tmp_path) is None
 
 
@@ -232,10 +232,10 @@ def test_pickle_payload_is_refused(tmp_path):
     # An attacker controls the whole folder, so make the manifest agree with the file.
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["files"]["optimizer.pt"] = {"size": (path / "optimizer.pt").stat().st_size,
-                                         "sha256": ck._sha256(path / "optimizer.pt")}
+                                         "sha256": ck.sha256_file(path / "optimizer.pt")}
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match=r"optimizer\.pt: refused"):
-        load_checkpoint(path)
+        load_checkpoint(path).optimizer_state
     assert not marker.exists()
 
 

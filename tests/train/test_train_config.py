@@ -9,7 +9,7 @@ import pytest
 
 from latte.config_io import build, load_yaml, to_dict
 from latte.models import LatteConfig
-from latte.train.config import (ARCHITECTURE_FIELDS, DEFAULT_CONFIG, ModelConfig, RunConfig, check_world_size,
+from latte.train.config import (ARCHITECTURE_FIELDS, DEFAULT_CONFIG, LMRunConfig, ModelConfig, check_world_size,
                                 load_run_config, resolve_config, shipped_configs)
 
 CONFIGS = Path(__file__).resolve().parents[2] / "latte" / "configs"
@@ -56,7 +56,7 @@ def test_mixer_configs_are_like_for_like():
 
 
 def test_paper_table6_config_matches_the_paper():
-    """MATH.md section 6: the OpenWebText recipe of the paper."""
+    """docs/math.md section 6: the OpenWebText recipe of the paper."""
     cfg = load_run_config(CONFIGS / "paper-table6.yaml")
     m, o, t, d = cfg.model, cfg.optim, cfg.train, cfg.data
     assert (m.num_layers, m.num_heads, m.dim, m.ffn_dim, m.num_latents, m.window_size) == (8, 8, 512, 2048, 256, 128)
@@ -121,4 +121,4 @@ def test_resolved_config_round_trips(tmp_path):
 
     cfg = load_run_config()
     save_yaml(cfg, tmp_path / "c.yaml")
-    assert build(RunConfig, load_yaml(tmp_path / "c.yaml")) == cfg
+    assert build(LMRunConfig, load_yaml(tmp_path / "c.yaml")) == cfg
