@@ -109,10 +109,11 @@ def check_input_ids(input_ids, vocab_size: int) -> tuple[int, int]:
     before any compute so a bad id never reaches an embedding lookup."""
     if not isinstance(input_ids, torch.Tensor):
         raise ValueError(f"input_ids: expected an integer tensor [B, T], got {type(input_ids).__name__}")
-    if input_ids.dtype not in _INT_DTYPES:
-        raise ValueError(f"input_ids: expected an integer dtype (torch.long), got {input_ids.dtype}")
-    if input_ids.dim() != 2 or input_ids.shape[1] < 1:
-        raise ValueError(f"input_ids: expected shape [B, T >= 1], got {tuple(input_ids.shape)}")
+    if input_ids.dtype not in (torch.int64, torch.int32):  # what nn.Embedding takes
+        raise ValueError(f"input_ids: expected an integer dtype torch.long (or torch.int32), got {input_ids.dtype}; "
+                         "convert with input_ids.long()")
+    if input_ids.dim() != 2 or input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids: expected shape [B, T >= 1] with B >= 1, got {tuple(input_ids.shape)}")
     if input_ids.numel():
         lo, hi = int(input_ids.min()), int(input_ids.max())
         if lo < 0 or hi >= vocab_size:
@@ -132,8 +133,12 @@ def check_attention_mask(attention_mask, shape: tuple[int, int]) -> torch.Tensor
         got = tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
         raise ValueError(f"attention_mask: expected shape {tuple(shape)} like input_ids, got {got}")
     if m.dtype != torch.bool:
-        if m.dtype not in _INT_DTYPES or ((m != 0) & (m != 1)).any():
+        if m.dtype not in _INT_DTYPES:
             raise ValueError(f"attention_mask: expected bool or 0/1 integers (1 = real token), got dtype {m.dtype}")
+        bad = (m != 0) & (m != 1)
+        if bad.any():
+            raise ValueError(f"attention_mask: expected 0/1 values (1 = real token), found {int(m[bad][0])} "
+                             f"at {tuple(int(i) for i in bad.nonzero()[0])}")
         m = m.bool()
     return None if bool(m.all()) else m
 

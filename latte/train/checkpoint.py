@@ -293,7 +293,7 @@ def _read_manifest(step_dir: Path) -> dict:
     path = step_dir / MANIFEST
     if not path.is_file():
         raise CheckpointError(f"{step_dir}: no {MANIFEST}, so the save did not complete "
-                         "(or this is not a checkpoint)")
+                              "(or this is not a checkpoint)")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
@@ -303,7 +303,7 @@ def _read_manifest(step_dir: Path) -> dict:
     if (not isinstance(files, dict) or not isinstance(manifest.get("step"), int) or not isinstance(ws, int)
             or ws < 1 or not all(isinstance(e, dict) and {"size", "sha256"} <= e.keys() for e in files.values())):
         raise CheckpointError(f"{path}: not a latte manifest (needs 'step', 'world_size' and 'files' "
-                         "with size and sha256)")
+                              "with size and sha256)")
     bad = [n for n in files if not isinstance(n, str) or not _NAME_RE.match(n)]
     if bad:
         raise CheckpointError(f"{path}: manifest names files outside the checkpoint folder: {bad}")
@@ -313,8 +313,8 @@ def _read_manifest(step_dir: Path) -> dict:
     missing = [n for n in required if n not in files]
     if fmt not in ("full", "sharded") or missing:
         raise CheckpointError(f"{path}: the manifest does not list {', '.join(missing) or 'its weights format'}, "
-                         "which loading reads: refusing files that no checksum covers (tampered or "
-                         "not written by latte)")
+                              "which loading reads: refusing files that no checksum covers (tampered or "
+                              "not written by latte)")
     return manifest
 
 
@@ -427,8 +427,10 @@ def _torch_load(path: Path, map_location: Any) -> Any:
         # Keep torch's line naming the offending global, drop its advice to
         # retry with weights_only=False (that is exactly what must not happen).
         detail = [line for line in str(e).splitlines() if "GLOBAL" in line or "global" in line]
+        if not detail:  # not a planted object: garbage bytes
+            raise CheckpointError(f"{path}: cannot be read, truncated or corrupt (not a torch.save file)") from None
         raise CheckpointError(f"{path}: refused: holds Python objects other than tensors and plain data, "
-                         f"and unpickling them could run code ({(detail or ['?'])[0].strip()})") from None
+                              f"and unpickling them could run code ({detail[0].strip()})") from None
     except Exception as e:  # truncated/corrupt zip: RuntimeError, EOFError, OSError, ...
         raise CheckpointError(f"{path}: cannot be read, truncated or corrupt ({type(e).__name__}: {e})") from None
 

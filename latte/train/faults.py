@@ -9,6 +9,7 @@ Nothing here is active unless LATTE_FAULTS is set, e.g.
     LATTE_FAULTS="kill_during_save=6"          SIGKILL self after step-6's files, before its manifest
     LATTE_FAULTS="sigterm_at=3"                SIGTERM self during step 3 (0-based)
     LATTE_FAULTS="nan_loss=2:5@1"              NaN loss on steps 2, 3, 4, rank 1 only
+    LATTE_FAULTS="nan_loss=5,nan_loss=8"       NaN loss on steps 5 and 8 (items add up)
     LATTE_FAULTS="hold_at=2"                   before step 2, rank 0 creates RUN_DIR/hold and
                                                waits until it is removed (at most 10 minutes)
 
@@ -33,7 +34,7 @@ class Faults:
     kill_during_save: int | None = None
     sigterm_at: int | None = None
     hold_at: int | None = None
-    nan_steps: range = range(0)
+    nan_steps: tuple[range, ...] = ()
     nan_rank: int | None = None
 
     @classmethod
@@ -50,7 +51,8 @@ class Faults:
                 elif key == "nan_loss":
                     steps, _, rank = value.partition("@")
                     start, _, stop = steps.partition(":")
-                    kw["nan_steps"] = range(int(start), int(stop) if stop else int(start) + 1)
+                    kw["nan_steps"] = (*kw.get("nan_steps", ()),
+                                       range(int(start), int(stop) if stop else int(start) + 1))
                     kw["nan_rank"] = int(rank) if rank else None
                 else:
                     raise ValueError(f"unknown fault {key!r}")
@@ -59,7 +61,7 @@ class Faults:
         return cls(**kw)
 
     def nan_loss(self, step: int, rank: int) -> bool:
-        return step in self.nan_steps and self.nan_rank in (None, rank)
+        return any(step in r for r in self.nan_steps) and self.nan_rank in (None, rank)
 
     def maybe_sigterm(self, step: int) -> None:
         if self.sigterm_at == step:

@@ -110,6 +110,7 @@ def _one_step(run: Run) -> None:
                         stop=run.stop_request, inject_nan=run.faults.nan_loss(run.step, env.rank))
     seconds = time.perf_counter() - t0
     batch_text = f"global samples [{first_sample}, {first_sample + cfg.train.global_batch_size})"
+    run.logger.train_step(run.step + 1, result, lr, seconds, time.perf_counter() - run.t_start)
     run.guard.update(result, run.step, batch_text)  # raises NonFiniteError (raise mode / cap)
     run.step += 1
     run.seen += result.count
@@ -119,7 +120,6 @@ def _one_step(run: Run) -> None:
     run.recent_rate = rate if not run.recent_rate else 0.7 * run.recent_rate + 0.3 * rate
     run.recent_step_s = seconds if not run.recent_step_s else 0.7 * run.recent_step_s + 0.3 * seconds
     run.stop = result.stop  # agreed over ranks: all stop after this same step
-    run.logger.train_step(run.step, result, lr, seconds, time.perf_counter() - run.t_start)
 
 
 def _out_of_time(run: Run) -> bool:

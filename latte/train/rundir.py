@@ -72,8 +72,12 @@ class RunLock:
             raise OSError(e.errno, f"cannot lock {self.path}: {e.strerror}", str(self.path)) from None
         info = {"pid": os.getpid(), "host": socket.gethostname(),
                 "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        except OSError as e:  # e.g. disk full: say where
+            os.close(fd)
+            raise OSError(e.errno, f"cannot write {self.path}: {e.strerror}", str(self.path)) from None
         self.fd = fd
         return self
 

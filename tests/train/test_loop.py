@@ -108,6 +108,27 @@ def test_token_ids_beyond_vocab_are_refused_before_training(make_config, tmp_pat
     assert not (tmp_path / "run" / "metrics.csv").exists()
 
 
+def test_run_dir_that_is_a_file_is_named(make_config, tmp_path):
+    (tmp_path / "run").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"train.run_dir='.*run' is a file, expected a folder"):
+        train(make_config())
+
+
+def test_disk_full_at_startup_names_the_file_and_leaves_no_temp_file(make_config, tmp_path, monkeypatch):
+    import errno
+
+    import latte.config_io
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(latte.config_io.os, "fsync", full)
+    with pytest.raises(OSError) as e:
+        train(make_config())
+    assert e.value.errno == errno.ENOSPC and str(tmp_path / "run" / "config.yaml") in str(e.value)
+    assert not list((tmp_path / "run").glob(".*tmp*"))
+
+
 def test_resume_with_changed_shapes_names_the_fields(make_config, tmp_path):
     train(make_config(**{"train.steps": 2, "optim.warmup_steps": 1}))
     with pytest.raises(ValueError) as e:

@@ -74,6 +74,17 @@ def test_model_config_mirrors_latte_config():
     theirs = {f.name for f in dataclasses.fields(LatteConfig)}
     assert ours == theirs - {"causal", "num_labels", "pooling"}
     assert "dropout" not in ARCHITECTURE_FIELDS and "dim" in ARCHITECTURE_FIELDS
+    defaults = {f.name: f.default for f in dataclasses.fields(LatteConfig)}
+    assert all(f.default == defaults[f.name] for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size")
+    assert ModelConfig().to_latte_config(300) == LatteConfig(vocab_size=300)
+
+
+def test_non_finite_numbers_are_refused_in_any_section():
+    with pytest.raises(ValueError) as e:
+        load_run_config(None, ["--optim.lr=.inf", "--model.dropout=.nan", "--train.time_budget_minutes=.inf"])
+    msg = str(e.value)
+    assert "3 config problems" in msg and "optim.lr: got inf (float), expected a finite number" in msg
+    assert "model.dropout: got nan" in msg and "train.time_budget_minutes: got inf" in msg
 
 
 def test_overrides_are_typed_and_applied():
