@@ -30,3 +30,13 @@ def make_config(corpus, cache_dir, tmp_path):
         data = merge(data, parse_overrides([f"{k}={v}" for k, v in overrides.items()]))
         return build(LMRunConfig, data, where="test config")
     return make
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many real processes the fault tests killed with SIGKILL (each one
+    then resumed or was found intact): the count docs/reliability.md quotes."""
+    from tests.train.runs import KILLED
+
+    if KILLED:
+        terminalreporter.write_line(f"fault tests: {len(KILLED)} processes killed with SIGKILL, "
+                                    "every checkpoint intact afterwards")

@@ -20,6 +20,7 @@ from torch import nn
 from latte.train import checkpoint as ck
 from latte.train.checkpoint import check_state_against, find_latest_checkpoint, load_checkpoint, save_checkpoint
 from latte.train.rng import capture_rng_state, restore_rng_state
+from tests.train.runs import KILLED
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -100,6 +101,9 @@ KILL_CHILD = textwrap.dedent("""
         ck.save_file = half_written_weights
     if where == "mid_manifest":
         ck.atomic_write = half_written_manifest
+    if where == "sharded_before_manifest":  # DCP shards written (one process, no group), no manifest
+        ck.save_checkpoint(run_dir, 3, sharded_state={"model": {"w": torch.randn(512, 512)}},
+                           trainer_state={"step": 3}, rng_state={}, config={}, before_commit=die)
     ck.save_checkpoint(run_dir, 3, model_state={"w": torch.randn(512, 512)}, optimizer_state={},
                        trainer_state={"step": 3}, rng_state={}, config={},
                        barrier=die if where == "before_manifest" else None)
@@ -108,20 +112,23 @@ KILL_CHILD = textwrap.dedent("""
 
 
 def test_kill_9_during_save_leaves_previous_checkpoint(tmp_path, caplog):
-    wheres = ["mid_weights", "before_manifest", "mid_manifest"]
+    wheres = ["mid_weights", "before_manifest", "mid_manifest", "sharded_before_manifest"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for where in wheres:
         save(tmp_path / where, 1)
         save(tmp_path / where, 2)
-    # The three killed savers run concurrently to keep the suite fast.
+    # The killed savers run concurrently to keep the suite fast.
     children = [subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(tmp_path / w), w], env=env,
                                  stderr=subprocess.PIPE) for w in wheres]
     for where, child in zip(wheres, children):
         _, err = child.communicate(timeout=120)
         assert child.returncode == -9, (where, err.decode())
+        KILLED.append(f"checkpoint save ({where})")
         run_dir = tmp_path / where
         assert steps_on_disk(run_dir) == ["step-00000001", "step-00000002", "step-00000003"]
         assert not (run_dir / "step-00000003" / "manifest.json").exists()
+        if where == "sharded_before_manifest":
+            assert (run_dir / "step-00000003" / "dcp" / ".metadata").is_file()  # the shards were written
         with caplog.at_level(logging.WARNING):
             latest = find_latest_checkpoint(run_dir)
         assert latest == run_dir / "step-00000002"
