@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from latte.data import TokenWindows, iter_eval_batches
-from latte.models.causal_lm import IGNORE_INDEX
+from latte.models import IGNORE_INDEX
 from latte.train.validation import summarize, token_nll
 
 

@@ -50,10 +50,10 @@ from typing import Any, Callable, Iterable
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
 import latte
 from latte.config_io import atomic_write, load_yaml, save_yaml
+from latte.models.weights import check_state, read_weights, save_weights
 
 log = logging.getLogger(__name__)
 
@@ -120,29 +120,10 @@ def _torch_save(obj: Any) -> Callable[[Path], None]:
     return writer
 
 
-def _unshare(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """safetensors refuses tensors sharing storage (tied embeddings) and
-    non-contiguous views: store a private contiguous copy of each such tensor.
-    Tied weights are thus written twice and re-tied by the model on load."""
-    seen, out = set(), {}
-    for name, t in state.items():
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"model_state[{name!r}] is {type(t).__name__}, expected a Tensor")
-        t = t.detach()
-        ptr = t.untyped_storage().data_ptr() if t.numel() else None
-        private = ptr in seen or not t.is_contiguous()
-        out[name] = t.clone(memory_format=torch.contiguous_format) if private else t
-        if ptr is not None:
-            seen.add(ptr)
-    return out
-
-
 def _write_weights(path: Path, model_state: dict[str, torch.Tensor], step: int) -> None:
-    model_state = _unshare(model_state)
-    _write(path, lambda p: save_file(model_state, str(p), metadata={"step": str(step)}))
-    # safetensors writes via its own 0600 temp file; give it the umask-based
-    # mode of our other files so other users of a shared run dir can read it.
-    os.chmod(path, (path.parent / TRAINER).stat().st_mode & 0o777)
+    """The package's one weight format (latte.models.weights: tied tensors
+    stored once, the umask's ordinary file mode)."""
+    _write(path, lambda p: save_weights(model_state, p, metadata={"step": str(step)}))
 
 
 def _check_inputs(step, trainer_state, rng_state, extra_files, rank, world_size, keep) -> str:
@@ -443,7 +424,7 @@ def _load_other(path: Path, loader: Callable[[Path], Any]) -> Any:
 
 
 def _read_weights(path: Path, map_location: Any) -> dict[str, torch.Tensor]:
-    return _load_other(path, lambda p: load_file(str(p), device=str(map_location)))
+    return _load_other(path, lambda p: read_weights(p, device=map_location))
 
 
 def load_checkpoint(step_dir: str | os.PathLike, *, verify: str = "all",
@@ -486,19 +467,9 @@ def find_latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 
 
 def check_state_against(expected: dict[str, Any], loaded: dict[str, torch.Tensor], *, where: str) -> None:
-    """Raises one ValueError listing every missing key, unexpected key and
-    shape mismatch of `loaded` against `expected` (e.g. model.state_dict())."""
-    def shape(t: Any) -> tuple:
-        return tuple(t.shape) if hasattr(t, "shape") else tuple(t)
-
-    problems = [f"missing key: {k}" for k in expected if k not in loaded]
-    problems += [f"unexpected key: {k}" for k in loaded if k not in expected]
-    problems += [f"shape mismatch for {k}: checkpoint {shape(loaded[k])}, model {shape(v)}"
-                 for k, v in expected.items() if k in loaded and shape(loaded[k]) != shape(v)]
-    if problems:
-        shown = problems[:30] + ([f"... and {len(problems) - 30} more"] if len(problems) > 30 else [])
-        raise ValueError(f"{where}: state does not match the model ({len(problems)} problems):\n  "
-                         + "\n  ".join(shown))
+    """Raises one ValueError listing every missing, unexpected and mismatched
+    tensor of `loaded` against `expected` (the check of latte.models.weights)."""
+    check_state(expected, loaded, where=where)
 
 
 def nonfinite_tensors(tensors: dict[str, torch.Tensor]) -> list[str]:

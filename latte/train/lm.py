@@ -26,7 +26,7 @@ from torch import nn
 from latte.data import (SampleLoader, TokenWindows, Tokenizer, load_documents, load_tokenizer, pack_documents,
                         split_documents, train_bpe, unigram_perplexity)
 from latte.models import LatteForCausalLM, num_parameters
-from latte.models.causal_lm import IGNORE_INDEX
+from latte.models import IGNORE_INDEX
 from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint
 from latte.train.config import ARCHITECTURE_FIELDS, LMRunConfig

@@ -66,7 +66,7 @@ import torch
 from torch import nn
 
 from latte.config_io import ConfigError
-from latte.models.causal_lm import IGNORE_INDEX
+from latte.models import IGNORE_INDEX
 from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint
 from latte.train.config import RunConfig

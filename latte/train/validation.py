@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from latte.data import TokenWindows, iter_eval_batches
-from latte.models.causal_lm import IGNORE_INDEX
+from latte.models import IGNORE_INDEX
 
 
 @torch.no_grad()

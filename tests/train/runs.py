@@ -46,6 +46,21 @@ def write_config(cfg: RunConfig, path: Path) -> Path:
     return path
 
 
+def train_tiny_run(root: Path, steps: int = 4) -> Path:
+    """Trains the tiny config for `steps` steps in `root/run` with `latte
+    train` (in process) on a corpus written under `root`; returns the run folder."""
+    from latte.cli import main
+    from latte.config_io import build
+    from latte.train.config import LMRunConfig
+
+    (root / "corpus").mkdir()
+    corpus = write_corpus(root / "corpus")
+    cfg = build(LMRunConfig, tiny_config_dict(corpus, root / "run", root / "cache"))
+    path = write_config(cfg, root / "tiny.yaml")
+    assert main(["train", "--config", str(path), f"--train.steps={steps}", "--optim.warmup_steps=1"]) == 0
+    return root / "run"
+
+
 KILLED: list[str] = []  # processes the fault tests killed with SIGKILL (reported at the end of the run)
 
 
