@@ -66,7 +66,9 @@ def _open_step(step_dir: Path, device: torch.device) -> TrainedRun:
     cfg = build_run_config(ckpt.config, where=str(ckpt.file("config.yaml")))
     task = task_class(cfg.task)(cfg, DistEnv(device=device))
     task.prepare_inference(ckpt)
-    model = task.build_model().to(device)
+    with torch.random.fork_rng(devices=[]):  # weights a checkpoint leaves out come from the seeded build
+        torch.manual_seed(cfg.train.seed)
+        model = task.build_model().to(device)
     load_weights(model, ckpt, task.checkpoint_keys(model))
     model.eval()
     return TrainedRun(model, task, cfg, step_dir, ckpt.step)

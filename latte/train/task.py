@@ -34,8 +34,8 @@ world size and accumulation (never an average of averages). `unit` names
 the units in logs ("tokens", "examples").
 
 Optional hooks, with their defaults: `count` (labels that are not -100),
-`trainable_parameters` (every parameter; the others are frozen and neither
-optimized nor saved unless `checkpoint_keys` says so), `no_weight_decay`
+`trainable_parameters` (those left with requires_grad; the others are
+frozen: not optimized, but saved unless `checkpoint_keys` leaves them out), `no_weight_decay`
 (norms, biases, embeddings), `checkpoint_keys` (the weights a checkpoint
 keeps: all of the model's state), `checkpoint_files` (extra files copied
 into each checkpoint, e.g. a tokenizer), `shard_units` (FSDP2 units: the
@@ -134,7 +134,9 @@ class Task:
         return int((batch["labels"] != IGNORE_INDEX).sum())
 
     def trainable_parameters(self, model: nn.Module) -> set[str]:
-        return {n for n, p in model.named_parameters()}
+        """Names of the parameters to optimize; the trainer freezes the rest.
+        Default: those `build_model` left with requires_grad=True."""
+        return {n for n, p in model.named_parameters() if p.requires_grad}
 
     def no_weight_decay(self, model: nn.Module) -> set[str]:
         """Norms, biases (anything below 2-D) and embeddings: GPT-2 / nanoGPT practice."""

@@ -8,12 +8,14 @@ import json
 import signal
 
 import pytest
+import torch
 
 from latte.config_io import ConfigError
 from latte.train.checkpoint import find_latest_checkpoint, load_checkpoint
 from latte.train.config import build_run_config, load_run_config
 from latte.train.loop import train
 from latte.train.metrics import read_csv
+from latte.train.runs import open_run
 from latte.train.task import task_class
 from tests.train.runs import losses, run_cli, write_config
 from tests.train.toy_task import TASK, ToyRunConfig, ToyTask
@@ -92,3 +94,30 @@ def test_resuming_with_another_task_is_refused(tmp_path, make_config):
     train(make_config(run_dir=tmp_path / "run", **{"train.steps": 1, "optim.warmup_steps": 1}))
     with pytest.raises(ValueError, match="trained with task 'lm', the config says task 'tests.train.toy_task"):
         train(toy_config(tmp_path / "run"))
+
+
+def test_frozen_weights_are_not_trained_and_checkpoints_keep_only_what_is(tmp_path):
+    """FrozenToyTask trains only its last layer and saves only that: the
+    frozen layer stays at its seeded initial value, resume is still exact,
+    and a trained run opens for inference from the partial checkpoint."""
+    frozen = "tests.train.toy_task:FrozenToyTask"
+
+    def config(run_dir, **fields):
+        cfg = toy_config(run_dir, **fields)
+        cfg.task = frozen
+        return cfg
+
+    train(config(tmp_path / "straight"))
+    ckpt = load_checkpoint(find_latest_checkpoint(tmp_path / "straight"))
+    assert set(ckpt.model_state) == {"2.weight", "2.bias"}
+    assert len(ckpt.optimizer_state["state"]) == 2  # moments of the trained tensors only
+    torch.manual_seed(123)  # whatever the caller's RNG state, the frozen weights come back as trained
+    trained = open_run(tmp_path / "straight")
+    torch.manual_seed(0)  # train.seed: what build_model gave the trainer
+    initial = trained.task.build_model()
+    assert torch.equal(trained.model[0].weight, initial[0].weight)  # frozen: untouched, rebuilt
+    assert torch.equal(trained.model[2].weight, ckpt.model_state["2.weight"])
+    assert not torch.equal(trained.model[2].weight, initial[2].weight)
+    train(config(tmp_path / "cut", time_budget_minutes=1e-9))
+    train(config(tmp_path / "cut"))
+    assert losses(tmp_path / "cut") == losses(tmp_path / "straight")

@@ -93,3 +93,17 @@ class ToyTask(Task):
 
     def eval_size(self, *, final: bool) -> int:
         return self.cfg.toy.val_examples
+
+
+class FrozenToyTask(ToyTask):
+    """The toy with its first layer frozen and only the trained layer in
+    checkpoints: the shape of conversion up-training (frozen base weights
+    rebuilt by `build_model`, a few trainable ones saved)."""
+
+    TRAINED = {"2.weight", "2.bias"}
+
+    def trainable_parameters(self, model: nn.Module) -> set[str]:
+        return self.TRAINED
+
+    def checkpoint_keys(self, model: nn.Module) -> set[str]:
+        return self.TRAINED
