@@ -201,10 +201,11 @@ def cmd_eval(args: list[str]) -> int:
     out = Path(a.out) if a.out else (run.parent if (run / "manifest.json").is_file() else run) / "eval.json"
     if out.is_dir():
         raise ValueError(f"--out {out}: is a folder, expected a file path")
-    try:  # before any compute: a bad path fails now, not after the evaluation
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"--out {out}: cannot create its folder {out.parent} ({e.strerror})") from None
+    if a.out:  # before any compute: a bad path fails now, not after the evaluation
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--out {out}: cannot create its folder {out.parent} ({e.strerror})") from None
     from latte.eval.perplexity import extrapolation
     from latte.train.lm import pack_split
     from latte.train.runs import open_run

@@ -72,6 +72,9 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
 def test_eval_of_a_folder_without_checkpoints_exits_2(tmp_path, capsys):
     assert main(["eval", "--run", str(tmp_path)]) == 2
     assert "no verified checkpoint" in capsys.readouterr().err
+    assert main(["eval", "--run", str(tmp_path / "typo")]) == 2
+    assert "no such run or checkpoint folder" in capsys.readouterr().err
+    assert not (tmp_path / "typo").exists()  # nothing created on the way
 
 
 def test_unknown_command_and_help(capsys):

@@ -33,18 +33,28 @@ is that of the unit-weighted mean over the whole global batch, whatever the
 world size and accumulation (never an average of averages). `unit` names
 the units in logs ("tokens", "examples").
 
-Optional hooks, with their defaults: `count` (labels that are not -100),
-`trainable_parameters` (those left with requires_grad; the others are
-frozen: not optimized, but saved unless `checkpoint_keys` leaves them out), `no_weight_decay`
-(norms, biases, embeddings), `checkpoint_keys` (the weights a checkpoint
-keeps: all of the model's state), `checkpoint_files` (extra files copied
-into each checkpoint, e.g. a tokenizer), `shard_units` (FSDP2 units: the
-`blocks` ModuleList), `sample` (text shown during training: none),
-`eval_size` (units of one evaluation, for the time budget: 0),
-`summary` (extra fields of summary.json), `format_metrics`,
-`architecture_fields` (config fields that must match when resuming),
-`prepare_inference` (what `open_run` needs to rebuild the model from a
-checkpoint without training data) and `describe`.
+Optional hooks, with their defaults:
+    count                  units of a micro-batch: labels that are not -100
+    trainable_parameters   names to optimize: those build_model left with
+                           requires_grad; the trainer freezes the others
+    no_weight_decay        norms, biases, embeddings
+    checkpoint_keys        the model state a checkpoint keeps: all of it. A
+                           task with frozen pretrained weights keeps only what
+                           it trains; the rest comes back from build_model
+                           (seeded with train.seed, in training and in open_run)
+    checkpoint_files       files copied into each checkpoint (a tokenizer;
+                           called at every save, so a task may write its own
+                           format of the weights there)
+    shard_units            what FSDP2 shards one by one: the `blocks` ModuleList
+    sample                 text shown during training: none
+    eval_size              units of one evaluation, for the time budget: 0
+    summary                extra fields of summary.json at the end (e.g.
+                           test-set metrics, or an export)
+    format_metrics         one line of metrics for the log
+    architecture_fields    config fields that must match when resuming: none
+    prepare_inference      what open_run needs to rebuild the model from a
+                           checkpoint without training data (a tokenizer)
+    describe               one line about data and model at the start
 
 Evaluation runs on every rank: sum over ranks with `self.sum_over_ranks`.
 Under FSDP2 each forward is collective, so every rank must run the same
@@ -161,12 +171,16 @@ class Task:
                          f"the task {self.name!r} must say which modules to shard (shard_units)")
 
     def sample(self, model: nn.Module) -> str | None:
+        """Text to show (and append to samples.txt) every train.sample_every
+        steps and at the end; rank 0 only, every rank under FSDP2 (lockstep)."""
         return None
 
     def eval_size(self, *, final: bool) -> int:
         return 0
 
     def summary(self, model: nn.Module, metrics: dict[str, float]) -> dict[str, Any]:
+        """Extra fields of summary.json after the final evaluation `metrics`.
+        Runs on every rank (collectives allowed); rank 0's result is written."""
         return {}
 
     def format_metrics(self, metrics: dict[str, float]) -> str:
