@@ -8,8 +8,9 @@ checks several things (docs/reliability.md, "Distributed"):
   process reference skips the same step);
 - DDP saves the full format, FSDP2 the sharded one (DCP: one file per rank,
   each listed with its sha256 in the manifest); a checkpoint saved by 2
-  ranks resumes bit for bit on 2 ranks, and on 1 process (resharded)
-  continues with the losses of the 2-rank run;
+  ranks resumes bit for bit on 2 ranks (the FSDP2 resume then saves the full
+  format: the same weights), and on 1 process (resharded) continues with
+  the losses of the 2-rank run;
 - while a torchrun job runs, its rank 0 holds the run folder's lock: a
   second trainer on the same folder stops at once naming rank 0's pid.
 """
@@ -75,7 +76,9 @@ def runs(tmp_path_factory, corpus, cache_dir):
     # saved by 2 ranks, resumed from the middle by 2 ranks and by 1 process
     for mode in MODES:
         middle = str(root / mode / "step-00000002")
-        path = write_config(cfg(f"{mode}-resumed", grad_accum=2, distributed=mode, resume=middle),
+        # the FSDP2 resume reads the sharded step 2 and saves the full format (gathered on rank 0)
+        fmt = {"checkpoint_format": "full"} if mode == "fsdp2" else {}
+        path = write_config(cfg(f"{mode}-resumed", grad_accum=2, distributed=mode, resume=middle, **fmt),
                             root / f"{mode}-resumed.yaml")
         proc = run_cli(["train", "--config", str(path)], faults=f"nan_loss={NAN_STEP}@1", torchrun=2)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -113,6 +116,10 @@ def test_nan_on_one_rank_skips_the_step_on_both(runs, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_two_rank_resume_is_bitwise_exact(runs, mode):
     assert losses(runs / f"{mode}-resumed") == losses(runs / mode)[2:]  # repr() strings: bit for bit
+    want, got = final_weights(runs / mode), final_weights(runs / f"{mode}-resumed")
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    if mode == "fsdp2":  # the same weights through the other format
+        assert verify_checkpoint(runs / "fsdp2-resumed" / f"step-{STEPS:08d}")["weights"] == "full"
 
 
 @pytest.mark.parametrize("mode", MODES)
