@@ -114,8 +114,8 @@ def _build(cfg: RunConfig, env: D.DistEnv, run_dir: Path, lock: RunLock | None, 
         expected = {k: v for k, v in model.state_dict().items() if keys is None or k in keys}
         check_state_against(expected, ckpt.model_state, where=str(ckpt.path))
         check_finite(ckpt.model_state, where=str(ckpt.file("model.safetensors")))
-    model = D.wrap_model(model, cfg.train.distributed, env,
-                         units=task.shard_units(model) if cfg.train.distributed == "fsdp2" else None)
+    fsdp2 = env.is_distributed and cfg.train.distributed == "fsdp2"
+    model = D.wrap_model(model, cfg.train.distributed, env, units=task.shard_units(model) if fsdp2 else None)
     optimizer = _adamw(model, no_decay, cfg)
 
     state = {"step": 0, "sample_index": 0, "skipped_steps": 0, "consecutive_skips": 0}
