@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP_DIRS = {"__pycache__", ".pytest_cache"}
-SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".cfg", ".json", ".sh"}
 
 # Paths that point outside a checkout of the repository (machine paths, the
 # shared notes the project was bootstrapped from). Split so that this file
@@ -65,20 +63,28 @@ def problems_in(text: str, where: str) -> list[str]:
     return out
 
 
-def text_files(*roots: Path):
-    for root in roots:
-        if root.is_file():
-            yield root
-            continue
-        for p in sorted(root.rglob("*")):
-            if p.is_file() and p.suffix in SUFFIXES and not SKIP_DIRS.intersection(p.parts):
-                yield p
+# Code locations named in the docs: `latte/ops/causal.py: latte_causal`,
+# `tests/ops/test_causal.py::test_name`, and further `test_name`s after a test file.
+LOCATION = re.compile(r"((?:latte|tests|tools)/[\w/.-]+\.(?:py|yaml))(?:(?:::|:\s+`?)(\w+))?|`(test_\w+)`")
 
 
-def problems(*roots: Path, base: Path = ROOT) -> list[str]:
+def location_problems(text: str, where: str) -> list[str]:
+    """Every file, function and test a page names must exist, so the docs
+    cannot keep pointing at code that moved."""
     out = []
-    for path in text_files(*roots):
-        out += problems_in(path.read_text(encoding="utf-8"), str(path.relative_to(base)))
+    for line_no, line in enumerate(text.splitlines(), 1):
+        current = None  # the test file that bare `test_...` names on this line belong to
+        for m in LOCATION.finditer(line):
+            path, name, test = m.groups()
+            if path:
+                current = ROOT / path
+                if not current.is_file():
+                    out.append(f"{where}:{line_no}: names {path}, which does not exist")
+                    current = None
+                elif name and not re.search(rf"\b{name}\b", current.read_text(encoding="utf-8")):
+                    out.append(f"{where}:{line_no}: {path} has no {name}")
+            elif current is not None and f"def {test}" not in current.read_text(encoding="utf-8"):
+                out.append(f"{where}:{line_no}: {current.relative_to(ROOT)} has no {test}")
     return out
 
 
@@ -89,9 +95,28 @@ def load_tool():
     return tool
 
 
+def problems(*roots: Path, base: Path = ROOT) -> list[str]:
+    """Every problem in the text files under `roots` (the files the rewrite tool reads)."""
+    out = []
+    for path in load_tool().text_files(list(roots)):
+        out += problems_in(path.read_text(encoding="utf-8"), str(path.relative_to(base)))
+    return out
+
+
 def test_docs_readme_and_tools_cite_only_what_exists():
     assert (ROOT / "docs" / "README.md").is_file()
     assert problems(ROOT / "docs", ROOT / "README.md", ROOT / "tools") == []
+
+
+def test_code_locations_named_in_the_docs_exist():
+    found = []
+    for path in sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]:
+        found += location_problems(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
+    assert found == []
+    assert location_problems("`latte/ops/causal.py: latte_causal`, `tests/ops/test_causal.py::nope`, "
+                             "`test_forward_matches_reference`, `test_nope`, latte/gone.py", "x") == [
+        "x:1: tests/ops/test_causal.py has no nope", "x:1: tests/ops/test_causal.py has no test_nope",
+        "x:1: names latte/gone.py, which does not exist"]
 
 
 @pytest.mark.xfail(strict=True, reason="citations are rewritten after the merge")
