@@ -83,12 +83,12 @@ def _split_train_args(args: list[str]) -> tuple[str | None, list[str]]:
 
 def cmd_train(args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in args):
-        from latte.train.config import DEFAULT_CONFIG
+        from latte.train.config import shipped_configs
 
-        print("usage: latte train [--config PATH] [--resume auto|never|PATH] [--section.field=value ...]\n"
-              f"default config: {DEFAULT_CONFIG}; `task:` picks what is trained (default lm, "
-              "latte/train/task.py); sections: task, optim, train and the task's own (lm: data, model; "
-              "see latte/train/config.py)")
+        print("usage: latte train [--config NAME|PATH] [--resume auto|never|PATH] [--section.field=value ...]\n"
+              f"shipped configs (--config NAME; default tiny): {', '.join(shipped_configs())}\n"
+              "`task:` picks what is trained (default lm, latte/train/task.py); sections: task, optim, "
+              "train and the task's own (lm: data, model; see latte/train/config.py)")
         return 0
     from latte.train.config import load_run_config
     from latte.train.loop import train

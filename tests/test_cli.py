@@ -83,6 +83,15 @@ def test_unknown_command_and_help(capsys):
     assert main(["--help"]) == 0 and "latte train" in capsys.readouterr().out
 
 
+def test_train_help_lists_the_shipped_configs(capsys):
+    from latte.train.config import shipped_configs
+
+    assert main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert {"tiny", "paper-table6", "mixers/latte"} <= set(shipped_configs())
+    assert all(name in out for name in shipped_configs())
+
+
 def test_bench_dispatches_lazily(monkeypatch, capsys):
     import importlib
 
