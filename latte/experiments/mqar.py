@@ -36,7 +36,6 @@ import torch.nn.functional as F
 from latte.data.mqar import IGNORE_INDEX, MQARData, mqar_splits
 from latte.models import LatteConfig, LatteForCausalLM
 from latte.train.schedule import lr_at
-from latte.train.setup import _no_decay_names  # the trainer's rule: no decay on norms, biases, embeddings
 
 from .mqar_report import report
 from .results import Sweep, provenance, write_results
@@ -154,7 +153,10 @@ def accuracy(model: LatteForCausalLM, data: MQARData, batch_size: int = 256) -> 
 
 
 def _adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
-    no_decay = _no_decay_names(model)
+    """AdamW, weight decay 0.1 except on norms, biases and embeddings (the
+    trainer's rule, latte.train.task.Task.no_weight_decay)."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    no_decay = {n for n, p in model.named_parameters() if p.ndim < 2 or id(p) in embeddings}
     groups = [{"params": [p for n, p in model.named_parameters() if n not in no_decay], "weight_decay": 0.1},
               {"params": [p for n, p in model.named_parameters() if n in no_decay], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
