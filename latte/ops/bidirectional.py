@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_mask, check_rank, check_same, state_dtype
-from .causal import mask_logits
+from .causal import mask_keys
 
 
 def latte_bidirectional(
@@ -37,7 +37,8 @@ def latte_bidirectional(
         check_same("a, v", [a.shape[i], v.shape[i]], what)
     check_mask("mask", mask, tuple(a.shape[:2]))
     work = state_dtype(a.dtype)
-    g = torch.softmax(mask_logits(b.to(work), mask), dim=1)  # [B, T, H, L] p(s|l), over time
-    m = torch.einsum("bthl,bthd->bhld", g, v.to(work))  # [B, H, L, D] sum_s p(s|l) v_s
+    b, v = mask_keys(b.to(work), v.to(work), mask)
+    g = torch.softmax(b, dim=1)  # [B, T, H, L] p(s|l), over time
+    m = torch.einsum("bthl,bthd->bhld", g, v)  # [B, H, L, D] sum_s p(s|l) v_s
     y = torch.einsum("bthl,bhld->bthd", torch.softmax(a.to(work), dim=-1), m)
     return y.to(v.dtype)
