@@ -85,7 +85,7 @@ def causal_chunked(a, b, v, chunk_size, state, mask):
     B, T, H, L = a.shape
     D = v.shape[-1]
     work = state_dtype(a.dtype)
-    q = torch.softmax(a.to(work), dim=-1)
+    lq = torch.log_softmax(a.to(work), dim=-1)  # the kernel folds log p(l|t) into its exponents
     b, v = mask_keys(b.to(work), v.to(work), mask)
     if state is None:
         S0 = v.new_zeros(B * H, L, D)
@@ -102,7 +102,7 @@ def causal_chunked(a, b, v, chunk_size, state, mask):
     C = padded_chunk_size(min(chunk_size, T))
     # masked keys padded at the end change neither outputs nor the final state
     b = to_chunks(b, C, NEG) - c.view(1, B * H, 1, L)
-    y, S_last, z_last = LatteChunked.apply(to_chunks(q, C), b, to_chunks(v, C), S0, z0)
+    y, S_last, z_last = LatteChunked.apply(to_chunks(lq, C), b, to_chunks(v, C), S0, z0)
     y = from_chunks(y, B, T)
     return y, LatteState(S_last.view(B, H, L, D), (z_last + c).view(B, H, L))
 

@@ -38,13 +38,15 @@ import torch.nn.functional as F
 from ._exp import exp_nonpositive_ as exp_
 from .intra_chunk import (
     block_diagonals,
+    diagonal_suffix_sums,
     diagonal_weights,
     key_factors,
+    key_factors_for,
     keys,
     log_normalisers,
     queries,
     query_factors,
-    reference,
+    sub_chunk_ends,
     sub_chunk_size,
 )
 
@@ -108,88 +110,83 @@ def _t(x):
     return x.transpose(-1, -2)
 
 
-def _chunk_factors(b, z, z_prev):
-    """exp(z_prev - z_t), exp(b_s - z_end) [n, G, C, L] and the chunk decay
+def _chunk_factors(lqz, b, z, z_prev):
+    """q exp(z_prev - z_t), exp(b_s - z_end) [n, G, C, L] and the chunk decay
     exp(z_prev - z_end) as [n, G, L, 1]."""
     z_end = z[:, :, -1:]
-    return exp_(z_prev - z), exp_(b - z_end), _t(exp_(z_prev - z_end))
+    return exp_(lqz + z_prev), exp_(b - z_end), _t(exp_(z_prev - z_end))
 
 
-def _intra_weights(q, b, z, c):
-    """A [n, G, C(t), C(s)] = sum_l q_tl exp(b_sl - z_tl) for s <= t, 0 above."""
-    n, G, C, _ = q.shape
-    A = q.new_zeros(n, G, C, C)
-    for d in range(c):  # the diagonal blocks, one offset t - s at a time
-        W = diagonal_weights(b, z, c, d)
-        torch.linalg.vecdot(W, queries(q, c, d), out=block_diagonals(A, c, d))
-    for i in range(1, C // c):  # earlier sub-chunks: two factors <= 1
-        r = reference(z, c, i)
-        qr = query_factors(z, r, c, i).mul_(q[:, :, i * c:(i + 1) * c])
-        _mm(qr, _t(key_factors(b, r, c, i)), out=A[:, :, i * c:(i + 1) * c, :i * c])
-    return A
-
-
-def _forward_segment(q, b, v, S0, z0, c, y, S_before, z, z_prev):
-    """One segment of n chunks: q, b [n, G, C, L], v [n, G, C, D] (contiguous),
-    state (S0, z0); writes y [n, G, C, D], S_before [n, G, L, D] (the state
-    before each chunk), z [n, G, C, L] and z_prev [n, G, 1, L]; returns the
-    state after the segment."""
-    z_seg, z_prev_seg, z_last = log_normalisers(b, z0)
-    z.copy_(z_seg)
-    z_prev.copy_(z_prev_seg)
-    e_prev, k_end, g = _chunk_factors(b, z, z_prev)
+def _forward_segment(lq, b, v, S0, z0, c, y, S_before, z, r):
+    """One segment of n chunks: lq, b [n, G, C, L], v [n, G, C, D]
+    (contiguous), state (S0, z0); writes y [n, G, C, D], S_before [n, G, L, D]
+    (the state before each chunk), z [n, G, C, L] and r [n, G, J, L] (z before
+    each sub-chunk); returns the state after the segment."""
+    r_seg, z_last = log_normalisers(b, z0, c, z)
+    r.copy_(r_seg)
+    lqz = lq - z
+    qe, k_end, g = _chunk_factors(lqz, b, z, r[:, :, :1])
     K = _mm(_t(k_end), v)  # [n, G, L, D] the chunk's sum, normalised at its end
     S_before[0] = S0
     for i in range(len(K) - 1):  # chunk to chunk: a short loop on [G, L, D]
         torch.addcmul(K[i], g[i], S_before[i], out=S_before[i + 1])
     S_last = torch.addcmul(K[-1], g[-1], S_before[-1])
-    _mm(e_prev.mul_(q), S_before, out=y)  # inter-chunk: q exp(z_prev - z_t)
-    _add_mm(y, _intra_weights(q, b, z, c), v)
+    _mm(qe, S_before, out=y)  # inter-chunk: q exp(z_prev - z_t)
+    n, G, C, _ = lq.shape
+    A = lq.new_zeros(n, G, C, C)  # intra-chunk weights [n, G, C(t), C(s)]
+    for d in range(c):  # the diagonal blocks, one offset t - s at a time
+        torch.sum(diagonal_weights(lqz, b, c, d), -1, out=block_diagonals(A, c, d))
+    ends = sub_chunk_ends(z, c)
+    kf = key_factors(b, ends, c)
+    for i in range(1, C // c):  # earlier sub-chunks: factors <= 1 around r_i
+        qr = query_factors(lqz, ends, c, i)
+        A[:, :, i * c:(i + 1) * c, :i * c] = _mm(qr, _t(key_factors_for(kf, ends, c, i)))
+    _add_mm(y, A, v)
     return S_last, z_last
 
 
-def _intra_backward(q, b, z, M, u, db, c):
-    """The intra-chunk part of the backward. Adds to u (= dy . Vbar) its
-    intra-chunk share and to db the intra-chunk share of every key,
-    sum_{t >= s} W[t, s] q_t (M[t, s] - u_t); returns the intra-chunk weights
-    A [n, G, C, C]. M [n, G, C, C]: dy_t . v_s, zero above the diagonal."""
-    n, G, C, _ = q.shape
-    A = q.new_zeros(n, G, C, C)
-    diag = []
-    for d in range(c):  # diagonal blocks: u first (all of it is needed for db)
-        W = diagonal_weights(b, z, c, d)
-        P = W * queries(q, c, d)
+def _intra_backward(lqz, b, z, M, qu, db, c):
+    """The intra-chunk part of the backward. Adds to qu (q_t times dy_t .
+    Vbar_t) its intra-chunk share and to db the intra-chunk share of every
+    key, sum_{t >= s} W[t, s] (q_t M[t, s] - qu_t); returns the intra-chunk
+    weights A [n, G, C, C]. M [n, G, C, C]: dy_t . v_s, zero above the
+    diagonal."""
+    n, G, C, _ = lqz.shape
+    A = lqz.new_zeros(n, G, C, C)
+    for d in range(c):  # diagonal blocks
+        P = diagonal_weights(lqz, b, c, d)  # q_t W[t, t - d]
         torch.sum(P, -1, out=block_diagonals(A, c, d))
         Md = block_diagonals(M, c, d).unsqueeze(-1)  # [n, G, J, c - d, 1]
-        queries(u, c, d).addcmul_(W, Md)
-        diag.append((P, Md))
-    for i in range(1, C // c):  # earlier sub-chunks: two factors <= 1
-        r = reference(z, c, i)
-        er, kf = query_factors(z, r, c, i), key_factors(b, r, c, i)
+        queries(qu, c, d).addcmul_(P, Md)
+        keys(db, c, d).addcmul_(P, Md)
+    ends = sub_chunk_ends(z, c)
+    kf = key_factors(b, ends, c)
+    for i in range(1, C // c):  # earlier sub-chunks: factors <= 1 around r_i
         rows, cols = slice(i * c, (i + 1) * c), slice(0, i * c)
-        qr = er * q[:, :, rows]
-        _mm(qr, _t(kf), out=A[:, :, rows, cols])
-        Mi, ui = M[:, :, rows, cols], u[:, :, rows]
-        ui.addcmul_(er, _mm(Mi, kf))  # u of sub-chunk i is complete from here on
-        db[:, :, cols].addcmul_(kf, _mm(_t(Mi), qr).sub_((qr * ui).sum(2, keepdim=True)))
-    for d, (P, Md) in enumerate(diag):
-        keys(db, c, d).addcmul_(P, Md - queries(u, c, d))
+        qr, kfi = query_factors(lqz, ends, c, i), key_factors_for(kf, ends, c, i)
+        er = exp_(ends[:, :, i - 1:i] - z[:, :, rows])  # exp(r_i - z_t)
+        A[:, :, rows, cols] = _mm(qr, _t(kfi))  # (a strided bmm out= loops per matrix)
+        Mi, qui = M[:, :, rows, cols], qu[:, :, rows]
+        qui.addcmul_(qr, _mm(Mi, kfi))  # qu of sub-chunk i is complete from here on
+        db[:, :, cols].addcmul_(kfi, _mm(_t(Mi), qr).sub_((er * qui).sum(2, keepdim=True)))
+    db.sub_(diagonal_suffix_sums(qu, b, z, c))  # the diagonal blocks' share of - W qu
     return A
 
 
-def _backward_segment(q, b, v, z, z_prev, S_before, dy, init, c, dq, db, dv):
+def _backward_segment(lq, b, v, z, r, S_before, dy, init, c, dlq, db, dv):
     """Gradients of one segment given the reverse state `init` [G, L, D + 1]
-    after it: writes dq, db, dv and returns the reverse state before it."""
+    after it: writes dlq, db, dv and returns the reverse state before it."""
     D = v.shape[-1]
-    e_prev, k_end, g = _chunk_factors(b, z, z_prev)
+    lqz = lq - z
+    qe, k_end, g = _chunk_factors(lqz, b, z, r[:, :, :1])
     M = _mm(dy, _t(v)).tril_()  # [n, G, C(t), C(s)]: dy_t . v_s, s <= t
-    u = _mm(dy, _t(S_before), out=dq).mul_(e_prev)  # u = dy . Vbar: the gradient w.r.t. q
+    qu = _mm(dy, _t(S_before), out=dlq).mul_(qe)  # q_t (dy_t . Vbar_t): the gradient w.r.t. lq
     db.zero_()
-    A = _intra_backward(q, b, z, M, u, db, c)
-    qe = e_prev.mul_(q)  # q exp(z_prev - z_t)
+    A = _intra_backward(lqz, b, z, M, qu, db, c)
     # reverse states over chunks: R_{i-1} = g_i R_i + (local sum over chunk i),
     # R_after[i] the reverse state after chunk i
-    local = torch.cat([_mm(_t(qe), dy), (qe * u).sum(2).unsqueeze(-1)], -1)  # [n, G, L, D + 1]
+    e_prev = exp_(r[:, :, :1] - z)  # exp(z_prev - z_t)
+    local = torch.cat([_mm(_t(qe), dy), (e_prev * qu).sum(2).unsqueeze(-1)], -1)  # [n, G, L, D + 1]
     R_after = torch.empty_like(local)
     R_after[-1] = init
     for i in range(len(local) - 1, 0, -1):
@@ -203,43 +200,43 @@ def _backward_segment(q, b, v, z, z_prev, S_before, dy, init, c, dq, db, dv):
 
 
 class LatteChunked(torch.autograd.Function):
-    """(q, b [N, G, C, L], v [N, G, C, D] chunk-major and contiguous,
-    S0 [G, L, D], z0 [G, L]) -> (y [N, G, C, D], S_last, z_last).
+    """(lq = log softmax(a), b [N, G, C, L], v [N, G, C, D] chunk-major and
+    contiguous, S0 [G, L, D], z0 [G, L]) -> (y [N, G, C, D], S_last, z_last).
     C must be a multiple of the sub-chunk size (intra_chunk.padded_chunk_size)."""
 
     @staticmethod
     @without_autocast
-    def forward(ctx, q, b, v, S0, z0):
-        N, G, C, L = q.shape
+    def forward(ctx, lq, b, v, S0, z0):
+        N, G, C, L = lq.shape
         D, c = v.shape[-1], sub_chunk_size(C)
         assert C % c == 0, "the chunk must be a whole number of sub-chunks"
         y = v.new_empty(N, G, C, D)
         S_before = v.new_empty(N, G, L, D)
-        z, z_prev = torch.empty_like(b), b.new_empty(N, G, 1, L)
+        z, r = torch.empty_like(b), b.new_empty(N, G, C // c, L)
         segments = _segments(G, N, C, max(C, D, (c + 1) * L))
         S, zl = S0, z0
         for n0, n1 in segments:
             sl = slice(n0, n1)
-            S, zl = _forward_segment(q[sl], b[sl], v[sl], S, zl, c, y[sl], S_before[sl], z[sl], z_prev[sl])
-        ctx.save_for_backward(q, b, v, S0, S_before, S, z, z_prev)
+            S, zl = _forward_segment(lq[sl], b[sl], v[sl], S, zl, c, y[sl], S_before[sl], z[sl], r[sl])
+        ctx.save_for_backward(lq, b, v, S0, S_before, S, z, r)
         ctx.segments, ctx.c = segments, c
         return y, S, zl
 
     @staticmethod
     @without_autocast
     def backward(ctx, dy, dS_last, dz_last):
-        q, b, v, S0, S_before, S_last, z, z_prev = ctx.saved_tensors
+        lq, b, v, S0, S_before, S_last, z, r = ctx.saved_tensors
         D = v.shape[-1]
         dy = dy.contiguous()
         dS_last = torch.zeros_like(S_last) if dS_last is None else dS_last
-        dz_last = torch.zeros_like(z_prev[0, :, 0]) if dz_last is None else dz_last
+        dz_last = torch.zeros_like(r[0, :, 0]) if dz_last is None else dz_last
         # reverse state after the last chunk: the final-state cotangents
         R = torch.cat([dS_last, ((dS_last * S_last).sum(-1) - dz_last).unsqueeze(-1)], -1)  # [G, L, D + 1]
-        dq, db, dv = torch.empty_like(q), torch.empty_like(b), torch.empty_like(v)
+        dlq, db, dv = torch.empty_like(lq), torch.empty_like(b), torch.empty_like(v)
         for n0, n1 in reversed(ctx.segments):
             sl = slice(n0, n1)
-            R = _backward_segment(q[sl], b[sl], v[sl], z[sl], z_prev[sl], S_before[sl], dy[sl], R, ctx.c,
-                                  dq[sl], db[sl], dv[sl])
+            R = _backward_segment(lq[sl], b[sl], v[sl], z[sl], r[sl], S_before[sl], dy[sl], R, ctx.c,
+                                  dlq[sl], db[sl], dv[sl])
         dS0 = R[..., :D]
         dz0 = (S0 * dS0).sum(-1) - R[..., D]
-        return dq, db, dv, dS0, dz0
+        return dlq, db, dv, dS0, dz0

@@ -50,22 +50,45 @@ def padded_chunk_size(chunk_size: int) -> int:
     return -(-chunk_size // c) * c
 
 
-def log_normalisers(b: torch.Tensor, z0: torch.Tensor):
-    """b [n, G, C, L] (contiguous), z0 [G, L] the log-normaliser before the
-    chunks (-inf: empty). Returns z [n, G, C, L] (z_t, token t included),
-    z_prev [n, G, 1, L] (before each chunk) and z_last [G, L] (after them)."""
-    C = b.shape[2]
-    m = torch.cummax(b, 2).values  # running max inside the chunk
-    x = exp_(b - m)  # exp(b_t - m_t), 1 at the running max
-    d = exp_(m[:, :, :-1] - m[:, :, 1:])  # exp(m_{t-1} - m_t)
-    a = torch.empty_like(x)
-    a[:, :, 0] = x[:, :, 0]
-    for t in range(1, C):  # a_t = a_{t-1} d_t + x_t, in [1, t + 1]
-        torch.addcmul(x[:, :, t], d[:, :, t - 1], a[:, :, t - 1], out=a[:, :, t])
-    local = a.log_().add_(m)  # logsumexp of the chunk's logits up to t
-    ends = torch.logcumsumexp(torch.cat([z0.unsqueeze(0), local[:, :, -1]]), 0)  # [n + 1, G, L]
-    z_prev = ends[:-1].unsqueeze(2)
-    return logaddexp(local, z_prev), z_prev, ends[-1]
+def _running_max(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """cummax(x, dim).values by doubling steps (torch.cummax is a scalar scan
+    that also builds indices: ~10x slower here)."""
+    m, k, n = x.clone(), 1, x.shape[dim]
+    while k < n:
+        m.narrow(dim, k, n - k).copy_(torch.maximum(m.narrow(dim, k, n - k), m.narrow(dim, 0, n - k)))
+        k *= 2
+    return m
+
+
+def _prefix_logsumexp(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """logsumexp of x over positions <= t along dim, exactly: with the
+    running max m_t, a_t = sum_{s<=t} exp(x_s - m_t) lies in [1, t + 1] and
+    follows a_t = a_{t-1} exp(m_{t-1} - m_t) + exp(x_t - m_t) (a loop over
+    dim, vectorised over everything else). x finite."""
+    n = x.shape[dim]
+    m = _running_max(x, dim)
+    a = exp_(x - m)  # exp(x_t - m_t), 1 at the running max
+    dec = exp_(m.narrow(dim, 0, n - 1) - m.narrow(dim, 1, n - 1))  # exp(m_{t-1} - m_t)
+    for t in range(1, n):
+        torch.addcmul(a.select(dim, t), dec.select(dim, t - 1), a.select(dim, t - 1), out=a.select(dim, t))
+    return a.log_().add_(m)
+
+
+def log_normalisers(b: torch.Tensor, z0: torch.Tensor, c: int, z: torch.Tensor):
+    """The log-normalisers of b [n, G, C, L] (contiguous) after z0 [G, L]
+    (-inf: empty): writes z_t (token t included) into z [n, G, C, L] and
+    returns r [n, G, J, L], z before each sub-chunk, and z_last [G, L].
+    Prefix logsumexps inside each sub-chunk (c steps), then over the
+    sub-chunk totals of each chunk (J steps), then over the chunk totals
+    (logcumsumexp of 1/C of the elements), combined with logaddexp."""
+    n, G, C, L = b.shape
+    local = _prefix_logsumexp(sub_chunks(b, c), 3)  # [n, G, J, c, L] inside the sub-chunk
+    within = _prefix_logsumexp(local[:, :, :, -1], 2)  # [n, G, J, L] sub-chunks 0..j of the chunk
+    chain = torch.logcumsumexp(torch.cat([z0.unsqueeze(0), within[:, :, -1]]), 0)  # [n + 1, G, L]
+    z_prev = chain[:-1].unsqueeze(2)  # [n, G, 1, L]
+    r = torch.cat([z_prev, logaddexp(within[:, :, :-1], z_prev)], 2)  # [n, G, J, L]
+    sub_chunks(z, c).copy_(logaddexp(local, r.unsqueeze(3)))
+    return r, chain[-1]
 
 
 def sub_chunks(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -81,10 +104,22 @@ def block_diagonals(x: torch.Tensor, c: int, d: int) -> torch.Tensor:
     return blocks.diagonal(-d, 2, 3)
 
 
-def diagonal_weights(b: torch.Tensor, z: torch.Tensor, c: int, d: int) -> torch.Tensor:
-    """W [n, G, J, c - d, L] = exp(b_s - z_t) for the pairs s = t - d inside
-    one sub-chunk (t from d to c - 1)."""
-    return exp_(sub_chunks(b, c)[:, :, :, :c - d] - sub_chunks(z, c)[:, :, :, d:])
+def diagonal_weights(lqz: torch.Tensor, b: torch.Tensor, c: int, d: int) -> torch.Tensor:
+    """P [n, G, J, c - d, L] = q_t exp(b_s - z_t) = exp(lq_t - z_t + b_s) for
+    the pairs s = t - d inside one sub-chunk (t from d to c - 1); lqz = lq - z."""
+    return exp_(sub_chunks(lqz, c)[:, :, :, d:] + sub_chunks(b, c)[:, :, :, :c - d])
+
+
+def diagonal_suffix_sums(x: torch.Tensor, b: torch.Tensor, z: torch.Tensor, c: int) -> torch.Tensor:
+    """sum over t >= s in s's sub-chunk of exp(b_s - z_t) x_t, for x [n, G, C, L]:
+    exp(b_s - z_s) times rho_s = x_s + exp(z_s - z_{s+1}) rho_{s+1}, a
+    reverse recurrence over the c positions (every factor <= 1)."""
+    zs = sub_chunks(z, c)
+    decay = exp_(zs[:, :, :, :-1] - zs[:, :, :, 1:])  # exp(z_s - z_{s+1})
+    rho = sub_chunks(x.clone(), c)
+    for s in range(c - 2, -1, -1):
+        rho[:, :, :, s].addcmul_(decay[:, :, :, s], rho[:, :, :, s + 1])
+    return exp_(b - z).mul_(rho.view(x.shape))
 
 
 def queries(x: torch.Tensor, c: int, d: int) -> torch.Tensor:
@@ -97,16 +132,27 @@ def keys(x: torch.Tensor, c: int, d: int) -> torch.Tensor:
     return sub_chunks(x, c)[:, :, :, :c - d]
 
 
-def reference(z: torch.Tensor, c: int, i: int) -> torch.Tensor:
-    """r_i = z at the end of sub-chunk i - 1: [n, G, 1, L]."""
-    return z[:, :, i * c - 1:i * c]
+def sub_chunk_ends(z: torch.Tensor, c: int) -> torch.Tensor:
+    """z at the last token of each sub-chunk: [n, G, J, L] (a view). The
+    reference of query sub-chunk i is the end of sub-chunk i - 1."""
+    return z[:, :, c - 1::c]
 
 
-def query_factors(z: torch.Tensor, r: torch.Tensor, c: int, i: int) -> torch.Tensor:
-    """exp(r_i - z_t) for the queries t of sub-chunk i: [n, G, c, L]."""
-    return exp_(r - z[:, :, i * c:(i + 1) * c])
+def query_factors(x: torch.Tensor, ends: torch.Tensor, c: int, i: int) -> torch.Tensor:
+    """exp(r_i + x_t) for the queries t of sub-chunk i: [n, G, c, L]. With
+    x = lq - z: q_t exp(r_i - z_t) (<= 1, r_i <= z_t)."""
+    return exp_(x[:, :, i * c:(i + 1) * c] + ends[:, :, i - 1:i])
 
 
-def key_factors(b: torch.Tensor, r: torch.Tensor, c: int, i: int) -> torch.Tensor:
-    """exp(b_s - r_i) for the keys s < ic before sub-chunk i: [n, G, ic, L]."""
-    return exp_(b[:, :, :i * c] - r)
+def key_factors(b: torch.Tensor, ends: torch.Tensor, c: int) -> torch.Tensor:
+    """exp(b_s - z at the end of s's sub-chunk): [n, G, C, L], one per key."""
+    return exp_(sub_chunks(b, c) - ends.unsqueeze(3)).view(b.shape)
+
+
+def key_factors_for(kf: torch.Tensor, ends: torch.Tensor, c: int, i: int) -> torch.Tensor:
+    """exp(b_s - r_i) for the keys s < ic: the key factor times
+    exp(end of s's sub-chunk - r_i), two factors <= 1 (each >= exp(floor),
+    so the product is a normal float): [n, G, ic, L]."""
+    n, G, _, L = kf.shape
+    ratio = exp_(ends[:, :, :i] - ends[:, :, i - 1:i])  # [n, G, i, L]
+    return (sub_chunks(kf, c)[:, :, :i] * ratio.unsqueeze(3)).view(n, G, i * c, L)
