@@ -34,6 +34,16 @@ def exp_floored(x: torch.Tensor) -> torch.Tensor:
     return torch.exp(torch.clamp(x, min=exp_floor(x.dtype)))
 
 
+def limit_spread(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """x with every entry more than -floor below the max along dim raised to
+    max + floor, so that a fused softmax / log_softmax of it (whose internal
+    exp has the same slow lanes) never exponentiates below the floor. Such an
+    entry's probability (< exp(floor)) changes by at most exp(floor); its
+    gradient, ~0, becomes 0."""
+    m = x.detach().amax(dim, keepdim=True)
+    return torch.maximum(x, m + exp_floor(x.dtype))
+
+
 def logaddexp(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """logaddexp(x, y) with the smaller term's exponent clamped (differentiable).
     Either may be -inf, not both at one position."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_mask, check_rank, check_same, state_dtype
+from ._exp import limit_spread
 from .causal import mask_keys
 
 
@@ -38,7 +39,8 @@ def latte_bidirectional(
     check_mask("mask", mask, tuple(a.shape[:2]))
     work = state_dtype(a.dtype)
     b, v = mask_keys(b.to(work), v.to(work), mask)
-    g = torch.softmax(b, dim=1)  # [B, T, H, L] p(s|l), over time
+    # limit_spread: the fused softmax's exp stays off its slow lanes (_exp.py)
+    g = torch.softmax(limit_spread(b, 1), dim=1)  # [B, T, H, L] p(s|l), over time
     m = torch.einsum("bthl,bthd->bhld", g, v)  # [B, H, L, D] sum_s p(s|l) v_s
-    y = torch.einsum("bthl,bhld->bthd", torch.softmax(a.to(work), dim=-1), m)
+    y = torch.einsum("bthl,bhld->bthd", torch.softmax(limit_spread(a.to(work), -1), dim=-1), m)
     return y.to(v.dtype)

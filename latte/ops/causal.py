@@ -35,7 +35,7 @@ from ._checks import (
     check_shape,
     state_dtype,
 )
-from ._exp import exp_floored, logaddexp
+from ._exp import exp_floored, limit_spread, logaddexp
 from .chunked import LatteChunked, from_chunks, to_chunks
 from .intra_chunk import padded_chunk_size
 
@@ -85,7 +85,7 @@ def causal_chunked(a, b, v, chunk_size, state, mask):
     B, T, H, L = a.shape
     D = v.shape[-1]
     work = state_dtype(a.dtype)
-    lq = torch.log_softmax(a.to(work), dim=-1)  # the kernel folds log p(l|t) into its exponents
+    lq = torch.log_softmax(limit_spread(a.to(work), -1), dim=-1)  # log p(l|t), folded into the kernel's exponents
     b, v = mask_keys(b.to(work), v.to(work), mask)
     if state is None:
         S0 = v.new_zeros(B * H, L, D)
@@ -195,5 +195,5 @@ def latte_causal_step(
     z_new = logaddexp(z, b)
     # both exponents are <= 0 (3.1): nothing overflows
     S_new = exp_floored(z - z_new).unsqueeze(-1) * S + exp_floored(b - z_new).unsqueeze(-1) * v.unsqueeze(-2)
-    y = torch.einsum("bhl,bhld->bhd", torch.softmax(a_t.to(work), -1), S_new)
+    y = torch.einsum("bhl,bhld->bhd", torch.softmax(limit_spread(a_t.to(work), -1), -1), S_new)
     return y.to(v_t.dtype), LatteState(S_new, z_new)

@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import torch
 
-from ._exp import logsumexp
 from ._checks import check_cu_seqlens, check_positive_int, check_rank, check_shape, state_dtype
+from ._exp import exp_floor, logsumexp
 from .causal import LatteState, causal_chunked, check_latte_state, latte_causal_step
 from .sliding_window import (
     WindowState,
@@ -81,7 +81,9 @@ def _mix(y_win, lse_win, y_lat, a, gate, beta, mix):
     if beta is not None:
         lat = lat + beta.to(lat.dtype)
     m = (lse_win if mix == "joint" else gate.to(lat.dtype)) - lat
-    w = torch.sigmoid(m).unsqueeze(-1)  # p(l = 0 | t)
+    # |m| beyond -floor: sigmoid is 1 or 0 to exp(floor), and its exp stays off the slow lanes
+    bound = -exp_floor(m.dtype)
+    w = torch.sigmoid(m.clamp(-bound, bound)).unsqueeze(-1)  # p(l = 0 | t)
     return w * y_win + (1 - w) * y_lat
 
 

@@ -38,6 +38,29 @@ SLOW_EXP = {torch.float32: math.log(torch.finfo(torch.float32).tiny),
             torch.float64: math.log(torch.finfo(torch.float64).tiny)}
 
 
+def slow_lanes(op, args):
+    """How many exp arguments below the slow threshold an op evaluates
+    (fused ops: the exponent they form internally)."""
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        return 0
+    low = SLOW_EXP[x.dtype]
+    if op in (aten.exp, aten.exp_):
+        arg = x
+    elif op in (aten._softmax, aten._log_softmax, aten.logsumexp):
+        dims = args[1]
+        arg = x - x.amax(dims, keepdim=True)
+    elif op in (aten.sigmoid, aten.sigmoid_):
+        arg = -x.abs()
+    elif op == aten.softplus:
+        arg = x
+    elif op == aten.logaddexp:
+        arg = -(x - args[1]).abs()
+    else:
+        return 0
+    return int((arg < low).sum())
+
+
 class Record(TorchDispatchMode):
     def __init__(self):
         super().__init__()
@@ -47,9 +70,7 @@ class Record(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in SYNCS or func.overloadpacket in SYNCS:
             self.syncs.append(str(func))
-        if func.overloadpacket in (aten.exp, aten.exp_):
-            x = args[0]
-            self.slow_exp_lanes += int((x < SLOW_EXP[x.dtype]).sum())
+        self.slow_exp_lanes += slow_lanes(func.overloadpacket, args)
         leaves = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         self.calls.append((str(func), tuple((tuple(t.shape), t.dtype) for t in leaves)))
         return func(*args, **kwargs)
@@ -192,3 +213,4 @@ def test_the_recorder_sees_slow_paths():
     small, large = record(lambda: branchy(torch.zeros(4))), record(lambda: branchy(torch.full((4,), 100.0)))
     assert small.syncs and small.calls != large.calls
     assert record(lambda: torch.exp(torch.full((3,), -100.0))).slow_exp_lanes == 3
+    assert record(lambda: torch.softmax(torch.tensor([0.0, -100.0, -200.0]), 0)).slow_exp_lanes == 2

@@ -1,0 +1,156 @@
+"""Cost by input distribution: part of `latte bench ops`.
+
+Two tables, each timed in interleaved rounds (every distribution of a row
+alternates with the others, so drift lands on all of them alike):
+- latte_causal forward+backward at three shapes (a research-sweep model
+  B=64 T=64 H=2 Lh=32 Dv=32; the paper's training length B=8 T=512 H=8 Lh=32
+  Dv=64; a long sequence B=1 T=4096) for key logits of std 1, 10, 20, 100;
+- the audit: every op whose work could depend on the values (the causal and
+  bidirectional Latte ops, Macchiato, the sliding window, the RG-LRU scan,
+  the fused cross-entropy, the decoding steps) at one shape each, on every
+  distribution of latte.bench.inputs. The rule: the slowest distribution
+  may take at most RULE x the fastest.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import common
+from . import inputs as dists
+from .providers import as_call
+
+RULE = 1.3
+CAUSAL_SHAPES = {  # name: (B, T, H, Lh, Dv)
+    "sweep B=64 T=64 H=2 Lh=32 Dv=32": (64, 64, 2, 32, 32),
+    "paper B=8 T=512 H=8 Lh=32 Dv=64": (8, 512, 8, 32, 64),
+    "long B=1 T=4096 H=8 Lh=32 Dv=64": (1, 4096, 8, 32, 64),
+}
+QUICK_CAUSAL_SHAPES = {"quick B=2 T=64 H=2 Lh=8 Dv=8": (2, 64, 2, 8, 8)}
+CAUSAL_DISTS = ("std1", "std10", "std20", "std100")
+
+
+def _randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def causal_call(shape, dist):
+    from latte.ops import latte_causal
+
+    B, T, H, L, D = shape
+    args = [_randn(B, T, H, L, seed=1), dists.logits(_randn(B, T, H, L, seed=2), dist), _randn(B, T, H, D, seed=3)]
+    return as_call(lambda a, b, v: latte_causal(a, b, v)[0], args, "fwdbwd")
+
+
+def _masked(fn, dist, B, T):
+    """fn with the distribution's token mask (None unless "padding") as `mask`."""
+    mask = dists.mask(dist, B, T)
+    return lambda *xs: fn(*xs, mask=mask)
+
+
+def op_calls(dist: str, quick: bool) -> dict:
+    """{op: (shape note, zero-argument call)} for one distribution."""
+    from latte.ops import (
+        latte_bidirectional,
+        latte_causal,
+        latte_causal_step,
+        linear_cross_entropy,
+        linear_recurrence,
+        macchiato,
+        macchiato_step,
+        sliding_window_attention,
+        sliding_window_step,
+    )
+
+    s = 8 if quick else 1  # quick: every size / 8
+    B, T, H, L, D = 4, 512 // s, 4, 32, 32
+    lat = [_randn(B, T, H, L, seed=1), dists.logits(_randn(B, T, H, L, seed=2), dist), _randn(B, T, H, D, seed=3)]
+    win = [dists.logits(_randn(2, 1024 // s, 8, 64, seed=4), dist), dists.logits(_randn(2, 1024 // s, 2, 64, seed=5), dist),
+           _randn(2, 1024 // s, 2, 64, seed=6)]
+    mac = lat + [dists.logits(_randn(B, T, H, D, seed=7), dist), dists.logits(_randn(B, T, H, D, seed=8), dist)]
+    N, V, E = 2048 // s, 8192 // s, 256
+    hidden = dists.logits(_randn(N, E, seed=9), dist)
+    weight = _randn(V, E, seed=10) / math.sqrt(E)  # logits: the distribution's std
+    targets = _randn(N, seed=11).abs().mul(V / 4).long().clamp_(max=V - 1)
+    if dist == "padding":
+        targets[N // 2:] = -100
+    x = _randn(1, 4096 // s, 512, seed=12)
+    log_a = -F.softplus(dists.logits(_randn(1, 4096 // s, 512, seed=13), dist))
+    steps = [_randn(8, 64, 8, 32, seed=14), dists.logits(_randn(8, 64, 8, 32, seed=15), dist),
+             _randn(8, 64, 8, 64, seed=16), dists.logits(_randn(8, 64, 8, 64, seed=17), dist)]
+    step_mask = dists.mask(dist, 8, 64)
+
+    def decode():
+        st_l = st_m = st_w = None
+        with torch.no_grad():
+            for t in range(steps[0].shape[1]):
+                a, b, v, k = (z[:, t] for z in steps)
+                m = None if step_mask is None else step_mask[:, t]
+                _, st_l = latte_causal_step(a, b, v, st_l, mask_t=m)
+                _, st_m = macchiato_step(a, b, v, k, k, st_m, window_size=16, mask_t=m)
+                _, st_w = sliding_window_step(k, k, v, st_w, window_size=16, mask_t=m)
+
+    return {
+        "latte_causal": (f"B={B} T={T} H={H} Lh={L} Dv={D}",
+                         as_call(_masked(lambda a, b, v, mask: latte_causal(a, b, v, mask=mask)[0], dist, B, T), lat, "fwdbwd")),
+        "latte_bidirectional": (f"B={B} T={T} H={H} Lh={L} Dv={D}",
+                                as_call(_masked(latte_bidirectional, dist, B, T), lat, "fwdbwd")),
+        "macchiato": (f"B={B} T={T} H={H} Lh={L} E=Dv={D} W=128",
+                      as_call(_masked(lambda a, b, v, q, k, mask: macchiato(a, b, v, q, k, window_size=128, mask=mask)[0],
+                                      dist, B, T), mac, "fwdbwd")),
+        "sliding_window": (f"B=2 T={1024 // s} H=8 K=2 E=Dv=64 W=128",
+                           as_call(_masked(lambda q, k, v, mask: sliding_window_attention(q, k, v, window_size=128, mask=mask)[0],
+                                           dist, 2, 1024 // s), win, "fwdbwd")),
+        "linear_recurrence": (f"[1, {4096 // s}, 512], log_a = -softplus(logits)",
+                              as_call(lambda x, la: linear_recurrence(x, la)[0], [x, log_a], "fwdbwd")),
+        "linear_cross_entropy": (f"N={N} D={E} V={V}, logits of the distribution's std",
+                                 as_call(lambda h, w: linear_cross_entropy(h, w, targets), [hidden, weight], "fwdbwd")),
+        "decode steps": ("64 steps of latte, macchiato (W=16), window (W=16): B=8 H=8 Lh=32 Dv=64", decode),
+    }
+
+
+def run(args) -> dict:
+    """Both tables: {"causal": [...], "audit": [...], "rule": RULE}."""
+    causal = []
+    for name, shape in (QUICK_CAUSAL_SHAPES if args.quick else CAUSAL_SHAPES).items():
+        t = common.time_interleaved({d: causal_call(shape, d) for d in CAUSAL_DISTS},
+                                    repeats=args.repeats, warmup=args.warmup)
+        causal.append(_row(name, t))
+        print(f"  latte_causal {name}: " + _line(causal[-1]), flush=True)
+    audit = []
+    calls = {d: op_calls(d, args.quick) for d in dists.DISTRIBUTIONS}
+    for op, (note, _) in calls[dists.DISTRIBUTIONS[0]].items():
+        t = common.time_interleaved({d: calls[d][op][1] for d in dists.DISTRIBUTIONS},
+                                    repeats=args.repeats, warmup=args.warmup)
+        audit.append({**_row(op, t), "shape": note})
+        print(f"  audit {op}: " + _line(audit[-1]), flush=True)
+    return {"rule": RULE, "causal": causal, "audit": audit}
+
+
+def _row(name: str, t: dict) -> dict:
+    med = {d: r["median_ms"] for d, r in t.items()}
+    ratio = max(med.values()) / min(med.values())
+    return {"name": name, "median_ms": med, "times": t, "max_over_min": ratio, "within_rule": ratio <= RULE}
+
+
+def _line(row: dict) -> str:
+    return " ".join(f"{d} {v:.1f} ms" for d, v in row["median_ms"].items()) + f"  max/min {row['max_over_min']:.2f}"
+
+
+def markdown(res: dict) -> list[str]:
+    out = ["", "## latte_causal forward+backward by key-logit distribution (median ms)", "",
+           "Key logits b ~ N(0, std^2); query logits and values N(0, 1); default chunk_size. "
+           "Distributions of a row are timed in interleaved rounds.", ""]
+    hdr = ["shape"] + [f"b {d}" for d in CAUSAL_DISTS] + ["max/min"]
+    out.append(common.md_table(hdr, [[r["name"]] + [r["median_ms"][d] for d in CAUSAL_DISTS]
+                                     + [f"{r['max_over_min']:.2f}"] for r in res["causal"]]))
+    out += ["", f"## Cost by input distribution, every op (forward+backward, median ms; rule: max/min <= {res['rule']})", "",
+            "; ".join(f"{d}: {dists.DESCRIPTIONS[d]}" for d in dists.DISTRIBUTIONS) + ".", ""]
+    hdr = ["op", "shape"] + list(dists.DISTRIBUTIONS) + ["max/min", "within rule"]
+    out.append(common.md_table(hdr, [[r["name"], r["shape"]] + [r["median_ms"][d] for d in dists.DISTRIBUTIONS]
+                                     + [f"{r['max_over_min']:.2f}", "yes" if r["within_rule"] else "NO"]
+                                     for r in res["audit"]]))
+    return out
