@@ -1,20 +1,24 @@
-"""Cost by input distribution: part of `latte bench ops`.
+"""`latte bench audit`: does any op's cost depend on its input values?
 
-Two tables, each timed in interleaved rounds (every distribution of a row
-alternates with the others, so drift lands on all of them alike):
-- latte_causal forward+backward at three shapes (a research-sweep model
-  B=64 T=64 H=2 Lh=32 Dv=32; the paper's training length B=8 T=512 H=8 Lh=32
-  Dv=64; a long sequence B=1 T=4096) for key logits of std 1, 10, 20, 100;
-- the audit: every op whose work could depend on the values (the causal and
-  bidirectional Latte ops, Macchiato, the sliding window, the RG-LRU scan,
-  the fused cross-entropy, the decoding steps) at one shape each, on every
-  distribution of latte.bench.inputs. The rule: the slowest distribution
-  may take at most RULE x the fastest.
+Every op whose work could depend on the values (the causal and
+bidirectional Latte ops, Macchiato, the sliding window, the RG-LRU scan, the
+fused cross-entropy, the decoding steps) is timed at one shape on every
+distribution of latte.bench.inputs (std 1 ... 100 logits, +80 spikes,
+all-padding rows), forward+backward, the distributions of an op in
+interleaved rounds (drift lands on all of them alike). The rule: the slowest
+distribution may take at most RULE x the fastest. `latte bench ops` also
+uses `causal_table`: latte_causal at three shapes (a research-sweep model
+B=64 T=64 H=2 Lh=32 Dv=32; the paper's training length B=8 T=512 H=8 Lh=32
+Dv=64; a long sequence B=1 T=4096) for key logits of std 1, 10, 20, 100.
+
+    python -m latte.bench.audit [--quick] [--threads 2] [--out bench-results]
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -112,22 +116,34 @@ def op_calls(dist: str, quick: bool) -> dict:
     }
 
 
-def run(args) -> dict:
-    """Both tables: {"causal": [...], "audit": [...], "rule": RULE}."""
-    causal = []
+def causal_table(args) -> list[dict]:
+    """latte_causal forward+backward by key-logit distribution at CAUSAL_SHAPES."""
+    rows = []
     for name, shape in (QUICK_CAUSAL_SHAPES if args.quick else CAUSAL_SHAPES).items():
         t = common.time_interleaved({d: causal_call(shape, d) for d in CAUSAL_DISTS},
                                     repeats=args.repeats, warmup=args.warmup)
-        causal.append(_row(name, t))
-        print(f"  latte_causal {name}: " + _line(causal[-1]), flush=True)
-    audit = []
+        rows.append(_row(name, t))
+        print(f"  latte_causal {name}: " + _line(rows[-1]), flush=True)
+    return rows
+
+
+def run(args) -> dict:
+    common.set_threads(args.threads)
+    info = common.machine_info()
+    rows = []
     calls = {d: op_calls(d, args.quick) for d in dists.DISTRIBUTIONS}
     for op, (note, _) in calls[dists.DISTRIBUTIONS[0]].items():
         t = common.time_interleaved({d: calls[d][op][1] for d in dists.DISTRIBUTIONS},
                                     repeats=args.repeats, warmup=args.warmup)
-        audit.append({**_row(op, t), "shape": note})
-        print(f"  audit {op}: " + _line(audit[-1]), flush=True)
-    return {"rule": RULE, "causal": causal, "audit": audit}
+        rows.append({**_row(op, t), "shape": note})
+        print(f"  {op}: " + _line(rows[-1]), flush=True)
+    info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    return {"benchmark": "audit", "machine": info, "rule": RULE,
+            "config": {"threads": args.threads, "dtype": "float32", "quick": args.quick, "repeats": args.repeats,
+                       "warmup": args.warmup, "distributions": dict(dists.DESCRIPTIONS),
+                       "timing": "wall clock of forward + autograd.grad of every input (decode: 64 steps, no grad); "
+                                 "the distributions of an op in interleaved rounds"},
+            "results": rows}
 
 
 def _row(name: str, t: dict) -> dict:
@@ -140,17 +156,61 @@ def _line(row: dict) -> str:
     return " ".join(f"{d} {v:.1f} ms" for d, v in row["median_ms"].items()) + f"  max/min {row['max_over_min']:.2f}"
 
 
-def markdown(res: dict) -> list[str]:
-    out = ["", "## latte_causal forward+backward by key-logit distribution (median ms)", "",
-           "Key logits b ~ N(0, std^2); query logits and values N(0, 1); default chunk_size. "
-           "Distributions of a row are timed in interleaved rounds.", ""]
+def causal_markdown(rows: list[dict]) -> list[str]:
     hdr = ["shape"] + [f"b {d}" for d in CAUSAL_DISTS] + ["max/min"]
-    out.append(common.md_table(hdr, [[r["name"]] + [r["median_ms"][d] for d in CAUSAL_DISTS]
-                                     + [f"{r['max_over_min']:.2f}"] for r in res["causal"]]))
-    out += ["", f"## Cost by input distribution, every op (forward+backward, median ms; rule: max/min <= {res['rule']})", "",
-            "; ".join(f"{d}: {dists.DESCRIPTIONS[d]}" for d in dists.DISTRIBUTIONS) + ".", ""]
+    return ["", "## latte_causal forward+backward by key-logit distribution (median ms)", "",
+            "Key logits b ~ N(0, std^2); query logits and values N(0, 1); default chunk_size. "
+            "The distributions of a row are timed in interleaved rounds.", "",
+            common.md_table(hdr, [[r["name"]] + [r["median_ms"][d] for d in CAUSAL_DISTS]
+                                  + [f"{r['max_over_min']:.2f}"] for r in rows])]
+
+
+def markdown(res: dict) -> str:
+    m, rows = res["machine"], res["results"]
+    bad = [r["name"] for r in rows if not r["within_rule"]]
+    out = [f"# latte bench audit ({'quick' if res['config']['quick'] else 'full'})", "",
+           f"{m['cpu_model']}, {m['usable_cores']} cores, torch {m['torch']}, {m['threads']} threads, fp32; "
+           f"forward+backward median ms of {res['config']['repeats']} repeats; load avg "
+           f"{m['loadavg_start'][0]:.1f} -> {m['loadavg_end'][0]:.1f}. Rule: max/min <= {res['rule']} "
+           f"({'every op passes' if not bad else 'over the rule: ' + ', '.join(bad)}).", "",
+           "; ".join(f"{d}: {dists.DESCRIPTIONS[d]}" for d in dists.DISTRIBUTIONS) + ".", ""]
     hdr = ["op", "shape"] + list(dists.DISTRIBUTIONS) + ["max/min", "within rule"]
     out.append(common.md_table(hdr, [[r["name"], r["shape"]] + [r["median_ms"][d] for d in dists.DISTRIBUTIONS]
                                      + [f"{r['max_over_min']:.2f}", "yes" if r["within_rule"] else "NO"]
-                                     for r in res["audit"]]))
-    return out
+                                     for r in rows]))
+    return "\n".join(out) + "\n"
+
+
+def plot(res: dict, path) -> bool:
+    """max/min per op (no log-log sweep here: one bar per op)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"note: matplotlib is not installed (pip install 'latte[plot]'); skipped {path}")
+        return False
+    rows = res["results"]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.barh([r["name"] for r in rows], [r["max_over_min"] for r in rows])
+    ax.axvline(res["rule"], color="C3", ls="--", label=f"rule {res['rule']}")
+    ax.set_xlabel("slowest / fastest input distribution")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(prog="latte bench audit", description=__doc__.split("\n\n")[0])
+    common.add_common_args(p)
+    args = p.parse_args(argv)
+    res = run(args)
+    common.write_outputs(args, "audit", res, markdown(res), plot)
+    return res
+
+
+if __name__ == "__main__":
+    main()

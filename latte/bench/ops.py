@@ -46,7 +46,8 @@ def parse_args(argv=None):
                    help=f"input distributions of the key logits, side by side (first: the main tables); "
                         f"allowed {list(dists.DISTRIBUTIONS[:-1])}")
     p.add_argument("--no-sweep", action="store_true", help="skip the T sweep (run only the tables by distribution)")
-    p.add_argument("--no-audit", action="store_true", help="skip the tables by input distribution")
+    p.add_argument("--no-causal-table", action="store_true",
+                   help="skip the latte_causal table by key-logit distribution at three shapes")
     args = p.parse_args(argv)
     args.dists = [x for x in args.dists.split(",") if x]
     bad = [x for x in args.dists if x not in dists.DISTRIBUTIONS[:-1]]  # padding: the audit only (no mask in sdpa)
@@ -242,7 +243,7 @@ def run(args) -> dict:
     if not args.no_memory and results:
         print("peak memory (worker process) ...", flush=True)
         add_memory(results, args)
-    by_dist = None if args.no_audit else audit.run(args)
+    causal = None if args.no_causal_table else audit.causal_table(args)
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return {
         "benchmark": "ops",
@@ -263,7 +264,7 @@ def run(args) -> dict:
         "providers": status,
         "results": results,
         "ratios": ratios(results, args.dists[0]),
-        "by_distribution": by_dist,
+        "causal_by_distribution": causal,
         "rglru": rglru(args),
         "wall_s": time.perf_counter() - t0,
     }
@@ -328,8 +329,8 @@ def markdown(res: dict) -> str:
                 rows.append([x if x != "" else "" for x in row])
             out += ["", f"## {MODE_NAME[mode]}: {title}", "", common.md_table(hdr, rows)]
     out += _by_dist_tables(res)
-    if res.get("by_distribution"):
-        out += audit.markdown(res["by_distribution"])
+    if res.get("causal_by_distribution"):
+        out += audit.causal_markdown(res["causal_by_distribution"])
     first_skip = {}
     for r in rs:
         if r.get("skipped"):

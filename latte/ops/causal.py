@@ -36,7 +36,8 @@ from ._checks import (
     state_dtype,
 )
 from ._exp import exp_floored, limit_spread, logaddexp
-from .chunked import LatteChunked, from_chunks, to_chunks
+from .chunked import LatteChunked
+from .layout import from_chunks, to_chunks
 from .intra_chunk import padded_chunk_size
 
 

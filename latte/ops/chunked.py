@@ -30,12 +30,9 @@ weights are rebuilt in the backward.
 
 from __future__ import annotations
 
-import functools
-
 import torch
-import torch.nn.functional as F
 
-from ._exp import exp_nonpositive_ as exp_
+from ._exp import exp_nonpositive_
 from .intra_chunk import (
     block_diagonals,
     diagonal_suffix_sums,
@@ -49,36 +46,7 @@ from .intra_chunk import (
     sub_chunk_ends,
     sub_chunk_size,
 )
-
-
-def to_chunks(x, C, value=0.0):
-    """[B, T, H, X] -> chunk-major [N, B * H, C, X] (contiguous), time padded
-    at the end with `value` to N * C."""
-    B, T, H, X = x.shape
-    N = -(-T // C)
-    if N * C > T:
-        x = F.pad(x, (0, 0, 0, 0, 0, N * C - T), value=value)
-    return x.unflatten(1, (N, C)).permute(1, 0, 3, 2, 4).reshape(N, B * H, C, X).contiguous()
-
-
-def from_chunks(y, B, T):
-    """The inverse of to_chunks: [N, B * H, C, X] -> [B, T, H, X] (padding dropped)."""
-    N, G, C, X = y.shape
-    return y.view(N, B, G // B, C, X).permute(1, 0, 3, 2, 4).reshape(B, N * C, G // B, X)[:, :T]
-
-
-def without_autocast(fn):
-    """For an autograd.Function's forward/backward: the kernels compute in
-    their inputs' float32 (states are float32 by design); under an autocast
-    region their matmuls would otherwise drop to bf16 and the backward would
-    mix dtypes."""
-
-    @functools.wraps(fn)
-    def run(ctx, first, *rest):
-        with torch.autocast(first.device.type, enabled=False):
-            return fn(ctx, first, *rest)
-
-    return run
+from .layout import without_autocast
 
 
 # Chunks per segment are chosen so one segment's [n, G, C, width] temporaries
@@ -114,7 +82,7 @@ def _chunk_factors(lqz, b, z, z_prev):
     """q exp(z_prev - z_t), exp(b_s - z_end) [n, G, C, L] and the chunk decay
     exp(z_prev - z_end) as [n, G, L, 1]."""
     z_end = z[:, :, -1:]
-    return exp_(lqz + z_prev), exp_(b - z_end), _t(exp_(z_prev - z_end))
+    return exp_nonpositive_(lqz + z_prev), exp_nonpositive_(b - z_end), _t(exp_nonpositive_(z_prev - z_end))
 
 
 def _forward_segment(lq, b, v, S0, z0, c, y, S_before, z, r):
@@ -164,7 +132,7 @@ def _intra_backward(lqz, b, z, M, qu, db, c):
     for i in range(1, C // c):  # earlier sub-chunks: factors <= 1 around r_i
         rows, cols = slice(i * c, (i + 1) * c), slice(0, i * c)
         qr, kfi = query_factors(lqz, ends, c, i), key_factors_for(kf, ends, c, i)
-        er = exp_(ends[:, :, i - 1:i] - z[:, :, rows])  # exp(r_i - z_t)
+        er = exp_nonpositive_(ends[:, :, i - 1:i] - z[:, :, rows])  # exp(r_i - z_t)
         A[:, :, rows, cols] = _mm(qr, _t(kfi))  # (a strided bmm out= loops per matrix)
         Mi, qui = M[:, :, rows, cols], qu[:, :, rows]
         qui.addcmul_(qr, _mm(Mi, kfi))  # qu of sub-chunk i is complete from here on
@@ -185,7 +153,7 @@ def _backward_segment(lq, b, v, z, r, S_before, dy, init, c, dlq, db, dv):
     A = _intra_backward(lqz, b, z, M, qu, db, c)
     # reverse states over chunks: R_{i-1} = g_i R_i + (local sum over chunk i),
     # R_after[i] the reverse state after chunk i
-    e_prev = exp_(r[:, :, :1] - z)  # exp(z_prev - z_t)
+    e_prev = exp_nonpositive_(r[:, :, :1] - z)  # exp(z_prev - z_t)
     local = torch.cat([_mm(_t(qe), dy), (e_prev * qu).sum(2).unsqueeze(-1)], -1)  # [n, G, L, D + 1]
     R_after = torch.empty_like(local)
     R_after[-1] = init

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from ._exp import exp_nonpositive_ as exp_
+from ._exp import exp_nonpositive_
 from ._exp import logaddexp
 
 # Sub-chunk size: the diagonal blocks cost about T c L / 2 elementwise work,
@@ -51,12 +51,11 @@ def padded_chunk_size(chunk_size: int) -> int:
 
 
 def _running_max(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """cummax(x, dim).values by doubling steps (torch.cummax is a scalar scan
-    that also builds indices: ~10x slower here)."""
-    m, k, n = x.clone(), 1, x.shape[dim]
-    while k < n:
-        m.narrow(dim, k, n - k).copy_(torch.maximum(m.narrow(dim, k, n - k), m.narrow(dim, 0, n - k)))
-        k *= 2
+    """cummax(x, dim).values, a step at a time along a short dim (torch.cummax
+    is a scalar scan that also builds indices: ~10x slower here)."""
+    m = x.clone()
+    for t in range(1, x.shape[dim]):
+        torch.maximum(m.select(dim, t - 1), m.select(dim, t), out=m.select(dim, t))
     return m
 
 
@@ -67,8 +66,8 @@ def _prefix_logsumexp(x: torch.Tensor, dim: int) -> torch.Tensor:
     dim, vectorised over everything else). x finite."""
     n = x.shape[dim]
     m = _running_max(x, dim)
-    a = exp_(x - m)  # exp(x_t - m_t), 1 at the running max
-    dec = exp_(m.narrow(dim, 0, n - 1) - m.narrow(dim, 1, n - 1))  # exp(m_{t-1} - m_t)
+    a = exp_nonpositive_(x - m)  # exp(x_t - m_t), 1 at the running max
+    dec = exp_nonpositive_(m.narrow(dim, 0, n - 1) - m.narrow(dim, 1, n - 1))  # exp(m_{t-1} - m_t)
     for t in range(1, n):
         torch.addcmul(a.select(dim, t), dec.select(dim, t - 1), a.select(dim, t - 1), out=a.select(dim, t))
     return a.log_().add_(m)
@@ -87,7 +86,10 @@ def log_normalisers(b: torch.Tensor, z0: torch.Tensor, c: int, z: torch.Tensor):
     chain = torch.logcumsumexp(torch.cat([z0.unsqueeze(0), within[:, :, -1]]), 0)  # [n + 1, G, L]
     z_prev = chain[:-1].unsqueeze(2)  # [n, G, 1, L]
     r = torch.cat([z_prev, logaddexp(within[:, :, :-1], z_prev)], 2)  # [n, G, J, L]
-    sub_chunks(z, c).copy_(logaddexp(local, r.unsqueeze(3)))
+    # z = logaddexp(local, r) in place, the smaller term's exponent clamped (_exp.py)
+    zs, rs = sub_chunks(z, c), r.unsqueeze(3)
+    torch.maximum(local, rs, out=zs)
+    zs.add_(exp_nonpositive_(torch.minimum(local, rs, out=local).sub_(zs)).log1p_())
     return r, chain[-1]
 
 
@@ -107,7 +109,7 @@ def block_diagonals(x: torch.Tensor, c: int, d: int) -> torch.Tensor:
 def diagonal_weights(lqz: torch.Tensor, b: torch.Tensor, c: int, d: int) -> torch.Tensor:
     """P [n, G, J, c - d, L] = q_t exp(b_s - z_t) = exp(lq_t - z_t + b_s) for
     the pairs s = t - d inside one sub-chunk (t from d to c - 1); lqz = lq - z."""
-    return exp_(sub_chunks(lqz, c)[:, :, :, d:] + sub_chunks(b, c)[:, :, :, :c - d])
+    return exp_nonpositive_(sub_chunks(lqz, c)[:, :, :, d:] + sub_chunks(b, c)[:, :, :, :c - d])
 
 
 def diagonal_suffix_sums(x: torch.Tensor, b: torch.Tensor, z: torch.Tensor, c: int) -> torch.Tensor:
@@ -115,11 +117,11 @@ def diagonal_suffix_sums(x: torch.Tensor, b: torch.Tensor, z: torch.Tensor, c: i
     exp(b_s - z_s) times rho_s = x_s + exp(z_s - z_{s+1}) rho_{s+1}, a
     reverse recurrence over the c positions (every factor <= 1)."""
     zs = sub_chunks(z, c)
-    decay = exp_(zs[:, :, :, :-1] - zs[:, :, :, 1:])  # exp(z_s - z_{s+1})
+    decay = exp_nonpositive_(zs[:, :, :, :-1] - zs[:, :, :, 1:])  # exp(z_s - z_{s+1})
     rho = sub_chunks(x.clone(), c)
     for s in range(c - 2, -1, -1):
         rho[:, :, :, s].addcmul_(decay[:, :, :, s], rho[:, :, :, s + 1])
-    return exp_(b - z).mul_(rho.view(x.shape))
+    return exp_nonpositive_(b - z).mul_(rho.view(x.shape))
 
 
 def queries(x: torch.Tensor, c: int, d: int) -> torch.Tensor:
@@ -141,12 +143,12 @@ def sub_chunk_ends(z: torch.Tensor, c: int) -> torch.Tensor:
 def query_factors(x: torch.Tensor, ends: torch.Tensor, c: int, i: int) -> torch.Tensor:
     """exp(r_i + x_t) for the queries t of sub-chunk i: [n, G, c, L]. With
     x = lq - z: q_t exp(r_i - z_t) (<= 1, r_i <= z_t)."""
-    return exp_(x[:, :, i * c:(i + 1) * c] + ends[:, :, i - 1:i])
+    return exp_nonpositive_(x[:, :, i * c:(i + 1) * c] + ends[:, :, i - 1:i])
 
 
 def key_factors(b: torch.Tensor, ends: torch.Tensor, c: int) -> torch.Tensor:
     """exp(b_s - z at the end of s's sub-chunk): [n, G, C, L], one per key."""
-    return exp_(sub_chunks(b, c) - ends.unsqueeze(3)).view(b.shape)
+    return exp_nonpositive_(sub_chunks(b, c) - ends.unsqueeze(3)).view(b.shape)
 
 
 def key_factors_for(kf: torch.Tensor, ends: torch.Tensor, c: int, i: int) -> torch.Tensor:
@@ -154,5 +156,5 @@ def key_factors_for(kf: torch.Tensor, ends: torch.Tensor, c: int, i: int) -> tor
     exp(end of s's sub-chunk - r_i), two factors <= 1 (each >= exp(floor),
     so the product is a normal float): [n, G, ic, L]."""
     n, G, _, L = kf.shape
-    ratio = exp_(ends[:, :, :i] - ends[:, :, i - 1:i])  # [n, G, i, L]
+    ratio = exp_nonpositive_(ends[:, :, :i] - ends[:, :, i - 1:i])  # [n, G, i, L]
     return (sub_chunks(kf, c)[:, :, :i] * ratio.unsqueeze(3)).view(n, G, i * c, L)

@@ -65,13 +65,23 @@ def test_ops_quick(tmp_path, capsys):
     for p in ops.DIST_PROVIDERS:
         assert {(p, 32, "fwdbwd", d) for d in ("std1", "std10")} <= by
     assert ("naive-softmax", 32, "fwd", "std10") not in by
-    bd = res["by_distribution"]
-    assert [r["name"] for r in bd["causal"]] == list(audit.QUICK_CAUSAL_SHAPES)
-    assert {r["name"] for r in bd["audit"]} >= {"latte_causal", "macchiato", "sliding_window", "linear_recurrence",
-                                                "linear_cross_entropy", "latte_bidirectional", "decode steps"}
-    for r in bd["causal"] + bd["audit"]:
+    rows = res["causal_by_distribution"]
+    assert [r["name"] for r in rows] == list(audit.QUICK_CAUSAL_SHAPES)
+    assert set(rows[0]["median_ms"]) == set(audit.CAUSAL_DISTS) and rows[0]["max_over_min"] >= 1
+
+
+@pytest.mark.slow
+def test_audit_quick(tmp_path, capsys):
+    audit.main(FAST + ["--out", str(tmp_path)])
+    res = _check_files(tmp_path, "audit", capsys)
+    _check_machine(res)
+    assert {r["name"] for r in res["results"]} == {"latte_causal", "macchiato", "sliding_window", "linear_recurrence",
+                                                    "linear_cross_entropy", "latte_bidirectional", "decode steps"}
+    for r in res["results"]:
+        assert set(r["median_ms"]) == set(inputs.DISTRIBUTIONS)
         assert r["max_over_min"] >= 1 and r["within_rule"] == (r["max_over_min"] <= audit.RULE)
-    assert set(bd["audit"][0]["median_ms"]) == set(inputs.DISTRIBUTIONS)
+        for t in r["times"].values():
+            _check_point(t)
 
 
 def test_memory_worker_measures_a_point(monkeypatch):
