@@ -35,7 +35,6 @@ import torch
 from ._exp import exp_nonpositive_
 from .intra_chunk import (
     block_diagonals,
-    diagonal_suffix_sums,
     diagonal_weights,
     key_factors,
     key_factors_for,
@@ -45,6 +44,7 @@ from .intra_chunk import (
     query_factors,
     sub_chunk_ends,
     sub_chunk_size,
+    suffix_sums,
 )
 from .layout import without_autocast
 
@@ -115,10 +115,10 @@ def _forward_segment(lq, b, v, S0, z0, c, y, S_before, z, r):
 
 def _intra_backward(lqz, b, z, M, qu, db, c):
     """The intra-chunk part of the backward. Adds to qu (q_t times dy_t .
-    Vbar_t) its intra-chunk share and to db the intra-chunk share of every
-    key, sum_{t >= s} W[t, s] (q_t M[t, s] - qu_t); returns the intra-chunk
-    weights A [n, G, C, C]. M [n, G, C, C]: dy_t . v_s, zero above the
-    diagonal."""
+    Vbar_t) its intra-chunk share and to db the first intra-chunk term of
+    every key, sum_{t >= s} q_t W[t, s] M[t, s] (the second, - W qu, comes
+    from suffix_sums); returns the intra-chunk weights A [n, G, C, C].
+    M [n, G, C, C]: dy_t . v_s, zero above the diagonal."""
     n, G, C, _ = lqz.shape
     A = lqz.new_zeros(n, G, C, C)
     for d in range(c):  # diagonal blocks
@@ -132,12 +132,10 @@ def _intra_backward(lqz, b, z, M, qu, db, c):
     for i in range(1, C // c):  # earlier sub-chunks: factors <= 1 around r_i
         rows, cols = slice(i * c, (i + 1) * c), slice(0, i * c)
         qr, kfi = query_factors(lqz, ends, c, i), key_factors_for(kf, ends, c, i)
-        er = exp_nonpositive_(ends[:, :, i - 1:i] - z[:, :, rows])  # exp(r_i - z_t)
         A[:, :, rows, cols] = _mm(qr, _t(kfi))  # (a strided bmm out= loops per matrix)
-        Mi, qui = M[:, :, rows, cols], qu[:, :, rows]
-        qui.addcmul_(qr, _mm(Mi, kfi))  # qu of sub-chunk i is complete from here on
-        db[:, :, cols].addcmul_(kfi, _mm(_t(Mi), qr).sub_((er * qui).sum(2, keepdim=True)))
-    db.sub_(diagonal_suffix_sums(qu, b, z, c))  # the diagonal blocks' share of - W qu
+        Mi = M[:, :, rows, cols]
+        qu[:, :, rows].addcmul_(qr, _mm(Mi, kfi))
+        db[:, :, cols].addcmul_(kfi, _mm(_t(Mi), qr))
     return A
 
 
@@ -151,10 +149,13 @@ def _backward_segment(lq, b, v, z, r, S_before, dy, init, c, dlq, db, dv):
     qu = _mm(dy, _t(S_before), out=dlq).mul_(qe)  # q_t (dy_t . Vbar_t): the gradient w.r.t. lq
     db.zero_()
     A = _intra_backward(lqz, b, z, M, qu, db, c)
+    w_qu, rho0 = suffix_sums(qu, b, z)  # sum_{t >= s in the chunk} exp(b_s - z_t) qu_t
+    db.sub_(w_qu)
     # reverse states over chunks: R_{i-1} = g_i R_i + (local sum over chunk i),
-    # R_after[i] the reverse state after chunk i
-    e_prev = exp_nonpositive_(r[:, :, :1] - z)  # exp(z_prev - z_t)
-    local = torch.cat([_mm(_t(qe), dy), (e_prev * qu).sum(2).unsqueeze(-1)], -1)  # [n, G, L, D + 1]
+    # R_after[i] the reverse state after chunk i; sum_t exp(z_prev - z_t) qu_t
+    # is exp(z_prev - z_0) rho_0
+    local_q = exp_nonpositive_(r[:, :, :1] - z[:, :, :1]).mul_(rho0).squeeze(2)  # [n, G, L]
+    local = torch.cat([_mm(_t(qe), dy), local_q.unsqueeze(-1)], -1)  # [n, G, L, D + 1]
     R_after = torch.empty_like(local)
     R_after[-1] = init
     for i in range(len(local) - 1, 0, -1):

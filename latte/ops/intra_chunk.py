@@ -112,16 +112,17 @@ def diagonal_weights(lqz: torch.Tensor, b: torch.Tensor, c: int, d: int) -> torc
     return exp_nonpositive_(sub_chunks(lqz, c)[:, :, :, d:] + sub_chunks(b, c)[:, :, :, :c - d])
 
 
-def diagonal_suffix_sums(x: torch.Tensor, b: torch.Tensor, z: torch.Tensor, c: int) -> torch.Tensor:
-    """sum over t >= s in s's sub-chunk of exp(b_s - z_t) x_t, for x [n, G, C, L]:
-    exp(b_s - z_s) times rho_s = x_s + exp(z_s - z_{s+1}) rho_{s+1}, a
-    reverse recurrence over the c positions (every factor <= 1)."""
-    zs = sub_chunks(z, c)
-    decay = exp_nonpositive_(zs[:, :, :, :-1] - zs[:, :, :, 1:])  # exp(z_s - z_{s+1})
-    rho = sub_chunks(x.clone(), c)
-    for s in range(c - 2, -1, -1):
-        rho[:, :, :, s].addcmul_(decay[:, :, :, s], rho[:, :, :, s + 1])
-    return exp_nonpositive_(b - z).mul_(rho.view(x.shape))
+def suffix_sums(x: torch.Tensor, b: torch.Tensor, z: torch.Tensor):
+    """For x [n, G, C, L]: rho_s = sum_{t >= s in the chunk} exp(z_s - z_t) x_t
+    by the reverse recurrence rho_s = x_s + exp(z_s - z_{s+1}) rho_{s+1}
+    (every factor <= 1; a loop over the C positions, vectorised over the
+    rest). Returns sum_{t >= s} exp(b_s - z_t) x_t = exp(b_s - z_s) rho_s
+    [n, G, C, L] and rho_0 [n, G, 1, L]."""
+    decay = exp_nonpositive_(z[:, :, :-1] - z[:, :, 1:])  # exp(z_s - z_{s+1})
+    rho = x.clone()
+    for s in range(x.shape[2] - 2, -1, -1):
+        rho[:, :, s].addcmul_(decay[:, :, s], rho[:, :, s + 1])
+    return exp_nonpositive_(b - z).mul_(rho), rho[:, :, :1]
 
 
 def queries(x: torch.Tensor, c: int, d: int) -> torch.Tensor:
