@@ -1,5 +1,5 @@
-"""Benchmarks: scripts that write JSON + PNG + a markdown table (STYLE.md
-habit 11; protocols in EVAL.md sections 1-2). Nothing here asserts on time.
+"""Benchmarks: scripts that write JSON + PNG + a markdown table (protocols
+in docs/evaluation.md §1-2). Nothing here asserts on time.
 
     python -m latte.bench.ops     # attention ops: time, memory, GFLOP/s vs T
     python -m latte.bench.decode  # per-token decode latency and state bytes

@@ -1,4 +1,4 @@
-"""`latte bench ops`: runtime and memory of the attention ops (EVAL.md section 1).
+"""`latte bench ops`: runtime and memory of the attention ops (docs/evaluation.md §1).
 
 Every provider in latte.bench.providers is timed side by side in this one
 process with the same threads, T ascending, forward (no autograd) and
@@ -201,7 +201,7 @@ def rglru(args) -> dict:
 
 def rglru_share(x, args) -> dict:
     """Forward+backward of the RG-LRU mixer (gates and scan) against the whole
-    causal LatteAttention layer it sits in (qk_mixer conv_rglru, EVAL.md
+    causal LatteAttention layer it sits in (qk_mixer conv_rglru, docs/evaluation.md §1
     shapes), timed in interleaved rounds."""
     from latte.layers import LatteAttention
 

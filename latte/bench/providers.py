@@ -3,7 +3,7 @@
 Legend: B batch, T time, H heads, L latents per head (Lh), E query/key width,
 D value width per head (dv), C chunk size, W window.
 
-Every provider gets fresh random fp32 inputs of the EVAL.md section 1 shapes
+Every provider gets fresh random fp32 inputs of the docs/evaluation.md §1 shapes
 (B=1, model width 512, H=8, Lh=32, dv=64). Softmax-style providers use
 q, k, v with E = D = 64; the Latte providers use latent logits a, b [.., Lh]
 and values v [.., dv]. The layer's own projections are not part of any
@@ -105,7 +105,7 @@ def make_inputs(provider: str, T: int, B: int = 1, seed: int = 0, dist: str = "s
     """(inputs, fn) with fn(*inputs) -> output tensor. `dist` (latte.bench.inputs)
     shapes the key-side logits: b for the Latte providers, k for the softmax
     and linear ones (Macchiato: both); the rest stays standard normal.
-    heads / latents (per head) / dv override the EVAL.md shape."""
+    heads / latents (per head) / dv override the docs/evaluation.md §1 shape."""
     from latte.ops import latte_causal, macchiato
 
     g = torch.Generator().manual_seed(seed)

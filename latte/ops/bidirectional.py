@@ -1,4 +1,4 @@
-"""Bidirectional Latte for encoders (MATH.md 2).
+"""Bidirectional Latte for encoders (docs/math.md §2).
 
 Legend: B batch, T time, H heads, L latents per head (Lh), D value width (dv).
 

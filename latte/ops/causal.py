@@ -1,4 +1,4 @@
-"""Causal Latte: the chunked parallel form and the recurrent step (MATH.md 3).
+"""Causal Latte: the chunked parallel form and the recurrent step (docs/math.md §3).
 
 Legend: B batch, T time, H heads, L latents per head (Lh), D value width per
 head (dv), N chunks, C chunk size (t, s: query / key positions in a chunk).
@@ -119,7 +119,7 @@ def latte_causal(
     cu_seqlens: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
 ):
-    """Causal Latte attention, chunked parallel form (MATH.md 3.2).
+    """Causal Latte attention, chunked parallel form (docs/math.md §3.2).
 
     Args:
         a: [B, T, H, Lh] query-side latent logits.
@@ -170,7 +170,7 @@ def latte_causal_step(
     *,
     mask_t: torch.Tensor | None = None,
 ):
-    """One decoding step of causal Latte (MATH.md 3.1): O(1) in the context.
+    """One decoding step of causal Latte (docs/math.md §3.1): O(1) in the context.
 
     a_t, b_t: [B, H, Lh]; v_t: [B, H, Dv]; mask_t: [B] bool (False = padding,
     the token is not added to the state's mass). Returns (y_t [B, H, Dv], state).

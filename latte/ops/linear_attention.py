@@ -1,4 +1,4 @@
-"""Linear attention (Katharopoulos et al. 2020), the baseline of MATH.md 7.
+"""Linear attention (Katharopoulos et al. 2020), the baseline of docs/math.md §7.
 
 Legend: B batch, T time, H heads, E feature width (q, k after the feature
 map), D value width, N chunks, C chunk size (t, s: query / key positions in a

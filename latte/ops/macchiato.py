@@ -1,5 +1,5 @@
 """Latte-Macchiato: sliding-window softmax + global latents, one distribution
-(MATH.md 4).
+(docs/math.md §4).
 
 Legend: B batch, T time, H query heads, K key/value heads, L latents per head,
 E query/key width, D value width.

@@ -1,6 +1,6 @@
 """Element-wise linear recurrence h_t = exp(log_a_t) * h_{t-1} + x_t.
 
-This is the scan behind RG-LRU (MATH.md section 5) and behind the
+This is the scan behind RG-LRU (docs/math.md §5) and behind the
 chunk-to-chunk state passing of causal Latte (section 3.2).
 
 Legend: B batch, T time, F any trailing feature dims, N chunks, C chunk size.

@@ -1,4 +1,4 @@
-"""Exact causal sliding-window softmax attention (MATH.md 4, the l = 0 state).
+"""Exact causal sliding-window softmax attention (docs/math.md §4, the l = 0 state).
 
 Legend: B batch, T time, H query heads, K key/value heads (H = K * G, grouped
 KV), G queries per KV head, E query/key width, D value width, W window size,

@@ -1,4 +1,4 @@
-"""Packed variable-length batches (MATH.md 3.3).
+"""Packed variable-length batches (docs/math.md §3.3).
 
 A packed batch [1, T, ...] with document boundaries cu_seqlens [N+1] is run
 as a right-padded batch [N, max_len, ...] whose padding is masked out, then

@@ -1,4 +1,4 @@
-"""The sliding-window softmax kernel: WindowTiles (MATH.md 4, the l = 0 state).
+"""The sliding-window softmax kernel: WindowTiles (docs/math.md §4, the l = 0 state).
 
 Legend: N query blocks of Q tokens, c + 1 key tiles of Q seen by each block,
 X = B * K rows (batch x KV heads), G query heads per KV head, E query/key

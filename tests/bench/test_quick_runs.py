@@ -1,6 +1,6 @@
 """`--quick` runs of every benchmark write well-formed results: machine info,
 every provider present at every scheduled point or explicitly skipped with a
-reason. Nothing here looks at a time (STYLE.md habits 10, 11)."""
+reason. Nothing here looks at a time (tests never assert on time)."""
 
 import importlib.util
 import json
