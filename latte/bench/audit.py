@@ -57,17 +57,7 @@ def _masked(fn, dist, B, T):
 
 def op_calls(dist: str, quick: bool) -> dict:
     """{op: (shape note, zero-argument call)} for one distribution."""
-    from latte.ops import (
-        latte_bidirectional,
-        latte_causal,
-        latte_causal_step,
-        linear_cross_entropy,
-        linear_recurrence,
-        macchiato,
-        macchiato_step,
-        sliding_window_attention,
-        sliding_window_step,
-    )
+    from latte import ops
 
     s = 8 if quick else 1  # quick: every size / 8
     B, T, H, L, D = 4, 512 // s, 4, 32, 32
@@ -93,25 +83,25 @@ def op_calls(dist: str, quick: bool) -> dict:
             for t in range(steps[0].shape[1]):
                 a, b, v, k = (z[:, t] for z in steps)
                 m = None if step_mask is None else step_mask[:, t]
-                _, st_l = latte_causal_step(a, b, v, st_l, mask_t=m)
-                _, st_m = macchiato_step(a, b, v, k, k, st_m, window_size=16, mask_t=m)
-                _, st_w = sliding_window_step(k, k, v, st_w, window_size=16, mask_t=m)
+                _, st_l = ops.latte_causal_step(a, b, v, st_l, mask_t=m)
+                _, st_m = ops.macchiato_step(a, b, v, k, k, st_m, window_size=16, mask_t=m)
+                _, st_w = ops.sliding_window_step(k, k, v, st_w, window_size=16, mask_t=m)
 
     return {
         "latte_causal": (f"B={B} T={T} H={H} Lh={L} Dv={D}",
-                         as_call(_masked(lambda a, b, v, mask: latte_causal(a, b, v, mask=mask)[0], dist, B, T), lat, "fwdbwd")),
+                         as_call(_masked(lambda a, b, v, mask: ops.latte_causal(a, b, v, mask=mask)[0], dist, B, T), lat, "fwdbwd")),
         "latte_bidirectional": (f"B={B} T={T} H={H} Lh={L} Dv={D}",
-                                as_call(_masked(latte_bidirectional, dist, B, T), lat, "fwdbwd")),
+                                as_call(_masked(ops.latte_bidirectional, dist, B, T), lat, "fwdbwd")),
         "macchiato": (f"B={B} T={T} H={H} Lh={L} E=Dv={D} W=128",
-                      as_call(_masked(lambda a, b, v, q, k, mask: macchiato(a, b, v, q, k, window_size=128, mask=mask)[0],
+                      as_call(_masked(lambda a, b, v, q, k, mask: ops.macchiato(a, b, v, q, k, window_size=128, mask=mask)[0],
                                       dist, B, T), mac, "fwdbwd")),
         "sliding_window": (f"B=2 T={1024 // s} H=8 K=2 E=Dv=64 W=128",
-                           as_call(_masked(lambda q, k, v, mask: sliding_window_attention(q, k, v, window_size=128, mask=mask)[0],
+                           as_call(_masked(lambda q, k, v, mask: ops.sliding_window_attention(q, k, v, window_size=128, mask=mask)[0],
                                            dist, 2, 1024 // s), win, "fwdbwd")),
         "linear_recurrence": (f"[1, {4096 // s}, 512], log_a = -softplus(logits)",
-                              as_call(lambda x, la: linear_recurrence(x, la)[0], [x, log_a], "fwdbwd")),
+                              as_call(lambda x, la: ops.linear_recurrence(x, la)[0], [x, log_a], "fwdbwd")),
         "linear_cross_entropy": (f"N={N} D={E} V={V}, logits of the distribution's std",
-                                 as_call(lambda h, w: linear_cross_entropy(h, w, targets), [hidden, weight], "fwdbwd")),
+                                 as_call(lambda h, w: ops.linear_cross_entropy(h, w, targets), [hidden, weight], "fwdbwd")),
         "decode steps": ("64 steps of latte, macchiato (W=16), window (W=16): B=8 H=8 Lh=32 Dv=64", decode),
     }
 
