@@ -34,7 +34,7 @@ import torch
 
 from ._exp import exp_nonpositive_
 from .intra_chunk import (
-    block_diagonals,
+    diagonal_blocks,
     diagonal_weights,
     key_factors,
     key_factors_for,
@@ -42,6 +42,7 @@ from .intra_chunk import (
     log_normalisers,
     queries,
     query_factors,
+    sub_chunks,
     sub_chunk_ends,
     sub_chunk_size,
     suffix_sums,
@@ -102,8 +103,9 @@ def _forward_segment(lq, b, v, S0, z0, c, y, S_before, z, r):
     _mm(qe, S_before, out=y)  # inter-chunk: q exp(z_prev - z_t)
     n, G, C, _ = lq.shape
     A = lq.new_zeros(n, G, C, C)  # intra-chunk weights [n, G, C(t), C(s)]
+    lqz_s, b_s, A_blocks = sub_chunks(lqz, c), sub_chunks(b, c), diagonal_blocks(A, c)
     for d in range(c):  # the diagonal blocks, one offset t - s at a time
-        torch.sum(diagonal_weights(lqz, b, c, d), -1, out=block_diagonals(A, c, d))
+        torch.sum(diagonal_weights(lqz_s, b_s, d), -1, out=A_blocks.diagonal(-d, 2, 3))
     ends = sub_chunk_ends(z, c)
     kf = key_factors(b, ends, c)
     for i in range(1, C // c):  # earlier sub-chunks: factors <= 1 around r_i
@@ -121,12 +123,14 @@ def _intra_backward(lqz, b, z, M, qu, db, c):
     M [n, G, C, C]: dy_t . v_s, zero above the diagonal."""
     n, G, C, _ = lqz.shape
     A = lqz.new_zeros(n, G, C, C)
+    lqz_s, b_s, qu_s, db_s = (sub_chunks(x, c) for x in (lqz, b, qu, db))
+    A_blocks, M_blocks = diagonal_blocks(A, c), diagonal_blocks(M, c)
     for d in range(c):  # diagonal blocks
-        P = diagonal_weights(lqz, b, c, d)  # q_t W[t, t - d]
-        torch.sum(P, -1, out=block_diagonals(A, c, d))
-        Md = block_diagonals(M, c, d).unsqueeze(-1)  # [n, G, J, c - d, 1]
-        queries(qu, c, d).addcmul_(P, Md)
-        keys(db, c, d).addcmul_(P, Md)
+        P = diagonal_weights(lqz_s, b_s, d)  # q_t W[t, t - d]
+        torch.sum(P, -1, out=A_blocks.diagonal(-d, 2, 3))
+        Md = M_blocks.diagonal(-d, 2, 3).unsqueeze(-1)  # [n, G, J, c - d, 1]
+        queries(qu_s, d).addcmul_(P, Md)
+        keys(db_s, d).addcmul_(P, Md)
     ends = sub_chunk_ends(z, c)
     kf = key_factors(b, ends, c)
     for i in range(1, C // c):  # earlier sub-chunks: factors <= 1 around r_i

@@ -54,8 +54,9 @@ def _running_max(x: torch.Tensor, dim: int) -> torch.Tensor:
     """cummax(x, dim).values, a step at a time along a short dim (torch.cummax
     is a scalar scan that also builds indices: ~10x slower here)."""
     m = x.clone()
-    for t in range(1, x.shape[dim]):
-        torch.maximum(m.select(dim, t - 1), m.select(dim, t), out=m.select(dim, t))
+    steps = m.unbind(dim)  # views: one op for all of them
+    for t in range(1, len(steps)):
+        torch.maximum(steps[t - 1], steps[t], out=steps[t])
     return m
 
 
@@ -68,8 +69,9 @@ def _prefix_logsumexp(x: torch.Tensor, dim: int) -> torch.Tensor:
     m = _running_max(x, dim)
     a = exp_nonpositive_(x - m)  # exp(x_t - m_t), 1 at the running max
     dec = exp_nonpositive_(m.narrow(dim, 0, n - 1) - m.narrow(dim, 1, n - 1))  # exp(m_{t-1} - m_t)
+    a_t, dec_t = a.unbind(dim), dec.unbind(dim)
     for t in range(1, n):
-        torch.addcmul(a.select(dim, t), dec.select(dim, t - 1), a.select(dim, t - 1), out=a.select(dim, t))
+        a_t[t].addcmul_(dec_t[t - 1], a_t[t - 1])
     return a.log_().add_(m)
 
 
@@ -98,18 +100,28 @@ def sub_chunks(x: torch.Tensor, c: int) -> torch.Tensor:
     return x.view(*x.shape[:2], x.shape[2] // c, c, *x.shape[3:])
 
 
-def block_diagonals(x: torch.Tensor, c: int, d: int) -> torch.Tensor:
-    """Entries (t, t - d) of the J diagonal c x c blocks of x [n, G, C, C]:
-    a view [n, G, J, c - d] (t from d to c - 1 inside each sub-chunk)."""
+def diagonal_blocks(x: torch.Tensor, c: int) -> torch.Tensor:
+    """The J diagonal c x c blocks of x [n, G, C, C] as a view [n, G, c(t),
+    c(s), J]; .diagonal(-d, 2, 3) of it holds the pairs (t, t - d)."""
     n, G, C, _ = x.shape
-    blocks = x.view(n, G, C // c, c, C // c, c).diagonal(0, 2, 4)  # [n, G, c(t), c(s), J]
-    return blocks.diagonal(-d, 2, 3)
+    return x.view(n, G, C // c, c, C // c, c).diagonal(0, 2, 4)
 
 
-def diagonal_weights(lqz: torch.Tensor, b: torch.Tensor, c: int, d: int) -> torch.Tensor:
+def queries(xs: torch.Tensor, d: int) -> torch.Tensor:
+    """The rows t of the pairs (t, t - d) in a sub-chunk view xs [n, G, J, c, .]."""
+    return xs.narrow(3, d, xs.shape[3] - d)
+
+
+def keys(xs: torch.Tensor, d: int) -> torch.Tensor:
+    """The rows s = t - d of the pairs in a sub-chunk view xs [n, G, J, c, .]."""
+    return xs.narrow(3, 0, xs.shape[3] - d)
+
+
+def diagonal_weights(lqz_s: torch.Tensor, b_s: torch.Tensor, d: int) -> torch.Tensor:
     """P [n, G, J, c - d, L] = q_t exp(b_s - z_t) = exp(lq_t - z_t + b_s) for
-    the pairs s = t - d inside one sub-chunk (t from d to c - 1); lqz = lq - z."""
-    return exp_nonpositive_(sub_chunks(lqz, c)[:, :, :, d:] + sub_chunks(b, c)[:, :, :, :c - d])
+    the pairs s = t - d inside one sub-chunk, from the sub-chunk views of
+    lqz = lq - z and b."""
+    return exp_nonpositive_(queries(lqz_s, d) + keys(b_s, d))
 
 
 def suffix_sums(x: torch.Tensor, b: torch.Tensor, z: torch.Tensor):
@@ -120,19 +132,10 @@ def suffix_sums(x: torch.Tensor, b: torch.Tensor, z: torch.Tensor):
     [n, G, C, L] and rho_0 [n, G, 1, L]."""
     decay = exp_nonpositive_(z[:, :, :-1] - z[:, :, 1:])  # exp(z_s - z_{s+1})
     rho = x.clone()
-    for s in range(x.shape[2] - 2, -1, -1):
-        rho[:, :, s].addcmul_(decay[:, :, s], rho[:, :, s + 1])
+    rho_s, decay_s = rho.unbind(2), decay.unbind(2)
+    for s in range(len(rho_s) - 2, -1, -1):
+        rho_s[s].addcmul_(decay_s[s], rho_s[s + 1])
     return exp_nonpositive_(b - z).mul_(rho), rho[:, :, :1]
-
-
-def queries(x: torch.Tensor, c: int, d: int) -> torch.Tensor:
-    """The rows t of the pairs (t, t - d): a view [n, G, J, c - d, .] of x [n, G, C, .]."""
-    return sub_chunks(x, c)[:, :, :, d:]
-
-
-def keys(x: torch.Tensor, c: int, d: int) -> torch.Tensor:
-    """The rows s = t - d of the pairs: a view [n, G, J, c - d, .] of x [n, G, C, .]."""
-    return sub_chunks(x, c)[:, :, :, :c - d]
 
 
 def sub_chunk_ends(z: torch.Tensor, c: int) -> torch.Tensor:
