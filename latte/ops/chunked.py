@@ -6,26 +6,28 @@ D value width. Tensors are chunk-major, [N, G, C, .]: a segment (a run of
 chunks) is one contiguous block, so every product below is a batched matmul
 over n * G without a copy.
 
-Inputs are already prepared by latte_causal: q = softmax(a), key logits b
-(masked, centred, padded to N * C), values v, initial state (S0, z0).
-Forward, with z_t = logaddexp(logcumsumexp(b)_t, z0):
+Inputs are already prepared by latte_causal: lq = log softmax(a), key logits
+b (masked, centred, padded to N * C), values v, initial state (S0, z0).
+Forward, with z_t = logaddexp(logcumsumexp(b)_t, z0) and q = exp(lq):
   y_t   = sum_l q_tl [exp(z_prev - z_t)_l (S_before)_l + sum_{s<=t in chunk} exp(b_s - z_t)_l v_s]
   S_n   = exp(z_prev - z_end_n) S_{n-1} + sum_{s in n} exp(b_s - z_end_n) v_s
-Backward, with u_tl = dy_t . Vbar_tl (the gradient w.r.t. q):
+Backward, with qu_tl = q_tl (dy_t . Vbar_tl) (the gradient w.r.t. lq):
   dv_s  = sum_{t>=s} sum_l q_tl exp(b_s - z_t)_l dy_t
-  db_sl = sum_{t>=s} exp(b_sl - z_tl) q_tl [dy_t . v_s - u_tl]     (z's share included)
+  db_sl = sum_{t>=s} exp(b_sl - z_tl) [q_tl (dy_t . v_s) - qu_tl]     (z's share included)
 Future chunks enter through reverse states normalised at each chunk end,
   Rv_n = sum_{t after chunk n} exp(z_end_n - z_t) q_t dy_t   [L, D]
-  Rq_n = sum_{t after chunk n} exp(z_end_n - z_t) q_t u_t    [L]
+  Rq_n = sum_{t after chunk n} exp(z_end_n - z_t) qu_t       [L]
 carried backwards in time by the same recurrence as the forward state.
+Inside a chunk, the - exp(b_s - z_t) qu_t terms of every pair come from one
+reverse recurrence over its positions (intra_chunk.suffix_sums).
 
 Every exponent above is a difference of log-normalisers or a logit minus a
 later log-normaliser, so <= 0, taken from log space; the intra-chunk weights
-exp(b_s - z_t) are built per sub-chunk (intra_chunk.py) so that no exponent
-is ever positive and no factor depends on a chunk-wide reference. The work
-is the same for any logits: there is no fallback and no branch on values.
-Only the inputs, z and the chunk states are saved; each chunk's C x C
-weights are rebuilt in the backward.
+are built per sub-chunk (intra_chunk.py), with log q folded into their
+exponents, so that no factor depends on a chunk-wide reference. The work is
+the same for any logits: there is no fallback and no branch on values. Only
+the inputs, z (and z before each sub-chunk) and the chunk states are saved;
+each chunk's C x C weights are rebuilt in the backward.
 """
 
 from __future__ import annotations
@@ -186,7 +188,7 @@ class LatteChunked(torch.autograd.Function):
         y = v.new_empty(N, G, C, D)
         S_before = v.new_empty(N, G, L, D)
         z, r = torch.empty_like(b), b.new_empty(N, G, C // c, L)
-        segments = _segments(G, N, C, max(C, D, (c + 1) * L))
+        segments = _segments(G, N, C, max(C, D, L))
         S, zl = S0, z0
         for n0, n1 in segments:
             sl = slice(n0, n1)
