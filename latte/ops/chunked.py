@@ -107,7 +107,7 @@ def _forward_segment(lq, b, v, S0, z0, c, y, S_before, z, r):
     A = lq.new_zeros(n, G, C, C)  # intra-chunk weights [n, G, C(t), C(s)]
     lqz_s, b_s, A_blocks = sub_chunks(lqz, c), sub_chunks(b, c), diagonal_blocks(A, c)
     for d in range(c):  # the diagonal blocks, one offset t - s at a time
-        torch.sum(diagonal_weights(lqz_s, b_s, d), -1, out=A_blocks.diagonal(-d, 2, 3))
+        A_blocks.diagonal(-d, 2, 3).copy_(diagonal_weights(lqz_s, b_s, d).sum(-1))  # (no strided out=: torch.compile)
     ends = sub_chunk_ends(z, c)
     kf = key_factors(b, ends, c)
     for i in range(1, C // c):  # earlier sub-chunks: factors <= 1 around r_i
@@ -129,7 +129,7 @@ def _intra_backward(lqz, b, z, M, qu, db, c):
     A_blocks, M_blocks = diagonal_blocks(A, c), diagonal_blocks(M, c)
     for d in range(c):  # diagonal blocks
         P = diagonal_weights(lqz_s, b_s, d)  # q_t W[t, t - d]
-        torch.sum(P, -1, out=A_blocks.diagonal(-d, 2, 3))
+        A_blocks.diagonal(-d, 2, 3).copy_(P.sum(-1))
         Md = M_blocks.diagonal(-d, 2, 3).unsqueeze(-1)  # [n, G, J, c - d, 1]
         queries(qu_s, d).addcmul_(P, Md)
         keys(db_s, d).addcmul_(P, Md)

@@ -62,7 +62,7 @@ def _running_max(x: torch.Tensor, dim: int) -> torch.Tensor:
     m = x.clone()
     steps = m.unbind(dim)  # views: one op for all of them
     for t in range(1, len(steps)):
-        torch.maximum(steps[t - 1], steps[t], out=steps[t])
+        steps[t].clamp_(min=steps[t - 1])
     return m
 
 
