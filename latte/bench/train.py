@@ -12,6 +12,7 @@ takes seconds on a 2-core CPU; the batch used is recorded.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 import torch
@@ -33,6 +34,9 @@ def parse_args(argv=None):
     p.add_argument("--dists", default="std1,std10",
                    help="key-logit distributions of the latent mixers, side by side (std<N>: the key projection "
                         "scaled so that the key logits have std N on the batch, as in a trained model)")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the other sequence lengths of an earlier train.json in --out (a full run split "
+                        "into shorter ones, e.g. one quiet window per sequence length)")
     args = p.parse_args(argv)
     args.dists = [d for d in args.dists.split(",") if d]
     if not args.dists or any(not d.startswith("std") or d not in dists.DISTRIBUTIONS for d in args.dists):
@@ -216,6 +220,10 @@ def markdown(res: dict) -> str:
            f"share = forward+backward of one mixer layer alone x layers / step time. \"(b stdN)\": the latent "
            f"layers' key projections scaled so their key logits have std N, as in a trained model.", "",
            common.md_table(hdr, rows)]
+    if res.get("merged"):
+        pm = res["merged"]["machine"]
+        out += ["", f"Sequence length(s) {res['merged']['seqs']} from an earlier run ({pm['time_utc']}, load avg "
+                    f"{pm['loadavg_start'][0]:.1f} at its start); the rest from this one ({m['time_utc']})."]
     notes = _ratio_notes(cell, cfg["seqs"])
     skips = [f"- {r['label']} @ {r['seq']}: {r['reason']}" for r in res["results"] if r.get("skipped")]
     return "\n".join(out + ([""] + notes if notes else []) + ([""] + skips if skips else [])) + "\n"
@@ -231,9 +239,25 @@ def plot(res: dict, path) -> bool:
                               ylabel="tokens / s", title=f"latte bench train: {m['cpu_model']}, {m['threads']} threads")
 
 
+def merge_earlier(res: dict, path) -> dict:
+    """res with the rows of the earlier run at `path` for sequence lengths it
+    did not measure itself (same mixers and distributions required)."""
+    prev = json.loads(path.read_text())
+    if prev["config"]["variants"] != res["config"]["variants"] or prev["config"]["quick"] != res["config"]["quick"]:
+        raise ValueError(f"--merge: {path} has other mixers / distributions / --quick; run without --merge")
+    seqs = res["config"]["seqs"]
+    kept = [r for r in prev["results"] if r["seq"] not in seqs]
+    res["results"] = kept + res["results"]
+    res["config"]["seqs"] = sorted(set(seqs) | {r["seq"] for r in kept})
+    res["merged"] = {"from": str(path), "seqs": sorted({r["seq"] for r in kept}), "machine": prev["machine"]}
+    return res
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     res = run(args)
+    if args.merge and (args.out / "train.json").exists():
+        res = merge_earlier(res, args.out / "train.json")
     common.write_outputs(args, "train", res, markdown(res), plot)
     return res
 

@@ -130,6 +130,16 @@ def test_train_quick(tmp_path, capsys):
         assert r["tokens_per_s"] > 0 and r["batch"] * 32 == r["tokens_per_step"]
 
 
+@pytest.mark.slow
+def test_train_runs_split_by_sequence_merge(tmp_path, capsys):
+    train.main(FAST + ["--out", str(tmp_path), "--seqs", "32", "--mixers", "latte,softmax"])
+    res = train.main(FAST + ["--out", str(tmp_path), "--seqs", "64", "--mixers", "latte,softmax", "--merge"])
+    assert res["config"]["seqs"] == [32, 64] and res["merged"]["seqs"] == [32]
+    assert {(r["label"], r["seq"]) for r in res["results"]} == {
+        (m, s) for m in ("latte", "latte (b std10)", "softmax") for s in (32, 64)}
+    assert "from an earlier run" in (tmp_path / "train.md").read_text()
+
+
 def test_sharpened_key_logits_have_the_asked_spread():
     from latte.models import LatteForCausalLM
 
