@@ -47,7 +47,8 @@ def parse_args(argv=None):
                         f"allowed {list(dists.DISTRIBUTIONS[:-1])}")
     p.add_argument("--no-sweep", action="store_true", help="skip the T sweep (run only the tables by distribution)")
     p.add_argument("--no-causal-table", action="store_true",
-                   help="skip the latte_causal table by key-logit distribution at three shapes")
+                   help="skip the tables at fixed shapes: latte_causal by key-logit distribution at three "
+                        "shapes, every provider at a research-sweep model's shape")
     args = p.parse_args(argv)
     args.dists = [x for x in args.dists.split(",") if x]
     bad = [x for x in args.dists if x not in dists.DISTRIBUTIONS[:-1]]  # padding: the audit only (no mask in sdpa)
@@ -166,6 +167,38 @@ def add_memory(results, args) -> None:
             r["memory_note"] = m["note"]
 
 
+# A research-sweep model's attention (2 heads, 32 latents and 32 channels per head)
+SWEEP_SHAPE = {"B": 64, "T": 64, "heads": 2, "latents": 32, "dv": 32}
+SWEEP_PROVIDERS = ("latte", "macchiato", "sdpa", "naive-softmax", "linear")
+
+
+def sweep_shape(args) -> list[dict]:
+    """Every provider at SWEEP_SHAPE on every --dists, both modes: one
+    interleaved timing per mode."""
+    B, T = (4, 32) if args.quick else (SWEEP_SHAPE["B"], SWEEP_SHAPE["T"])
+    shape = {k: SWEEP_SHAPE[k] for k in ("heads", "latents", "dv")}
+    rows = []
+    for mode in MODES:
+        fns = {(p, d): P.build(p, T, mode, B=B, dist=d, **shape) for p in SWEEP_PROVIDERS for d in args.dists}
+        times = common.time_interleaved(fns, repeats=args.repeats, warmup=args.warmup)
+        rows += [{"provider": p, "dist": d, "mode": mode, "B": B, "T": T, **shape, **t} for (p, d), t in times.items()]
+        print(f"  sweep shape {mode}: " + " ".join(f"{p}/{d} {t['median_ms']:.1f}" for (p, d), t in times.items()),
+              flush=True)
+    return rows
+
+
+def _sweep_shape_table(res: dict) -> list[str]:
+    rows, ds = res.get("sweep_shape"), res["config"]["dists"]
+    if not rows:
+        return []
+    r0 = rows[0]
+    med = {(r["provider"], r["dist"], r["mode"]): r["median_ms"] for r in rows}
+    hdr = ["mode"] + [f"{p} {d}" for p in SWEEP_PROVIDERS for d in ds]
+    body = [[MODE_NAME[m]] + [med[(p, d, m)] for p in SWEEP_PROVIDERS for d in ds] for m in MODES]
+    return ["", f"## A research-sweep model's attention: B={r0['B']} T={r0['T']} H={r0['heads']} "
+                f"Lh={r0['latents']} Dv=E={r0['dv']} (median ms)", "", common.md_table(hdr, body)]
+
+
 def rglru(args) -> dict:
     """linear_recurrence's chunked scan vs a per-step Python loop, [1, T, 512]."""
     from latte.ops import linear_recurrence
@@ -244,6 +277,7 @@ def run(args) -> dict:
         print("peak memory (worker process) ...", flush=True)
         add_memory(results, args)
     causal = None if args.no_causal_table else audit.causal_table(args)
+    sweep_rows = None if args.no_causal_table else sweep_shape(args)
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return {
         "benchmark": "ops",
@@ -265,6 +299,7 @@ def run(args) -> dict:
         "results": results,
         "ratios": ratios(results, args.dists[0]),
         "causal_by_distribution": causal,
+        "sweep_shape": sweep_rows,
         "rglru": rglru(args),
         "wall_s": time.perf_counter() - t0,
     }
@@ -331,6 +366,7 @@ def markdown(res: dict) -> str:
     out += _by_dist_tables(res)
     if res.get("causal_by_distribution"):
         out += audit.causal_markdown(res["causal_by_distribution"])
+    out += _sweep_shape_table(res)
     first_skip = {}
     for r in rs:
         if r.get("skipped"):

@@ -65,6 +65,8 @@ def test_ops_quick(tmp_path, capsys):
     for p in ops.DIST_PROVIDERS:
         assert {(p, 32, "fwdbwd", d) for d in ("std1", "std10")} <= by
     assert ("naive-softmax", 32, "fwd", "std10") not in by
+    sw = {(r["provider"], r["dist"], r["mode"]) for r in res["sweep_shape"]}
+    assert sw == {(p, d, m) for p in ops.SWEEP_PROVIDERS for d in ("std1", "std10") for m in ops.MODES}
     rows = res["causal_by_distribution"]
     assert [r["name"] for r in rows] == list(audit.QUICK_CAUSAL_SHAPES)
     assert set(rows[0]["median_ms"]) == set(audit.CAUSAL_DISTS) and rows[0]["max_over_min"] >= 1
