@@ -37,8 +37,8 @@ from ._checks import (
 )
 from ._exp import exp_floored, limit_spread, logaddexp
 from .chunked import LatteChunked
-from .layout import from_chunks, to_chunks
 from .intra_chunk import padded_chunk_size
+from .layout import from_chunks, to_chunks
 
 
 class LatteState(NamedTuple):

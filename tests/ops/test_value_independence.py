@@ -17,7 +17,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from latte.bench import inputs as dists
-from latte.ops.cross_entropy import LinearCrossEntropy
 from latte.ops import (
     LatteState,
     latte_bidirectional,
@@ -30,6 +29,7 @@ from latte.ops import (
     sliding_window_attention,
     sliding_window_step,
 )
+from latte.ops.cross_entropy import LinearCrossEntropy
 
 aten = torch.ops.aten
 SYNCS = {aten._local_scalar_dense, aten.is_nonzero, aten.nonzero, aten.item, aten.equal}
