@@ -5,11 +5,8 @@ bidirectional Latte ops, Macchiato, the sliding window, the RG-LRU scan, the
 fused cross-entropy, the decoding steps) is timed at one shape on every
 distribution of latte.bench.inputs (std 1 ... 100 logits, +80 spikes,
 all-padding rows), forward+backward, the distributions of an op in
-interleaved rounds (drift lands on all of them alike). The rule: the slowest
-distribution may take at most RULE x the fastest. `latte bench ops` also
-uses `causal_table`: latte_causal at three shapes (a research-sweep model
-B=64 T=64 H=2 Lh=32 Dv=32; the paper's training length B=8 T=512 H=8 Lh=32
-Dv=64; a long sequence B=1 T=4096) for key logits of std 1, 10, 20, 100.
+interleaved rounds (drift lands on all of them alike). The rule: the
+slowest distribution may take at most RULE x the fastest.
 
     python -m latte.bench.audit [--quick] [--threads 2] [--out bench-results]
 """
@@ -28,25 +25,10 @@ from . import inputs as dists
 from .providers import as_call
 
 RULE = 1.3
-CAUSAL_SHAPES = {  # name: (B, T, H, Lh, Dv)
-    "sweep B=64 T=64 H=2 Lh=32 Dv=32": (64, 64, 2, 32, 32),
-    "paper B=8 T=512 H=8 Lh=32 Dv=64": (8, 512, 8, 32, 64),
-    "long B=1 T=4096 H=8 Lh=32 Dv=64": (1, 4096, 8, 32, 64),
-}
-QUICK_CAUSAL_SHAPES = {"quick B=2 T=64 H=2 Lh=8 Dv=8": (2, 64, 2, 8, 8)}
-CAUSAL_DISTS = ("std1", "std10", "std20", "std100")
 
 
-def _randn(*shape, seed=0):
+def seeded_randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-def causal_call(shape, dist):
-    from latte.ops import latte_causal
-
-    B, T, H, L, D = shape
-    args = [_randn(B, T, H, L, seed=1), dists.logits(_randn(B, T, H, L, seed=2), dist), _randn(B, T, H, D, seed=3)]
-    return as_call(lambda a, b, v: latte_causal(a, b, v)[0], args, "fwdbwd")
 
 
 def _masked(fn, dist, B, T):
@@ -61,20 +43,20 @@ def op_calls(dist: str, quick: bool) -> dict:
 
     s = 8 if quick else 1  # quick: every size / 8
     B, T, H, L, D = 4, 512 // s, 4, 32, 32
-    lat = [_randn(B, T, H, L, seed=1), dists.logits(_randn(B, T, H, L, seed=2), dist), _randn(B, T, H, D, seed=3)]
-    win = [dists.logits(_randn(2, 1024 // s, 8, 64, seed=4), dist), dists.logits(_randn(2, 1024 // s, 2, 64, seed=5), dist),
-           _randn(2, 1024 // s, 2, 64, seed=6)]
-    mac = lat + [dists.logits(_randn(B, T, H, D, seed=7), dist), dists.logits(_randn(B, T, H, D, seed=8), dist)]
+    lat = [seeded_randn(B, T, H, L, seed=1), dists.logits(seeded_randn(B, T, H, L, seed=2), dist), seeded_randn(B, T, H, D, seed=3)]
+    win = [dists.logits(seeded_randn(2, 1024 // s, 8, 64, seed=4), dist), dists.logits(seeded_randn(2, 1024 // s, 2, 64, seed=5), dist),
+           seeded_randn(2, 1024 // s, 2, 64, seed=6)]
+    mac = lat + [dists.logits(seeded_randn(B, T, H, D, seed=7), dist), dists.logits(seeded_randn(B, T, H, D, seed=8), dist)]
     N, V, E = 2048 // s, 8192 // s, 256
-    hidden = dists.logits(_randn(N, E, seed=9), dist)
-    weight = _randn(V, E, seed=10) / math.sqrt(E)  # logits: the distribution's std
-    targets = _randn(N, seed=11).abs().mul(V / 4).long().clamp_(max=V - 1)
+    hidden = dists.logits(seeded_randn(N, E, seed=9), dist)
+    weight = seeded_randn(V, E, seed=10) / math.sqrt(E)  # logits: the distribution's std
+    targets = seeded_randn(N, seed=11).abs().mul(V / 4).long().clamp_(max=V - 1)
     if dist == "padding":
         targets[N // 2:] = -100
-    x = _randn(1, 4096 // s, 512, seed=12)
-    log_a = -F.softplus(dists.logits(_randn(1, 4096 // s, 512, seed=13), dist))
-    steps = [_randn(8, 64, 8, 32, seed=14), dists.logits(_randn(8, 64, 8, 32, seed=15), dist),
-             _randn(8, 64, 8, 64, seed=16), dists.logits(_randn(8, 64, 8, 64, seed=17), dist)]
+    x = seeded_randn(1, 4096 // s, 512, seed=12)
+    log_a = -F.softplus(dists.logits(seeded_randn(1, 4096 // s, 512, seed=13), dist))
+    steps = [seeded_randn(8, 64, 8, 32, seed=14), dists.logits(seeded_randn(8, 64, 8, 32, seed=15), dist),
+             seeded_randn(8, 64, 8, 64, seed=16), dists.logits(seeded_randn(8, 64, 8, 64, seed=17), dist)]
     step_mask = dists.mask(dist, 8, 64)
 
     def decode():
@@ -106,17 +88,6 @@ def op_calls(dist: str, quick: bool) -> dict:
     }
 
 
-def causal_table(args) -> list[dict]:
-    """latte_causal forward+backward by key-logit distribution at CAUSAL_SHAPES."""
-    rows = []
-    for name, shape in (QUICK_CAUSAL_SHAPES if args.quick else CAUSAL_SHAPES).items():
-        t = common.time_interleaved({d: causal_call(shape, d) for d in CAUSAL_DISTS},
-                                    repeats=args.repeats, warmup=args.warmup)
-        rows.append(_row(name, t))
-        print(f"  latte_causal {name}: " + _line(rows[-1]), flush=True)
-    return rows
-
-
 def run(args) -> dict:
     common.set_threads(args.threads)
     info = common.machine_info()
@@ -125,8 +96,8 @@ def run(args) -> dict:
     for op, (note, _) in calls[dists.DISTRIBUTIONS[0]].items():
         t = common.time_interleaved({d: calls[d][op][1] for d in dists.DISTRIBUTIONS},
                                     repeats=args.repeats, warmup=args.warmup)
-        rows.append({**_row(op, t), "shape": note})
-        print(f"  {op}: " + _line(rows[-1]), flush=True)
+        rows.append({**timing_row(op, t), "shape": note})
+        print(f"  {op}: " + timing_line(rows[-1]), flush=True)
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return {"benchmark": "audit", "machine": info, "rule": RULE,
             "config": {"threads": args.threads, "dtype": "float32", "quick": args.quick, "repeats": args.repeats,
@@ -136,23 +107,14 @@ def run(args) -> dict:
             "results": rows}
 
 
-def _row(name: str, t: dict) -> dict:
+def timing_row(name: str, t: dict) -> dict:
     med = {d: r["median_ms"] for d, r in t.items()}
     ratio = max(med.values()) / min(med.values())
     return {"name": name, "median_ms": med, "times": t, "max_over_min": ratio, "within_rule": ratio <= RULE}
 
 
-def _line(row: dict) -> str:
+def timing_line(row: dict) -> str:
     return " ".join(f"{d} {v:.1f} ms" for d, v in row["median_ms"].items()) + f"  max/min {row['max_over_min']:.2f}"
-
-
-def causal_markdown(rows: list[dict]) -> list[str]:
-    hdr = ["shape"] + [f"b {d}" for d in CAUSAL_DISTS] + ["max/min"]
-    return ["", "## latte_causal forward+backward by key-logit distribution (median ms)", "",
-            "Key logits b ~ N(0, std^2); query logits and values N(0, 1); default chunk_size. "
-            "The distributions of a row are timed in interleaved rounds.", "",
-            common.md_table(hdr, [[r["name"]] + [r["median_ms"][d] for d in CAUSAL_DISTS]
-                                  + [f"{r['max_over_min']:.2f}"] for r in rows])]
 
 
 def markdown(res: dict) -> str:

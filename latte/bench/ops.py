@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from . import audit, common
+from . import common, fixed_shapes
 from . import inputs as dists
 from . import providers as P
 
@@ -167,38 +167,6 @@ def add_memory(results, args) -> None:
             r["memory_note"] = m["note"]
 
 
-# A research-sweep model's attention (2 heads, 32 latents and 32 channels per head)
-SWEEP_SHAPE = {"B": 64, "T": 64, "heads": 2, "latents": 32, "dv": 32}
-SWEEP_PROVIDERS = ("latte", "macchiato", "sdpa", "naive-softmax", "linear")
-
-
-def sweep_shape(args) -> list[dict]:
-    """Every provider at SWEEP_SHAPE on every --dists, both modes: one
-    interleaved timing per mode."""
-    B, T = (4, 32) if args.quick else (SWEEP_SHAPE["B"], SWEEP_SHAPE["T"])
-    shape = {k: SWEEP_SHAPE[k] for k in ("heads", "latents", "dv")}
-    rows = []
-    for mode in MODES:
-        fns = {(p, d): P.build(p, T, mode, B=B, dist=d, **shape) for p in SWEEP_PROVIDERS for d in args.dists}
-        times = common.time_interleaved(fns, repeats=args.repeats, warmup=args.warmup)
-        rows += [{"provider": p, "dist": d, "mode": mode, "B": B, "T": T, **shape, **t} for (p, d), t in times.items()]
-        print(f"  sweep shape {mode}: " + " ".join(f"{p}/{d} {t['median_ms']:.1f}" for (p, d), t in times.items()),
-              flush=True)
-    return rows
-
-
-def _sweep_shape_table(res: dict) -> list[str]:
-    rows, ds = res.get("sweep_shape"), res["config"]["dists"]
-    if not rows:
-        return []
-    r0 = rows[0]
-    med = {(r["provider"], r["dist"], r["mode"]): r["median_ms"] for r in rows}
-    hdr = ["mode"] + [f"{p} {d}" for p in SWEEP_PROVIDERS for d in ds]
-    body = [[MODE_NAME[m]] + [med[(p, d, m)] for p in SWEEP_PROVIDERS for d in ds] for m in MODES]
-    return ["", f"## A research-sweep model's attention: B={r0['B']} T={r0['T']} H={r0['heads']} "
-                f"Lh={r0['latents']} Dv=E={r0['dv']} (median ms)", "", common.md_table(hdr, body)]
-
-
 def rglru(args) -> dict:
     """linear_recurrence's chunked scan vs a per-step Python loop, [1, T, 512]."""
     from latte.ops import linear_recurrence
@@ -276,8 +244,8 @@ def run(args) -> dict:
     if not args.no_memory and results:
         print("peak memory (worker process) ...", flush=True)
         add_memory(results, args)
-    causal = None if args.no_causal_table else audit.causal_table(args)
-    sweep_rows = None if args.no_causal_table else sweep_shape(args)
+    causal = None if args.no_causal_table else fixed_shapes.causal_table(args)
+    sweep_rows = None if args.no_causal_table else fixed_shapes.sweep_shape(args)
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return {
         "benchmark": "ops",
@@ -365,8 +333,8 @@ def markdown(res: dict) -> str:
             out += ["", f"## {MODE_NAME[mode]}: {title}", "", common.md_table(hdr, rows)]
     out += _by_dist_tables(res)
     if res.get("causal_by_distribution"):
-        out += audit.causal_markdown(res["causal_by_distribution"])
-    out += _sweep_shape_table(res)
+        out += fixed_shapes.causal_markdown(res["causal_by_distribution"])
+    out += fixed_shapes.sweep_shape_table(res)
     first_skip = {}
     for r in rs:
         if r.get("skipped"):

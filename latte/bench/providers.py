@@ -29,6 +29,8 @@ from .paper_scan import paper_scan
 MODEL_DIM, HEADS, LATENTS, DV = 512, 8, 256, 64  # Lh = LATENTS // HEADS = 32
 CHUNK, WINDOW = 64, 128
 
+MODES = ("fwd", "fwdbwd")
+MODE_NAME = {"fwd": "forward", "fwdbwd": "forward+backward"}
 PROVIDERS = ("latte", "latte-recurrent", "macchiato", "sdpa", "naive-softmax", "linear", "paper-scan", "proj")
 SLOW = ("latte-recurrent", "paper-scan")  # Python loops over time: time-capped
 QUADRATIC = ("sdpa", "naive-softmax")

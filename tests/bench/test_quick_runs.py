@@ -9,7 +9,7 @@ import pytest
 
 import torch
 
-from latte.bench import audit, common, decode, inputs, ops, providers, train
+from latte.bench import audit, common, decode, fixed_shapes, inputs, ops, providers, train
 
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 FAST = ["--quick", "--threads", "1", "--warmup", "0"]
@@ -66,10 +66,10 @@ def test_ops_quick(tmp_path, capsys):
         assert {(p, 32, "fwdbwd", d) for d in ("std1", "std10")} <= by
     assert ("naive-softmax", 32, "fwd", "std10") not in by
     sw = {(r["provider"], r["dist"], r["mode"]) for r in res["sweep_shape"]}
-    assert sw == {(p, d, m) for p in ops.SWEEP_PROVIDERS for d in ("std1", "std10") for m in ops.MODES}
+    assert sw == {(p, d, m) for p in fixed_shapes.SWEEP_PROVIDERS for d in ("std1", "std10") for m in ops.MODES}
     rows = res["causal_by_distribution"]
-    assert [r["name"] for r in rows] == list(audit.QUICK_CAUSAL_SHAPES)
-    assert set(rows[0]["median_ms"]) == set(audit.CAUSAL_DISTS) and rows[0]["max_over_min"] >= 1
+    assert [r["name"] for r in rows] == list(fixed_shapes.QUICK_CAUSAL_SHAPES)
+    assert set(rows[0]["median_ms"]) == set(fixed_shapes.CAUSAL_DISTS) and rows[0]["max_over_min"] >= 1
 
 
 @pytest.mark.slow
