@@ -118,6 +118,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="a config override for every training run (repeatable), e.g. train.steps=100")
     p.add_argument("--threads", type=int, default=1, help="torch threads of each run")
+    p.add_argument("--report-only", action="store_true",
+                   help="write the results of the finished cells of each stage, run none")
     p.add_argument("--readme", default=None, help="replace the README sections results:lm_variants, ...")
     a = p.parse_args(argv)
     a.runs = a.runs or ("runs/lm_variants-quick" if a.quick else "runs/lm_variants")
@@ -142,22 +144,27 @@ def main(argv: list[str]) -> int:
     cells = [{"variant": v, "seed": s} for s in seeds for v in variants]
     work = Path(a.runs) / ".cells"
     stages = a.stages.split(",")
-    done = {}
-    if "train" in stages:
-        done["train"] = Sweep(work / "train", cells).run(lambda c: train_cell(c, a, sets), desc="lm-variants train")
-    if "extrapolation" in stages:
-        done["extrapolation"] = Sweep(work / "extrapolation", cells).run(
-            lambda c: eval_cell(c, a, "extrapolation"), desc="lm-variants extrapolation")
-    if "latents" in stages:
-        latent_cells = [c for c in cells if VARIANTS[c["variant"]][1] in ("latte", "macchiato")]
-        done["latents"] = Sweep(work / "latents", latent_cells).run(
-            lambda c: eval_cell(c, a, "latents"), desc="lm-variants latents")
+    latent_cells = [c for c in cells if VARIANTS[c["variant"]][1] in ("latte", "macchiato")]
+    plan = {"train": (cells, lambda c: train_cell(c, a, sets)),
+            "extrapolation": (cells, lambda c: eval_cell(c, a, "extrapolation")),
+            "latents": (latent_cells, lambda c: eval_cell(c, a, "latents"))}
+    done, missing = {}, {}
+    for stage in (s for s in STAGES if s in stages):
+        stage_cells, fn = plan[stage]
+        sweep = Sweep(work / stage, stage_cells)
+        done[stage] = sweep.records() if a.report_only else sweep.run(fn, desc=f"lm-variants {stage}")
+        missing[stage] = [f"{c['variant']} seed {c['seed']}" for c in sweep.pending()]
     builders = {"train": ("lm_variants", variants_report), "extrapolation": ("extrapolation", extrapolation_report),
                 "latents": ("latents", latents_report)}
     for stage, records in done.items():
+        if not records:
+            print(f"lm-variants {stage}: no finished cells to report", file=sys.stderr)
+            continue
         name, build = builders[stage]
         out = a.results / name
         flat, tables, images = build(records, out, runs=Path(a.runs), sets=sets)
+        if missing[stage]:
+            tables += f"\n\n**Not run (reduced CPU budget): {', '.join(missing[stage])}.**"
         write_results(out, name, flat, tables, provenance("lm-variants", argv, started, threads=a.threads,
                                                           stage=stage), readme=a.readme, images=images)
         print(tables)

@@ -37,7 +37,7 @@ from latte.data.mqar import IGNORE_INDEX, MQARData, mqar_splits
 from latte.models import LatteConfig, LatteForCausalLM
 from latte.train.schedule import lr_at
 
-from .mqar_report import report
+from .mqar_report import flat_records, report
 from .results import Sweep, provenance, write_results
 
 NAME = "mqar"
@@ -182,7 +182,11 @@ def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed
     warmup = max(1, total // 20)
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     step, skipped, acc, best, epoch, loss = 0, 0, 0.0, 0.0, 0, math.nan
+    # Training time only (evaluations excluded), per eval interval and per
+    # epoch: does a step slow down as the model learns (sharper key logits)?
+    clock = _StepClock()
     for epoch, idx in _batches(len(train), budget.batch_size, budget.epochs, torch.Generator().manual_seed(seed)):
+        clock.start(epoch)
         lr = lr_at(step, base_lr=cell["lr"], warmup_steps=warmup, total_steps=total, decay="cosine")
         for group in opt.param_groups:
             group["lr"] = lr
@@ -197,7 +201,9 @@ def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed
             skipped += 1
         opt.zero_grad(set_to_none=True)
         step += 1
+        clock.stop()
         if step % budget.eval_every == 0 or step == total:
+            clock.interval()
             acc = accuracy(model, test)
             best = max(best, acc)
             if verbose:
@@ -216,7 +222,34 @@ def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed
             "examples_seen": min(step * budget.batch_size, epoch * len(train)),
             "final_loss": round(loss, 4), "seconds": round(time.perf_counter() - t0, 1),
             "loadavg_start": round(load0, 2), "loadavg_end": round(os.getloadavg()[0], 2),
-            "parameters": model.num_parameters(), "fillers": train.fillers}
+            "parameters": model.num_parameters(), "fillers": train.fillers,
+            "ms_per_step": round(1000 * clock.total_s / max(step, 1), 1),
+            "interval_ms_per_step": clock.interval_ms, "epoch_train_seconds": clock.epoch_s}
+
+
+class _StepClock:
+    """Wall time of the training steps alone, split by eval interval and by epoch."""
+
+    def __init__(self) -> None:
+        self.total_s, self.epoch_s, self.interval_ms = 0.0, [], []
+        self._t = self._interval_s = 0.0
+        self._steps = 0
+
+    def start(self, epoch: int) -> None:
+        if len(self.epoch_s) < epoch:
+            self.epoch_s.append(0.0)
+        self._t = time.perf_counter()
+
+    def stop(self) -> None:
+        dt = time.perf_counter() - self._t
+        self.total_s += dt
+        self._interval_s += dt
+        self._steps += 1
+        self.epoch_s[-1] = round(self.epoch_s[-1] + dt, 2)
+
+    def interval(self) -> None:
+        self.interval_ms.append(round(1000 * self._interval_s / max(self._steps, 1), 1))
+        self._interval_s, self._steps = 0.0, 0
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -228,6 +261,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dims", default=None, help="widths, e.g. 64,128")
     p.add_argument("--mixers", default=None, help=f"model families among {', '.join(FAMILIES)}")
     p.add_argument("--lrs", default=None, help="learning rates, e.g. 1e-3,3e-3")
+    p.add_argument("--latent-multiples", default=None,
+                   help=f"Latte's num_latents as multiples of dim (default {','.join(map(str, LATENT_MULTIPLES))})")
     p.add_argument("--train-examples", type=int, default=None, help="training examples per setting")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--random-fillers", action="store_true", help="random tokens instead of 0 between queries")
@@ -254,7 +289,26 @@ def _plan(a: argparse.Namespace):
     if unknown:
         raise ValueError(f"--mixers: unknown {unknown}; expected some of {', '.join(FAMILIES)}")
     multiples = (1.0,) if a.quick else LATENT_MULTIPLES
+    if a.latent_multiples:
+        multiples = tuple(float(m) for m in a.latent_multiples.split(","))
+        if any(m <= 0 or m * min(dims) != int(m * min(dims)) for m in multiples):
+            raise ValueError(f"--latent-multiples {a.latent_multiples}: each must be > 0 and give a whole "
+                             f"num_latents at every width in {dims}")
     return budget, settings, dims, families, multiples
+
+
+def _scope(a: argparse.Namespace) -> str:
+    """What part of the full protocol the command covers, for the results'
+    text ("" for the full sweep or the quick test)."""
+    narrowed = {name: v for name, v in (("settings", a.settings), ("dims", a.dims), ("mixers", a.mixers),
+                                        ("lrs", a.lrs), ("latent multiples", a.latent_multiples),
+                                        ("training examples", a.train_examples), ("epochs", a.epochs)) if v}
+    if a.quick or not narrowed:
+        return ""
+    return ("**A reduced CPU budget**, narrowed from the full protocol to " +
+            "; ".join(f"{k} {v}" for k, v in narrowed.items()) +
+            ". The full sweep (widths 64 and 128, lr 3e-3 and 1e-3, every family, num_latents = dim/4, dim, "
+            "4 dim, T = 64, 128, 256) is `latte experiment mqar`.")
 
 
 def main(argv: list[str]) -> int:
@@ -286,8 +340,8 @@ def main(argv: list[str]) -> int:
     if not records:
         print("mqar: no finished cells to report", file=sys.stderr)
         return 1
-    tables, images = report(records, out, budget=budget, pending=len(sweep.pending()))
-    write_results(out, NAME, records, tables, provenance(NAME, argv, started, threads=a.threads),
+    tables, images = report(records, out, budget=budget, pending=len(sweep.pending()), scope=_scope(a))
+    write_results(out, NAME, flat_records(records), tables, provenance(NAME, argv, started, threads=a.threads),
                   readme=a.readme, images=images)
     print(tables)
     return 0

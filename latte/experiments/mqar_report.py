@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -99,8 +100,46 @@ def plot(best: list[dict], path: Path) -> bool:
     return True
 
 
-def report(records: list[dict], out: Path, *, budget, pending: int) -> tuple[str, list[str]]:
-    """(markdown tables, names of the PNGs written in out)."""
+SERIES = ("interval_ms_per_step", "epoch_train_seconds")
+
+
+def flat_records(records: list[dict]) -> list[dict]:
+    """results.json's records: the per-interval and per-epoch step times
+    (lists) summarised by their first and last values; the series themselves
+    go to step_times.json."""
+    flat = []
+    for r in records:
+        f = {k: v for k, v in r.items() if k not in SERIES}
+        ms = r.get("interval_ms_per_step") or []
+        f["ms_per_step_first_interval"] = ms[0] if ms else None
+        f["ms_per_step_last_interval"] = ms[-1] if ms else None
+        flat.append(f)
+    return flat
+
+
+def step_time_table(records: list[dict], eval_every: int) -> str:
+    """Training time per step (evaluations excluded) through each run: flat
+    if the step cost does not depend on what the model has learnt."""
+    timed = [r for r in records if r.get("interval_ms_per_step")]
+    if not timed:
+        return ""
+    lines = ["| model | T, pairs | steps | accuracy | ms/step: all | first interval | last interval | "
+             "slowest / fastest interval | train s per epoch | load at start, end |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(timed, key=lambda r: (r["seq_len"], r["model"], r["num_latents"] or 0)):
+        ms = r["interval_ms_per_step"]
+        epochs = ", ".join(f"{s:.0f}" for s in r["epoch_train_seconds"])
+        lines.append(f"| {_label(r)} | {r['seq_len']}, {r['num_kv_pairs']} | {r['steps']} | {r['accuracy']:.3f} | "
+                     f"{r['ms_per_step']:.0f} | {ms[0]:.0f} | {ms[-1]:.0f} | {max(ms) / min(ms):.2f} | {epochs} | "
+                     f"{r['loadavg_start']:.1f}, {r['loadavg_end']:.1f} |")
+    return (f"Wall time of the training steps alone (test evaluations excluded), in intervals of {eval_every} "
+            "steps; 1 thread, on a machine shared with other jobs, so the intervals also move with the load. "
+            "The full series are in step_times.json.\n\n" + "\n".join(lines))
+
+
+def report(records: list[dict], out: Path, *, budget, pending: int, scope: str = "") -> tuple[str, list[str]]:
+    """(markdown tables, names of the PNGs written in out). `scope`: a
+    sentence saying what part of the full protocol ran (empty: all of it)."""
     best = best_lr(records)
     png = Path(out) / "accuracy_vs_state.png"
     Path(out).mkdir(parents=True, exist_ok=True)
@@ -117,7 +156,7 @@ def report(records: list[dict], out: Path, *, budget, pending: int) -> tuple[str
         f"best of lr in {{{', '.join(f'{x:g}' for x in budget.lrs)}}} on the test accuracy. "
         f"{len(records)} runs, {total_s / 3600:.1f} h of training in total; load average "
         f"{min(loads):.1f}-{max(loads):.1f} at the runs' starts (a machine shared with other jobs)."
-        + (f" **{pending} runs not finished yet.**" if pending else ""),
+        + (f" **{pending} runs not finished yet.**" if pending else "") + (f"\n\n{scope}" if scope else ""),
         "## Accuracy per setting (best lr)",
         "State bytes per layer in float32: latte num_latents x (dv + 1) plus its qk mixer's state (conv: "
         "2 dim, RG-LRU: dim floats); softmax the KV cache at T; linear H dk (dv + 1); swa the W - 1 cached "
@@ -127,4 +166,10 @@ def report(records: list[dict], out: Path, *, budget, pending: int) -> tuple[str
     eq = equal_state_table(best)
     if eq:
         parts += ["## Latte against linear attention at equal attention state (num_latents = dim)", eq]
+    steps = step_time_table(records, budget.eval_every)
+    if steps:
+        parts += ["## Step time through training", steps]
+        series = [{k: r[k] for k in ("model", "seq_len", "num_kv_pairs", "dim", "num_latents", "lr", *SERIES)}
+                  for r in records if r.get("interval_ms_per_step")]
+        (Path(out) / "step_times.json").write_text(json.dumps(series, indent=1) + "\n")
     return "\n\n".join(parts), ([png.name] if plotted else [])

@@ -67,6 +67,8 @@ class Sweep:
             print(f"{desc}: {len(self.cells) - len(todo)} of {len(self.cells)} cells already done "
                   f"in {self.work}; running the other {len(todo)}", file=sys.stderr)
         for cell in _progress(todo, desc):
+            if self.done(cell):  # finished meanwhile by a parallel worker (--shard) on the same folder
+                continue
             record = {**cell, **fn(cell)}
             path = self._path(cell)
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -51,3 +51,8 @@ def test_quick_run_all_stages_and_resume(tmp_path, capsys):
     assert LV.main(argv) == 0  # everything done: nothing reruns
     err = capsys.readouterr().err
     assert err.count("1 of 1 cells already done") == 3
+    # report-only over a wider plan: nothing trains, the missing cells are named
+    assert LV.main([*argv, "--seeds", "0,1", "--stages", "train", "--report-only"]) == 0
+    assert not (tmp_path / "runs" / "macchiato" / "seed-1").exists()
+    md = (res / "lm_variants" / "results.md").read_text()
+    assert "Not run (reduced CPU budget): macchiato seed 1" in md and "Seeds: 1 per variant" in md

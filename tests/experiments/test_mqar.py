@@ -83,10 +83,23 @@ def test_quick_run_writes_results_and_resumes(tmp_path, capsys):
     for r in recs:
         assert {"mixer", "seq_len", "num_kv_pairs", "state_bytes", "accuracy", "dim", "lr", "examples"} <= set(r)
         assert 0.0 <= r["accuracy"] <= 1.0 and r["steps"] == 4
+        assert r["ms_per_step"] > 0 and r["ms_per_step_last_interval"] > 0
+    series = json.loads((out / "step_times.json").read_text())
+    assert all(len(s["epoch_train_seconds"]) == 1 and len(s["interval_ms_per_step"]) == 1 for s in series)
     assert (out / "accuracy_vs_state.png").stat().st_size > 0
     md = (out / "results.md").read_text()
-    assert "latte experiment mqar --quick" in md and "| softmax |" in md
+    assert "latte experiment mqar --quick" in md and "| softmax |" in md and "## Step time" in md
+    assert "reduced CPU budget" not in md
     # a second run finds every cell done and trains nothing
     capsys.readouterr()
     assert M.main(argv) == 0
     assert "3 of 3 cells already done" in capsys.readouterr().err
+
+
+def test_a_narrowed_sweep_says_so_and_rejects_bad_latent_multiples():
+    a = M.parse_args(["--settings", "64x4", "--dims", "64", "--lrs", "3e-3"])
+    scope = M._scope(a)
+    assert "reduced CPU budget" in scope and "settings 64x4" in scope and "lrs 3e-3" in scope
+    assert M._scope(M.parse_args([])) == ""
+    with pytest.raises(ValueError, match="--latent-multiples"):
+        M._plan(M.parse_args(["--dims", "64", "--latent-multiples", "0.3"]))

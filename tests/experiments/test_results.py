@@ -27,6 +27,18 @@ def test_sweep_resumes_and_never_redoes_a_finished_cell(tmp_path):
     assert records[3]["accuracy"] == 0.128
 
 
+def test_sweep_skips_a_cell_a_parallel_worker_finished_meanwhile(tmp_path):
+    cells = [{"i": 0}, {"i": 1}]
+    other = Sweep(tmp_path, cells)
+
+    def fn(cell):  # while this worker trains cell 0, another finishes cell 1
+        Sweep(tmp_path, cells[1:]).run(lambda c: {"by": "other"})
+        return {"by": "this"}
+
+    records = other.run(fn)
+    assert [r["by"] for r in records] == ["this", "other"]
+
+
 def test_sweep_rejects_repeated_cells(tmp_path):
     with pytest.raises(ValueError, match="distinct"):
         Sweep(tmp_path, [{"a": 1}, {"a": 1}])
