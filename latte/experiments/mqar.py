@@ -17,6 +17,7 @@ model): as in Zoology, lr is selected on the test accuracy.
     latte experiment mqar --quick                  # seconds: the end-to-end test
     latte experiment mqar --out results/mqar       # the committed sweep (hours)
     latte experiment mqar --mixers softmax --settings 64x4 --dims 64   # a slice
+    latte experiment mqar ... --deadline 2026-11-22T18:45   # cells stop there, recorded as incomplete
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from latte.models import LatteConfig, LatteForCausalLM
 from latte.train.schedule import lr_at
 
 from .mqar_report import flat_records, report
-from .results import Sweep, provenance, write_results
+from .results import StepClock, Sweep, provenance, utc_deadline, write_results
 
 NAME = "mqar"
 VOCAB_SIZE = 8192
@@ -171,7 +172,7 @@ def _batches(n: int, batch_size: int, epochs: int, g: torch.Generator):
 
 
 def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed: int = 0,
-               verbose: bool = False) -> dict:
+               verbose: bool = False, deadline: float | None = None) -> dict:
     """Train one model on one setting at one lr; returns the record's fields.
     Test accuracy is measured every `budget.eval_every` steps and at the end;
     training stops at the first measurement >= TARGET."""
@@ -184,7 +185,7 @@ def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed
     step, skipped, acc, best, epoch, loss = 0, 0, 0.0, 0.0, 0, math.nan
     # Training time only (evaluations excluded), per eval interval and per
     # epoch: does a step slow down as the model learns (sharper key logits)?
-    clock = _StepClock()
+    clock = StepClock()
     for epoch, idx in _batches(len(train), budget.batch_size, budget.epochs, torch.Generator().manual_seed(seed)):
         clock.start(epoch)
         lr = lr_at(step, base_lr=cell["lr"], warmup_steps=warmup, total_steps=total, decay="cosine")
@@ -202,7 +203,8 @@ def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed
         opt.zero_grad(set_to_none=True)
         step += 1
         clock.stop()
-        if step % budget.eval_every == 0 or step == total:
+        out_of_time = deadline is not None and time.time() >= deadline
+        if step % budget.eval_every == 0 or step == total or out_of_time:
             clock.interval()
             acc = accuracy(model, test)
             best = max(best, acc)
@@ -210,14 +212,15 @@ def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed
                 print(f"  {cell['model']} dim {cell['dim']} L {cell['num_latents']} T {cell['seq_len']} "
                       f"lr {cell['lr']:g}: step {step} (epoch {epoch}) loss {loss:.3f} accuracy {acc:.3f} "
                       f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-            if acc >= TARGET:
+            if acc >= TARGET or out_of_time:
                 break
     return {**state_bytes(model.config.mixer, dim=cell["dim"], seq_len=cell["seq_len"],
                           num_latents=cell["num_latents"], window_size=FAMILIES[cell["model"]][2],
                           qk_mixer=FAMILIES[cell["model"]][1]),
             "mixer": model.config.mixer, "qk_mixer": FAMILIES[cell["model"]][1],
             "window_size": FAMILIES[cell["model"]][2], "accuracy": round(acc, 4), "best_accuracy": round(best, 4),
-            "reached_target": acc >= TARGET, "epochs": epoch, "steps": step, "skipped_steps": skipped,
+            "reached_target": acc >= TARGET, "incomplete": acc < TARGET and step < total,
+            "planned_steps": total, "epochs": epoch, "steps": step, "skipped_steps": skipped,
             "examples": len(train), "test_examples": len(test),
             "examples_seen": min(step * budget.batch_size, epoch * len(train)),
             "final_loss": round(loss, 4), "seconds": round(time.perf_counter() - t0, 1),
@@ -225,31 +228,6 @@ def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed
             "parameters": model.num_parameters(), "fillers": train.fillers,
             "ms_per_step": round(1000 * clock.total_s / max(step, 1), 1),
             "interval_ms_per_step": clock.interval_ms, "epoch_train_seconds": clock.epoch_s}
-
-
-class _StepClock:
-    """Wall time of the training steps alone, split by eval interval and by epoch."""
-
-    def __init__(self) -> None:
-        self.total_s, self.epoch_s, self.interval_ms = 0.0, [], []
-        self._t = self._interval_s = 0.0
-        self._steps = 0
-
-    def start(self, epoch: int) -> None:
-        if len(self.epoch_s) < epoch:
-            self.epoch_s.append(0.0)
-        self._t = time.perf_counter()
-
-    def stop(self) -> None:
-        dt = time.perf_counter() - self._t
-        self.total_s += dt
-        self._interval_s += dt
-        self._steps += 1
-        self.epoch_s[-1] = round(self.epoch_s[-1] + dt, 2)
-
-    def interval(self) -> None:
-        self.interval_ms.append(round(1000 * self._interval_s / max(self._steps, 1), 1))
-        self._interval_s, self._steps = 0.0, 0
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -271,6 +249,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (1: these tiny models lose more to thread sync than they gain)")
     p.add_argument("--verbose", action="store_true", help="a line per epoch on stderr")
+    p.add_argument("--deadline", default=None, metavar="YYYY-MM-DDTHH:MM",
+                   help="UTC wall clock at which a cell stops where it is and is recorded as incomplete "
+                        "(rerun by the next sweep); no new cell starts after it")
     p.add_argument("--readme", default=None, help="replace README section results:mqar")
     return p.parse_args(argv)
 
@@ -321,6 +302,7 @@ def main(argv: list[str]) -> int:
     sweep = Sweep(a.work or f"runs/experiments/{out.name}", cells)
     k, n = (int(x) for x in a.shard.split("/"))
     data: dict = {}
+    deadline = utc_deadline(a.deadline, "--deadline")
 
     def run(cell: dict) -> dict:
         key = (cell["seq_len"], cell["num_kv_pairs"])
@@ -329,13 +311,14 @@ def main(argv: list[str]) -> int:
             data[key] = mqar_splits(budget.train_examples[key[0]], budget.test_examples, seq_len=key[0],
                                     num_kv_pairs=key[1], vocab_size=budget.vocab_size,
                                     seed=0, random_fillers=a.random_fillers)
-        return train_cell(cell, *data[key], budget, verbose=a.verbose)
+        return train_cell(cell, *data[key], budget, verbose=a.verbose, deadline=deadline)
 
     if not a.report_only:
         pending = sweep.pending()
         print(f"mqar: {len(cells) - len(pending)} of {len(cells)} cells already done in {sweep.work}; "
               f"shard {k}/{n} runs {len(pending[k::n])} of the other {len(pending)}", file=sys.stderr)
-        Sweep(sweep.work, pending[k::n]).run(run, desc=f"mqar {k}/{n}")
+        Sweep(sweep.work, pending[k::n]).run(run, desc=f"mqar {k}/{n}",
+                                             stop=lambda: deadline is not None and time.time() >= deadline)
     records = sweep.records()
     if not records:
         print("mqar: no finished cells to report", file=sys.stderr)

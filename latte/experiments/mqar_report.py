@@ -48,7 +48,8 @@ def accuracy_table(best: list[dict]) -> str:
         accs = []
         for s in settings:
             c = cells.get(s)
-            accs.append("" if c is None else f"{c['accuracy']:.3f} <sub>lr {c['lr']:g}</sub>")
+            cut = f", stopped at step {c['steps']:,} of {c['planned_steps']:,}" if c and c.get("incomplete") else ""
+            accs.append("" if c is None else f"{c['accuracy']:.3f} <sub>lr {c['lr']:g}{cut}</sub>")
         lines.append(f"| {key[3]} | {any_r['dim']} | {state} | " + " | ".join(accs) + " |")
     return "\n".join(lines)
 

@@ -18,6 +18,7 @@ number in the README comes from these files.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -40,7 +41,8 @@ def cell_key(cell: dict) -> str:
 class Sweep:
     """Run `fn(cell) -> record` for every cell not finished in an earlier run.
 
-    `records()` returns the finished records in cell order. A record must be
+    `records()` returns the records written (finished or marked `incomplete`)
+    in cell order. A record must be
     JSON-serialisable; the cell's own fields are merged in front of it."""
 
     def __init__(self, work_dir: str | Path, cells: Iterable[dict], key: Callable[[dict], str] = cell_key):
@@ -56,17 +58,24 @@ class Sweep:
         return self.work / "cells" / f"{self.key(cell)}.json"
 
     def done(self, cell: dict) -> bool:
-        return self._path(cell).is_file()
+        """Finished: a record exists and is not marked `incomplete` (a run
+        cut short by a deadline is reported, and run again by the next sweep)."""
+        path = self._path(cell)
+        return path.is_file() and not json.loads(path.read_text()).get("incomplete", False)
 
     def pending(self) -> list[dict]:
         return [c for c in self.cells if not self.done(c)]
 
-    def run(self, fn: Callable[[dict], dict], *, desc: str = "sweep") -> list[dict]:
+    def run(self, fn: Callable[[dict], dict], *, desc: str = "sweep",
+            stop: Callable[[], bool] | None = None) -> list[dict]:
+        """`stop()` is asked before each cell: True ends the sweep there."""
         todo = self.pending()
         if len(todo) < len(self.cells):
             print(f"{desc}: {len(self.cells) - len(todo)} of {len(self.cells)} cells already done "
                   f"in {self.work}; running the other {len(todo)}", file=sys.stderr)
         for cell in _progress(todo, desc):
+            if stop is not None and stop():
+                break
             if self.done(cell):  # finished meanwhile by a parallel worker (--shard) on the same folder
                 continue
             record = {**cell, **fn(cell)}
@@ -76,7 +85,7 @@ class Sweep:
         return self.records()
 
     def records(self) -> list[dict]:
-        return [json.loads(self._path(c).read_text()) for c in self.cells if self.done(c)]
+        return [json.loads(self._path(c).read_text()) for c in self.cells if self._path(c).is_file()]
 
 
 def _progress(items: list, desc: str):
@@ -99,6 +108,44 @@ def pyplot():
         print("note: matplotlib is not installed (pip install 'latte[plot]'); no plot written", file=sys.stderr)
         return None
     return plt
+
+
+class StepClock:
+    """Wall time of training steps alone (evaluations excluded), split by
+    evaluation interval and by epoch: start(epoch) / stop() around each step,
+    interval() at each evaluation."""
+
+    def __init__(self) -> None:
+        self.total_s, self.epoch_s, self.interval_ms = 0.0, [], []
+        self._t = self._interval_s = 0.0
+        self._steps = 0
+
+    def start(self, epoch: int) -> None:
+        if len(self.epoch_s) < epoch:
+            self.epoch_s.append(0.0)
+        self._t = time.perf_counter()
+
+    def stop(self) -> None:
+        dt = time.perf_counter() - self._t
+        self.total_s += dt
+        self._interval_s += dt
+        self._steps += 1
+        self.epoch_s[-1] = round(self.epoch_s[-1] + dt, 2)
+
+    def interval(self) -> None:
+        self.interval_ms.append(round(1000 * self._interval_s / max(self._steps, 1), 1))
+        self._interval_s, self._steps = 0.0, 0
+
+
+def utc_deadline(text: str | None, option: str) -> float | None:
+    """A UTC wall-clock time like 2026-11-22T18:45 as a time.time() value."""
+    if text is None:
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{option} {text!r}: expected a UTC time like 2026-11-22T18:45") from None
+    return when.replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
 def provenance(experiment: str, argv: list[str], started: float, **extra) -> dict:

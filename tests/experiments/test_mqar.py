@@ -103,3 +103,18 @@ def test_a_narrowed_sweep_says_so_and_rejects_bad_latent_multiples():
     assert M._scope(M.parse_args([])) == ""
     with pytest.raises(ValueError, match="--latent-multiples"):
         M._plan(M.parse_args(["--dims", "64", "--latent-multiples", "0.3"]))
+
+
+def test_a_deadline_stops_a_cell_where_it_is_and_marks_it_incomplete():
+    import time
+
+    torch.set_num_threads(1)
+    train, test = mqar_splits(64, 16, seq_len=8, num_kv_pairs=2, vocab_size=16, seed=0)
+    budget = M.Budget({8: 64}, 16, 2, 16, (3e-3,), vocab_size=16)
+    cell = {"seq_len": 8, "num_kv_pairs": 2, "model": "latte-none", "dim": 16, "num_latents": 16, "lr": 3e-3}
+    rec = M.train_cell(cell, train, test, budget, deadline=time.time())
+    assert rec["steps"] == 1 and rec["planned_steps"] == 8 and rec["incomplete"]
+    assert len(rec["interval_ms_per_step"]) == 1
+    assert not M.train_cell(cell, train, test, budget)["incomplete"]
+    with pytest.raises(ValueError, match="--deadline"):
+        M.utc_deadline("18h45", "--deadline")

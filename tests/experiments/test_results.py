@@ -39,6 +39,22 @@ def test_sweep_skips_a_cell_a_parallel_worker_finished_meanwhile(tmp_path):
     assert [r["by"] for r in records] == ["this", "other"]
 
 
+def test_an_incomplete_record_is_reported_then_run_again(tmp_path):
+    cells = [{"i": 0}, {"i": 1}]
+    Sweep(tmp_path, cells).run(lambda c: {"acc": 0.5, "incomplete": c["i"] == 1})
+    sweep = Sweep(tmp_path, cells)
+    assert [r["i"] for r in sweep.records()] == [0, 1] and sweep.pending() == [{"i": 1}]
+    calls = []
+    sweep.run(lambda c: calls.append(c) or {"acc": 0.9})
+    assert calls == [{"i": 1}] and sweep.records()[1]["acc"] == 0.9 and not sweep.pending()
+
+
+def test_sweep_stops_before_a_cell_when_asked(tmp_path):
+    sweep = Sweep(tmp_path, [{"i": 0}, {"i": 1}])
+    sweep.run(lambda c: {"acc": 1.0}, stop=lambda: len(sweep.records()) == 1)
+    assert sweep.pending() == [{"i": 1}]
+
+
 def test_sweep_rejects_repeated_cells(tmp_path):
     with pytest.raises(ValueError, match="distinct"):
         Sweep(tmp_path, [{"a": 1}, {"a": 1}])
