@@ -227,7 +227,9 @@ def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed
             "loadavg_start": round(load0, 2), "loadavg_end": round(os.getloadavg()[0], 2),
             "parameters": model.num_parameters(), "fillers": train.fillers,
             "ms_per_step": round(1000 * clock.total_s / max(step, 1), 1),
-            "interval_ms_per_step": clock.interval_ms, "epoch_train_seconds": clock.epoch_s}
+            "cpu_ms_per_step": round(1000 * clock.cpu_s / max(step, 1), 1),
+            "interval_ms_per_step": clock.interval_ms, "interval_cpu_ms_per_step": clock.interval_cpu_ms,
+            "epoch_train_seconds": clock.epoch_s}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -253,6 +255,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="UTC wall clock at which a cell stops where it is and is recorded as incomplete "
                         "(rerun by the next sweep); no new cell starts after it")
     p.add_argument("--readme", default=None, help="replace README section results:mqar")
+    p.add_argument("--note", default=None, help="a sentence for the results' text (how or where the cells ran)")
     return p.parse_args(argv)
 
 
@@ -284,12 +287,13 @@ def _scope(a: argparse.Namespace) -> str:
     narrowed = {name: v for name, v in (("settings", a.settings), ("dims", a.dims), ("mixers", a.mixers),
                                         ("lrs", a.lrs), ("latent multiples", a.latent_multiples),
                                         ("training examples", a.train_examples), ("epochs", a.epochs)) if v}
+    note = f" {a.note}" if a.note else ""
     if a.quick or not narrowed:
-        return ""
+        return note.strip()
     return ("**A reduced CPU budget**, narrowed from the full protocol to " +
             "; ".join(f"{k} {v}" for k, v in narrowed.items()) +
             ". The full sweep (widths 64 and 128, lr 3e-3 and 1e-3, every family, num_latents = dim/4, dim, "
-            "4 dim, T = 64, 128, 256) is `latte experiment mqar`.")
+            "4 dim, T = 64, 128, 256) is `latte experiment mqar`." + note)
 
 
 def main(argv: list[str]) -> int:

@@ -101,7 +101,7 @@ def plot(best: list[dict], path: Path) -> bool:
     return True
 
 
-SERIES = ("interval_ms_per_step", "epoch_train_seconds")
+SERIES = ("interval_ms_per_step", "interval_cpu_ms_per_step", "epoch_train_seconds")
 
 
 def flat_records(records: list[dict]) -> list[dict]:
@@ -114,6 +114,9 @@ def flat_records(records: list[dict]) -> list[dict]:
         ms = r.get("interval_ms_per_step") or []
         f["ms_per_step_first_interval"] = ms[0] if ms else None
         f["ms_per_step_last_interval"] = ms[-1] if ms else None
+        cpu = r.get("interval_cpu_ms_per_step") or []
+        f["cpu_ms_per_step_first_interval"] = cpu[0] if cpu else None
+        f["cpu_ms_per_step_last_interval"] = cpu[-1] if cpu else None
         flat.append(f)
     return flat
 
@@ -124,17 +127,20 @@ def step_time_table(records: list[dict], eval_every: int) -> str:
     timed = [r for r in records if r.get("interval_ms_per_step")]
     if not timed:
         return ""
-    lines = ["| model | T, pairs | steps | accuracy | ms/step: all | first interval | last interval | "
-             "slowest / fastest interval | train s per epoch | load at start, end |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | T, pairs | steps | accuracy | wall ms/step: all | first interval | last interval | "
+             "slowest / fastest interval | CPU ms/step: first, last interval | train s per epoch | "
+             "load at start, end |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(timed, key=lambda r: (r["seq_len"], r["model"], r["num_latents"] or 0)):
         ms = r["interval_ms_per_step"]
         epochs = ", ".join(f"{s:.0f}" for s in r["epoch_train_seconds"])
+        cpu = r.get("interval_cpu_ms_per_step")
+        cpu_cell = f"{cpu[0]:.0f}, {cpu[-1]:.0f}" if cpu else "not recorded"
         lines.append(f"| {_label(r)} | {r['seq_len']}, {r['num_kv_pairs']} | {r['steps']} | {r['accuracy']:.3f} | "
-                     f"{r['ms_per_step']:.0f} | {ms[0]:.0f} | {ms[-1]:.0f} | {max(ms) / min(ms):.2f} | {epochs} | "
+                     f"{r['ms_per_step']:.0f} | {ms[0]:.0f} | {ms[-1]:.0f} | {max(ms) / min(ms):.2f} | {cpu_cell} | {epochs} | "
                      f"{r['loadavg_start']:.1f}, {r['loadavg_end']:.1f} |")
-    return (f"Wall time of the training steps alone (test evaluations excluded), in intervals of {eval_every} "
-            "steps; 1 thread, on a machine shared with other jobs, so the intervals also move with the load. "
+    return (f"Time of the training steps alone (test evaluations excluded), in intervals of {eval_every} "
+            "steps; 1 thread, on a machine shared with other jobs, so wall intervals also move with the load; "
+            "the CPU time of the training thread moves far less. "
             "The full series are in step_times.json.\n\n" + "\n".join(lines))
 
 

@@ -111,30 +111,37 @@ def pyplot():
 
 
 class StepClock:
-    """Wall time of training steps alone (evaluations excluded), split by
+    """Time of training steps alone (evaluations excluded), split by
     evaluation interval and by epoch: start(epoch) / stop() around each step,
-    interval() at each evaluation."""
+    interval() at each evaluation. Wall time, and the CPU time of the calling
+    thread: with one torch thread that is the step's own work, which other jobs
+    on a shared machine stretch far less than its wall time."""
 
     def __init__(self) -> None:
-        self.total_s, self.epoch_s, self.interval_ms = 0.0, [], []
-        self._t = self._interval_s = 0.0
+        self.total_s, self.cpu_s, self.epoch_s, self.interval_ms, self.interval_cpu_ms = 0.0, 0.0, [], [], []
+        self._t = self._c = self._interval_s = self._interval_c = 0.0
         self._steps = 0
 
     def start(self, epoch: int) -> None:
         if len(self.epoch_s) < epoch:
             self.epoch_s.append(0.0)
-        self._t = time.perf_counter()
+        self._t, self._c = time.perf_counter(), time.thread_time()
 
     def stop(self) -> None:
-        dt = time.perf_counter() - self._t
+        dt, dc = time.perf_counter() - self._t, time.thread_time() - self._c
         self.total_s += dt
+        self.cpu_s += dc
         self._interval_s += dt
+        self._interval_c += dc
         self._steps += 1
         self.epoch_s[-1] = round(self.epoch_s[-1] + dt, 2)
 
     def interval(self) -> None:
-        self.interval_ms.append(round(1000 * self._interval_s / max(self._steps, 1), 1))
-        self._interval_s, self._steps = 0.0, 0
+        n = max(self._steps, 1)
+        self.interval_ms.append(round(1000 * self._interval_s / n, 1))
+        self.interval_cpu_ms.append(round(1000 * self._interval_c / n, 1))
+        self._interval_s = self._interval_c = 0.0
+        self._steps = 0
 
 
 def utc_deadline(text: str | None, option: str) -> float | None:
