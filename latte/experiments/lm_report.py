@@ -67,6 +67,38 @@ def variants_report(records: list[dict], out: Path, **kw) -> tuple[list[dict], s
     return records, "\n\n".join(parts), images
 
 
+def curve_table(cells: list[dict], runs: Path) -> str:
+    """Validation perplexity at every evaluation of every run that has one
+    (its val.csv), finished or not: an unfinished run still compares with the
+    others at the steps it reached. The intermediate evaluations use the
+    config's eval_batches, the last one the whole validation split."""
+    rows, steps = [], set()
+    for c in cells:
+        path = Path(runs) / c["variant"] / f"seed-{c['seed']}" / "val.csv"
+        if not path.is_file():
+            continue
+        lines = path.read_text().splitlines()
+        head = lines[0].split(",")
+        vals = {int(r[head.index("step")]): (float(r[head.index("val_ppl")]), int(r[head.index("val_tokens")]))
+                for r in (line.split(",") for line in lines[1:] if line)}
+        done = (Path(runs) / c["variant"] / f"seed-{c['seed']}" / "summary.json").is_file()
+        rows.append((c, vals, done))
+        steps |= set(vals)
+    if not rows:
+        return ""
+    steps = sorted(steps)
+    tokens = {s: v[1] for _, vals, _ in rows for s, v in vals.items()}
+    lines = ["| variant | seed | " + " | ".join(f"step {s} ({tokens[s]:,} tokens)" for s in steps) + " | run |",
+             "|---|---|" + "---|" * (len(steps) + 1)]
+    for c, vals, done in sorted(rows, key=lambda r: (ORDER.index(r[0]["variant"]) if r[0]["variant"] in ORDER
+                                                    else len(ORDER), r[0]["seed"])):
+        cells_ = [f"{vals[s][0]:.1f}" if s in vals else "" for s in steps]
+        lines.append(f"| {c['variant']} | {c['seed']} | " + " | ".join(cells_) +
+                     f" | {'finished' if done else 'not finished'} |")
+    return "Validation perplexity at each evaluation during training (from each run's val.csv):\n\n" + \
+        "\n".join(lines)
+
+
 def _plot_variants(groups: dict, path: Path) -> bool:
     plt = pyplot()
     if plt is None:

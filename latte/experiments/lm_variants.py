@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from .lm_report import extrapolation_report, latents_report, variants_report
+from .lm_report import curve_table, extrapolation_report, latents_report, variants_report
 from .results import Sweep, provenance, write_results
 
 VARIANTS = {  # name -> (shipped config, mixer, qk_mixer)
@@ -165,6 +165,9 @@ def main(argv: list[str]) -> int:
         flat, tables, images = build(records, out, runs=Path(a.runs), sets=sets)
         if missing[stage]:
             tables += f"\n\n**Not run (reduced CPU budget): {', '.join(missing[stage])}.**"
+        if stage == "train":
+            curves = curve_table(cells, Path(a.runs))
+            tables += f"\n\n{curves}" if curves else ""
         write_results(out, name, flat, tables, provenance("lm-variants", argv, started, threads=a.threads,
                                                           stage=stage), readme=a.readme, images=images)
         print(tables)

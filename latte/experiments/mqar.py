@@ -185,7 +185,7 @@ def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed
     step, skipped, acc, best, epoch, loss = 0, 0, 0.0, 0.0, 0, math.nan
     # Training time only (evaluations excluded), per eval interval and per
     # epoch: does a step slow down as the model learns (sharper key logits)?
-    clock = StepClock()
+    clock, curve = StepClock(), []  # curve: [step, test accuracy] at each evaluation
     for epoch, idx in _batches(len(train), budget.batch_size, budget.epochs, torch.Generator().manual_seed(seed)):
         clock.start(epoch)
         lr = lr_at(step, base_lr=cell["lr"], warmup_steps=warmup, total_steps=total, decay="cosine")
@@ -208,6 +208,7 @@ def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed
             clock.interval()
             acc = accuracy(model, test)
             best = max(best, acc)
+            curve.append([step, round(acc, 4)])
             if verbose:
                 print(f"  {cell['model']} dim {cell['dim']} L {cell['num_latents']} T {cell['seq_len']} "
                       f"lr {cell['lr']:g}: step {step} (epoch {epoch}) loss {loss:.3f} accuracy {acc:.3f} "
@@ -229,7 +230,7 @@ def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed
             "ms_per_step": round(1000 * clock.total_s / max(step, 1), 1),
             "cpu_ms_per_step": round(1000 * clock.cpu_s / max(step, 1), 1),
             "interval_ms_per_step": clock.interval_ms, "interval_cpu_ms_per_step": clock.interval_cpu_ms,
-            "epoch_train_seconds": clock.epoch_s}
+            "epoch_train_seconds": clock.epoch_s, "accuracy_curve": curve}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

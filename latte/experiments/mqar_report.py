@@ -101,7 +101,7 @@ def plot(best: list[dict], path: Path) -> bool:
     return True
 
 
-SERIES = ("interval_ms_per_step", "interval_cpu_ms_per_step", "epoch_train_seconds")
+SERIES = ("interval_ms_per_step", "interval_cpu_ms_per_step", "epoch_train_seconds", "accuracy_curve")
 
 
 def flat_records(records: list[dict]) -> list[dict]:
@@ -141,7 +141,7 @@ def step_time_table(records: list[dict], eval_every: int) -> str:
     return (f"Time of the training steps alone (test evaluations excluded), in intervals of {eval_every} "
             "steps; 1 thread, on a machine shared with other jobs, so wall intervals also move with the load; "
             "the CPU time of the training thread moves far less. "
-            "The full series are in step_times.json.\n\n" + "\n".join(lines))
+            "The full series, with the test accuracy at each evaluation, are in step_times.json.\n\n" + "\n".join(lines))
 
 
 def report(records: list[dict], out: Path, *, budget, pending: int, scope: str = "") -> tuple[str, list[str]]:
@@ -176,7 +176,7 @@ def report(records: list[dict], out: Path, *, budget, pending: int, scope: str =
     steps = step_time_table(records, budget.eval_every)
     if steps:
         parts += ["## Step time through training", steps]
-        series = [{k: r[k] for k in ("model", "seq_len", "num_kv_pairs", "dim", "num_latents", "lr", *SERIES)}
+        series = [{k: r.get(k) for k in ("model", "seq_len", "num_kv_pairs", "dim", "num_latents", "lr", *SERIES)}
                   for r in records if r.get("interval_ms_per_step")]
         (Path(out) / "step_times.json").write_text(json.dumps(series, indent=1) + "\n")
     return "\n\n".join(parts), ([png.name] if plotted else [])

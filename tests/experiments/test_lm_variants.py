@@ -56,3 +56,4 @@ def test_quick_run_all_stages_and_resume(tmp_path, capsys):
     assert not (tmp_path / "runs" / "macchiato" / "seed-1").exists()
     md = (res / "lm_variants" / "results.md").read_text()
     assert "Not run (reduced CPU budget): macchiato seed 1" in md and "Seeds: 1 per variant" in md
+    assert "| macchiato | 0 |" in md and "| finished |" in md  # the per-evaluation curve

@@ -86,6 +86,7 @@ def test_quick_run_writes_results_and_resumes(tmp_path, capsys):
         assert r["ms_per_step"] > 0 and r["ms_per_step_last_interval"] > 0
     series = json.loads((out / "step_times.json").read_text())
     assert all(len(s["epoch_train_seconds"]) == 1 and len(s["interval_ms_per_step"]) == 1 for s in series)
+    assert all(s["accuracy_curve"][-1][0] == 4 for s in series)
     assert (out / "accuracy_vs_state.png").stat().st_size > 0
     md = (out / "results.md").read_text()
     assert "latte experiment mqar --quick" in md and "| softmax |" in md and "## Step time" in md
