@@ -99,6 +99,13 @@ def curve_table(cells: list[dict], runs: Path) -> str:
         "\n".join(lines)
 
 
+def eval_cost(records: list[dict]) -> str:
+    """The wall time of a stage's `latte eval` runs and the load they ran under."""
+    loads = [r["loadavg_start"] for r in records]
+    return (f"Evaluation wall time: {sum(r['seconds'] for r in records):,.0f} s over {len(records)} runs, 1 thread "
+            f"each, load average {min(loads):.1f}-{max(loads):.1f} at their starts (a shared machine).")
+
+
 def _plot_variants(groups: dict, path: Path) -> bool:
     plt = pyplot()
     if plt is None:
@@ -162,11 +169,13 @@ def extrapolation_report(records: list[dict], out: Path, **kw) -> tuple[list[dic
         by.append(f"| {v} | " + " | ".join(spread([f["ppl"] for f in rs if f["positions"] == b]) for b in buckets)
                   + " |")
     parts = [f"`latte eval --lengths {','.join(map(str, multiples))}` on every run: validation perplexity of "
-             f"windows of 1x..{top}x the training length ({T} tokens), all on the same validation tokens "
+             f"windows of 1x..{top}x the training length ({T} tokens), all on the same "
+             f"{min(f['tokens'] for f in whole):,} validation tokens "
              "(mean ± std (min-max) over seeds). Softmax and SWA use RoPE; no variant has absolute "
              "position embeddings, so every length runs.",
              "\n".join(lines), f"By position inside the {top}x windows ({top * T} tokens):", "\n".join(by)]
     images = ["extrapolation.png"] if _plot_extrapolation(means, multiples, T, Path(out) / "extrapolation.png") else []
+    parts.append(eval_cost(records))
     return flat, "\n\n".join(parts), images
 
 
@@ -246,4 +255,5 @@ def latents_report(records: list[dict], out: Path, *, runs: Path, **kw) -> tuple
              "and for Macchiato the window's share p(window|t) of each token's attention (by position in the "
              "window). A collapsed layer would show effective latents near 1 and a small used fraction.",
              "\n".join(lines), "Per head, in results.json; heat maps of the first seed below."]
+    parts.append(eval_cost(records))
     return flat, "\n\n".join(parts), images

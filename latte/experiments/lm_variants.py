@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from .lm_report import curve_table, extrapolation_report, latents_report, variants_report
 from .results import Sweep, provenance, write_results
 
@@ -137,6 +139,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     a = parse_args(argv)
     started = time.time()
+    torch.set_num_threads(a.threads)  # what the runs use (OMP_NUM_THREADS), so the provenance says it
     sets = (QUICK_SET if a.quick else []) + a.set
     variants, seeds = a.variants.split(","), [int(s) for s in a.seeds.split(",")]
     # seed-major: every variant's first seed before any second seed, so a sweep
