@@ -328,7 +328,7 @@ def main(argv: list[str]) -> int:
     if not records:
         print("mqar: no finished cells to report", file=sys.stderr)
         return 1
-    tables, images = report(records, out, budget=budget, pending=len(sweep.pending()), scope=_scope(a))
+    tables, images = report(records, out, budget=budget, pending=sweep.pending(), scope=_scope(a))
     write_results(out, NAME, flat_records(records), tables, provenance(NAME, argv, started, threads=a.threads),
                   readme=a.readme, images=images)
     print(tables)

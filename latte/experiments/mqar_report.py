@@ -144,7 +144,16 @@ def step_time_table(records: list[dict], eval_every: int) -> str:
             "The full series, with the test accuracy at each evaluation, are in step_times.json.\n\n" + "\n".join(lines))
 
 
-def report(records: list[dict], out: Path, *, budget, pending: int, scope: str = "") -> tuple[str, list[str]]:
+def _unfinished(pending: list[dict]) -> str:
+    """The cells of the command's plan with no finished record, by name."""
+    if not pending:
+        return ""
+    names = [f"{c['model']}{' L=' + str(c['num_latents']) if c['num_latents'] else ''} (T={c['seq_len']}, "
+             f"{c['num_kv_pairs']} pairs, dim {c['dim']}, lr {c['lr']:g})" for c in pending]
+    return f"\n\n**Not finished ({len(pending)} runs of this plan): {'; '.join(names)}.**"
+
+
+def report(records: list[dict], out: Path, *, budget, pending: list[dict], scope: str = "") -> tuple[str, list[str]]:
     """(markdown tables, names of the PNGs written in out). `scope`: a
     sentence saying what part of the full protocol ran (empty: all of it)."""
     best = best_lr(records)
@@ -163,7 +172,7 @@ def report(records: list[dict], out: Path, *, budget, pending: int, scope: str =
         f"best of lr in {{{', '.join(f'{x:g}' for x in budget.lrs)}}} on the test accuracy. "
         f"{len(records)} runs, {total_s / 3600:.1f} h of training in total; load average "
         f"{min(loads):.1f}-{max(loads):.1f} at the runs' starts (a machine shared with other jobs)."
-        + (f" **{pending} runs not finished yet.**" if pending else "") + (f"\n\n{scope}" if scope else ""),
+        + (f"\n\n{scope}" if scope else "") + _unfinished(pending),
         "## Accuracy per setting (best lr)",
         "State bytes per layer in float32: latte num_latents x (dv + 1) plus its qk mixer's state (conv: "
         "2 dim, RG-LRU: dim floats); softmax the KV cache at T; linear H dk (dv + 1); swa the W - 1 cached "
