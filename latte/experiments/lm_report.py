@@ -106,12 +106,20 @@ def eval_cost(records: list[dict]) -> str:
             f"each, load average {min(loads):.1f}-{max(loads):.1f} at their starts (a shared machine).")
 
 
-def _plot_variants(groups: dict, path: Path) -> bool:
+def _figure(path: Path, size: tuple):
+    """(pyplot, figure, axes) for a PNG at path, or (None, None, None) without matplotlib."""
     plt = pyplot()
     if plt is None:
-        return False
+        return None, None, None
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(7, 3.8))
+    fig, ax = plt.subplots(figsize=size)
+    return plt, fig, ax
+
+
+def _plot_variants(groups: dict, path: Path) -> bool:
+    plt, fig, ax = _figure(path, (7, 3.8))
+    if plt is None:
+        return False
     for i, (v, rs) in enumerate(groups.items()):
         ys = [r["val_ppl"] for r in rs]
         ax.bar(i, statistics.mean(ys), color=f"C{i}", alpha=0.6)
@@ -180,11 +188,9 @@ def extrapolation_report(records: list[dict], out: Path, **kw) -> tuple[list[dic
 
 
 def _plot_extrapolation(means: dict, multiples: list[int], T: int, path: Path) -> bool:
-    plt = pyplot()
+    plt, fig, ax = _figure(path, (6.5, 4))
     if plt is None:
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6.5, 4))
     for i, (v, by_m) in enumerate(means.items()):
         ms = [m for m in multiples if by_m[m]]
         ax.plot([m * T for m in ms], [statistics.mean(by_m[m]) for m in ms], marker="o", color=f"C{i}", label=v)
