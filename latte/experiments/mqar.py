@@ -329,7 +329,8 @@ def main(argv: list[str]) -> int:
         print("mqar: no finished cells to report", file=sys.stderr)
         return 1
     tables, images = report(records, out, budget=budget, pending=sweep.pending(), scope=_scope(a))
-    write_results(out, NAME, flat_records(records), tables, provenance(NAME, argv, started, threads=a.threads),
+    # named after the folder: results/NAME/ fills the README section results:NAME
+    write_results(out, out.name, flat_records(records), tables, provenance(NAME, argv, started, threads=a.threads),
                   readme=a.readme, images=images)
     print(tables)
     return 0
