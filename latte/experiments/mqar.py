@@ -34,11 +34,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from latte.data.mqar import IGNORE_INDEX, MQARData, mqar_splits
+from latte.data.mqar import MQARData, mqar_splits
 from latte.models import LatteConfig, LatteForCausalLM
 from latte.train.schedule import lr_at
 
 from .mqar_report import flat_records, report
+from .mqar_train import accuracy, adamw, batches, scored_logits
 from .results import StepClock, Sweep, provenance, utc_deadline, write_results
 
 NAME = "mqar"
@@ -132,45 +133,6 @@ def model_config(cell: dict, vocab_size: int = VOCAB_SIZE) -> LatteConfig:
                        mlp="none", dropout=0.0, max_position_embeddings=cell["seq_len"], **extra)
 
 
-def scored_logits(model: LatteForCausalLM, ids_BT: torch.Tensor, labels_BT: torch.Tensor):
-    """(logits [Q, V], targets [Q]) at the Q query positions of the batch."""
-    hidden_BTD, _ = model.model(ids_BT)
-    keep = labels_BT != IGNORE_INDEX
-    return model.lm_head(hidden_BTD[keep]), labels_BT[keep]
-
-
-@torch.no_grad()
-def accuracy(model: LatteForCausalLM, data: MQARData, batch_size: int = 256) -> float:
-    """Fraction of query positions whose argmax is the paired value."""
-    was = model.training
-    model.eval()
-    hit = total = 0
-    for i in range(0, len(data), batch_size):
-        logits, target = scored_logits(model, data.input_ids[i:i + batch_size], data.labels[i:i + batch_size])
-        hit += int((logits.argmax(-1) == target).sum())
-        total += target.numel()
-    model.train(was)
-    return hit / max(total, 1)
-
-
-def _adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
-    """AdamW, weight decay 0.1 except on norms, biases and embeddings (the
-    trainer's rule, latte.train.task.Task.no_weight_decay)."""
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    no_decay = {n for n, p in model.named_parameters() if p.ndim < 2 or id(p) in embeddings}
-    groups = [{"params": [p for n, p in model.named_parameters() if n not in no_decay], "weight_decay": 0.1},
-              {"params": [p for n, p in model.named_parameters() if n in no_decay], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
-
-
-def _batches(n: int, batch_size: int, epochs: int, g: torch.Generator):
-    """(epoch, indices) of every batch: a fresh permutation per epoch."""
-    for epoch in range(1, epochs + 1):
-        order = torch.randperm(n, generator=g)
-        for i in range(0, n, batch_size):
-            yield epoch, order[i:i + batch_size]
-
-
 def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed: int = 0,
                verbose: bool = False, deadline: float | None = None) -> dict:
     """Train one model on one setting at one lr; returns the record's fields.
@@ -178,7 +140,7 @@ def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed
     training stops at the first measurement >= TARGET."""
     torch.manual_seed(seed)
     model = LatteForCausalLM(model_config(cell, train.vocab_size))
-    opt = _adamw(model, cell["lr"])
+    opt = adamw(model, cell["lr"])
     total = budget.epochs * math.ceil(len(train) / budget.batch_size)
     warmup = max(1, total // 20)
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
@@ -186,7 +148,7 @@ def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed
     # Training time only (evaluations excluded), per eval interval and per
     # epoch: does a step slow down as the model learns (sharper key logits)?
     clock, curve = StepClock(), []  # curve: [step, test accuracy] at each evaluation
-    for epoch, idx in _batches(len(train), budget.batch_size, budget.epochs, torch.Generator().manual_seed(seed)):
+    for epoch, idx in batches(len(train), budget.batch_size, budget.epochs, torch.Generator().manual_seed(seed)):
         clock.start(epoch)
         lr = lr_at(step, base_lr=cell["lr"], warmup_steps=warmup, total_steps=total, decay="cosine")
         for group in opt.param_groups:
