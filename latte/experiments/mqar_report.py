@@ -54,6 +54,12 @@ def accuracy_table(best: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _acc(r: dict) -> str:
+    """Accuracy, with the step reached when a deadline cut the run short."""
+    cut = f" (stopped at step {r['steps']:,} of {r['planned_steps']:,})" if r.get("incomplete") else ""
+    return f"{r['accuracy']:.3f}{cut}"
+
+
 def equal_state_table(best: list[dict]) -> str:
     """Latte with num_latents = dim holds exactly linear attention's
     attention state (L (dv + 1) = H dv (dv + 1)): the like-for-like pairs."""
@@ -65,7 +71,7 @@ def equal_state_table(best: list[dict]) -> str:
             continue
         accs = [by.get((T, P, dim, f"latte-{q}", dim)) for q in ("none", "conv", "conv_rglru")]
         lines.append(f"| {T}, {P} | {dim} | {_bytes(r['attn_state_bytes'])} | {r['accuracy']:.3f} | " +
-                     " | ".join("" if a is None else f"{a['accuracy']:.3f}" for a in accs) + " |")
+                     " | ".join("" if a is None else _acc(a) for a in accs) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
