@@ -7,7 +7,7 @@ transformers; not imported here).
 
 from .cache import LatteCache, map_state
 from .causal_lm import CausalLMOutput, LatteForCausalLM, causal_lm_loss, num_parameters
-from .classification import LatteForSequenceClassification, SequenceClassifierOutput
+from .classification import LatteForPairClassification, LatteForSequenceClassification, SequenceClassifierOutput
 from .config import MIXERS, LatteConfig
 from .io import from_pretrained, load_weights, save_pretrained
 from .modeling import Block, LatteModel
@@ -19,6 +19,7 @@ __all__ = [
     "LatteCache",
     "LatteConfig",
     "LatteForCausalLM",
+    "LatteForPairClassification",
     "LatteForSequenceClassification",
     "LatteModel",
     "SequenceClassifierOutput",

@@ -31,9 +31,9 @@ _META_KEYS = ("model_type", "architectures", "latte_version")
 
 def _architectures() -> dict[str, type]:
     from .causal_lm import LatteForCausalLM
-    from .classification import LatteForSequenceClassification
+    from .classification import LatteForPairClassification, LatteForSequenceClassification
 
-    return {c.__name__: c for c in (LatteForCausalLM, LatteForSequenceClassification)}
+    return {c.__name__: c for c in (LatteForCausalLM, LatteForSequenceClassification, LatteForPairClassification)}
 
 
 def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
