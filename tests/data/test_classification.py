@@ -83,3 +83,27 @@ def test_majority_baseline():
     train, test = make(n=10), make(n=6)
     assert train.label_counts().tolist() == [4, 3, 3]
     assert majority_baseline(train, test) == (0, 2 / 6)
+
+
+def test_bucketed_loader_pads_less_and_resumes_exactly():
+    from latte.data.classification import BucketedSampleLoader
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 200, 101)
+    seqs = Sequences.from_list([[3] * int(n) for n in lengths], vocab_size=10)
+    data = ClassificationData(seqs, rng.integers(0, 2, 101), num_classes=2, vocab_size=10)
+    G = 8
+    plain = SampleLoader(data, global_batch_size=G, seed=1)
+    bucketed = BucketedSampleLoader(data, global_batch_size=G, seed=1, bucket_batches=4)
+    for epoch in range(3):  # each epoch is a permutation of the examples
+        assert sorted(bucketed.epoch_order(epoch).tolist()) == list(range(101))
+    steps = 40  # about three epochs: batches straddle epoch boundaries
+    waste = {name: sum((~b["attention_mask"]).sum().item() for b in (next(loader) for _ in range(steps)))
+             for name, loader in (("plain", plain), ("bucketed", bucketed))}
+    assert waste["bucketed"] < 0.4 * waste["plain"]  # padding tokens
+    fresh = BucketedSampleLoader(data, global_batch_size=G, seed=1, bucket_batches=4)
+    batches = [next(fresh) for _ in range(steps)]
+    resumed = BucketedSampleLoader(data, global_batch_size=G, seed=1, bucket_batches=4, start_index=23 * G)
+    for want in batches[23:]:
+        got = next(resumed)
+        assert torch.equal(got["input_ids"], want["input_ids"]) and torch.equal(got["labels"], want["labels"])
