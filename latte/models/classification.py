@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .causal_lm import num_parameters
 from .config import LatteConfig
-from .io import PretrainedMixin
-from .modeling import LatteModel, check_attention_mask
+from .inputs import value_checks
+from .modeling import LatteModel
+from .pretrained import PretrainedMixin
 
 
 @dataclass
@@ -40,13 +40,15 @@ class LatteForSequenceClassification(PretrainedMixin, nn.Module):
 
     def forward(self, input_ids: torch.Tensor, *, labels: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None) -> SequenceClassifierOutput:
-        hidden, _ = self.model(input_ids, attention_mask=attention_mask)  # [B, T, dim]
-        mask = check_attention_mask(attention_mask, tuple(input_ids.shape))
-        logits = self.head(pool(hidden, mask, self.config.pooling))  # [B, num_labels]
-        return SequenceClassifierOutput(classification_loss(logits, labels, self.config.num_labels), logits)
-
-    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        return num_parameters(self, exclude_embeddings=exclude_embeddings)
+        values = value_checks(self.model.validate_inputs)
+        mask = self.model.check_inputs(input_ids, attention_mask)  # the one validation of the inputs
+        hidden, _ = self.model(input_ids, attention_mask=mask, inputs_checked=True)  # [B, T, dim]
+        logits = self.head(pool(hidden, mask, self.config.pooling, values=values))  # [B, num_labels]
+        loss = None
+        if labels is not None:
+            check_class_labels(labels, logits.shape[0], self.config.num_labels, values=values)
+            loss = F.cross_entropy(logits.float(), labels.long())
+        return SequenceClassifierOutput(loss, logits)
 
 
 class LatteForPairClassification(PretrainedMixin, nn.Module):
@@ -75,48 +77,47 @@ class LatteForPairClassification(PretrainedMixin, nn.Module):
     def forward(self, input_ids: torch.Tensor, input_ids_2: torch.Tensor, *, labels: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None,
                 attention_mask_2: torch.Tensor | None = None) -> SequenceClassifierOutput:
-        # both towers in one forward: pad to the longer one and stack along the batch
+        values = value_checks(self.model.validate_inputs)
+        masks = [self.model.check_inputs(input_ids, attention_mask),
+                 self.model.check_inputs(input_ids_2, attention_mask_2)]
         (B, T1), (B2, T2) = input_ids.shape, input_ids_2.shape
-        if B != B2 or input_ids.dim() != 2 or input_ids_2.dim() != 2:
+        if B != B2:
             raise ValueError(f"input_ids_2: expected [B, T] with B={B} like input_ids, got {tuple(input_ids_2.shape)}")
+        # both towers in one forward: right-pad to the longer one, stack along the batch
         T = max(T1, T2)
-        ids, masks = [], []
-        for x, m in ((input_ids, attention_mask), (input_ids_2, attention_mask_2)):
-            m = check_attention_mask(m, tuple(x.shape))
-            m = torch.ones_like(x, dtype=torch.bool) if m is None else m
-            ids.append(F.pad(x, (0, T - x.shape[1])))
-            masks.append(F.pad(m, (0, T - m.shape[1])))
-        ids_2BT, mask_2BT = torch.cat(ids), torch.cat(masks)
-        hidden, _ = self.model(ids_2BT, attention_mask=mask_2BT)  # [2B, T, dim]
-        u, v = pool(hidden, check_attention_mask(mask_2BT, (2 * B, T)), self.config.pooling).split(B)
+        ids_2BT = torch.cat([F.pad(x, (0, T - x.shape[1])) for x in (input_ids, input_ids_2)])
+        mask_2BT = torch.cat([F.pad(torch.ones_like(x, dtype=torch.bool) if m is None else m, (0, T - x.shape[1]))
+                              for x, m in zip((input_ids, input_ids_2), masks)])
+        hidden, _ = self.model(ids_2BT, attention_mask=mask_2BT, inputs_checked=True)  # [2B, T, dim]
+        u, v = pool(hidden, mask_2BT, self.config.pooling, values=values).split(B)
         logits = self.head(torch.cat([u, v, u * v, u - v], dim=-1))  # [B, num_labels]
-        return SequenceClassifierOutput(classification_loss(logits, labels, self.config.num_labels), logits)
-
-    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        return num_parameters(self, exclude_embeddings=exclude_embeddings)
-
-
-def classification_loss(logits: torch.Tensor, labels: torch.Tensor | None, n: int) -> torch.Tensor | None:
-    """Mean cross-entropy of logits [B, n] against class ids [B] (None without labels)."""
-    if labels is None:
-        return None
-    if labels.shape != logits.shape[:1] or labels.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"labels: expected integer class ids of shape ({logits.shape[0]},), "
-                         f"got {labels.dtype} {tuple(labels.shape)}")
-    if bool(((labels < 0) | (labels >= n)).any()):
-        raise ValueError(f"labels: class ids must be in [0, {n - 1}] (num_labels {n}), got {labels.tolist()}")
-    return F.cross_entropy(logits.float(), labels.long())
+        loss = None
+        if labels is not None:
+            check_class_labels(labels, B, self.config.num_labels, values=values)
+            loss = F.cross_entropy(logits.float(), labels.long())
+        return SequenceClassifierOutput(loss, logits)
 
 
-def pool(hidden: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
+def check_class_labels(labels, batch: int, num_labels: int, *, values: bool = True) -> None:
+    """labels: integer class ids [B] in [0, num_labels)."""
+    if (not isinstance(labels, torch.Tensor) or tuple(labels.shape) != (batch,)
+            or labels.dtype not in (torch.int64, torch.int32)):
+        got = f"{labels.dtype} {tuple(labels.shape)}" if isinstance(labels, torch.Tensor) else type(labels).__name__
+        raise ValueError(f"labels: expected integer class ids of shape ({batch},), got {got}")
+    if values and bool(((labels < 0) | (labels >= num_labels)).any()):
+        raise ValueError(f"labels: class ids must be in [0, {num_labels - 1}] (num_labels {num_labels}), "
+                         f"got {labels.tolist()}")
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor | None, pooling: str, *, values: bool = True) -> torch.Tensor:
     """hidden [B, T, dim] -> [B, dim]: mean over real tokens, or the first
     real token ("cls"; with left padding it is not at index 0)."""
     if mask is None:
         return hidden.mean(1) if pooling == "mean" else hidden[:, 0]
-    if not bool(mask.any(1).all()):
+    if values and not bool(mask.any(1).all()):
         raise ValueError("attention_mask: every sequence needs at least one real token")
     if pooling == "mean":
         m = mask.unsqueeze(-1)  # [B, T, 1]; masked_fill: padded outputs may be anything, even NaN
-        return hidden.masked_fill(~m, 0.0).sum(1) / m.sum(1).to(hidden.dtype)
+        return hidden.masked_fill(~m, 0.0).sum(1) / m.sum(1).clamp(min=1).to(hidden.dtype)
     first = mask.long().argmax(1)  # [B] index of the first real token
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), first]
