@@ -203,14 +203,16 @@ def tables_md(records: list[dict]) -> str:
                          f"| {r['val_accuracy']:.3f} | {r['majority_baseline']:.3f} | {r['lra_transformer']:.3f} "
                          f"| {r['examples']:,} ({r['steps']} x {r['batch']}) | {r['wall_s'] / 60:.0f} min "
                          f"| {r['parameters'] / 1e3:.0f}K |")
-        lines += ["", "Test splits: " + ", ".join(sorted({f"{r['task']} {r['test_examples']:,} examples" for r in runs}))
+        tests = sorted({f"{r['task']} {r['test_examples']:,} examples" for r in runs})
+        lines += ["", "Test splits: " + ", ".join(tests)
                   + "; training splits: " + ", ".join(sorted({f"{r['task']} {r['train_examples']:,}" for r in runs}))
                   + ". Load average (1 min) at the end of each run: "
                   + ", ".join(f"{r['task']}/{r['mixer']} {r['loadavg_1min']:.1f}" for r in runs) + ".", ""]
         lines += ["Commands (one per row, in this order):", "", "```"] + [r["command"] for r in runs] + ["```", ""]
         lines += [_verdict(runs), ""]
     if gens:
-        lines += ["| generator | per second, one core | load average (1 min) | published generator |", "|---|---|---|---|"]
+        lines += ["| generator | per second, one core | load average (1 min) | published generator |",
+                  "|---|---|---|---|"]
         for g in gens:
             unit = "examples" if g["task"] == "listops" else "images"
             ref = "unseeded script, no timing published" if g["task"] == "listops" else "about 2 images/s (0.5 s each)"
@@ -244,7 +246,8 @@ def main(argv: list[str]) -> int:
     quick = [*QUICK, f"data.cache_dir={work / 'cache'}"] if args.quick else []
     extra = [*quick, *args.override]
     cells = [{"part": "generator", "task": t} for t in args.tasks if "generators" in args.parts]
-    cells += [{"part": "train", "task": t, "mixer": m} for t in args.tasks for m in args.mixers if "train" in args.parts]
+    if "train" in args.parts:
+        cells += [{"part": "train", "task": t, "mixer": m} for t in args.tasks for m in args.mixers]
 
     def run(cell: dict) -> dict:
         if cell["part"] == "generator":

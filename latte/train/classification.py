@@ -166,7 +166,8 @@ class ClassificationTask(Task):
         if m.position_embedding != "none" and longest > m.max_position_embeddings:
             raise ConfigError("ClassificationRunConfig", [(
                 "model.max_position_embeddings", f"got {m.max_position_embeddings}, but the {self.cfg.data.dataset} "
-                f"data holds inputs of {longest} tokens (the classification token included); raise it to >= {longest}")])
+                f"data holds inputs of {longest} tokens (the classification token included); "
+                f"raise it to >= {longest}")])
 
     @property
     def vocab_size(self) -> int:

@@ -124,7 +124,8 @@ def evaluate(tokens) -> int:
             value = t - DIGIT0
         elif t == CLOSE_ID:
             if not stack or not stack[-1][1]:
-                raise ValueError(f"ListOps: token {pos} ']' closes " + ("nothing" if not stack else "an empty operator"))
+                what = "nothing" if not stack else "an empty operator"
+                raise ValueError(f"ListOps: token {pos} ']' closes {what}")
             op, args = stack.pop()
             value = apply_operator(op, args)
         else:

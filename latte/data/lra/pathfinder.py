@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from latte.data.lra.pathfinder_canvas import Canvas
 from latte.data.lra.pathfinder_draw import render_many, unit
 
 NUM_CLASSES = 2
@@ -116,159 +117,22 @@ class Scene:
     label: int = -1
 
 
-class _Batch:
-    """B images grown in lockstep: every step places one paddle in each image
-    that still needs one, with numpy operations over the images at once.
-
-    Occupancy is a raster of `RASTER` cells per pixel: `count[i, r, c]` is
-    the number of paddles of image i within min_gap of the cell's centre.
-    A candidate paddle is clear when no point along it (every 1/RASTER
-    pixel) falls in a cell counted by a paddle other than its snake's
-    previous one, and it keeps paddle_margin from that one."""
-
-    RASTER = 4
-
-    def __init__(self, spec: PathfinderSpec, rng: np.random.Generator, size: int):
-        self.spec, self.rng, self.B = spec, rng, size
-        cap = 2 * spec.contour_length + spec.distractor_count * spec.distractor_paddles
-        self.start = np.zeros((size, cap, 2))
-        self.end = np.zeros((size, cap, 2))
-        self.angle = np.zeros((size, cap))
-        self.snake = np.full((size, cap), -1, dtype=np.int64)
-        self.n = np.zeros(size, dtype=np.int64)
-        R, g = self.RASTER, spec.gap
-        self.patch = int(math.ceil((spec.paddle_length + 2 * g) * R)) + 2  # cells per side of a stamp
-        self.pad = self.patch  # raster margin: stamps near the border need no clipping
-        side = spec.image_size * R + 2 * self.pad
-        self.count = np.zeros((size, side, side), dtype=np.int16)
-        self.lo, self.hi = spec.padding, spec.image_size - spec.padding
-        steps = int(math.ceil(spec.paddle_length * R))
-        self.along = np.linspace(0.0, 1.0, steps + 1)  # sample points along a paddle
-
-    # ------------------------------------------------------------------ geometry
-
-    def _cells(self, pts):
-        """Raster cells (rows, cols) of points [..., 2] (padded raster)."""
-        cell = np.floor(pts * self.RASTER).astype(np.int64) + self.pad
-        hi = self.count.shape[1] - 1
-        return np.clip(cell[..., 0], 0, hi), np.clip(cell[..., 1], 0, hi)
-
-    def _near(self, y, x, a, b, radius):
-        """[...] True where points (y, x) [b, ...] lie within radius of
-        segments a-b [b, 2] (one segment per image). Components are kept
-        apart: reductions over a last axis of 2 cost more than the arithmetic."""
-        shape = (len(a),) + (1,) * (y.ndim - 1)
-        ay, ax = a[:, 0].reshape(shape), a[:, 1].reshape(shape)
-        dy, dx = (b[:, 0] - a[:, 0]).reshape(shape), (b[:, 1] - a[:, 1]).reshape(shape)
-        ry, rx = y - ay, x - ax
-        t = np.clip((ry * dy + rx * dx) * (1.0 / self.spec.paddle_length ** 2), 0.0, 1.0)
-        oy, ox = ry - t * dy, rx - t * dx
-        return oy * oy + ox * ox < radius * radius
-
-    def valid(self, img, a, b, prev):
-        """[b, K]: candidates a-b [b, K, 2] of images img [b] inside the image
-        and clear of other paddles; prev [b] the snake's last paddle or -1."""
-        ok = ((a >= self.lo) & (a <= self.hi) & (b >= self.lo) & (b <= self.hi)).all(-1)
-        py = a[..., 0, None] + self.along * (b[..., 0] - a[..., 0])[..., None]  # [b, K, J]
-        px = a[..., 1, None] + self.along * (b[..., 1] - a[..., 1])[..., None]
-        hi = self.count.shape[1] - 1
-        rows = np.clip(np.floor(py * self.RASTER).astype(np.int64) + self.pad, 0, hi)
-        cols = np.clip(np.floor(px * self.RASTER).astype(np.int64) + self.pad, 0, hi)
-        hits = self.count[img[:, None, None], rows, cols]
-        has = prev >= 0
-        if has.any():  # the snake's own previous paddle: may be nearer than min_gap, must not touch
-            p = np.where(has, prev, 0)
-            pa, pb = self.start[img, p], self.end[img, p]
-            cy, cx = (rows - self.pad + 0.5) / self.RASTER, (cols - self.pad + 0.5) / self.RASTER
-            mine = self._near(cy, cx, pa, pb, self.spec.gap) & has[:, None, None]
-            touch = self._near(py, px, pa, pb, 0.99 * self.spec.paddle_margin) & has[:, None, None]
-            hits = hits - mine
-            ok &= ~touch.any(-1)
-        return ok & ~(hits > 0).any(-1)
-
-    def add(self, img, a, b, theta, snake):
-        """One paddle a-b [b, 2] appended to each image of img [b]."""
-        k = self.n[img]
-        self.start[img, k], self.end[img, k], self.angle[img, k], self.snake[img, k] = a, b, theta, snake
-        self.n[img] += 1
-        self._stamp(img, a, b, 1)
-        return k
-
-    def _stamp(self, img, a, b, sign: int):
-        """count += sign in the cells within min_gap of paddle a-b [b, 2] of each image img [b]."""
-        R, P = self.RASTER, self.patch
-        origin = np.floor((np.minimum(a, b) - self.spec.gap) * R).astype(np.int64)  # [b, 2]
-        rows = origin[:, 0, None, None] + np.arange(P)[:, None]  # [b, P, 1]
-        cols = origin[:, 1, None, None] + np.arange(P)  # [b, 1, P]
-        near = self._near((rows + 0.5) / R, (cols + 0.5) / R, a, b, self.spec.gap)  # [b, P, P]
-        i, r, c = np.nonzero(near)  # one paddle per image: the cells are distinct, plain += is exact
-        self.count[img[i], origin[i, 0] + r + self.pad, origin[i, 1] + c + self.pad] += sign
-
-    def truncate(self, img, keep):
-        """Remove the paddles of images img beyond their first keep[i]."""
-        if len(img) and not keep.any():  # a fresh start: clear the whole raster
-            self.count[img] = 0
-            self.n[img] = 0
-            return
-        for slot in range(int(keep.min()) if len(keep) else 0, int(self.n[img].max()) if len(img) else 0):
-            sel = img[(keep <= slot) & (self.n[img] > slot)]
-            if len(sel):
-                self._stamp(sel, self.start[sel, slot], self.end[sel, slot], -1)
-        self.n[img] = keep
-
-    # ------------------------------------------------------------------ growth
-
-    def seed(self, img, tail, theta, snake):
-        """First paddles from tail [b, 2] in directions theta [b]; returns
-        (placed [b] bool, paddle index [b])."""
-        head = tail + self.spec.paddle_length * unit(theta)
-        ok = self.valid(img, tail[:, None], head[:, None], np.full(len(img), -1))[:, 0]
-        idx = np.full(len(img), -1)
-        if ok.any():
-            idx[ok] = self.add(img[ok], tail[ok], head[ok], theta[ok], snake)
-        return ok, idx
-
-    def grow(self, img, last):
-        """The next paddle after paddle last [b] of images img [b]; returns
-        (placed [b] bool, new paddle index [b]); False at a dead end."""
-        s, rng = self.spec, self.rng
-        L, m = s.paddle_length, s.paddle_margin
-        theta = self.angle[img, last]  # [b]
-        pivot = self.end[img, last] + m * unit(theta)
-        k = max(8, int(2 * math.pi * (L + m)))  # directions one pixel of arc apart, random phase
-        psi = (rng.random((len(img), 1)) + np.arange(k)) * (2 * math.pi / k)  # [b, k]
-        u = unit(psi)
-        a, b = pivot[:, None] + m * u, pivot[:, None] + (L + m) * u  # [b, k, 2]
-        turn = np.abs((psi - theta[:, None] + math.pi) % (2 * math.pi) - math.pi)
-        weight = np.cos(np.minimum(turn * s.continuity, math.pi / 2)) ** 2 * self.valid(img, a, b, last)
-        total = weight.sum(1)
-        ok = total >= 1e-4
-        pick = (np.cumsum(weight, 1) < (rng.random(len(img)) * total)[:, None]).sum(1).clip(0, k - 1)
-        idx = np.full(len(img), -1)
-        if ok.any():
-            rows = np.flatnonzero(ok)
-            j = pick[rows]
-            idx[ok] = self.add(img[ok], a[rows, j], b[rows, j], np.arctan2(u[rows, j, 0], u[rows, j, 1]),
-                               self.snake[img[ok], last[ok]])
-        return ok, idx
-
-
-def _seed_until(batch: _Batch, img, draw, snake):
+def _seed_until(canvas: Canvas, img, draw, snake):
     """Seeds for images img, redrawing (tail, theta) = draw(n) up to
     max_seed_trials times for those whose seed did not fit."""
     placed = np.zeros(len(img), dtype=bool)
     idx = np.full(len(img), -1)
-    for _ in range(batch.spec.max_seed_trials):
+    for _ in range(canvas.spec.max_seed_trials):
         todo = np.flatnonzero(~placed)
         if not len(todo):
             break
         tail, theta = draw(len(todo))
-        ok, new = batch.seed(img[todo], tail, theta, snake)
+        ok, new = canvas.seed(img[todo], tail, theta, snake)
         placed[todo[ok]], idx[todo[ok]] = True, new[ok]
     return placed, idx
 
 
-def _grow_snakes(batch: _Batch, img, ends, alive, steps: int):
+def _grow_snakes(canvas: Canvas, img, ends, alive, steps: int):
     """`steps` growth rounds of the snakes whose last paddles are ends [b, S]
     (round robin over S); alive [b] turns False at a dead end."""
     for _ in range(steps):
@@ -276,27 +140,28 @@ def _grow_snakes(batch: _Batch, img, ends, alive, steps: int):
             rows = np.flatnonzero(alive)
             if not len(rows):
                 return
-            ok, new = batch.grow(img[rows], ends[rows, k])
+            ok, new = canvas.grow(img[rows], ends[rows, k])
             ends[rows[ok], k] = new[ok]
             alive[rows[~ok]] = False
 
 
-def _targets(batch: _Batch):
+def _targets(canvas: Canvas):
     """Two target snakes per image (step 1-2); (first paddles, last paddles) [B, 2]."""
-    s, rng, B = batch.spec, batch.rng, batch.B
+    s, rng, B = canvas.spec, canvas.rng, canvas.B
     d = s.seed_distance
     lo, hi = (2 * d, s.image_size - 2 * d) if 4 * d < s.image_size else (s.image_size / 2,) * 2
     firsts, lasts = np.zeros((B, 2), dtype=np.int64), np.zeros((B, 2), dtype=np.int64)
     todo = np.arange(B)
     for _ in range(s.max_target_trials):
-        batch.truncate(todo, np.zeros(len(todo), dtype=np.int64))
-        ok_a, a = _seed_until(batch, todo, lambda n: (rng.uniform(lo, hi, (n, 2)), rng.uniform(-math.pi, math.pi, n)), 0)
-        tail_b = batch.start[todo, np.maximum(a, 0)] + d * unit(rng.uniform(0, 2 * math.pi, len(todo)))
-        ok_b, b = batch.seed(todo, tail_b, rng.uniform(-math.pi, math.pi, len(todo)), 1)
+        canvas.truncate(todo, np.zeros(len(todo), dtype=np.int64))
+        draw = lambda n: (rng.uniform(lo, hi, (n, 2)), rng.uniform(-math.pi, math.pi, n))  # noqa: E731
+        ok_a, a = _seed_until(canvas, todo, draw, 0)
+        tail_b = canvas.start[todo, np.maximum(a, 0)] + d * unit(rng.uniform(0, 2 * math.pi, len(todo)))
+        ok_b, b = canvas.seed(todo, tail_b, rng.uniform(-math.pi, math.pi, len(todo)), 1)
         alive = ok_a & ok_b
         firsts[todo] = np.stack([a, b], 1)
         ends = firsts[todo].copy()
-        _grow_snakes(batch, todo, ends, alive, s.contour_length - 1)
+        _grow_snakes(canvas, todo, ends, alive, s.contour_length - 1)
         lasts[todo] = ends
         todo = todo[~alive]
         if not len(todo):
@@ -305,17 +170,17 @@ def _targets(batch: _Batch):
                        f"{s.max_target_trials} trials; the spec is too crowded for image_size={s.image_size}")
 
 
-def _distractors(batch: _Batch) -> None:
+def _distractors(canvas: Canvas) -> None:
     """Step 3: distractor snakes, retried then dropped when they do not fit."""
-    s, rng = batch.spec, batch.rng
+    s, rng = canvas.spec, canvas.rng
     for snake in range(2, 2 + s.distractor_count):
-        todo = np.arange(batch.B)
+        todo = np.arange(canvas.B)
         for _ in range(s.max_distractor_trials):
-            keep = batch.n[todo].copy()
-            alive, first = _seed_until(batch, todo, lambda n: (rng.uniform(batch.lo, batch.hi, (n, 2)),
+            keep = canvas.n[todo].copy()
+            alive, first = _seed_until(canvas, todo, lambda n: (rng.uniform(canvas.lo, canvas.hi, (n, 2)),
                                                                rng.uniform(-math.pi, math.pi, n)), snake)
-            _grow_snakes(batch, todo, first[:, None].copy(), alive, s.distractor_paddles - 1)
-            batch.truncate(todo[~alive], keep[~alive])
+            _grow_snakes(canvas, todo, first[:, None].copy(), alive, s.distractor_paddles - 1)
+            canvas.truncate(todo[~alive], keep[~alive])
             todo = todo[~alive]
             if not len(todo):
                 break
@@ -324,15 +189,15 @@ def _distractors(batch: _Batch) -> None:
 def sample_scenes(rng: np.random.Generator, spec: PathfinderSpec, count: int) -> list[Scene]:
     """The geometry of `count` labelled images (steps 1-4 of the module docstring)."""
     labels = rng.integers(2, size=count)
-    batch = _Batch(spec, rng, count)
-    firsts, lasts = _targets(batch)
-    _distractors(batch)
+    canvas = Canvas(spec, rng, count)
+    firsts, lasts = _targets(canvas)
+    _distractors(canvas)
     origin = rng.integers(2, size=count)
     other = np.where(labels == 1, origin, 1 - origin)
     rows = np.arange(count)
-    markers = np.stack([batch.start[rows, firsts[rows, origin]], batch.end[rows, lasts[rows, other]]], 1)
-    return [Scene(batch.start[i, :n].copy(), batch.end[i, :n].copy(), batch.angle[i, :n].copy(),
-                  batch.snake[i, :n].copy(), markers[i], int(labels[i])) for i, n in enumerate(batch.n)]
+    markers = np.stack([canvas.start[rows, firsts[rows, origin]], canvas.end[rows, lasts[rows, other]]], 1)
+    return [Scene(canvas.start[i, :n].copy(), canvas.end[i, :n].copy(), canvas.angle[i, :n].copy(),
+                  canvas.snake[i, :n].copy(), markers[i], int(labels[i])) for i, n in enumerate(canvas.n)]
 
 
 def generate_shard(seed: int, shard: int, count: int, spec: PathfinderSpec) -> tuple[np.ndarray, np.ndarray, float]:
