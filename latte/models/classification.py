@@ -32,11 +32,17 @@ class LatteForSequenceClassification(PretrainedMixin, nn.Module):
             raise ValueError("config.causal: the classifier is a bidirectional encoder, expected causal=False, got True")
         self.config = config
         self.model = LatteModel(config)
-        self.head = nn.Linear(config.dim, config.num_labels)
+        self.head = self.build_head(config)
         with torch.no_grad():
             self.model.init_weights()
-            nn.init.normal_(self.head.weight, 0.0, config.initializer_range)
-            nn.init.zeros_(self.head.bias)
+            for layer in (m for m in self.head.modules() if isinstance(m, nn.Linear)):
+                nn.init.normal_(layer.weight, 0.0, config.initializer_range)
+                nn.init.zeros_(layer.bias)
+
+    @staticmethod
+    def build_head(config: LatteConfig) -> nn.Module:
+        """pooled [B, dim] -> logits [B, num_labels]."""
+        return nn.Linear(config.dim, config.num_labels)
 
     def forward(self, input_ids: torch.Tensor, *, labels: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None) -> SequenceClassifierOutput:
@@ -51,7 +57,7 @@ class LatteForSequenceClassification(PretrainedMixin, nn.Module):
         return SequenceClassifierOutput(loss, logits)
 
 
-class LatteForPairClassification(PretrainedMixin, nn.Module):
+class LatteForPairClassification(LatteForSequenceClassification):
     """A two-tower classifier of PAIRS of sequences (the LRA retrieval task:
     do two papers cite each other?). One shared encoder reads each sequence
     on its own; the pooled vectors u, v meet only in the head, an MLP on
@@ -60,19 +66,10 @@ class LatteForPairClassification(PretrainedMixin, nn.Module):
     compressed into one vector. `forward(input_ids, input_ids_2, *, labels=None,
     attention_mask=None, attention_mask_2=None)`."""
 
-    def __init__(self, config: LatteConfig):
-        super().__init__()
-        if config.causal:
-            raise ValueError("config.causal: the classifier is a bidirectional encoder, expected causal=False, got True")
-        self.config = config
-        self.model = LatteModel(config)
-        self.head = nn.Sequential(nn.Linear(4 * config.dim, config.dim), nn.GELU(),
-                                  nn.Linear(config.dim, config.num_labels))
-        with torch.no_grad():
-            self.model.init_weights()
-            for layer in (self.head[0], self.head[2]):
-                nn.init.normal_(layer.weight, 0.0, config.initializer_range)
-                nn.init.zeros_(layer.bias)
+    @staticmethod
+    def build_head(config: LatteConfig) -> nn.Module:
+        """[u, v, u * v, u - v] [B, 4 dim] -> logits [B, num_labels]."""
+        return nn.Sequential(nn.Linear(4 * config.dim, config.dim), nn.GELU(), nn.Linear(config.dim, config.num_labels))
 
     def forward(self, input_ids: torch.Tensor, input_ids_2: torch.Tensor, *, labels: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None,
