@@ -73,7 +73,7 @@ def generator_speed(task: str, quick: bool) -> dict:
     from latte.data.lra import listops, pathfinder
 
     load = os.getloadavg()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     if task == "listops":
         n = 8 if quick else 400
         spec = listops.ListOpsSpec(min_length=20, max_length=60) if quick else listops.ListOpsSpec()
@@ -84,8 +84,9 @@ def generator_speed(task: str, quick: bool) -> dict:
         pathfinder.generate_shard(0, 0, n, pathfinder.PathfinderSpec())
         extra = {}
     seconds = time.perf_counter() - t0
+    # cpu_share: CPU time / wall time of this process: near 1 when it had a core to itself
     return {"per_s_per_core": round(n / seconds, 1), "generated": n, "seconds": round(seconds, 2),
-            "loadavg_1min": round(load[0], 2), **extra}
+            "cpu_share": round((time.process_time() - cpu0) / seconds, 2), "loadavg_1min": round(load[0], 2), **extra}
 
 
 def example_grid(path: Path, data, count: int = 24) -> Path | None:
@@ -219,12 +220,13 @@ def tables_md(records: list[dict]) -> str:
         lines += ["Commands (one per row, in this order):", "", "```"] + [r["command"] for r in runs] + ["```", ""]
         lines += [_verdict(runs), ""]
     if gens:
-        lines += ["| generator | per second, one core | load average (1 min) | published generator |",
-                  "|---|---|---|---|"]
+        lines += ["| generator | per second, one core | CPU share of the process | load average (1 min) "
+                  "| published generator |", "|---|---|---|---|---|"]
         for g in gens:
             unit = "examples" if g["task"] == "listops" else "images"
             ref = "unseeded script, no timing published" if g["task"] == "listops" else "about 2 images/s (0.5 s each)"
-            lines.append(f"| {g['task']} | {g['per_s_per_core']:,.1f} {unit} | {g['loadavg_1min']:.1f} | {ref} |")
+            lines.append(f"| {g['task']} | {g['per_s_per_core']:,.1f} {unit} | {g.get('cpu_share', float('nan')):.2f} "
+                         f"| {g['loadavg_1min']:.1f} | {ref} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -235,7 +237,8 @@ def _fmt(x) -> str:
 
 def _label_table(runs: list[dict]) -> list[str]:
     """The label distribution of each task's training and test splits (share of examples per class)."""
-    lines = ["| task | split | examples per class (class 0, 1, ...) | share of the most frequent |", "|---|---|---|---|"]
+    lines = ["| task | split | examples per class (class 0, 1, ...) | share of the most frequent |",
+             "|---|---|---|---|"]
     for task in TASKS:
         r = next((r for r in runs if r["task"] == task), None)
         if r is None:
