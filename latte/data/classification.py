@@ -1,6 +1,6 @@
 """Sequence classification data: variable-length token sequences with labels.
 
-    seqs = Sequences.from_list([[5, 6, 7], [8, 9]])
+    seqs = Sequences.from_list([[5, 6, 7], [8, 9]], vocab_size=17)
     data = ClassificationData(seqs, labels, num_classes=10, vocab_size=17, cls_id=1)
     loader = SampleLoader(data, global_batch_size=32, seed=0)     # resumable, rank-aware
     batch = next(loader)    # {"input_ids", "attention_mask", "labels"} (+ "*_2" for pairs)
@@ -201,7 +201,7 @@ class BucketedSampleLoader(SampleLoader):
             g = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
             perm = torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
             first = (-epoch * n) % G  # where this epoch's first whole global batch starts
-            cuts = [0, *range(first, n, G * self.bucket_batches), n]
+            cuts = sorted({0, *range(first, n, G * self.bucket_batches), n})
             pieces = []
             for lo, hi in zip(cuts, cuts[1:]):
                 window = perm[lo:hi]
