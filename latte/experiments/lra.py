@@ -50,6 +50,9 @@ QUICK = ["train.steps=2", "train.global_batch_size=4", "train.eval_every=0", "tr
          "data.test_examples=8", "data.num_workers=1", "model.dim=16", "model.num_layers=1", "model.num_heads=2",
          "model.num_latents=4", "train.tensorboard=false", "train.time_budget_minutes=null"]
 QUICK_LISTOPS = ["data.listops_min_length=20", "data.listops_max_length=60", "data.listops_max_depth=4"]
+# --budget reduced: the LRA tasks cut to 200 steps x 16 (3,200 examples; warm-up kept at 1/16 of the
+# steps), what fits in about an hour of one shared CPU thread; the control keeps its config budget.
+REDUCED = ["train.steps=200", "optim.warmup_steps=25", "train.eval_every=50", "train.save_every=50"]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -61,6 +64,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--parts", nargs="+", default=["generators", "train"], choices=["generators", "train"])
     p.add_argument("--readme", default=None, help="README to update (section results:lra); default: none")
     p.add_argument("--quick", action="store_true", help="tiny sizes: seconds, for tests")
+    p.add_argument("--budget", default="full", choices=["full", "reduced"],
+                   help="full: the configs' 1,600 steps x 16; reduced: 200 steps x 16 for listops and "
+                        "pathfinder (a reduced CPU budget, said so in every output)")
+    p.add_argument("--full-work", default="runs/lra",
+                   help="with --budget reduced: full-budget cells finished in this --work folder are shown "
+                        "beside the reduced ones (read only, never run)")
     p.add_argument("--override", nargs="*", default=[], metavar="SECTION.FIELD=VALUE",
                    help="extra config overrides for every training run")
     return p.parse_args(argv)
@@ -170,18 +179,19 @@ def curves(path: Path, work: Path, records: list[dict]) -> Path | None:
     for col, task in enumerate(tasks):
         acc_ax, loss_ax = axes[0, col], axes[1, col]
         for r in (r for r in runs if r["task"] == task):
-            run = work / f"{task}-{r['mixer']}"
+            run = _run_dir(r, work)
+            name = f"{r['mixer']}, full budget" if r.get("budget") == "full" and task not in VARIANTS else r["mixer"]
             val = read_csv(run / "val.csv") if (run / "val.csv").is_file() else []
             pts = [(int(v["step"]) * r["batch"], float(v["val_accuracy"])) for v in val if v.get("val_accuracy")]
             if pts:
-                acc_ax.plot(*zip(*pts), "o-", ms=3, label=r["mixer"])
+                acc_ax.plot(*zip(*pts), "o-", ms=3, label=name)
             train = read_csv(run / "metrics.csv") if (run / "metrics.csv").is_file() else []
             xs = [int(t["step"]) * r["batch"] for t in train if math.isfinite(float(t["loss"]))]
             ys = [float(t["loss"]) for t in train if math.isfinite(float(t["loss"]))]
             if ys:
                 k = max(1, len(ys) // 25)
                 smooth = np.convolve(ys, np.ones(k) / k, mode="valid")
-                loss_ax.plot(xs[k - 1:], smooth, label=f"{r['mixer']} (mean of {k} steps)")
+                loss_ax.plot(xs[k - 1:], smooth, label=f"{name} (mean of {k} steps)")
         first = next(r for r in runs if r["task"] == task)
         acc_ax.axhline(first["majority_baseline"], color="gray", ls=":", label="majority class")
         if task in LRA_TRANSFORMER:
@@ -198,16 +208,26 @@ def curves(path: Path, work: Path, records: list[dict]) -> Path | None:
     return path
 
 
+def _run_dir(record: dict, work: Path) -> Path:
+    """The run folder of a training record: its command's --train.run_dir."""
+    for arg in shlex.split(record["command"]):
+        if arg.startswith("--train.run_dir="):
+            return Path(arg.split("=", 1)[1])
+    return work / f"{record['task']}-{record['mixer']}"
+
+
 def tables_md(records: list[dict]) -> str:
     gens = [r for r in records if r.get("part") == "generator"]
     runs = [r for r in records if r.get("part") == "train"]
     lines = []
     if runs:
-        lines += ["| task | mixer | test accuracy | balanced | validation | majority class | LRA Transformer "
+        lines += _budget_note(runs)
+        lines += ["| task | mixer | budget | test accuracy | balanced | validation | majority class | LRA Transformer "
                   "| examples (steps x batch) | wall time | parameters |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in runs:
-            lines.append(f"| {r['task']} | {r['mixer']} | {r['test_accuracy']:.3f} | {r['test_balanced_accuracy']:.3f} "
+            lines.append(f"| {r['task']} | {r['mixer']} | {r.get('budget', 'full')} | {r['test_accuracy']:.3f} "
+                         f"| {r['test_balanced_accuracy']:.3f} "
                          f"| {r['val_accuracy']:.3f} | {r['majority_baseline']:.3f} | {_fmt(r['lra_transformer'])} "
                          f"| {r['examples']:,} ({r['steps']} x {r['batch']}) | {r['wall_s'] / 60:.0f} min "
                          f"| {r['parameters'] / 1e3:.0f}K |")
@@ -229,6 +249,18 @@ def tables_md(records: list[dict]) -> str:
                          f"| {g['loadavg_1min']:.1f} | {ref} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _budget_note(runs: list[dict]) -> list[str]:
+    """Says plainly when the LRA tasks ran on the reduced CPU budget, and how to run the full one."""
+    if not any(r.get("budget") == "reduced" for r in runs):
+        return ["Budget: the configs' (`latte/configs/lra/*.yaml`), the same for every mixer of a task.", ""]
+    return ["**Reduced CPU budget.** ListOps and Pathfinder rows marked `reduced` trained for 200 steps x 16 "
+            "= 3,200 examples (warm-up 25 steps), one eighth of the configs' 1,600 x 16 = 25,600, because the "
+            "machine (2 cores shared by several jobs, one thread per run) could not fit the full protocol for "
+            "all three mixers in the time there was. Every mixer of a task has the same budget. Rows marked "
+            "`full` ran the configs' budget (the control, and any full-budget cells already finished). "
+            "Full mode: `latte experiment lra --readme README.md`.", ""]
 
 
 def _fmt(x) -> str:
@@ -287,10 +319,17 @@ def main(argv: list[str]) -> int:
     def run(cell: dict) -> dict:
         if cell["part"] == "generator":
             return generator_speed(cell["task"], args.quick)
-        quick_task = QUICK_LISTOPS if args.quick and cell["task"] == "listops" else []
-        return run_training(cell["task"], cell["mixer"], work, [*extra, *quick_task])
+        task = cell["task"]
+        quick_task = QUICK_LISTOPS if args.quick and task == "listops" else []
+        budget = budget_of(task, args.budget)
+        reduced = REDUCED if budget == "reduced" else []
+        # the user's --override comes last: it wins over the budget's
+        overrides = [*quick, *quick_task, *reduced, *args.override]
+        return {"budget": budget, **run_training(task, cell["mixer"], work, overrides)}
 
     records = Sweep(work, cells).run(run, desc="lra")
+    if args.budget == "reduced" and Path(args.full_work).resolve() != work.resolve():
+        records += full_budget_records(Path(args.full_work), cells)
     out.mkdir(parents=True, exist_ok=True)
     if "pathfinder" in args.tasks:
         example_grid(out / "pathfinder_examples.png", _pathfinder_test_split(extra))
@@ -301,6 +340,18 @@ def main(argv: list[str]) -> int:
     write_results(out, NAME, records, md, provenance(NAME, argv, started), readme=args.readme)
     print(tables_md(records))
     return 0
+
+
+def full_budget_records(full_work: Path, cells: list[dict]) -> list[dict]:
+    """Cells of the LRA tasks finished at the configs' full budget in an earlier
+    `latte experiment lra --work full_work` (marked budget=full)."""
+    wanted = [c for c in cells if c["part"] == "train" and c["task"] not in VARIANTS]
+    return [{**r, "budget": "full"} for r in Sweep(full_work, wanted).records()]
+
+
+def budget_of(task: str, budget: str) -> str:
+    """How a cell's budget compares with the configs' (recorded in every training record)."""
+    return "reduced" if budget == "reduced" and task not in VARIANTS else "full"
 
 
 def _pathfinder_test_split(extra: list[str]):
