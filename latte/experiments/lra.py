@@ -70,6 +70,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--full-work", default="runs/lra",
                    help="with --budget reduced: full-budget cells finished in this --work folder are shown "
                         "beside the reduced ones (read only, never run)")
+    p.add_argument("--report-only", action="store_true",
+                   help="write the results of the finished cells and run nothing; the others are listed as missing")
     p.add_argument("--override", nargs="*", default=[], metavar="SECTION.FIELD=VALUE",
                    help="extra config overrides for every training run")
     return p.parse_args(argv)
@@ -331,14 +333,16 @@ def main(argv: list[str]) -> int:
         overrides = [*quick, *quick_task, *reduced, *args.override]
         return {"budget": budget, **run_training(task, cell["mixer"], work, overrides)}
 
-    records = Sweep(work, cells).run(run, desc="lra")
+    sweep = Sweep(work, cells)
+    missing = sweep.pending() if args.report_only else []
+    records = sweep.records() if args.report_only else sweep.run(run, desc="lra")
     if args.budget == "reduced" and Path(args.full_work).resolve() != work.resolve():
         records += full_budget_records(Path(args.full_work), cells)
     out.mkdir(parents=True, exist_ok=True)
     if "pathfinder" in args.tasks:
         example_grid(out / "pathfinder_examples.png", _pathfinder_test_split(extra))
     curves(out / "curves.png", work, records)
-    md = tables_md(records) + "\n![validation accuracy and training loss](curves.png)\n"
+    md = tables_md(records) + _missing_md(missing) + "\n![validation accuracy and training loss](curves.png)\n"
     if "pathfinder" in args.tasks:
         md += "\n![Pathfinder test images with labels](pathfinder_examples.png)\n"
     write_results(out, NAME, records, md, provenance(NAME, argv, started), readme=args.readme)
@@ -351,6 +355,14 @@ def full_budget_records(full_work: Path, cells: list[dict]) -> list[dict]:
     `latte experiment lra --work full_work` (marked budget=full)."""
     wanted = [c for c in cells if c["part"] == "train" and c["task"] not in VARIANTS]
     return [{**r, "budget": "full"} for r in Sweep(full_work, wanted).records()]
+
+
+def _missing_md(missing: list[dict]) -> str:
+    if not missing:
+        return ""
+    names = ", ".join("/".join(str(c[k]) for k in ("task", "mixer", "part") if k in c) for c in missing)
+    return (f"\n**Missing cells** (not finished when these results were written; `latte experiment lra` "
+            f"with the same arguments, without --report-only, resumes them): {names}.\n")
 
 
 def budget_of(task: str, budget: str) -> str:

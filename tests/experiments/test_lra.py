@@ -66,3 +66,10 @@ def test_reduced_budget_is_marked_and_shows_full_budget_cells(tmp_path):
     assert by["listops", "reduced"]["examples"] == 2 * 4 and by["listops", "full"]["examples"] == 25600
     md = (out / "results.md").read_text()
     assert "Reduced CPU budget" in md and "| listops | latte | reduced |" in md and "| listops | latte | full |" in md
+    # --report-only writes what is finished, runs nothing, and names what is missing
+    report = [*argv, "--report-only"]
+    report.insert(report.index("--mixers") + 2, "softmax")
+    assert lra.main(report) == 0
+    md = (out / "results.md").read_text()
+    assert "Missing cells" in md and "listops/softmax/train" in md and "| listops | softmax |" not in md
+    assert not (work / "listops-softmax").exists()
