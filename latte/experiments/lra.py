@@ -239,7 +239,7 @@ def tables_md(records: list[dict]) -> str:
         lines += ["", "Test splits: " + ", ".join(tests)
                   + "; training splits: " + ", ".join(sorted({f"{r['task']} {r['train_examples']:,}" for r in runs}))
                   + ". Load average (1 min) at the end of each run: "
-                  + ", ".join(f"{r['task']}/{r['mixer']} {r['loadavg_1min']:.1f}" for r in runs) + ".", ""]
+                  + ", ".join(f"{r['task']}/{r['mixer']}/{r.get('budget', 'full')} {r['loadavg_1min']:.1f}" for r in runs) + ".", ""]
         lines += _label_table(runs)
         lines += ["Commands (one per row, in this order):", "", "```"] + [r["command"] for r in runs] + ["```", ""]
         lines += [_verdict(runs), ""]
@@ -297,8 +297,8 @@ def _verdict(runs: list[dict]) -> str:
         best = max(rs, key=lambda r: r["test_accuracy"])
         above = best["test_accuracy"] - best["majority_baseline"]
         if task in VARIANTS:
-            out.append(f"- {task} (a control, not an LRA task: 10-100 tokens, depth 4, the same model and "
-                       f"budget): best {best['mixer']} {best['test_accuracy']:.3f}, {100 * above:+.1f} points "
+            out.append(f"- {task} (a control, not an LRA task: 10-100 tokens, depth 4, the same model, "
+                       f"{best['examples']:,} examples): best {best['mixer']} {best['test_accuracy']:.3f}, {100 * above:+.1f} points "
                        f"from the majority class ({best['majority_baseline']:.3f}).")
             continue
         gap = LRA_TRANSFORMER[task] - best["test_accuracy"]
@@ -338,6 +338,7 @@ def main(argv: list[str]) -> int:
     records = sweep.records() if args.report_only else sweep.run(run, desc="lra")
     if args.budget == "reduced" and Path(args.full_work).resolve() != work.resolve():
         records += full_budget_records(Path(args.full_work), cells)
+    records.sort(key=_row_order)
     out.mkdir(parents=True, exist_ok=True)
     if "pathfinder" in args.tasks:
         example_grid(out / "pathfinder_examples.png", _pathfinder_test_split(extra))
@@ -355,6 +356,12 @@ def full_budget_records(full_work: Path, cells: list[dict]) -> list[dict]:
     `latte experiment lra --work full_work` (marked budget=full)."""
     wanted = [c for c in cells if c["part"] == "train" and c["task"] not in VARIANTS]
     return [{**r, "budget": "full"} for r in Sweep(full_work, wanted).records()]
+
+
+def _row_order(r: dict) -> tuple:
+    """Generators first, then by task, budget (reduced before full) and mixer."""
+    return (r["part"] != "generator", TASKS.index(r["task"]), r.get("budget") == "full",
+            MIXERS.index(r["mixer"]) if "mixer" in r else 0)
 
 
 def _missing_md(missing: list[dict]) -> str:
