@@ -239,7 +239,8 @@ def tables_md(records: list[dict]) -> str:
         lines += ["", "Test splits: " + ", ".join(tests)
                   + "; training splits: " + ", ".join(sorted({f"{r['task']} {r['train_examples']:,}" for r in runs}))
                   + ". Load average (1 min) at the end of each run: "
-                  + ", ".join(f"{r['task']}/{r['mixer']}/{r.get('budget', 'full')} {r['loadavg_1min']:.1f}" for r in runs) + ".", ""]
+                  + ", ".join(f"{r['task']}/{r['mixer']}/{r.get('budget', 'full')} {r['loadavg_1min']:.1f}"
+                              for r in runs) + ".", ""]
         lines += _label_table(runs)
         lines += ["Commands (one per row, in this order):", "", "```"] + [r["command"] for r in runs] + ["```", ""]
         lines += [_verdict(runs), ""]
