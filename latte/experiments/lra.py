@@ -299,8 +299,8 @@ def _verdict(runs: list[dict]) -> str:
         above = best["test_accuracy"] - best["majority_baseline"]
         if task in VARIANTS:
             out.append(f"- {task} (a control, not an LRA task: 10-100 tokens, depth 4, the same model, "
-                       f"{best['examples']:,} examples): best {best['mixer']} {best['test_accuracy']:.3f}, {100 * above:+.1f} points "
-                       f"from the majority class ({best['majority_baseline']:.3f}).")
+                       f"{best['examples']:,} examples): best {best['mixer']} {best['test_accuracy']:.3f}, "
+                       f"{100 * above:+.1f} points from the majority class ({best['majority_baseline']:.3f}).")
             continue
         gap = LRA_TRANSFORMER[task] - best["test_accuracy"]
         out.append(f"- {task}: best {best['mixer']} {best['test_accuracy']:.3f} after {best['examples']:,} examples, "
