@@ -3,6 +3,8 @@ the bidirectional model, latte against softmax and linear attention.
 
     latte experiment lra                      # the committed results/lra/ (hours on 2 CPU cores)
     latte experiment lra --quick --out /tmp/x # seconds: what the tests run
+    latte experiment lra --budget reduced --work runs/lra-reduced   # 200 x 16 for ListOps/Pathfinder,
+                                              # marked as a reduced CPU budget everywhere
 
 Parts, each a resumable sweep cell under --work (a killed run continues;
 a killed training resumes from its last checkpoint, exactly):
