@@ -142,8 +142,13 @@ def run_training(task: str, mixer: str, work: Path, extra: list[str]) -> dict:
     from latte.train.config import load_run_config
     from latte.train.loop import train
 
+    from latte.train.checkpoint import find_latest_checkpoint
+
     config, overrides = train_overrides(task, mixer, work, extra)
     cfg = load_run_config(config, overrides)
+    # wall_s covers this process only: a resumed run says from which step
+    latest = find_latest_checkpoint(cfg.train.run_dir) if Path(cfg.train.run_dir).is_dir() else None
+    resumed_from = int(latest.name.rsplit("-", 1)[1]) if latest is not None else 0
     t0 = time.time()
     s = train(cfg)
     if "test_accuracy" not in s:
@@ -155,7 +160,7 @@ def run_training(task: str, mixer: str, work: Path, extra: list[str]) -> dict:
             "majority_baseline": s["majority_baseline"], "lra_transformer": LRA_TRANSFORMER.get(task),
             "steps": s["step"], "batch": cfg.train.global_batch_size, "examples": s["examples_seen"],
             "train_examples": s["split_examples"]["train"], "test_examples": s["test_examples"],
-            "parameters": s["parameters"], "wall_s": round(time.time() - t0, 1),
+            "parameters": s["parameters"], "wall_s": round(time.time() - t0, 1), "resumed_from_step": resumed_from,
             "train_examples_per_s": round(s["train_examples_per_s"] or 0.0, 2),
             "train_label_counts": " ".join(map(str, counts["train"])),
             "test_label_counts": " ".join(map(str, counts["test"])),
@@ -235,7 +240,7 @@ def tables_md(records: list[dict]) -> str:
             lines.append(f"| {r['task']} | {r['mixer']} | {r.get('budget', 'full')} | {r['test_accuracy']:.3f} "
                          f"| {r['test_balanced_accuracy']:.3f} "
                          f"| {r['val_accuracy']:.3f} | {r['majority_baseline']:.3f} | {_fmt(r['lra_transformer'])} "
-                         f"| {r['examples']:,} ({r['steps']} x {r['batch']}) | {r['wall_s'] / 60:.0f} min "
+                         f"| {r['examples']:,} ({r['steps']} x {r['batch']}) | {_wall(r)} "
                          f"| {r['parameters'] / 1e3:.0f}K |")
         tests = sorted({f"{r['task']} {r['test_examples']:,} examples" for r in runs})
         lines += ["", "Test splits: " + ", ".join(tests)
@@ -270,6 +275,12 @@ def _budget_note(runs: list[dict]) -> list[str]:
             "all three mixers in the time there was. Every mixer of a task has the same budget. Rows marked "
             "`full` ran the configs' budget (the control, and any full-budget cells already finished). "
             "Full mode: `latte experiment lra --readme README.md`.", ""]
+
+
+def _wall(r: dict) -> str:
+    """Wall time of the process that finished the run; a resumed run names the steps it covers."""
+    start = r.get("resumed_from_step", 0)
+    return f"{r['wall_s'] / 60:.0f} min" + (f" (steps {start + 1}-{r['steps']} only)" if start else "")
 
 
 def _fmt(x) -> str:

@@ -23,6 +23,7 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
     for r in runs:
         for key in ("task", "mixer", "test_accuracy", "majority_baseline", "examples", "wall_s"):
             assert key in r, key
+        assert r["resumed_from_step"] == 0  # fresh runs
         assert r["examples"] == 2 * 4 and r["lra_transformer"] == lra.LRA_TRANSFORMER.get(r["task"])
         config = "listops" if r["task"] == "listops-short" else r["task"]
         assert r["command"].startswith(f"latte train --config lra/{config} --model.mixer={r['mixer']}")
