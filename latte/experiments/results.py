@@ -176,20 +176,25 @@ def write_results(out_dir: str | Path, name: str, records: list[dict], tables_md
             raise ValueError(f"{name}: result records must be flat; fields {bad} hold {type(r[bad[0]]).__name__}")
     m = run["machine"]
     load = m.get("loadavg_start")
-    head = (f"# {name}\n\nCommand: `{run['command']}`\n\n"
+    head = (f"#### {name}\n\nCommand: `{run['command']}`\n\n"
             f"{m['cpu_model']}, {m['usable_cores']} cores, torch {m['torch']}, {m['threads']} threads; "
             f"wall time {run['wall_s']:,.0f} s; load average {load[0]:.1f} when written"
-            if load else f"# {name}\n\nCommand: `{run['command']}`")
-    images = list(images)
-
-    def links(prefix: str) -> str:
-        return "".join(f"\n\n![{Path(png).stem}]({prefix}{png})" for png in images)
-
+            if load else f"#### {name}\n\nCommand: `{run['command']}`")
+    links = "".join(f"\n\n![{Path(png).stem}]({png})" for png in images)
     markdown = f"{head}\n\n{tables_md.strip()}\n"
     atomic_write(out / "results.json", json.dumps(records, indent=1) + "\n")
-    atomic_write(out / "results.md", markdown.rstrip("\n") + links("") + "\n")
+    full = markdown.rstrip("\n") + links + "\n"
+    atomic_write(out / "results.md", full)
     atomic_write(out / "run.json", json.dumps(run, indent=1) + "\n")
     if readme is not None:
-        rel = Path(os.path.relpath(out.resolve(), Path(readme).resolve().parent)).as_posix()
-        update_readme(Path(readme), name, markdown.rstrip("\n") + links(rel + "/"), kind="results")
+        update_readme(Path(readme), name, readme_body(full, out, Path(readme)), kind="results")
     return out
+
+
+def readme_body(markdown: str, out: Path, readme: Path) -> str:
+    """results.md as the README shows it: links to files beside results.md
+    (plots) made relative to the README, and the heading given back the
+    level it has in results.md (update_readme puts three levels below)."""
+    rel = Path(os.path.relpath(out, readme.parent)).as_posix()
+    body = re.sub(r"\]\((?![a-z]+://|/|#)([^)]+)\)", lambda m: f"]({rel}/{m.group(1)})", markdown)
+    return re.sub(r"^####? ", "# ", body, count=1)
