@@ -45,6 +45,13 @@ def check_choice(name: str, value, allowed: tuple) -> None:
         raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
 
 
+def check_backend(backend) -> None:
+    from latte.ops.backend import BACKENDS
+
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS} or None (the process default), got {backend!r}")
+
+
 def check_input(x, dim: int, mask) -> tuple[int, int]:
     """x [B, T, dim] floating, T >= 1; mask None or bool [B, T]. Returns (B, T)."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 3:

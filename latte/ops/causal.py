@@ -35,6 +35,7 @@ from ._checks import (
     check_shape,
     state_dtype,
 )
+from .backend import resolve_latent
 from .chunked import LatteChunked, from_chunks, to_chunks
 
 
@@ -110,6 +111,7 @@ def latte_causal(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
+    backend: str | None = None,
 ):
     """Causal Latte attention, chunked parallel form (MATH.md 3.2).
 
@@ -125,11 +127,18 @@ def latte_causal(
             documents never see each other.
         mask: [B, T] bool, False for padding: those tokens are never attended
             to (their own outputs are unspecified).
+        backend: "torch" | "fla" | "auto" | None (the process default); see
+            latte.ops.backend.
     Returns:
         (y [B, T, H, Dv] in v's dtype, LatteState or None)
     """
     _check_inputs(a, b, v, mask)
     check_positive_int("chunk_size", chunk_size)
+    if resolve_latent(backend, a) == "fla":  # fused CUDA kernels (gla.py)
+        from .gla import latte_causal_fla
+
+        return latte_causal_fla(a, b, v, initial_state=initial_state, output_final_state=output_final_state,
+                                cu_seqlens=cu_seqlens, mask=mask)
     B, T, H, L = a.shape
     D = v.shape[-1]
     if cu_seqlens is not None:
@@ -160,11 +169,13 @@ def latte_causal_step(
     state: LatteState | None = None,
     *,
     mask_t: torch.Tensor | None = None,
+    backend: str | None = None,
 ):
     """One decoding step of causal Latte (MATH.md 3.1): O(1) in the context.
 
     a_t, b_t: [B, H, Lh]; v_t: [B, H, Dv]; mask_t: [B] bool (False = padding,
-    the token is not added to the state's mass). Returns (y_t [B, H, Dv], state).
+    the token is not added to the state's mass); backend as in latte_causal.
+    Returns (y_t [B, H, Dv], state).
     """
     check_rank("a_t", a_t, 3, "[B, H, Lh]")
     check_rank("b_t", b_t, 3, "[B, H, Lh]")
@@ -174,6 +185,10 @@ def latte_causal_step(
     check_same("a_t, v_t", [a_t.shape[0], v_t.shape[0]], "batch sizes")
     check_same("a_t, v_t", [a_t.shape[1], v_t.shape[1]], "head counts")
     check_mask("mask_t", mask_t, (a_t.shape[0],))
+    if resolve_latent(backend, a_t) == "fla":
+        from .gla import latte_step_fla
+
+        return latte_step_fla(a_t, b_t, v_t, state, mask_t)
     B, H, L = a_t.shape
     D = v_t.shape[-1]
     work = state_dtype(a_t.dtype)

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import torch
 
 from ._checks import check_cu_seqlens, check_positive_int, check_rank, check_shape, state_dtype
+from .backend import resolve_latent, resolve_window
 from .causal import LatteState, _chunked, _check_state, latte_causal_step
 from .sliding_window import (
     WindowState,
@@ -84,9 +85,22 @@ def _mix(y_win, lse_win, y_lat, a, gate, beta, mix):
     return w * y_win + (1 - w) * y_lat
 
 
+def _kernels(backend, x, chunk_size):
+    """(window, latents) functions for the backend (backend.py) on tensors like x."""
+    window = _blocked
+    if resolve_window(backend, x) == "flex":
+        from .flex_window import flex_window as window
+    if resolve_latent(backend, x) == "fla":
+        from .gla import gla_chunked as latents
+    else:
+        latents = lambda a, b, v, state, mask: _chunked(a, b, v, chunk_size, state, mask)  # noqa: E731
+    return window, latents
+
+
 def macchiato(
     a, b, v, q, k, *, window_size, mix="joint", gate=None, beta=None, scale=None,
     mask=None, chunk_size=64, initial_state=None, output_final_state=False, cu_seqlens=None,
+    backend=None,
 ):
     """Latte-Macchiato attention over a sequence.
 
@@ -102,6 +116,8 @@ def macchiato(
         mask: [B, T] bool, False for padding.
         chunk_size, initial_state (MacchiatoState), output_final_state,
             cu_seqlens (packed documents, B == 1): as in latte_causal.
+        backend: "torch" | "fla" | "auto" | None (latte.ops.backend): "fla"
+            runs the latents on fla-core and the window on flex_attention.
     Returns:
         (y [B, T, H, D] in v's dtype, MacchiatoState or None)
     """
@@ -112,12 +128,14 @@ def macchiato(
         raise ValueError("a: sequence length T must be >= 1, got 0")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
 
+    window, latents = _kernels(backend, q, chunk_size)
+
     def run(a, b, v, q, k, *rest):
         gate = rest[0] if len(rest) == 3 else None  # rest: ([gate,] mask, state)
         mask, state = rest[-2:]
         lat_state, win_state = state if state is not None else (None, None)
-        y_win, lse, win_state = _blocked(q, k, v, window_size, scale, mask, win_state, lengths)
-        y_lat, lat_state = _chunked(a, b, _repeat_kv(v, H), chunk_size, lat_state, mask)
+        y_win, lse, win_state = window(q, k, v, window_size, scale, mask, win_state, lengths)
+        y_lat, lat_state = latents(a, b, _repeat_kv(v, H), lat_state, mask)
         y = _mix(y_win, lse, y_lat, a.to(y_lat.dtype), gate, beta, mix)
         return y, MacchiatoState(lat_state, win_state)
 
@@ -142,7 +160,7 @@ def macchiato(
 
 def macchiato_step(
     a_t, b_t, v_t, q_t, k_t, *, window_size, mix="joint", gate_t=None, beta=None,
-    scale=None, mask_t=None, state=None,
+    scale=None, mask_t=None, state=None, backend=None,
 ):
     """One decoding step: a_t, b_t [B, H, Lh], v_t [B, K, D], q_t [B, H, E],
     k_t [B, K, E], gate_t [B, H]. Returns (y_t [B, H, D], MacchiatoState);
@@ -159,6 +177,7 @@ def macchiato_step(
         q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=win_state
     )
     work = state_dtype(a_t.dtype)
-    y_lat, lat_state = latte_causal_step(a_t.to(work), b_t.to(work), _repeat_kv(v_t, q_t.shape[1]).to(work), lat_state, mask_t=mask_t)
+    y_lat, lat_state = latte_causal_step(a_t.to(work), b_t.to(work), _repeat_kv(v_t, q_t.shape[1]).to(work), lat_state,
+                                         mask_t=mask_t, backend=backend)
     y = _mix(y_win, lse, y_lat, a_t.to(work), gate_t, beta, mix)
     return y.to(v_t.dtype), MacchiatoState(lat_state, win_state)

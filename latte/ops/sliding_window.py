@@ -78,6 +78,25 @@ def check_window_state(state, q, k, v, window_size, name="initial_state"):
 _QBLOCK = 64
 
 
+def extend_window(k, v, window_size, mask, state, lengths, work):
+    """The cached window followed by the new keys: kk [B, P + T, K, E],
+    vv [B, P + T, K, D], km [B, P + T] (True = a real token) and the
+    WindowState after the sequence (lengths [B]: each row's own end)."""
+    B, T = k.shape[:2]
+    P = window_size - 1
+    state = state if state is not None else empty_window_state(k, v, window_size, work)
+    mask = mask if mask is not None else torch.ones(B, T, dtype=torch.bool, device=k.device)
+    kk = torch.cat([state.k.to(work), k.to(work)], 1)  # [B, P + T, K, E]
+    vv = torch.cat([state.v.to(work), v.to(work)], 1)  # [B, P + T, K, D]
+    km = torch.cat([state.mask, mask], 1)  # [B, P + T]
+    if lengths is None:
+        return kk, vv, km, WindowState(kk[:, T:], vv[:, T:], km[:, T:])
+    # the P slots before each row's end: [len_b, len_b + P) of cache + sequence
+    idx = lengths.to(k.device)[:, None] + torch.arange(P, device=k.device)[None, :]  # [B, P]
+    take = lambda x: x.gather(1, idx.view(B, P, *([1] * (x.dim() - 2))).expand(B, P, *x.shape[2:]))
+    return kk, vv, km, WindowState(take(kk), take(vv), take(km))
+
+
 def _blocked(q, k, v, window_size, scale, mask, state, lengths=None):
     """Core in the work dtype: returns (y [B,T,H,D], lse [B,T,H], WindowState).
 
@@ -88,17 +107,7 @@ def _blocked(q, k, v, window_size, scale, mask, state, lengths=None):
     K, D, P = k.shape[2], v.shape[-1], window_size - 1
     G = H // K
     work = state_dtype(q.dtype)
-    state = state if state is not None else empty_window_state(k, v, window_size, work)
-    mask = mask if mask is not None else torch.ones(B, T, dtype=torch.bool, device=q.device)
-    kk = torch.cat([state.k.to(work), k.to(work)], 1)  # [B, P + T, K, E]
-    vv = torch.cat([state.v.to(work), v.to(work)], 1)  # [B, P + T, K, D]
-    km = torch.cat([state.mask, mask], 1)  # [B, P + T]
-    if lengths is None:
-        new_state = WindowState(kk[:, T:], vv[:, T:], km[:, T:])
-    else:  # the P slots before each row's end: [len_b, len_b + P) of cache + sequence
-        idx = lengths.to(q.device)[:, None] + torch.arange(P, device=q.device)[None, :]  # [B, P]
-        take = lambda x: x.gather(1, idx.view(B, P, *([1] * (x.dim() - 2))).expand(B, P, *x.shape[2:]))
-        new_state = WindowState(take(kk), take(vv), take(km))
+    kk, vv, km, new_state = extend_window(k, v, window_size, mask, state, lengths, work)
     Q = min(T, _QBLOCK)
     N, c = -(-T // Q), -(-P // Q)
     pad, front = N * Q - T, c * Q - P  # zeros after the sequence, masked slots before the cache
