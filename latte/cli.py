@@ -3,7 +3,7 @@
     latte train [--config tiny] [--resume auto|never|PATH] [--section.field=value ...]
     latte generate --run RUN_DIR --prompt "..." [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
     latte eval --run RUN_DIR [--lengths 1,2,4,8] [--max-tokens N] [--out eval.json]
-    latte bench {ops,decode,train} [args...]
+    latte bench {ops,decode,train,window} [args...]
     latte experiment NAME [args...]   (latte experiment --help lists them)
 
 Multi-process: torchrun --standalone --nproc_per_node=2 -m latte train ...
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 USAGE = __doc__.split("\n\n")[1]
-BENCHES = ("ops", "decode", "train")
+BENCHES = ("ops", "decode", "train", "window")
 
 
 def main(argv: list[str] | None = None) -> int:

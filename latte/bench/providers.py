@@ -143,6 +143,11 @@ def build(provider: str, T: int, mode: str, B: int = 1):
     """Zero-argument callable running one forward ("fwd", no autograd) or one
     forward+backward ("fwdbwd", gradients of every input and parameter)."""
     inputs, fn = make_inputs(provider, T, B)
+    return as_call(inputs, fn, mode)
+
+
+def as_call(inputs: list[torch.Tensor], fn, mode: str):
+    """fn(*inputs) as a zero-argument callable for `mode` (see build)."""
     if mode == "fwd":
         def call():
             with torch.no_grad():

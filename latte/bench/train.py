@@ -17,6 +17,7 @@ import os
 import torch
 
 from . import common
+from .device import DTYPES, add_device_args, check_device, device_info, resolve_device_args, synced
 
 MIXERS = ("latte", "macchiato", "softmax", "linear", "swa")
 FULL_SEQS, QUICK_SEQS = [512, 4096], [32, 64]
@@ -28,7 +29,12 @@ def parse_args(argv=None):
     p.add_argument("--mixers", default=",".join(MIXERS), help="comma-separated LatteConfig mixers")
     p.add_argument("--seqs", default=None, help="comma-separated sequence lengths (default 512,4096)")
     p.add_argument("--tokens-per-step", type=int, default=None, help="batch = this // sequence (default 4096)")
+    add_device_args(p)
+    p.add_argument("--backends", default=None,
+                   help="latte.ops backends for the latte and macchiato mixers (default: torch on CPU, torch,fla on CUDA)")
     args = p.parse_args(argv)
+    resolve_device_args(p, args)
+    args.backends = (args.backends or ("torch" if args.device == "cpu" else "torch,fla")).split(",")
     args.mixers = [m for m in args.mixers.split(",") if m]
     args.seqs = [int(s) for s in args.seqs.split(",")] if args.seqs else (QUICK_SEQS if args.quick else FULL_SEQS)
     args.tokens_per_step = args.tokens_per_step or (128 if args.quick else 4096)
@@ -44,45 +50,56 @@ def make_config(mixer: str, quick: bool, seq: int):
     return LatteConfig.paper_table6(mixer=mixer, max_position_embeddings=max(512, seq))
 
 
-def build_point(mixer: str, seq: int, args) -> dict:
+def build_point(mixer: str, seq: int, args, backend: str = "torch") -> dict:
     """A model, optimizer and batch for one (mixer, sequence), and two calls:
     one training step, and forward+backward of the first attention layer alone
-    on a batch of the same shape (times num_layers: the step's attention share)."""
+    on a batch of the same shape (times num_layers: the step's attention share).
+    On CUDA the calls synchronise and run under autocast to --dtype; `backend`
+    (latte.ops.set_backend) is set by each call, so points can interleave."""
     from latte.models import LatteForCausalLM
+    from latte.ops import set_backend
 
     cfg = make_config(mixer, args.quick, seq)
     torch.manual_seed(0)
-    model = LatteForCausalLM(cfg).train()
+    dev = getattr(args, "device", "cpu")
+    model = LatteForCausalLM(cfg).train().to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.01)
     batch = max(1, args.tokens_per_step // seq)
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
-    x = torch.randn(batch, seq, cfg.dim, generator=g, requires_grad=True)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g).to(dev)
+    x = torch.randn(batch, seq, cfg.dim, generator=g).to(dev).requires_grad_(True)
     layer = model.model.blocks[0].mixer
+    amp = dev == "cuda" and args.dtype != "float32"
 
     def step():
+        set_backend(backend)
         opt.zero_grad(set_to_none=True)
-        loss = model(ids, labels=ids).loss  # train mode: the fused head + loss
+        with torch.autocast(dev, DTYPES[args.dtype], enabled=amp):
+            loss = model(ids, labels=ids).loss  # train mode: the fused head + loss
         loss.backward()
         opt.step()
 
     def attention():
-        y, _ = layer(x)
-        y.sum().backward()
+        set_backend(backend)
+        with torch.autocast(dev, DTYPES[args.dtype], enabled=amp):
+            y, _ = layer(x)
+        y.float().sum().backward()
 
-    return {"mixer": mixer, "seq": seq, "batch": batch, "tokens_per_step": batch * seq,
+    label = mixer if backend == "torch" else f"{mixer}[{backend}]"
+    return {"mixer": label, "seq": seq, "batch": batch, "tokens_per_step": batch * seq,
             "num_layers": cfg.num_layers, "params": sum(p.numel() for p in model.parameters()),
-            "step": step, "attention": attention}
+            "step": synced(step, dev), "attention": synced(attention, dev)}
 
 
 def bench_seq(seq: int, args) -> list[dict]:
     """All mixers at one sequence length, timed in interleaved rounds."""
     points, rows = {}, []
-    for m in args.mixers:
+    for m, backend in mixer_backends(args):
+        label = m if backend == "torch" else f"{m}[{backend}]"
         try:
-            points[m] = build_point(m, seq, args)
+            points[label] = build_point(m, seq, args, backend)
         except (ImportError, ValueError, RuntimeError) as e:  # model code missing, OOM
-            rows.append({"mixer": m, "seq": seq, **common.skipped(f"unavailable: {type(e).__name__}: {e}")})
+            rows.append({"mixer": label, "seq": seq, **common.skipped(f"unavailable: {type(e).__name__}: {e}")})
     steps = common.time_interleaved({m: p["step"] for m, p in points.items()},
                                     repeats=args.repeats, warmup=args.warmup)
     layers = common.time_interleaved({m: p["attention"] for m, p in points.items()},
@@ -102,6 +119,11 @@ def bench_seq(seq: int, args) -> list[dict]:
     return rows
 
 
+def mixer_backends(args) -> list[tuple[str, str]]:
+    """(mixer, backend) pairs: the backends matter only where latents run."""
+    return [(m, b) for m in args.mixers for b in (args.backends if m in ("latte", "macchiato") else ["torch"])]
+
+
 def _model_dict(args) -> dict | None:
     """The resolved config of the first mixer at the longest sequence."""
     try:
@@ -111,19 +133,26 @@ def _model_dict(args) -> dict | None:
 
 
 def run(args) -> dict:
+    from latte.ops import set_backend
+
+    check_device(args.device)
     common.set_threads(args.threads)
-    info = common.machine_info()
+    info = {**common.machine_info(), **device_info(args.device)}
     rows = []
-    for seq in args.seqs:
-        rows += bench_seq(seq, args)
+    try:
+        for seq in args.seqs:
+            rows += bench_seq(seq, args)
+    finally:
+        set_backend(None)
+    labels = [m if b == "torch" else f"{m}[{b}]" for m, b in mixer_backends(args)]
     status = {m: next((r["reason"] for r in rows if r["mixer"] == m and r.get("skipped")), "ok")
-              for m in args.mixers}
+              for m in labels}
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return {
         "benchmark": "train", "machine": info,
         "config": {
-            "threads": args.threads, "dtype": "float32", "quick": args.quick, "seqs": args.seqs,
-            "mixers": args.mixers, "tokens_per_step": args.tokens_per_step, "repeats": args.repeats,
+            "threads": args.threads, "device": args.device, "dtype": args.dtype, "quick": args.quick,
+            "seqs": args.seqs, "mixers": labels, "backends": args.backends, "tokens_per_step": args.tokens_per_step, "repeats": args.repeats,
             "warmup": args.warmup, "optimizer": "AdamW(lr=5e-4, weight_decay=0.01)",
             "model": _model_dict(args),
             "timing": "wall clock of zero_grad + forward(labels) + backward + AdamW.step; mixers "
@@ -149,6 +178,10 @@ def _ratio_notes(cell: dict, seqs: list, mixer: str = "macchiato", base: str = "
     return notes
 
 
+def where(machine: dict) -> str:
+    return machine.get("gpu") or f"{machine['cpu_model']}, {machine['threads']} threads"
+
+
 def markdown(res: dict) -> str:
     m, cfg = res["machine"], res["config"]
     cell = {(r["mixer"], r["seq"]): r for r in res["results"]}
@@ -164,7 +197,7 @@ def markdown(res: dict) -> str:
                        f"{r.get('attention_share', float('nan')):.0%}")
         rows.append(row)
     out = [f"# latte bench train ({'quick, tiny model' if cfg['quick'] else 'Table 6 preset'})", "",
-           f"{m['cpu_model']}, torch {m['torch']}, {m['threads']} threads, fp32; one AdamW step (fused LM "
+           f"{where(m)}, torch {m['torch']}, {cfg.get('dtype', 'float32')}; one AdamW step (fused LM "
            f"head + loss), median of {cfg['repeats']} steps, mixers interleaved round by round. Attention "
            f"share = forward+backward of one mixer layer alone x layers / step time.", "",
            common.md_table(hdr, rows)]
@@ -180,13 +213,13 @@ def plot(res: dict, path) -> bool:
         series[mx] = ([s for s, _ in pts], [v for _, v in pts])
     m = res["machine"]
     return common.plot_loglog(path, {"training throughput": series}, xlabel="sequence length",
-                              ylabel="tokens / s", title=f"latte bench train: {m['cpu_model']}, {m['threads']} threads")
+                              ylabel="tokens / s", title=f"latte bench train: {where(m)}")
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     res = run(args)
-    common.write_outputs(args, "train", res, markdown(res), plot)
+    common.write_outputs(args, "train" if args.device == "cpu" else f"train-{args.device}", res, markdown(res), plot)
     return res
 
 

@@ -103,3 +103,33 @@ def test_train_quick(tmp_path, capsys):
         r = got[(m, 32)]
         _check_point(r)
         assert r["tokens_per_s"] > 0 and r["batch"] * 32 == r["tokens_per_step"]
+
+
+@pytest.mark.slow
+def test_window_quick(tmp_path, capsys):
+    """CPU: the tiles kernel forward and forward+backward, compiled flex
+    forward (one compile), flex forward+backward recorded as unavailable."""
+    from latte.bench import window
+
+    window.main(FAST + ["--out", str(tmp_path)])
+    res = _check_files(tmp_path, "window", capsys)
+    _check_machine(res)
+    got = {(r["provider"], r["T"], r["mode"]): r for r in res["results"]}
+    for T in res["config"]["seqs"]:
+        for p, mode in (("tiles", "fwd"), ("tiles", "fwdbwd"), ("flex", "fwd")):
+            _check_point(got[(p, T, mode)])
+        assert got[("flex", T, "fwdbwd")]["skipped"]
+        assert got[("flex", T, "fwd")]["max_abs_diff_vs_tiles"] < 1e-4  # the same attention
+
+
+def test_device_options_fail_clearly_without_a_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    for mod in (ops, train, decode):
+        with pytest.raises(SystemExit, match="--device cuda: torch.cuda.is_available"):
+            mod.main(FAST + ["--device", "cuda", "--out", "unused"])
+    with pytest.raises(SystemExit):  # argparse: the CPU runs are float32 only
+        ops.parse_args(["--dtype", "bfloat16"])
+    assert ops.parse_args(["--device", "cuda"]).providers == list(ops.CUDA_PROVIDERS)
