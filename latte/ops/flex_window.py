@@ -57,7 +57,9 @@ def band_blocks(T: int, P: int, W: int, block: int = BLOCK, device="cpu"):
     q_lo, q_hi = n * block, ((n + 1) * block).clamp(max=T) - 1
     first = (q_lo + P - W + 1).clamp(min=0) // block  # first kv block any query of the row sees
     last = (q_hi + P) // block
-    width = int((last - first).max()) + 1
+    # a row's keys span at most block + W - 1 positions: this many blocks (a
+    # plain int, so that torch.compile needs no value from a tensor)
+    width = min(nkv, -(-(block + W - 1) // block) + 1)
     m = first[:, None] + torch.arange(width, device=device)  # [NQ, width] candidate kv blocks
     seen = m <= last[:, None]
     kv_lo, kv_hi = m * block, ((m + 1) * block).clamp(max=KV) - 1
