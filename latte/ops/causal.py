@@ -101,6 +101,15 @@ def _chunked(a, b, v, chunk_size, state, mask):
     return y, LatteState(S_last.view(B, H, L, D), (z_last + c).view(B, H, L))
 
 
+def fla_chunked(a, b, v, state, mask, cu_seqlens=None):
+    """_chunked on fla-core's chunk_gla (gla.py): (y in the work dtype, LatteState)."""
+    from .gla import gla_chunked
+
+    y, S, z = gla_chunked(a, b, v, None if state is None else state.S, None if state is None else state.z,
+                          mask, cu_seqlens)
+    return y, LatteState(S, z)
+
+
 def latte_causal(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -134,11 +143,7 @@ def latte_causal(
     """
     _check_inputs(a, b, v, mask)
     check_positive_int("chunk_size", chunk_size)
-    if resolve_latent(backend, a) == "fla":  # fused CUDA kernels (gla.py)
-        from .gla import latte_causal_fla
-
-        return latte_causal_fla(a, b, v, initial_state=initial_state, output_final_state=output_final_state,
-                                cu_seqlens=cu_seqlens, mask=mask)
+    fla = resolve_latent(backend, a) == "fla"  # fused CUDA kernels (gla.py)
     B, T, H, L = a.shape
     D = v.shape[-1]
     if cu_seqlens is not None:
@@ -152,13 +157,19 @@ def latte_causal(
         def run(a_, b_, v_, mask_, state_):
             return _chunked(a_, b_, v_, chunk_size, state_, mask_)
 
-        y, state = run_packed(run, (a, b, v), cu_seqlens, mask, initial_state)
+        if fla:
+            y, state = fla_chunked(a, b, v, initial_state, mask, cu_seqlens)
+        else:
+            y, state = run_packed(run, (a, b, v), cu_seqlens, mask, initial_state)
     else:
         if initial_state is not None:
             _check_state(initial_state, B, H, L, D)
         if T == 0:
             raise ValueError("a: sequence length T must be >= 1, got 0")
-        y, state = _chunked(a, b, v, chunk_size, initial_state, mask)
+        if fla:
+            y, state = fla_chunked(a, b, v, initial_state, mask)
+        else:
+            y, state = _chunked(a, b, v, chunk_size, initial_state, mask)
     return y.to(v.dtype), (state if output_final_state else None)
 
 
@@ -185,10 +196,6 @@ def latte_causal_step(
     check_same("a_t, v_t", [a_t.shape[0], v_t.shape[0]], "batch sizes")
     check_same("a_t, v_t", [a_t.shape[1], v_t.shape[1]], "head counts")
     check_mask("mask_t", mask_t, (a_t.shape[0],))
-    if resolve_latent(backend, a_t) == "fla":
-        from .gla import latte_step_fla
-
-        return latte_step_fla(a_t, b_t, v_t, state, mask_t)
     B, H, L = a_t.shape
     D = v_t.shape[-1]
     work = state_dtype(a_t.dtype)
@@ -198,6 +205,11 @@ def latte_causal_step(
     else:
         _check_state(state, B, H, L, D, name="state")
         S, z = state.S.to(work), state.z.to(work)
+    if resolve_latent(backend, a_t) == "fla":  # fused CUDA kernel (gla.py)
+        from .gla import gla_step
+
+        y, S_new, z_new = gla_step(a_t, b_t, v_t, S, z, mask_t)
+        return y.to(v_t.dtype), LatteState(S_new, z_new)
     b = mask_logits(b_t.to(work), mask_t)
     z_new = torch.logaddexp(z, b)
     # both exponents are <= 0 (3.1): nothing overflows

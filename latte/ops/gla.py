@@ -37,8 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_cu_seqlens, state_dtype
-from .causal import LatteState, _check_state, mask_logits
+from ._checks import NEG, state_dtype
 
 # Smallest log-decay passed to the kernels (see the module docstring).
 G_FLOOR = -40.0
@@ -54,13 +53,18 @@ def _kernels():
     return chunk_gla, fused_recurrent_gla
 
 
+def _masked(b, mask):
+    """Key logits of padding (mask False) become NEG, as in causal.mask_logits."""
+    return b if mask is None else b.masked_fill(~mask.view(*mask.shape, *([1] * (b.dim() - mask.dim()))), NEG)
+
+
 def gla_inputs(a, b, *, mask=None, z0=None):
     """a, b [B, T, H, L], mask [B, T] bool, z0 [B, H, L] (None: no earlier
     tokens) -> q, k, g [B, T, H, L] in the work dtype (float32, float64 for
     float64 inputs) and z after the last token [B, H, L]."""
     work = state_dtype(a.dtype)
     q = torch.softmax(a.to(work), dim=-1)
-    b = mask_logits(b.to(work), mask)
+    b = _masked(b.to(work), mask)
     c = b.amax(1) if z0 is None else torch.maximum(b.amax(1), z0.to(work))
     c = c.detach()  # [B, H, L]: a shift that cancels in k and g (precision only)
     bc = b - c.unsqueeze(1)
@@ -84,71 +88,45 @@ def _io_dtype(v):
     return v.dtype if v.dtype in _HALF else state_dtype(v.dtype)
 
 
-def _call(kernel, q, k, v, g, state, **kw):
+def _call(kernel, q, k, v, g, S0, **kw):
     io, work = _io_dtype(v), state_dtype(v.dtype)
-    S0 = None if state is None else state.S.to(work).contiguous()
+    S0 = None if S0 is None else S0.to(work).contiguous()
     return kernel(q.to(io), k.to(io), v.to(io), g.to(work), scale=1.0, initial_state=S0,
                   output_final_state=True, **kw)
 
 
-def gla_chunked(a, b, v, state=None, mask=None):
-    """Dense batch: (y [B, T, H, D] in the work dtype, as _chunked; LatteState)."""
-    q, k, g, z_last = gla_inputs(a, b, mask=mask, z0=None if state is None else state.z)
-    y, S = _call(_kernels()[0], q, k, v, g, state)
-    return y.to(state_dtype(v.dtype)), LatteState(S, z_last)
-
-
-def _packed(a, b, v, cu_seqlens, state, mask):
-    """Packed documents (B == 1): the construction per document on a padded
-    copy (z restarts at each document), the kernel on the packed tensors."""
+def gla_chunked(a, b, v, S0=None, z0=None, mask=None, cu_seqlens=None):
+    """Causal Latte on chunk_gla (inputs checked by the caller): a, b [B, T,
+    H, L], v [B, T, H, D], the state (S0 [N, H, L, D], z0 [N, H, L]) or None.
+    Returns y [B, T, H, D] in the work dtype, S, z after the last token (per
+    document with cu_seqlens, B == 1: the construction runs per document on
+    a padded copy, as z restarts at each start; the kernel on the packed
+    tensors)."""
+    if cu_seqlens is None:
+        q, k, g, z = gla_inputs(a, b, mask=mask, z0=z0)
+        y, S = _call(_kernels()[0], q, k, v, g, S0)
+        return y.to(state_dtype(v.dtype)), S, z
     from .varlen import pack, unpack
 
     (a_pad, doc), (b_pad, _) = unpack(a, cu_seqlens), unpack(b, cu_seqlens)
     run_mask = doc if mask is None else doc & unpack(mask.unsqueeze(-1), cu_seqlens)[0].squeeze(-1)
-    q, k, g, z_last = gla_inputs(a_pad, b_pad, mask=run_mask, z0=None if state is None else state.z)
+    q, k, g, z = gla_inputs(a_pad, b_pad, mask=run_mask, z0=z0)
     q, k, g = (pack(x, doc) for x in (q, k, g))  # [1, T, H, L]
-    y, S = _call(_kernels()[0], q, k, v, g, state, cu_seqlens=cu_seqlens.long())
-    return y, LatteState(S, z_last)
+    y, S = _call(_kernels()[0], q, k, v, g, S0, cu_seqlens=cu_seqlens.long())
+    return y.to(state_dtype(v.dtype)), S, z
 
 
-def latte_causal_fla(a, b, v, *, initial_state=None, output_final_state=False, cu_seqlens=None, mask=None):
-    """latte_causal on fla-core's chunk_gla (same arguments and results; the
-    caller has checked a, b, v and mask). The state is float32."""
-    B, T, H, L = a.shape
-    D = v.shape[-1]
-    if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, B, T)
-        if initial_state is not None:
-            _check_state(initial_state, cu_seqlens.numel() - 1, H, L, D)
-        y, state = _packed(a, b, v, cu_seqlens, initial_state, mask)
-    else:
-        if T == 0:
-            raise ValueError("a: sequence length T must be >= 1, got 0")
-        if initial_state is not None:
-            _check_state(initial_state, B, H, L, D)
-        y, state = gla_chunked(a, b, v, initial_state, mask)
-    return y.to(v.dtype), (state if output_final_state else None)
-
-
-def latte_step_fla(a_t, b_t, v_t, state=None, mask_t=None):
-    """latte_causal_step on fla-core's fused_recurrent_gla (checked inputs):
-    a_t, b_t [B, H, L], v_t [B, H, D] -> (y_t [B, H, D], LatteState)."""
-    B, H, L = a_t.shape
-    D = v_t.shape[-1]
-    work = state_dtype(a_t.dtype)
-    if state is None:
-        S = v_t.new_zeros(B, H, L, D, dtype=work)
-        z = v_t.new_full((B, H, L), float("-inf"), dtype=work)
-    else:
-        _check_state(state, B, H, L, D, name="state")
-        S, z = state.S.to(work).contiguous(), state.z.to(work)
-    b = mask_logits(b_t.to(work), mask_t)
+def gla_step(a_t, b_t, v_t, S, z, mask_t=None):
+    """One decoding step on fused_recurrent_gla: a_t, b_t [B, H, L], v_t
+    [B, H, D], the state S [B, H, L, D], z [B, H, L] (z = -inf: empty) in the
+    work dtype -> (y_t [B, H, D], S, z after the token)."""
+    work = S.dtype
+    b = _masked(b_t.to(work), mask_t)
     z_new = torch.logaddexp(z, b)
     k = torch.exp(b - z_new)
     if mask_t is not None:
         k = k.masked_fill(~mask_t[:, None, None], 0.0)
     g = (z - z_new).clamp(G_FLOOR, 0.0)  # -inf (empty state) -> G_FLOOR: the state is 0 anyway
     q = torch.softmax(a_t.to(work), -1)
-    y, S_new = _call(_kernels()[1], q.unsqueeze(1), k.unsqueeze(1), v_t.unsqueeze(1), g.unsqueeze(1),
-                     LatteState(S, z))
-    return y[:, 0].to(v_t.dtype), LatteState(S_new, z_new)
+    y, S_new = _call(_kernels()[1], q.unsqueeze(1), k.unsqueeze(1), v_t.unsqueeze(1), g.unsqueeze(1), S)
+    return y[:, 0], S_new, z_new

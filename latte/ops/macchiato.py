@@ -25,7 +25,7 @@ import torch
 
 from ._checks import check_cu_seqlens, check_positive_int, check_rank, check_shape, state_dtype
 from .backend import resolve_latent, resolve_window
-from .causal import LatteState, _chunked, _check_state, latte_causal_step
+from .causal import LatteState, _chunked, _check_state, fla_chunked, latte_causal_step
 from .sliding_window import (
     WindowState,
     _blocked,
@@ -91,7 +91,7 @@ def _kernels(backend, x, chunk_size):
     if resolve_window(backend, x) == "flex":
         from .flex_window import flex_window as window
     if resolve_latent(backend, x) == "fla":
-        from .gla import gla_chunked as latents
+        latents = fla_chunked
     else:
         latents = lambda a, b, v, state, mask: _chunked(a, b, v, chunk_size, state, mask)  # noqa: E731
     return window, latents

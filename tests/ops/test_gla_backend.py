@@ -67,13 +67,21 @@ def fla_naive():
 
 @pytest.fixture
 def exact(monkeypatch):
+    """backend "fla" usable (pretended: no CUDA here) with the exact float64 GLA loop as its kernels."""
+    monkeypatch.setattr(BK, "_fla_error", lambda x: None)
     monkeypatch.setattr(gla, "_kernels", lambda: (gla_loop, gla_loop))
 
 
 @pytest.fixture
 def naive(monkeypatch):
+    """backend "fla" usable (pretended) with fla-core's naive_recurrent_gla as its kernels."""
     kernels = fla_naive()
+    monkeypatch.setattr(BK, "_fla_error", lambda x: None)
     monkeypatch.setattr(gla, "_kernels", lambda: kernels)
+
+
+def fla(a, b, v, **kw):
+    return latte_causal(a, b, v, backend="fla", **kw)
 
 
 def inputs(T, L=5, D=7, B=2, H=3, scale=1.0, spikes=0.0):
@@ -95,7 +103,7 @@ def flat(y, st):
 
 def fla_flat(a, b, v, S0=None, z0=None, **kw):
     state = None if S0 is None else LatteState(S0, z0)
-    return flat(*gla.latte_causal_fla(a, b, v, initial_state=state, output_final_state=True, **kw))
+    return flat(*fla(a, b, v, initial_state=state, output_final_state=True, **kw))
 
 
 def ref_flat(a, b, v, S0=None, z0=None, mask=None):
@@ -135,9 +143,9 @@ def test_fla_naive_reference_matches_float64(naive, T, scale, spikes):
 @pytest.mark.parametrize("split", [1, 33, 69])
 def test_continuation_equals_one_pass(naive, split):
     a, b, v = (x.float() for x in inputs(70, scale=10.0))
-    y_full, st_full = gla.latte_causal_fla(a, b, v, output_final_state=True)
-    y1, st = gla.latte_causal_fla(a[:, :split], b[:, :split], v[:, :split], output_final_state=True)
-    y2, st2 = gla.latte_causal_fla(a[:, split:], b[:, split:], v[:, split:], initial_state=st, output_final_state=True)
+    y_full, st_full = fla(a, b, v, output_final_state=True)
+    y1, st = fla(a[:, :split], b[:, :split], v[:, :split], output_final_state=True)
+    y2, st2 = fla(a[:, split:], b[:, split:], v[:, split:], initial_state=st, output_final_state=True)
     assert rel_err(torch.cat([y1, y2], 1), y_full) < 1e-5
     assert rel_err(st2.S, st_full.S) < 1e-5 and rel_err(st2.z, st_full.z) < 1e-6
 
@@ -170,7 +178,7 @@ def test_padding_mask_left_and_right(naive):
     mask[0, :7] = False  # left padding: the first real token meets logits of -1e30 before it
     mask[1, 31:] = False
     mask[1, 12] = False
-    y, st = gla.latte_causal_fla(*(x.float() for x in (a, b, v)), mask=mask, output_final_state=True)
+    y, st = fla(*(x.float() for x in (a, b, v)), mask=mask, output_final_state=True)
     y_ref, (S_ref, z_ref) = R.latte_causal(a, b, v, mask=mask)
     assert rel_err(y[mask], y_ref[mask]) < 2e-5
     assert rel_err(st.S, S_ref) < 2e-5 and rel_err(st.z, z_ref) < 1e-6
@@ -183,7 +191,7 @@ def test_decode_steps_equal_reference(naive, scale):
     mask[0, :3] = False
     state, ys = None, []
     for t in range(20):
-        y, state = gla.latte_step_fla(*(x[:, t].float() for x in (a, b, v)), state, mask_t=mask[:, t])
+        y, state = latte_causal_step(*(x[:, t].float() for x in (a, b, v)), state, mask_t=mask[:, t], backend="fla")
         ys.append(y)
     y_ref, (S_ref, z_ref) = R.latte_causal(a, b, v, mask=mask)
     assert rel_err(torch.stack(ys, 1)[mask], y_ref[mask]) < 2e-5
@@ -191,6 +199,7 @@ def test_decode_steps_equal_reference(naive, scale):
 
 
 def test_half_precision_inputs_reach_the_kernel_in_their_dtype(monkeypatch):
+    monkeypatch.setattr(BK, "_fla_error", lambda x: None)
     seen = []
 
     def spy(q, k, v, g, scale=1.0, initial_state=None, output_final_state=False, cu_seqlens=None):
@@ -199,7 +208,7 @@ def test_half_precision_inputs_reach_the_kernel_in_their_dtype(monkeypatch):
 
     monkeypatch.setattr(gla, "_kernels", lambda: (spy, spy))
     a, b, v = (x.bfloat16() for x in inputs(9))
-    y, st = gla.latte_causal_fla(a, b, v, output_final_state=True)
+    y, st = fla(a, b, v, output_final_state=True)
     assert seen == [(torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.float32)]
     assert y.dtype == torch.bfloat16 and st.z.dtype == torch.float32
 
