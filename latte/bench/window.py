@@ -131,9 +131,11 @@ def markdown(res: dict) -> str:
     if cfg["device"] == "cpu":
         out += ["", "On CPU flex is compiled flex_attention forward **without** the log-normaliser (torch 2.13 "
                 "offers no other compiled CPU form); tiles computes it as well."]
+    out += ["", "flex compile s: the first call of each shape (inductor's on-disk cache may already hold "
+            "the kernel from an earlier run)."]
     for mode in MODES:
         provs = [p for p in cfg["providers"] if any(k[0] == p and k[2] == mode for k in cell)]
-        hdr = ["T"] + provs + ["tiles/flex", "flex compile s", "max |flex - tiles|"]
+        hdr = ["T"] + provs + ["tiles/flex", "flex compile s", "max abs(flex - tiles)"]
         rows = []
         for T in cfg["seqs"]:
             get = lambda p: cell.get((p, T, mode), {})  # noqa: E731

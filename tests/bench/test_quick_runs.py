@@ -133,3 +133,22 @@ def test_device_options_fail_clearly_without_a_gpu():
     with pytest.raises(SystemExit):  # argparse: the CPU runs are float32 only
         ops.parse_args(["--dtype", "bfloat16"])
     assert ops.parse_args(["--device", "cuda"]).providers == list(ops.CUDA_PROVIDERS)
+
+
+@pytest.mark.slow
+def test_train_compile_and_sweep_preset(tmp_path):
+    """--compile adds a compiled twin of each variant and the eager/compiled
+    ratio; a mixer may name its qk mixer; the sweep preset is the MQAR size."""
+    res = train.main(FAST + ["--out", str(tmp_path), "--mixers", "softmax", "--seqs", "32", "--compile"])
+    assert res["config"]["mixers"] == ["softmax", "softmax compiled"]
+    for r in res["results"]:
+        _check_point(r)
+    assert res["ratios"]["over_softmax"]["32"] == {"softmax": 1.0, "softmax compiled": 1.0}
+    assert set(res["ratios"]["eager_over_compiled"]["32"]) == {"softmax"}
+    assert [r["compile_s"] > 0 for r in res["results"] if r["compiled"]] == [True]
+    args = train.parse_args(["--preset", "sweep", "--mixers", "latte:none,linear", "--compile"])
+    assert args.seqs == [64] and args.tokens_per_step // 64 == 64  # batch 64
+    assert [train.label_of(*v) for v in train.variants(args)] == [
+        "latte:none", "latte:none compiled", "linear", "linear compiled"]
+    cfg = train.make_config("macchiato:conv", False, 64, "sweep")
+    assert (cfg.dim, cfg.num_layers, cfg.vocab_size, cfg.qk_mixer, cfg.window_size) == (64, 2, 8192, "conv", 16)
