@@ -1,6 +1,6 @@
 """`latte bench ops --device cuda`: the attention ops on a GPU.
 
-Providers (EVAL.md section 1 shapes as on CPU: B=1, H=8, Lh=32, dv=64, W=128):
+Providers (docs/evaluation.md §1 shapes as on CPU: B=1, H=8, Lh=32, dv=64, W=128):
   latte          latte_causal on the project's torch kernels (backend "torch")
   latte-fla      latte_causal on fla-core's chunk_gla (backend "fla"): the q/k/g
                  construction (softmax, logcumsumexp, exp) plus the kernel
