@@ -27,6 +27,7 @@ from . import providers as P
 from .device import DTYPES, cuda_peak_mb, device_info, synced
 
 PROVIDERS = ("latte", "latte-fla", "fla-gla", "macchiato", "macchiato-fla", "sdpa")
+DEVICE = "cuda"  # the tests run this module's plumbing on "cpu"
 FULL_T = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
 QUICK_T = [64, 256]
 MODES = ("fwd", "fwdbwd")
@@ -40,7 +41,7 @@ def make_inputs(provider: str, T: int, dtype, B: int = 1, seed: int = 0):
     H, L, D = P.HEADS, P.LATENTS // P.HEADS, P.DV
 
     def r(*shape, dt=dtype):
-        return torch.randn(*shape, generator=g).to("cuda", dt)
+        return torch.randn(*shape, generator=g).to(DEVICE, dt)
 
     if provider in ("latte", "latte-fla"):
         backend = "fla" if provider == "latte-fla" else "torch"
@@ -69,21 +70,23 @@ def _point(ps, T, mode, args):
     for p in ps:
         try:
             inputs, fn = make_inputs(p, T, DTYPES[args.dtype])
-            fns[p] = synced(P.as_call(inputs, fn, mode), "cuda")
+            fns[p] = synced(P.as_call(inputs, fn, mode), DEVICE)
+            fns[p]()  # a first call: kernels compile and autotune here, and what cannot run fails here
         except (ImportError, RuntimeError, ValueError) as e:  # fla missing, out of memory
+            fns.pop(p, None)
             rows[p] = common.skipped(f"unavailable: {type(e).__name__}: {str(e)[:200]}")
-            torch.cuda.empty_cache()
     times = common.time_interleaved(fns, repeats=args.repeats, warmup=args.warmup) if fns else {}
     for p, t in times.items():
-        rows[p] = {**t, "peak_mb": cuda_peak_mb(fns[p])}
+        rows[p] = {**t, "peak_mb": cuda_peak_mb(fns[p]) if DEVICE == "cuda" else None}
     fns.clear()
-    torch.cuda.empty_cache()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
     return rows
 
 
 def run_ops(args) -> dict:
     torch.manual_seed(0)
-    info = {**common.machine_info(), **device_info("cuda")}
+    info = {**common.machine_info(), **device_info(DEVICE)}
     Ts = QUICK_T if args.quick else FULL_T
     results = []
     for T in Ts:
@@ -91,10 +94,10 @@ def run_ops(args) -> dict:
             for p, t in _point(args.providers, T, mode, args).items():
                 results.append({"provider": p, "T": T, "mode": mode, **t})
                 print(f"  {p:14s} T={T:6d} {mode:7s} " + (f"skipped: {t['reason']}" if t.get("skipped")
-                      else f"{t['median_ms']:9.3f} ms {t['peak_mb']:9.1f} MiB"), flush=True)
+                      else f"{t['median_ms']:9.3f} ms {common.fmt(t['peak_mb'])} MiB"), flush=True)
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return {"benchmark": "ops-cuda", "machine": info,
-            "config": {"device": "cuda", "dtype": args.dtype, "quick": args.quick, "repeats": args.repeats,
+            "config": {"device": DEVICE, "dtype": args.dtype, "quick": args.quick, "repeats": args.repeats,
                        "warmup": args.warmup, "providers": args.providers, "T": Ts,
                        "shapes": {"B": 1, "H": P.HEADS, "Lh": P.LATENTS // P.HEADS, "Dv": P.DV,
                                   "chunk_size": P.CHUNK, "window_size": P.WINDOW},
@@ -112,9 +115,9 @@ def markdown_ops(res: dict) -> str:
         return "-" if r is None else "skip" if r.get("skipped") else r[key]
 
     out = [f"# latte bench ops --device cuda{' (quick)' if cfg['quick'] else ''}", "",
-           f"{m['gpu']}, CUDA {m['cuda']}, torch {m['torch']}, fla-core {m['fla_core']}, triton {m['triton']}, "
-           f"{cfg['dtype']}, B=1 H=8 Lh=32 dv=64 W=128; median of {cfg['repeats']} synchronised calls, "
-           f"providers interleaved. TRITON_F32_DEFAULT={m['TRITON_F32_DEFAULT']}."]
+           f"{m.get('gpu', m['cpu_model'])}, CUDA {m.get('cuda')}, torch {m['torch']}, fla-core {m.get('fla_core')}, "
+           f"triton {m.get('triton')}, {cfg['dtype']}, B=1 H=8 Lh=32 dv=64 W=128; median of {cfg['repeats']} "
+           f"synchronised calls, providers interleaved. TRITON_F32_DEFAULT={m.get('TRITON_F32_DEFAULT')}."]
     for mode in MODES:
         for title, key in (("median ms", "median_ms"), ("peak extra MiB", "peak_mb")):
             rows = [[str(T)] + [val(p, T, mode, key) for p in cfg["providers"]] for T in cfg["T"]]
@@ -133,7 +136,7 @@ def plot_ops(res: dict, path) -> bool:
                  and not r.get("skipped")])
             for p in res["config"]["providers"]}
     return common.plot_loglog(path, panels, xlabel="T (tokens)", ylabel="median time (ms)",
-                              title=f"latte bench ops --device cuda: {res['machine']['gpu']}")
+                              title=f"latte bench ops --device cuda: {res['machine'].get('gpu')}")
 
 
 def main_ops(args) -> dict:

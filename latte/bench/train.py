@@ -122,28 +122,21 @@ def variants(args) -> list[tuple[str, str, bool]]:
             for c in ((False, True) if args.compile else (False,))]
 
 
-def _first_calls(points: dict) -> dict:
-    """Seconds of each compiled point's first step and layer call (the compiles)."""
-    out = {}
-    for label, p in points.items():
-        if p["compiled"]:
-            t0 = time.perf_counter()
-            p["step"]()
-            p["attention"]()
-            out[label] = time.perf_counter() - t0
-    return out
-
-
 def bench_seq(seq: int, args) -> list[dict]:
     """All mixers at one sequence length, timed in interleaved rounds."""
-    points, rows = {}, []
+    points, rows, compile_s = {}, [], {}
     for spec, backend, compiled in variants(args):
         label = label_of(spec, backend, compiled)
         try:
-            points[label] = build_point(spec, seq, args, backend, compiled)
-        except (ImportError, ValueError, RuntimeError) as e:  # model code missing, OOM
+            point = build_point(spec, seq, args, backend, compiled)
+            t0 = time.perf_counter()
+            point["step"]()  # a first call: what cannot run (a backend, memory) fails here
+            point["attention"]()
+            if compiled:
+                compile_s[label] = time.perf_counter() - t0  # the compiles
+            points[label] = point
+        except (ImportError, ValueError, RuntimeError) as e:  # model code missing, OOM, backend unusable
             rows.append({"mixer": label, "seq": seq, **common.skipped(f"unavailable: {type(e).__name__}: {e}")})
-    compile_s = _first_calls(points)
     steps = common.time_interleaved({m: p["step"] for m, p in points.items()},
                                     repeats=args.repeats, warmup=args.warmup)
     layers = common.time_interleaved({m: p["attention"] for m, p in points.items()},

@@ -152,3 +152,23 @@ def test_train_compile_and_sweep_preset(tmp_path):
         "latte:none", "latte:none compiled", "linear", "linear compiled"]
     cfg = train.make_config("macchiato:conv", False, 64, "sweep")
     assert (cfg.dim, cfg.num_layers, cfg.vocab_size, cfg.qk_mixer, cfg.window_size) == (64, 2, 8192, "conv", 16)
+
+
+def test_cuda_ops_plumbing_runs_on_cpu(tmp_path, monkeypatch):
+    """latte bench ops --device cuda with its device swapped for the CPU: every
+    provider is timed or recorded as unavailable (fla's need CUDA), and the
+    markdown is written. The CUDA numbers themselves need a GPU."""
+    from latte.bench import cuda
+
+    monkeypatch.setattr(cuda, "DEVICE", "cpu")
+    monkeypatch.setattr(cuda, "FULL_T", [16])
+    args = ops.parse_args(["--device", "cuda", "--repeats", "5", "--warmup", "0", "--out", str(tmp_path)])
+    args.dtype = "float32"  # CPU SDPA and the torch kernels
+    res = cuda.main_ops(args)
+    got = {(r["provider"], r["mode"]): r for r in res["results"]}
+    assert set(got) == {(p, m) for p in cuda.PROVIDERS for m in cuda.MODES}
+    for p in ("latte", "macchiato", "sdpa"):
+        _check_point(got[(p, "fwdbwd")])
+    for p in ("latte-fla", "fla-gla", "macchiato-fla"):
+        assert got[(p, "fwd")]["skipped"] and "unavailable" in got[(p, "fwd")]["reason"]
+    assert (tmp_path / "ops-cuda.md").read_text().startswith("# latte bench ops --device cuda")
