@@ -70,7 +70,7 @@ def _point(ps, T, mode, args):
     for p in ps:
         try:
             inputs, fn = make_inputs(p, T, DTYPES[args.dtype])
-            fns[p] = synced(P.as_call(inputs, fn, mode), DEVICE)
+            fns[p] = synced(P.as_call(fn, inputs, mode), DEVICE)
             fns[p]()  # a first call: kernels compile and autotune here, and what cannot run fails here
         except (ImportError, RuntimeError, ValueError) as e:  # fla missing, out of memory
             fns.pop(p, None)

@@ -10,8 +10,10 @@ takes seconds on a 2-core CPU; the batch used is recorded.
 `--preset sweep` is the size of an MQAR-like research sweep (dim 64, two
 layers of two heads, 64 latents, window 16, vocabulary 8192, T 64, batch
 64), where per-op overhead rather than arithmetic sets the step time.
-A mixer may name its qk mixer (`latte:none`). `--compile` also times each
-variant under torch.compile(model) and reports eager / compiled step time.
+A mixer may name its qk mixer (`latte:none`). The latent mixers are also
+timed with sharper key logits (`--dists`, as training makes them).
+`--compile` also times each variant under torch.compile(model) and reports
+eager / compiled step time; the report is written by train_report.py.
 
     python -m latte.bench.train [--quick] [--preset sweep] [--compile] [--threads 2] [--out bench-results]
 """
@@ -19,15 +21,19 @@ variant under torch.compile(model) and reports eager / compiled step time.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 
 import torch
 
 from . import common
+from . import inputs as dists
 from .device import DTYPES, add_device_args, check_device, device_info, resolve_device_args, synced
+from .train_report import markdown, plot, step_ratios
 
 MIXERS = ("latte", "macchiato", "softmax", "linear", "swa")
+LATENT = ("latte", "macchiato")  # mixers with key logits: also timed on the other --dists
 FULL_SEQS, QUICK_SEQS, SWEEP_SEQS = [512, 4096], [32, 64], [64]
 PRESETS = ("table6", "sweep")
 
@@ -35,9 +41,16 @@ PRESETS = ("table6", "sweep")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="latte bench train", description=__doc__.split("\n\n")[0])
     common.add_common_args(p)
-    p.add_argument("--mixers", default=",".join(MIXERS), help="comma-separated LatteConfig mixers")
+    p.add_argument("--mixers", default=",".join(MIXERS),
+                   help="comma-separated LatteConfig mixers, each optionally with its qk mixer (latte:none)")
     p.add_argument("--seqs", default=None, help="comma-separated sequence lengths (default 512,4096)")
     p.add_argument("--tokens-per-step", type=int, default=None, help="batch = this // sequence (default 4096)")
+    p.add_argument("--dists", default="std1,std10",
+                   help="key-logit distributions of the latent mixers, side by side (std<N>: the key projection "
+                        "scaled so that the key logits have std N on the batch, as in a trained model)")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the other sequence lengths of an earlier train.json in --out (a full run split "
+                        "into shorter ones, e.g. one quiet window per sequence length)")
     p.add_argument("--preset", choices=PRESETS, default="table6",
                    help="model size: the paper's Table 6 (default) or the research-sweep size (T 64, batch 64)")
     p.add_argument("--compile", action="store_true", help="also time every variant under torch.compile(model)")
@@ -46,6 +59,9 @@ def parse_args(argv=None):
                    help="latte.ops backends for the latte and macchiato mixers (default: torch on CPU, torch,fla on CUDA)")
     args = p.parse_args(argv)
     resolve_device_args(p, args)
+    args.dists = [d for d in args.dists.split(",") if d]
+    if not args.dists or any(not d.startswith("std") or d not in dists.DISTRIBUTIONS for d in args.dists):
+        p.error(f"--dists: expected std distributions of {list(dists.DISTRIBUTIONS)}, got {args.dists}")
     args.backends = (args.backends or ("torch" if args.device == "cpu" else "torch,fla")).split(",")
     args.mixers = [m for m in args.mixers.split(",") if m]
     default_seqs = QUICK_SEQS if args.quick else SWEEP_SEQS if args.preset == "sweep" else FULL_SEQS
@@ -69,24 +85,48 @@ def make_config(spec: str, quick: bool, seq: int, preset: str = "table6"):
     return LatteConfig.paper_table6(mixer=mixer, max_position_embeddings=max(512, seq), **extra)
 
 
-def build_point(spec: str, seq: int, args, backend: str = "torch", compiled: bool = False) -> dict:
-    """A model, optimizer and batch for one variant and sequence, and two calls:
-    one training step, and forward+backward of the first attention layer alone
-    on a batch of the same shape (times num_layers: the step's attention share).
-    On CUDA the calls synchronise and run under autocast to --dtype; `backend`
-    (latte.ops.set_backend) is set by each call, so points can interleave.
-    compiled: the model (and the layer) under torch.compile."""
+def sharpen_key_logits(model, ids, std: float) -> None:
+    """Scale every latent layer's key projection (b_proj) so that its key
+    logits on this batch have standard deviation `std` (dropout off), as
+    training makes them (they start near 1). Layer by layer: scaling one
+    changes what the later ones see."""
+    layers = [m for m in model.modules() if isinstance(getattr(m, "b_proj", None), torch.nn.Linear)]
+    was_training = model.training
+    model.eval()
+    for m in layers:
+        seen = []
+        hook = m.b_proj.register_forward_hook(lambda mod, inp, out: seen.append(out.detach().std()))  # -> None: output kept
+        with torch.no_grad():
+            model(ids)
+            hook.remove()
+            factor = std / seen[0].clamp_min(1e-12)
+            m.b_proj.weight.mul_(factor)
+            if m.b_proj.bias is not None:
+                m.b_proj.bias.mul_(factor)
+    model.train(was_training)
+
+
+def build_point(spec: str, seq: int, args, dist: str = "std1", backend: str = "torch", compiled: bool = False) -> dict:
+    """A model, optimizer and batch for one variant (mixer spec, key-logit
+    distribution, backend, compiled) and sequence, and two calls: one training
+    step, and forward+backward of the first attention layer alone on a batch
+    of the same shape (times num_layers: the step's attention share). On CUDA
+    the calls synchronise and run under autocast to --dtype; `backend`
+    (latte.ops.set_backend) is set by each call, so points can interleave."""
     from latte.models import LatteForCausalLM
     from latte.ops import set_backend
 
     cfg = make_config(spec, args.quick, seq, args.preset)
     torch.manual_seed(0)
     dev = args.device
-    model = LatteForCausalLM(cfg).train().to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.01)
+    model = LatteForCausalLM(cfg).train()
     batch = max(1, args.tokens_per_step // seq)
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g).to(dev)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
+    if dist != "std1":
+        sharpen_key_logits(model, ids, dists.scale(dist))
+    model, ids = model.to(dev), ids.to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.01)
     x = torch.randn(batch, seq, cfg.dim, generator=g).to(dev).requires_grad_(True)
     layer = model.model.blocks[0].mixer
     forward, layer_fwd = (torch.compile(model), torch.compile(layer)) if compiled else (model, layer)
@@ -106,37 +146,51 @@ def build_point(spec: str, seq: int, args, backend: str = "torch", compiled: boo
             y, _ = layer_fwd(x)
         y.float().sum().backward()
 
-    return {"mixer": label_of(spec, backend, compiled), "seq": seq, "batch": batch, "tokens_per_step": batch * seq,
+    return {"mixer": spec, "dist": dist, "backend": backend, "compiled": compiled,
+            "label": label_of(spec, dist, args.dists, backend, compiled),
+            "seq": seq, "batch": batch, "tokens_per_step": batch * seq,
             "num_layers": cfg.num_layers, "params": sum(p.numel() for p in model.parameters()),
-            "compiled": compiled, "step": synced(step, dev), "attention": synced(attention, dev)}
+            "step": synced(step, dev), "attention": synced(attention, dev)}
 
 
-def label_of(spec: str, backend: str, compiled: bool) -> str:
-    return spec + ("" if backend == "torch" else f"[{backend}]") + (" compiled" if compiled else "")
+def label_of(spec: str, dist: str, all_dists: list[str], backend: str = "torch", compiled: bool = False) -> str:
+    return (spec + ("" if backend == "torch" else f"[{backend}]") + ("" if dist == all_dists[0] else f" (b {dist})")
+            + (" compiled" if compiled else ""))
 
 
-def variants(args) -> list[tuple[str, str, bool]]:
-    """(mixer spec, backend, compiled): backends matter only where latents run."""
-    latent = lambda spec: spec.partition(":")[0] in ("latte", "macchiato")  # noqa: E731
-    return [(m, b, c) for m in args.mixers for b in (args.backends if latent(m) else ["torch"])
+def variants(args) -> list[tuple[str, str, str, bool]]:
+    """(mixer spec, dist, backend, compiled): every mixer on the first
+    distribution and the torch backend, the latent ones on all of them."""
+    latent = lambda spec: spec.partition(":")[0] in LATENT  # noqa: E731
+    return [(m, d, b, c) for m in args.mixers
+            for d in (args.dists if latent(m) else args.dists[:1])
+            for b in (args.backends if latent(m) else ["torch"])
             for c in ((False, True) if args.compile else (False,))]
 
 
+def _first_calls(point: dict) -> float:
+    """One step and one layer call: what cannot run (a backend, memory) fails
+    here, and a compiled variant compiles here. Returns the seconds taken."""
+    t0 = time.perf_counter()
+    point["step"]()
+    point["attention"]()
+    return time.perf_counter() - t0
+
+
 def bench_seq(seq: int, args) -> list[dict]:
-    """All mixers at one sequence length, timed in interleaved rounds."""
+    """All variants at one sequence length, timed in interleaved rounds."""
     points, rows, compile_s = {}, [], {}
-    for spec, backend, compiled in variants(args):
-        label = label_of(spec, backend, compiled)
+    for spec, dist, backend, compiled in variants(args):
+        name = label_of(spec, dist, args.dists, backend, compiled)
         try:
-            point = build_point(spec, seq, args, backend, compiled)
-            t0 = time.perf_counter()
-            point["step"]()  # a first call: what cannot run (a backend, memory) fails here
-            point["attention"]()
+            point = build_point(spec, seq, args, dist, backend, compiled)
+            first_s = _first_calls(point)
             if compiled:
-                compile_s[label] = time.perf_counter() - t0  # the compiles
-            points[label] = point
+                compile_s[name] = first_s
+            points[name] = point
         except (ImportError, ValueError, RuntimeError) as e:  # model code missing, OOM, backend unusable
-            rows.append({"mixer": label, "seq": seq, **common.skipped(f"unavailable: {type(e).__name__}: {e}")})
+            rows.append({"mixer": spec, "dist": dist, "label": name, "seq": seq,
+                         **common.skipped(f"unavailable: {type(e).__name__}: {e}")})
     steps = common.time_interleaved({m: p["step"] for m, p in points.items()},
                                     repeats=args.repeats, warmup=args.warmup)
     layers = common.time_interleaved({m: p["attention"] for m, p in points.items()},
@@ -151,8 +205,8 @@ def bench_seq(seq: int, args) -> list[dict]:
             "attention_share": attn_ms / t["median_ms"],
             **({"compile_s": compile_s[m]} if m in compile_s else {}),
         })
-        print(f"  {m:22s} seq={seq:5d} batch={p['batch']:3d} {t['median_ms'] / 1e3:7.2f} s/step "
-              f"{rows[-1]['tokens_per_s']:9.0f} tok/s  attention layers {attn_ms / 1e3:6.2f} s", flush=True)
+        print(f"  {m:28s} seq={seq:5d} batch={p['batch']:3d} {t['median_ms'] / 1e3:7.3f} s/step "
+              f"{rows[-1]['tokens_per_s']:9.0f} tok/s  attention layers {attn_ms / 1e3:6.3f} s", flush=True)
     points.clear()
     return rows
 
@@ -177,16 +231,17 @@ def run(args) -> dict:
             rows += bench_seq(seq, args)
     finally:
         set_backend(None)
-    labels = [label_of(*v) for v in variants(args)]
-    status = {m: next((r["reason"] for r in rows if r["mixer"] == m and r.get("skipped")), "ok")
-              for m in labels}
+    labels = [label_of(m, d, args.dists, b, c) for m, d, b, c in variants(args)]
+    status = {m: next((r["reason"] for r in rows if r["label"] == m and r.get("skipped")), "ok") for m in labels}
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    res = {
+    return {
         "benchmark": "train", "machine": info,
         "config": {
             "threads": args.threads, "device": args.device, "dtype": args.dtype, "quick": args.quick,
-            "preset": args.preset, "compile": args.compile, "seqs": args.seqs, "mixers": labels,
-            "backends": args.backends, "tokens_per_step": args.tokens_per_step, "repeats": args.repeats,
+            "preset": args.preset, "compile": args.compile, "seqs": args.seqs, "mixers": args.mixers,
+            "dists": args.dists, "backends": args.backends, "variants": labels,
+            "key_logits": "std<N>: every latent layer's b_proj scaled so its key logits have std N on the batch",
+            "tokens_per_step": args.tokens_per_step, "repeats": args.repeats,
             "warmup": args.warmup, "optimizer": "AdamW(lr=5e-4, weight_decay=0.01)",
             "model": _model_dict(args),
             "timing": "wall clock of zero_grad + forward(labels) + backward + AdamW.step; mixers "
@@ -194,105 +249,31 @@ def run(args) -> dict:
         },
         "mixers": status, "results": rows,
     }
-    res["ratios"] = step_ratios(res)
+
+
+def merge_earlier(res: dict, path) -> dict:
+    """res with the rows of the earlier run at `path` for sequence lengths it
+    did not measure itself (same variants required)."""
+    prev = json.loads(path.read_text())
+    same = {"variants": None, "quick": None, "preset": "table6", "device": "cpu", "dtype": "float32"}  # key: default
+    if any(prev["config"].get(k, d) != res["config"].get(k, d) for k, d in same.items()):
+        raise ValueError(f"--merge: {path} differs in one of {list(same)}; run without --merge")
+    seqs = res["config"]["seqs"]
+    kept = [r for r in prev["results"] if r["seq"] not in seqs]
+    res["results"] = kept + res["results"]
+    res["config"]["seqs"] = sorted(set(seqs) | {r["seq"] for r in kept})
+    res["merged"] = {"from": str(path), "seqs": sorted({r["seq"] for r in kept}), "machine": prev["machine"]}
     return res
-
-
-def _ratio_notes(cell: dict, seqs: list, mixer: str = "macchiato", base: str = "softmax") -> list[str]:
-    """mixer / base throughput per sequence, and the most it could be if the
-    mixer's attention layers cost nothing (everything else unchanged)."""
-    notes = []
-    for s in seqs:
-        a, b = cell.get((mixer, s)), cell.get((base, s))
-        if not a or not b or a.get("skipped") or b.get("skipped"):
-            continue
-        rest = max(a["median_ms"] - a["attention_ms"], 1e-9)
-        notes.append(f"- seq {s}: {mixer} / {base} tokens/s = {b['median_ms'] / a['median_ms']:.2f}x. "
-                     f"Attention layers are {a['attention_share']:.0%} of the {mixer} step and "
-                     f"{b['attention_share']:.0%} of the {base} step; with zero-cost attention layers "
-                     f"{mixer} could reach at most {b['median_ms'] / rest:.2f}x.")
-    return notes
-
-
-def step_ratios(res: dict) -> dict:
-    """Per sequence, each variant's step time over softmax's (eager over
-    eager, compiled over compiled) and, with --compile, eager over compiled."""
-    cell = {(r["mixer"], r["seq"]): r["median_ms"] for r in res["results"] if not r.get("skipped")}
-    out = {"over_softmax": {}, "eager_over_compiled": {}}
-    for (label, seq), ms in cell.items():
-        compiled = label.endswith(" compiled")
-        base = cell.get(("softmax compiled" if compiled else "softmax", seq))
-        if base:
-            out["over_softmax"].setdefault(str(seq), {})[label] = ms / base
-        if compiled and (label[: -len(" compiled")], seq) in cell:
-            out["eager_over_compiled"].setdefault(str(seq), {})[label[: -len(" compiled")]] = \
-                cell[(label[: -len(" compiled")], seq)] / ms
-    return out
-
-
-def _ratio_table(ratios: dict, seqs: list, labels: list) -> list[str]:
-    if not ratios["over_softmax"]:
-        return []
-    hdr = ["mixer"] + [f"seq {s}: step / softmax's" for s in seqs]
-    plain = [m for m in labels if not m.endswith(" compiled")]
-    if ratios["eager_over_compiled"]:
-        hdr += [f"seq {s}: eager / compiled" for s in seqs]
-    rows = []
-    for m in labels:
-        row = [m] + [ratios["over_softmax"].get(str(s), {}).get(m, "-") for s in seqs]
-        if ratios["eager_over_compiled"]:
-            row += [ratios["eager_over_compiled"].get(str(s), {}).get(m, "-") if m in plain else "" for s in seqs]
-        rows.append(row)
-    return ["", "Ratios from the same run (step time over softmax's, eager with eager and compiled with "
-            "compiled; eager over compiled step time per mixer):", "",
-            common.md_table(hdr, [[c if isinstance(c, str) else f"{c:.2f}" for c in r] for r in rows])]
-
-
-def where(machine: dict) -> str:
-    return machine.get("gpu") or f"{machine['cpu_model']}, {machine['threads']} threads"
-
-
-def markdown(res: dict) -> str:
-    m, cfg = res["machine"], res["config"]
-    cell = {(r["mixer"], r["seq"]): r for r in res["results"]}
-    hdr = ["mixer", "params (M)"] + [f"seq {s}: batch / s per step / tok/s / attention share" for s in cfg["seqs"]]
-    rows = []
-    for mx in cfg["mixers"]:
-        ok = [cell[(mx, s)] for s in cfg["seqs"] if not cell.get((mx, s), {"skipped": True}).get("skipped")]
-        row = [mx, f"{ok[0]['params'] / 1e6:.3f}" if ok else "-"]
-        for s in cfg["seqs"]:
-            r = cell.get((mx, s))
-            row.append("skip" if r is None or r.get("skipped") else
-                       f"{r['batch']} / {r['median_ms'] / 1e3:.2f} / {r['tokens_per_s']:,.0f} / "
-                       f"{r.get('attention_share', float('nan')):.0%}")
-        rows.append(row)
-    size = "quick, tiny model" if cfg["quick"] else ("research-sweep size" if cfg.get("preset") == "sweep"
-                                                     else "Table 6 preset")
-    out = [f"# latte bench train ({size})", "",
-           f"{where(m)}, torch {m['torch']}, {cfg.get('dtype', 'float32')}; one AdamW step (fused LM "
-           f"head + loss), median of {cfg['repeats']} steps, mixers interleaved round by round. Attention "
-           f"share = forward+backward of one mixer layer alone x layers / step time.", "",
-           common.md_table(hdr, rows)]
-    out += _ratio_table(res.get("ratios") or step_ratios(res), cfg["seqs"], cfg["mixers"])
-    notes = _ratio_notes(cell, cfg["seqs"])
-    skips = [f"- {r['mixer']} @ {r['seq']}: {r['reason']}" for r in res["results"] if r.get("skipped")]
-    return "\n".join(out + ([""] + notes if notes else []) + ([""] + skips if skips else [])) + "\n"
-
-
-def plot(res: dict, path) -> bool:
-    series = {}
-    for mx in res["config"]["mixers"]:
-        pts = [(r["seq"], r["tokens_per_s"]) for r in res["results"] if r["mixer"] == mx and not r.get("skipped")]
-        series[mx] = ([s for s, _ in pts], [v for _, v in pts])
-    m = res["machine"]
-    return common.plot_loglog(path, {"training throughput": series}, xlabel="sequence length",
-                              ylabel="tokens / s", title=f"latte bench train: {where(m)}")
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     res = run(args)
-    common.write_outputs(args, "train" if args.device == "cpu" else f"train-{args.device}", res, markdown(res), plot)
+    name = "train" if args.device == "cpu" else f"train-{args.device}"
+    if args.merge and (args.out / f"{name}.json").exists():
+        res = merge_earlier(res, args.out / f"{name}.json")
+    res["ratios"] = step_ratios(res)
+    common.write_outputs(args, name, res, markdown(res), plot)
     return res
 
 

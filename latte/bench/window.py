@@ -53,12 +53,12 @@ def _qkv(T, args, bhte=False):
 def make(provider: str, T: int, mode: str, args):
     """(zero-argument call, compile seconds or None) for one point."""
     from latte.ops.flex_window import flex_window, window_block_mask
-    from latte.ops.sliding_window import _blocked
+    from latte.ops.sliding_window import window_blocked
 
     scale = E ** -0.5
     compile_s = None
     if provider == "tiles":
-        inputs, fn = _qkv(T, args), lambda q, k, v: _blocked(q, k, v, W, scale, None, None)[:2]
+        inputs, fn = _qkv(T, args), lambda q, k, v: window_blocked(q, k, v, W, scale, None, None)[:2]
     elif provider == "sdpa":
         inputs, fn = _qkv(T, args, bhte=True), lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     elif args.device == "cuda":  # flex with its log-normaliser, as Macchiato runs it
@@ -69,7 +69,7 @@ def make(provider: str, T: int, mode: str, args):
         compiled = torch.compile(flex_attention, dynamic=False)
         mask = window_block_mask(T, 0, W, "cpu")
         inputs, fn = _qkv(T, args, bhte=True), lambda q, k, v: compiled(q, k, v, block_mask=mask, scale=scale)
-    call = synced(as_call(inputs, fn, mode), args.device)
+    call = synced(as_call(fn, inputs, mode), args.device)
     if provider == "flex":
         t0 = time.perf_counter()
         call()  # the compile

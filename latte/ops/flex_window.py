@@ -4,7 +4,7 @@ backend "fla" or "auto" on CUDA, see backend.py).
 Legend: B batch, T time, H query heads, K key/value heads, E query/key
 width, D value width, W window size, P = W - 1 cached slots, BS block size.
 
-Same contract as sliding_window._blocked: the fused kernel returns the
+Same contract as sliding_window.window_blocked: the fused kernel returns the
 window's output and its log-normaliser lse_t = log sum_{s in W(t)} exp(e_ts),
 which Macchiato combines with the latent branch in log space (macchiato._mix).
 Keys are the P cached slots (when a state is given) followed by the T new
@@ -88,7 +88,7 @@ def window_block_mask(T: int, P: int, W: int, device: str):
 
 
 def flex_window(q, k, v, window_size, scale, mask, state, lengths=None):
-    """_blocked on flex_attention: (y [B, T, H, D], lse [B, T, H] in the work dtype,
+    """window_blocked on flex_attention: (y [B, T, H, D], lse [B, T, H] in the work dtype,
     WindowState)."""
     from torch.nn.attention.flex_attention import AuxRequest
 

@@ -54,7 +54,7 @@ def _kernels():
 
 
 def _masked(b, mask):
-    """Key logits of padding (mask False) become NEG, as in causal.mask_logits."""
+    """Key logits of padding (mask False) become NEG, as in causal.mask_keys."""
     return b if mask is None else b.masked_fill(~mask.view(*mask.shape, *([1] * (b.dim() - mask.dim()))), NEG)
 
 

@@ -135,9 +135,9 @@ def test_flex_window_with_cache_and_padding():
     mask[0, :9] = False
     state = WindowState(torch.randn(2, W - 1, 2, 32, dtype=f64), torch.randn(2, W - 1, 2, 32, dtype=f64),
                         torch.rand(2, W - 1) < 0.7)
-    from latte.ops.sliding_window import _blocked
+    from latte.ops.sliding_window import window_blocked
 
-    want = _blocked(q, k, v, W, 0.2, mask, state)
+    want = window_blocked(q, k, v, W, 0.2, mask, state)
     got = flex_window(*on_cuda(q, k, v), W, 0.2, mask.to(CUDA), WindowState(*on_cuda(state.k, state.v), state.mask.to(CUDA)))
     assert rel_err(got[0].cpu()[mask], want[0][mask]) < FWD and rel_err(got[1].cpu()[mask], want[1][mask]) < FWD
 

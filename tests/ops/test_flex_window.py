@@ -13,7 +13,7 @@ import torch
 from latte.ops import MacchiatoState, macchiato, reference as R
 from latte.ops import backend as BK
 from latte.ops.flex_window import BLOCK, band_blocks, flex_window
-from latte.ops.sliding_window import WindowState, _blocked
+from latte.ops.sliding_window import WindowState, window_blocked
 from tests.helpers import rel_err
 
 flex = pytest.importorskip("torch.nn.attention.flex_attention")
@@ -58,7 +58,7 @@ def test_flex_window_matches_reference(T, W, K):
     y, lse, st = flex_window(q, k, v, W, 6 ** -0.5, None, None)
     y_ref, lse_ref = R.sliding_window_attention(q, k, v, W)
     assert rel_err(y, y_ref) < 1e-12 and rel_err(lse, lse_ref) < 1e-12
-    _, _, st_tiles = _blocked(q, k, v, W, 6 ** -0.5, None, None)
+    _, _, st_tiles = window_blocked(q, k, v, W, 6 ** -0.5, None, None)
     assert all(torch.equal(x, x_t) for x, x_t in zip(st, st_tiles))
 
 
@@ -74,7 +74,7 @@ def test_flex_window_with_padding_cache_and_lengths_equals_tiles():
     lengths = torch.tensor([150, 100])
     for st in (None, state):
         got = flex_window(q, k, v, W, 0.3, mask, st, lengths)
-        want = _blocked(q, k, v, W, 0.3, mask, st, lengths)
+        want = window_blocked(q, k, v, W, 0.3, mask, st, lengths)
         real = mask
         assert rel_err(got[0][real], want[0][real]) < 1e-12 and rel_err(got[1][real], want[1][real]) < 1e-12
         assert all(torch.equal(x, x_t) for x, x_t in zip(got[2], want[2]))
