@@ -30,7 +30,8 @@ import torch
 from . import common
 from . import inputs as dists
 from .device import DTYPES, add_device_args, check_device, device_info, resolve_device_args, synced
-from .train_report import markdown, plot, step_ratios
+from .step_profile import profile_step
+from .train_report import markdown, output_name, plot, step_ratios
 
 MIXERS = ("latte", "macchiato", "softmax", "linear", "swa")
 LATENT = ("latte", "macchiato")  # mixers with key logits: also timed on the other --dists
@@ -54,6 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--preset", choices=PRESETS, default="table6",
                    help="model size: the paper's Table 6 (default) or the research-sweep size (T 64, batch 64)")
     p.add_argument("--compile", action="store_true", help="also time every variant under torch.compile(model)")
+    p.add_argument("--profile", action="store_true",
+                   help="after timing, profile a few steps of every eager variant (op counts, top ops)")
     add_device_args(p)
     p.add_argument("--backends", default=None,
                    help="latte.ops backends for the latte and macchiato mixers (default: torch on CPU, torch,fla on CUDA)")
@@ -195,6 +198,7 @@ def bench_seq(seq: int, args) -> list[dict]:
                                     repeats=args.repeats, warmup=args.warmup)
     layers = common.time_interleaved({m: p["attention"] for m, p in points.items()},
                                      repeats=args.repeats, warmup=args.warmup)
+    profiles = {m: profile_step(p["step"]) for m, p in points.items() if args.profile and not p["compiled"]}
     for m, p in points.items():
         t = steps[m]
         attn_ms = layers[m]["median_ms"] * p["num_layers"]
@@ -204,6 +208,7 @@ def bench_seq(seq: int, args) -> list[dict]:
             "attention_layer_ms": layers[m]["median_ms"], "attention_ms": attn_ms,
             "attention_share": attn_ms / t["median_ms"],
             **({"compile_s": compile_s[m]} if m in compile_s else {}),
+            **({"profile": profiles[m]} if m in profiles else {}),
         })
         print(f"  {m:28s} seq={seq:5d} batch={p['batch']:3d} {t['median_ms'] / 1e3:7.3f} s/step "
               f"{rows[-1]['tokens_per_s']:9.0f} tok/s  attention layers {attn_ms / 1e3:6.3f} s", flush=True)
@@ -238,7 +243,7 @@ def run(args) -> dict:
         "benchmark": "train", "machine": info,
         "config": {
             "threads": args.threads, "device": args.device, "dtype": args.dtype, "quick": args.quick,
-            "preset": args.preset, "compile": args.compile, "seqs": args.seqs, "mixers": args.mixers,
+            "preset": args.preset, "compile": args.compile, "profile": args.profile, "seqs": args.seqs, "mixers": args.mixers,
             "dists": args.dists, "backends": args.backends, "variants": labels,
             "key_logits": "std<N>: every latent layer's b_proj scaled so its key logits have std N on the batch",
             "tokens_per_step": args.tokens_per_step, "repeats": args.repeats,
@@ -269,7 +274,7 @@ def merge_earlier(res: dict, path) -> dict:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     res = run(args)
-    name = "train" if args.device == "cpu" else f"train-{args.device}"
+    name = output_name(res["config"])
     if args.merge and (args.out / f"{name}.json").exists():
         res = merge_earlier(res, args.out / f"{name}.json")
     res["ratios"] = step_ratios(res)

@@ -3,7 +3,7 @@ the same run (each variant over softmax, eager over compiled), plot."""
 
 from __future__ import annotations
 
-from . import common
+from . import common, step_profile
 
 _COMPILED = " compiled"
 
@@ -62,6 +62,13 @@ def where(machine: dict) -> str:
     return machine.get("gpu") or f"{machine['cpu_model']}, {machine['threads']} threads"
 
 
+def output_name(cfg: dict) -> str:
+    """train, train-sweep (--preset sweep), then -compiled (--compile), -cuda
+    (on a GPU): the names of the files and of the README section."""
+    return "train" + ("-sweep" if cfg.get("preset") == "sweep" else "") + ("-compiled" if cfg.get("compile") else "") \
+        + ("" if cfg.get("device", "cpu") == "cpu" else f"-{cfg['device']}")
+
+
 def _size(cfg: dict) -> str:
     if cfg["quick"]:
         return "quick, tiny model"
@@ -96,6 +103,9 @@ def markdown(res: dict) -> str:
                     f"{pm['loadavg_start'][0]:.1f} at its start); the rest from this one ({m['time_utc']})."]
     out += _ratio_table(res.get("ratios") or step_ratios(res), cfg["seqs"], cfg["variants"])
     notes = _ratio_notes(cell, cfg["seqs"])
+    for seq in cfg["seqs"]:
+        out += step_profile.markdown({r["label"]: r["profile"] for r in res["results"]
+                                      if r["seq"] == seq and r.get("profile")}, seq)
     skips = [f"- {r['label']} @ {r['seq']}: {r['reason']}" for r in res["results"] if r.get("skipped")]
     return "\n".join(out + ([""] + notes if notes else []) + ([""] + skips if skips else [])) + "\n"
 

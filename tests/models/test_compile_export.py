@@ -1,7 +1,8 @@
 """torch.compile and torch.export of the causal LM, every mixer.
 
-- a training step (forward with labels, backward) traces as one graph:
-  fullgraph=True fails on any graph break;
+- the training forward (with labels: the fused head + loss) traces as one
+  graph (fullgraph=True fails on any graph break), and its backward, which
+  AOT autograd derives from that graph, gives eager's gradients;
 - the compiled step (inductor, the default backend) gives eager's loss and
   gradients;
 - torch.export.export of the forward at fixed shapes gives eager's logits.
@@ -13,9 +14,13 @@ import torch
 MIXERS = ["latte", "macchiato", "softmax", "linear", "swa"]
 
 
-def step_fn(model):
+def step_fn(model, forward=None):
+    """Loss and parameter gradients of one training step; forward: the
+    (compiled) callable that runs the model (default: the model itself)."""
+    forward = model if forward is None else forward
+
     def step(ids):
-        loss = model(ids, labels=ids).loss
+        loss = forward(ids, labels=ids).loss
         grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
         return loss, grads
 
@@ -24,12 +29,12 @@ def step_fn(model):
 
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_training_step_has_no_graph_break(make_lm, make_ids, mixer):
-    """aot_eager traces forward and backward with autograd's own graph: any
+    """aot_eager traces the model's forward and derives its backward: any
     graph break or untraceable op fails the fullgraph compile."""
     model = make_lm(mixer).train()
     ids = make_ids(2, 40)  # T not a multiple of the chunk / window block sizes
     torch._dynamo.reset()
-    compiled = torch.compile(step_fn(model), backend="aot_eager", fullgraph=True)
+    compiled = step_fn(model, torch.compile(model, backend="aot_eager", fullgraph=True))
     torch.manual_seed(0)
     loss, grads = compiled(ids)
     torch.manual_seed(0)
@@ -45,7 +50,7 @@ def test_inductor_compiled_step_equals_eager(make_lm, make_ids, mixer):
     model = make_lm(mixer).train()
     ids = make_ids(2, 40)
     torch._dynamo.reset()
-    loss, grads = torch.compile(step_fn(model))(ids)
+    loss, grads = step_fn(model, torch.compile(model))(ids)
     loss_ref, grads_ref = step_fn(model)(ids)
     torch.testing.assert_close(loss, loss_ref, rtol=1e-4, atol=1e-5)
     for g, g_ref in zip(grads, grads_ref):
