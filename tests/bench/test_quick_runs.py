@@ -226,3 +226,15 @@ def test_sharpened_key_logits_have_the_asked_spread():
     for h in hooks:
         h.remove()
     assert len(seen) == model.config.num_layers and all(abs(s - 10.0) < 1e-3 for s in seen)
+
+
+def test_step_profile_counts_ops_and_names_the_top_ones():
+    from latte.bench import step_profile
+
+    x = torch.randn(8, 8)
+    prof = step_profile.profile_step(lambda: (x @ x).exp().sum(), steps=2, top=3)
+    assert prof["aten_calls_per_step"] >= 3 and prof["wall_ms_per_step"] > 0
+    ms = [t["self_ms_per_step"] for t in prof["top"]]
+    assert len(ms) == 3 and ms == sorted(ms, reverse=True) and all(t["op"].startswith("aten::") for t in prof["top"])
+    table = step_profile.markdown({"toy": prof}, 8)
+    assert table[1].startswith("## Profile") and table[-1].startswith("| toy | ")
