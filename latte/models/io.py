@@ -103,11 +103,13 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise ValueError(f"{path}: not a valid safetensors file ({e})") from None
 
 
-def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
+def load_weights(model: torch.nn.Module, path: str | os.PathLike, *,
+                 expected: dict[str, torch.Tensor] | None = None) -> None:
     """Loads `path` into `model` after checking names and shapes: one
-    ValueError lists every missing, unexpected and mismatched tensor."""
+    ValueError lists every missing, unexpected and mismatched tensor.
+    expected: the tensors the file must hold (default: the whole state dict)."""
     tensors = read_safetensors(path)
-    expected = unique_state_dict(model)
+    expected = unique_state_dict(model) if expected is None else expected
     problems = [f"missing tensor {k} {tuple(v.shape)}" for k, v in expected.items() if k not in tensors]
     problems += [f"unexpected tensor {k} {tuple(v.shape)}" for k, v in tensors.items() if k not in expected]
     problems += [f"shape mismatch for {k}: file {tuple(tensors[k].shape)}, model {tuple(v.shape)}"
