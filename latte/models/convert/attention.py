@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from latte.layers import QKMixer
-from latte.ops import MacchiatoState, macchiato, macchiato_step
+from latte.ops import MacchiatoState, macchiato, macchiato_step, sliding_window_attention_lse
 
 from .families import AttentionSpec
 
@@ -44,6 +44,16 @@ class ConvertedLayerState(NamedTuple):
     attn: MacchiatoState  # latent (S, z) + ring buffer of window_size - 1 keys/values
     conv: torch.Tensor | None  # qk-mixer conv state [B, conv_size - 1, F] or None
     h: torch.Tensor | None  # qk-mixer RG-LRU state [B, F] or None
+
+
+class LogMasses(NamedTuple):
+    """[B, T, H] float32 logs, beta excluded. joint: p(latents) =
+    sigmoid(latent + beta - window); gate: sigmoid(latent + beta - gate)."""
+
+    window: torch.Tensor  # log sum of exp(scores) over the window
+    full: torch.Tensor  # the same over every key the original sees
+    latent: torch.Tensor  # logsumexp of the latent logits a
+    gate: torch.Tensor | None  # the gate logit (mix="gate")
 
 
 class LoRA(nn.Module):
@@ -129,6 +139,19 @@ class ConvertedAttention(nn.Module):
         cos, sin = position_embeddings
         q, k = self.spec.apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [B, H|K, T, E]
         return q.transpose(1, 2), k.transpose(1, 2), v
+
+    @torch.no_grad()
+    def log_masses(self, x: torch.Tensor, position_embeddings) -> "LogMasses":
+        """Log-masses of the mixture's parts on input x (see LogMasses)."""
+        B, T, _ = x.shape
+        q, k, v = self._qkv(x, position_embeddings)
+        kw = dict(scale=self.spec.scale, softcap=self.spec.softcap)
+        _, window, _ = sliding_window_attention_lse(q, k, v, window_size=self.window_size, **kw)
+        _, full, _ = sliding_window_attention_lse(q, k, v, window_size=self.spec.window or T, **kw)
+        gate = None if self.gate_proj is None else self.gate_proj(x).float()
+        u, _, _ = self.mixer(x)
+        a = self.a_proj(u).view(B, T, self.spec.num_heads, self.latents_per_head)
+        return LogMasses(window, full, torch.logsumexp(a.float(), -1), gate)
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None,
                 past_key_values=None, **kwargs):

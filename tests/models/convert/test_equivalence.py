@@ -18,7 +18,7 @@ def ids(B=2, T=T, seed=1):
     return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
-def band_mask(T, window):
+def band_mask(window, T=T):
     """Additive 4D mask: query t sees keys (t - window, t]."""
     t = torch.arange(T)
     allowed = (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - window)
@@ -46,7 +46,7 @@ def test_short_window_equals_the_band_masked_original(family):
     original = build(family)
     x = ids(B=1)
     with torch.no_grad():
-        ref = original(x, attention_mask=band_mask(T, W)).logits
+        ref = original(x, attention_mask=band_mask(W)).logits
         converted = convert(copy.deepcopy(original), ConversionConfig(window_size=W, latents_per_head=4)).eval()
         got = converted(x, use_cache=False).logits
     assert rel_err(got, ref) < 1e-4
