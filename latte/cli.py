@@ -3,6 +3,8 @@
     latte train [--config tiny] [--resume auto|never|PATH] [--section.field=value ...]
     latte generate --run RUN_DIR --prompt "..." [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
     latte eval --run RUN_DIR [--lengths 1,2,4,8] [--max-tokens N] [--out eval.json]
+    latte export RUN_DIR OUT_DIR      (a folder transformers loads after latte.models.hf.register())
+    latte harness [lm_eval arguments] (lm-evaluation-harness with the latte models registered)
     latte bench {ops,decode,train} [args...]
     latte experiment NAME [args...]   (latte experiment --help lists them)
 
@@ -31,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     handlers = {"train": cmd_train, "generate": cmd_generate, "eval": cmd_eval, "bench": cmd_bench,
-                "experiment": cmd_experiment}
+                "experiment": cmd_experiment, "export": cmd_export, "harness": cmd_harness}
     if command not in handlers:
         print(f"latte: unknown command {command!r}; expected one of {', '.join(handlers)}\n{USAGE}",
               file=sys.stderr)
@@ -78,11 +80,11 @@ def _split_train_args(args: list[str]) -> tuple[str | None, list[str]]:
 
 def cmd_train(args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in args):
-        from latte.train.config import DEFAULT_CONFIG
+        from latte.train.config import shipped_configs
 
-        print("usage: latte train [--config PATH] [--resume auto|never|PATH] [--section.field=value ...]\n"
-              f"default config: {DEFAULT_CONFIG}; sections: data, model, optim, train "
-              "(see latte/train/config.py)")
+        print("usage: latte train [--config NAME|PATH] [--resume auto|never|PATH] [--section.field=value ...]\n"
+              f"shipped configs (--config NAME; default tiny): {', '.join(shipped_configs())}\n"
+              "sections: data, model, optim, train (see latte/train/config.py)")
         return 0
     from latte.train.config import load_run_config
     from latte.train.loop import train
@@ -119,14 +121,15 @@ def cmd_generate(args: list[str]) -> int:
     trained = load_trained(a.run)
     tok = trained.tokenizer
     ids = tok.encode(a.prompt) or [tok.eos_id]
+    gen = torch.Generator().manual_seed(a.seed)
+    tokens = stream_tokens(trained.model, ids, a.max_new_tokens, temperature=a.temperature,  # checks arguments
+                           top_k=a.top_k or None, top_p=a.top_p, generator=gen,
+                           eos_token_id=tok.eos_id if a.stop_at_eos else None)
     print(f"[{trained.checkpoint}, step {trained.step}]", file=sys.stderr)
     sys.stdout.write(a.prompt)
     sys.stdout.flush()
     decoder = IncrementalDecoder(tok)
-    gen = torch.Generator().manual_seed(a.seed)
-    for token in stream_tokens(trained.model, ids, a.max_new_tokens, temperature=a.temperature,
-                               top_k=a.top_k or None, top_p=a.top_p, generator=gen,
-                               eos_token_id=tok.eos_id if a.stop_at_eos else None):
+    for token in tokens:
         sys.stdout.write(decoder.push(token))
         sys.stdout.flush()
     sys.stdout.write(decoder.flush() + "\n")
@@ -194,6 +197,30 @@ def format_table(results: list[dict]) -> str:
     lines.append("(ppl by position within each window, a bucket clipped at the window's end; "
                  "the same validation tokens at every length)")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- export
+
+def cmd_export(args: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="latte export", description=(
+        "Write a trained run as a folder that transformers loads (AutoModelForCausalLM, AutoTokenizer, "
+        "pipeline) after latte.models.hf.register()."))
+    p.add_argument("run", help="run folder (newest verified checkpoint) or a step-N folder")
+    p.add_argument("out", help="output folder (created; files in it are replaced)")
+    a = p.parse_args(args)
+    from latte.eval.runs import load_trained
+    from latte.models.export import export_for_transformers
+
+    trained = load_trained(a.run)
+    out = export_for_transformers(trained.model, trained.tokenizer, a.out)
+    print(f"latte export: {trained.checkpoint} (step {trained.step}) -> {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_harness(args: list[str]) -> int:
+    from latte.eval.harness import main as harness_main
+
+    return harness_main(args)
 
 
 # --------------------------------------------------------------------------- bench

@@ -10,20 +10,12 @@ import pytest
 import torch
 
 from latte.cli import _split_train_args, main
-from latte.config_io import build
-from latte.train.config import RunConfig
-from tests.train.runs import REPO, tiny_config_dict, write_config, write_corpus
+from tests.train.runs import REPO, train_tiny_run
 
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli")
-    (root / "corpus").mkdir()
-    corpus = write_corpus(root / "corpus")
-    cfg = build(RunConfig, tiny_config_dict(corpus, root / "run", root / "cache"))
-    path = write_config(cfg, root / "tiny.yaml")
-    assert main(["train", "--config", str(path), "--train.steps=4", "--optim.warmup_steps=1"]) == 0
-    return root / "run"
+    return train_tiny_run(tmp_path_factory.mktemp("cli"))
 
 
 def test_train_args_split():
@@ -86,6 +78,15 @@ def test_unknown_command_and_help(capsys):
     assert main(["fly"]) == 2
     assert "unknown command 'fly'" in capsys.readouterr().err
     assert main(["--help"]) == 0 and "latte train" in capsys.readouterr().out
+
+
+def test_train_help_lists_the_shipped_configs(capsys):
+    from latte.train.config import shipped_configs
+
+    assert main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert {"tiny", "paper-table6", "mixers/latte"} <= set(shipped_configs())
+    assert all(name in out for name in shipped_configs())
 
 
 def test_bench_dispatches_lazily(monkeypatch, capsys):

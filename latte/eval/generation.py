@@ -1,9 +1,10 @@
 """Token-by-token generation from the recurrent state, for streaming output.
 
-`LatteForCausalLM.generate` returns whole sequences; here each token is
-yielded as soon as it is sampled, which is what `latte generate` prints.
-Same recipe: one chunked forward over the prompt, then one recurrent step
-per token (constant time and memory per token for every mixer but softmax).
+`LatteForCausalLM.generate` returns whole sequences; its streaming form
+`LatteForCausalLM.stream` yields each token as soon as it is chosen, which is
+what `latte generate` prints (one chunked forward over the prompt, then one
+recurrent step per token: constant time and memory per token for every mixer
+but softmax).
 """
 
 from __future__ import annotations
@@ -13,35 +14,20 @@ from typing import Iterator
 import torch
 
 from latte.models import LatteForCausalLM
-from latte.models.causal_lm import sample
 
 
-@torch.no_grad()
 def stream_tokens(model: LatteForCausalLM, prompt_ids: list[int], max_new_tokens: int, *,
                   temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                   eos_token_id: int | None = None, generator: torch.Generator | None = None,
                   device: str | torch.device = "cpu") -> Iterator[int]:
-    """Yields up to `max_new_tokens` ids continuing `prompt_ids` (stops after eos)."""
+    """Yields up to `max_new_tokens` ids continuing `prompt_ids` (stops after
+    eos): `LatteForCausalLM.stream` for one prompt. Every argument is checked
+    when this is called, before the first token is asked for."""
     if not prompt_ids:
         raise ValueError("prompt_ids: empty; give at least one token (e.g. the eos id)")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens: expected >= 0, got {max_new_tokens}")
-    was_training = model.training
-    model.eval()
-    try:
-        out = model(torch.tensor([prompt_ids], device=device), use_cache=True)
-        for i in range(max_new_tokens):
-            logits = out.logits[:, -1].float()  # [1, V]
-            if temperature == 0:
-                tok = logits.argmax(-1)
-            else:
-                tok = sample(logits, temperature, top_k, top_p, generator)
-            yield int(tok)
-            if int(tok) == eos_token_id or i + 1 == max_new_tokens:
-                break
-            out = model(tok[:, None], state=out.state, use_cache=True)  # one recurrent step
-    finally:
-        model.train(was_training)
+    tokens = model.stream(torch.tensor([prompt_ids], device=device), max_new_tokens, temperature=temperature,
+                          top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, generator=generator)
+    return (int(tok[0]) for tok in tokens)
 
 
 class IncrementalDecoder:

@@ -21,8 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from latte.data import TokenWindows, iter_eval_batches
-
-IGNORE_INDEX = -100
+from latte.models import IGNORE_INDEX
 
 
 @torch.no_grad()

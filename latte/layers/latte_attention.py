@@ -23,14 +23,7 @@ from torch import nn
 
 from latte.ops import LatteState, latte_bidirectional, latte_causal, latte_causal_step
 
-from ._common import (
-    check_divides,
-    check_dropout,
-    check_input,
-    check_positive_ints,
-    check_state,
-    real_positions,
-)
+from ._checks import check_divides, check_dropout, check_input, check_positive_ints, check_state
 from .mixers import QKMixer
 
 
@@ -40,7 +33,6 @@ class LatteLayerState(NamedTuple):
     attn: LatteState  # S [B, H, L, D], z [B, H, L] (float32)
     conv: torch.Tensor | None  # [B, conv_size - 1, dim] last conv inputs (float32), None without conv
     h: torch.Tensor | None  # [B, dim] RG-LRU state (float32), None without RG-LRU
-    pos: torch.Tensor  # [B] int64 real tokens seen so far
 
 
 class LatteAttention(nn.Module):
@@ -88,10 +80,13 @@ class LatteAttention(nn.Module):
         self.o_proj = nn.Linear(dim, dim, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, *, state: LatteLayerState | None = None, mask: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, *, state: LatteLayerState | None = None, mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None):
         """x [B, T, dim], mask [B, T] bool (False = padding) ->
-        (y [B, T, dim], LatteLayerState after the last token; None if not causal)."""
-        B, T = check_input(x, self.dim, mask)
+        (y [B, T, dim], LatteLayerState after the last token; None if not causal).
+        positions: accepted for a uniform layer interface; Latte takes order
+        from its qk mixer and the causal sum, not from positions."""
+        B, T = check_input(x, self.dim, mask, positions)
         state = check_state(state, LatteLayerState, B, self.causal)
         H, L = self.num_heads, self.num_latents // self.num_heads
         u, conv, h = self.mixer(
@@ -112,8 +107,7 @@ class LatteAttention(nn.Module):
             y, attn = latte_causal(
                 a, b, v, chunk_size=self.chunk_size, initial_state=prev, output_final_state=True, mask=mask
             )
-        _, pos = real_positions(mask, None if state is None else state.pos, B, T, x.device)
-        return self._out(y), LatteLayerState(attn, conv, h, pos)
+        return self._out(y), LatteLayerState(attn, conv, h)
 
     def _out(self, y: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.o_proj(y.flatten(2)))  # [B, T, H, D] -> [B, T, dim]

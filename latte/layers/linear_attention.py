@@ -21,14 +21,13 @@ from torch import nn
 
 from latte.ops import LinearAttentionState, linear_attention, linear_attention_step
 
-from ._common import check_divides, check_dropout, check_input, check_positive_ints, check_state, real_positions
+from ._checks import check_divides, check_dropout, check_input, check_positive_ints, check_state
 
 
 class LinearLayerState(NamedTuple):
     """Decoding state of LinearAttention: constant in T."""
 
     attn: LinearAttentionState  # S [B, H, E, E], z [B, H, E] (float32)
-    pos: torch.Tensor  # [B] int64 real tokens seen so far
 
 
 def feature_map(x: torch.Tensor) -> torch.Tensor:
@@ -69,10 +68,12 @@ class LinearAttention(nn.Module):
         self.o_proj = nn.Linear(dim, dim, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, *, state: LinearLayerState | None = None, mask: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, *, state: LinearLayerState | None = None, mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None):
         """x [B, T, dim], mask [B, T] bool (False = padding) ->
-        (y [B, T, dim], LinearLayerState after the last token; None if not causal)."""
-        B, T = check_input(x, self.dim, mask)
+        (y [B, T, dim], LinearLayerState after the last token; None if not causal).
+        positions: accepted for a uniform layer interface (no positional encoding)."""
+        B, T = check_input(x, self.dim, mask, positions)
         state = check_state(state, LinearLayerState, B, self.causal)
         H = self.num_heads
         q = feature_map(self.q_proj(x).view(B, T, H, -1))  # [B, T, H, E]
@@ -90,8 +91,7 @@ class LinearAttention(nn.Module):
             y, attn = linear_attention(
                 q, k, v, chunk_size=self.chunk_size, initial_state=prev, output_final_state=True, mask=mask
             )
-        _, pos = real_positions(mask, None if state is None else state.pos, B, T, x.device)
-        return self.dropout(self.o_proj(y.flatten(2))), LinearLayerState(attn, pos)
+        return self.dropout(self.o_proj(y.flatten(2))), LinearLayerState(attn)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, causal={self.causal}, chunk_size={self.chunk_size}"

@@ -27,24 +27,22 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from latte._checks import check_positive_int
 from latte.ops import MacchiatoState, macchiato, macchiato_step
+from latte.ops.macchiato import MIXES
 
-from ._common import (
+from ._checks import (
     check_choice,
     check_divides,
     check_dropout,
     check_input,
-    check_positive_int,
     check_positive_ints,
     check_rope_theta,
     check_state,
-    real_positions,
-    build_qkvo,
-    project_qkv,
 )
+from .llama_projections import add_qkvo, project_qkv
 from .mixers import QKMixer
-
-MIXES = ("joint", "gate")
+from .rope import layer_positions
 
 
 class MacchiatoLayerState(NamedTuple):
@@ -53,7 +51,7 @@ class MacchiatoLayerState(NamedTuple):
     attn: MacchiatoState  # latte (S, z) + window ring buffer of window_size - 1 keys/values
     conv: torch.Tensor | None  # [B, conv_size - 1, dim] (float32), None without conv
     h: torch.Tensor | None  # [B, dim] RG-LRU state (float32), None without RG-LRU
-    pos: torch.Tensor  # [B] int64 real tokens seen so far (RoPE positions)
+    pos: torch.Tensor | None  # [B] int64 real tokens seen so far; None inside a model (its cache counts)
 
 
 class MacchiatoAttention(nn.Module):
@@ -106,7 +104,7 @@ class MacchiatoAttention(nn.Module):
         self.dim, self.num_heads, self.num_latents = dim, num_heads, num_latents
         self.num_kv_heads, self.head_dim, self.window_size = num_kv_heads, head_dim, window_size
         self.mix, self.chunk_size, self.qk_mixer = mix, chunk_size, qk_mixer
-        build_qkvo(self, dim, num_heads, num_kv_heads, head_dim, rope_theta, bias)
+        add_qkvo(self, dim, num_heads, num_kv_heads, head_dim, rope_theta, bias)
         self.mixer = QKMixer(dim, num_heads, qk_mixer, conv_size=conv_size, causal=True)
         self.a_proj = nn.Linear(dim, num_latents, bias=bias)
         self.b_proj = nn.Linear(dim, num_latents, bias=bias)
@@ -114,13 +112,15 @@ class MacchiatoAttention(nn.Module):
         self.beta = nn.Parameter(torch.zeros(num_heads))
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, *, state: MacchiatoLayerState | None = None, mask: torch.Tensor | None = None):
-        """x [B, T, dim], mask [B, T] bool (False = padding) ->
-        (y [B, T, dim], MacchiatoLayerState after the last token)."""
-        B, T = check_input(x, self.dim, mask)
+    def forward(self, x: torch.Tensor, *, state: MacchiatoLayerState | None = None,
+                mask: torch.Tensor | None = None, positions: torch.Tensor | None = None):
+        """x [B, T, dim], mask [B, T] bool (False = padding), positions [B, T]
+        (RoPE positions of the window branch; default: real tokens counted
+        from state.pos) -> (y [B, T, dim], MacchiatoLayerState after the last token)."""
+        B, T = check_input(x, self.dim, mask, positions)
         state = check_state(state, MacchiatoLayerState, B)
         H, L = self.num_heads, self.num_latents // self.num_heads
-        pos_BT, pos = real_positions(mask, None if state is None else state.pos, B, T, x.device)
+        pos_BT, pos = layer_positions(positions, state, mask, B, T, x.device)
         q, k, v = project_qkv(self, x, pos_BT)
         u, conv, h = self.mixer(
             x, mask=mask, conv_state=None if state is None else state.conv, h=None if state is None else state.h

@@ -25,17 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from latte._checks import check_positive_int
 from latte.ops import linear_recurrence
+from latte.ops._checks import state_dtype  # float32 states, float64 kept for the references
 
-from ._common import QK_MIXERS, check_choice, check_divides, check_positive_int
+from ._checks import check_choice, check_divides
 
+QK_MIXERS = ("none", "conv", "rglru", "conv_rglru")
 MAX_SQRT_GRAD = 1000.0  # cap of d sqrt(x) / dx, as in Griffin / recurrentgemma
-
-
-def _work(dtype: torch.dtype) -> torch.dtype:
-    """States and the recurrence are float32 for any input dtype; float64 stays
-    float64 (as in latte.ops), so float64 checks can be tight."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class _SqrtBoundedGrad(torch.autograd.Function):
@@ -95,7 +92,7 @@ class DepthwiseConv(nn.Module):
         if state is None:
             state = x.new_zeros(B, K - 1, Fw)
         xx = torch.cat([state.to(x.dtype), x], 1)  # [B, K - 1 + T, F]
-        new_state = xx[:, T:].to(_work(x.dtype))  # [B, K - 1, F]: the last K - 1 inputs
+        new_state = xx[:, T:].to(state_dtype(x.dtype))  # [B, K - 1, F]: the last K - 1 inputs
         y = F.conv1d(xx.transpose(1, 2), self.weight, self.bias, groups=Fw)  # [B, F, T]
         return y.transpose(1, 2), new_state
 
@@ -143,7 +140,7 @@ class RGLRU(nn.Module):
     def forward(self, x: torch.Tensor, h: torch.Tensor | None = None, mask: torch.Tensor | None = None):
         """x [B, T, F], h [B, F] float32 or None (zeros), mask [B, T] bool.
         Returns (y [B, T, F] in x's dtype, h after the last token [B, F] float32)."""
-        work = _work(x.dtype)
+        work = state_dtype(x.dtype)
         r = torch.sigmoid(self._block(x, self.w_r, self.c_r)).to(work)
         i = torch.sigmoid(self._block(x, self.w_i, self.c_i)).to(work)
         log_a = -self.c * r * F.softplus(self.lam.to(work))  # [B, T, F], <= 0

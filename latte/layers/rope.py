@@ -1,5 +1,6 @@
 """Rotary position embedding (RoPE, Su et al. 2021) for the window branch of
-Macchiato and the softmax / sliding-window baselines (MATH.md 5).
+Macchiato and the softmax / sliding-window baselines (MATH.md 5), and the
+positions it rotates by.
 
 Legend: B batch, T time, H heads, E head width (even).
 
@@ -15,7 +16,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._common import check_positive_int, check_rope_theta
+from latte._checks import check_positive_int
+
+from ._checks import check_rope_theta
 
 
 class RotaryEmbedding(nn.Module):
@@ -47,3 +50,34 @@ class RotaryEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, theta={self.theta}"
+
+
+def real_positions(mask: torch.Tensor | None, pos0: torch.Tensor | None, B: int, T: int, device):
+    """Position of every token = number of real tokens before it, counting the
+    pos0 [B] already seen, so left padding does not shift positions.
+
+    Returns (pos [B, T] int64, pos after the last token [B] int64).
+    """
+    pos0 = torch.zeros(B, dtype=torch.long, device=device) if pos0 is None else pos0
+    if mask is None:
+        pos = pos0[:, None] + torch.arange(T, device=device)[None, :]
+        return pos, pos0 + T
+    m = mask.long()
+    c = m.cumsum(1)  # [B, T] real tokens up to and including t
+    return pos0[:, None] + c - m, pos0 + c[:, -1]
+
+
+def layer_positions(positions: torch.Tensor | None, state, mask: torch.Tensor | None, B: int, T: int, device):
+    """(positions [B, T], counter for the new state [B] or None) of a layer
+    with RoPE.
+
+    Inside a model the positions come from the model, which keeps the one
+    counter of the whole cache: the layer state then carries none (None).
+    A layer used on its own counts real tokens itself, in `state.pos`."""
+    if positions is not None:
+        return positions, None
+    pos0 = None if state is None else state.pos
+    if state is not None and pos0 is None:
+        raise ValueError("state: carries no position counter (a model's cache keeps it); "
+                         "pass positions= [B, T] with this state")
+    return real_positions(mask, pos0, B, T, device)

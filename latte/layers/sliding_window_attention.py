@@ -18,21 +18,16 @@ from torch import nn
 
 from latte.ops import WindowState, sliding_window_attention, sliding_window_step
 
-from ._common import (
-    build_qkvo,
-    check_input,
-    check_state,
-    check_window_heads,
-    project_qkv,
-    real_positions,
-)
+from ._checks import check_input, check_state, check_window_heads
+from .llama_projections import add_qkvo, project_qkv
+from .rope import layer_positions
 
 
 class WindowLayerState(NamedTuple):
     """Decoding state of SlidingWindowAttention: constant in T."""
 
     attn: WindowState  # k [B, W-1, K, E], v [B, W-1, K, E] (float32), mask [B, W-1]
-    pos: torch.Tensor  # [B] int64 real tokens seen so far (RoPE positions)
+    pos: torch.Tensor | None  # [B] int64 real tokens seen so far; None inside a model (its cache counts)
 
 
 class SlidingWindowAttention(nn.Module):
@@ -63,15 +58,17 @@ class SlidingWindowAttention(nn.Module):
         num_kv_heads = check_window_heads(dim, num_heads, num_kv_heads, rope_theta, dropout, window_size=window_size)
         self.dim, self.num_heads, self.num_kv_heads, self.window_size = dim, num_heads, num_kv_heads, window_size
         self.head_dim = dim // num_heads
-        build_qkvo(self, dim, num_heads, num_kv_heads, self.head_dim, rope_theta, bias)
+        add_qkvo(self, dim, num_heads, num_kv_heads, self.head_dim, rope_theta, bias)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, *, state: WindowLayerState | None = None, mask: torch.Tensor | None = None):
-        """x [B, T, dim], mask [B, T] bool (False = padding) ->
+    def forward(self, x: torch.Tensor, *, state: WindowLayerState | None = None, mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None):
+        """x [B, T, dim], mask [B, T] bool (False = padding), positions [B, T]
+        (RoPE positions; default: real tokens counted from state.pos) ->
         (y [B, T, dim], WindowLayerState after the last token)."""
-        B, T = check_input(x, self.dim, mask)
+        B, T = check_input(x, self.dim, mask, positions)
         state = check_state(state, WindowLayerState, B)
-        pos_BT, pos = real_positions(mask, None if state is None else state.pos, B, T, x.device)
+        pos_BT, pos = layer_positions(positions, state, mask, B, T, x.device)
         q, k, v = project_qkv(self, x, pos_BT)
         prev = None if state is None else state.attn
         if T == 1:

@@ -18,14 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import (
-    build_qkvo,
-    check_input,
-    check_state,
-    check_window_heads,
-    project_qkv,
-    real_positions,
-)
+from ._checks import check_input, check_state, check_window_heads
+from .llama_projections import add_qkvo, project_qkv
+from .rope import layer_positions
 
 
 class KVCache(NamedTuple):
@@ -34,7 +29,7 @@ class KVCache(NamedTuple):
     k: torch.Tensor  # [B, S, K, E] keys (RoPE applied), input dtype
     v: torch.Tensor  # [B, S, K, E] values, input dtype
     mask: torch.Tensor  # [B, S] bool, True for real tokens
-    pos: torch.Tensor  # [B] int64 real tokens seen so far
+    pos: torch.Tensor | None  # [B] int64 real tokens seen so far; None inside a model (its cache counts)
 
 
 def _allowed(key_mask: torch.Tensor, T: int, causal: bool) -> torch.Tensor:
@@ -76,16 +71,18 @@ class SoftmaxAttention(nn.Module):
         num_kv_heads = check_window_heads(dim, num_heads, num_kv_heads, rope_theta, dropout)
         self.dim, self.num_heads, self.num_kv_heads, self.causal = dim, num_heads, num_kv_heads, causal
         self.head_dim = dim // num_heads
-        build_qkvo(self, dim, num_heads, num_kv_heads, self.head_dim, rope_theta, bias)
+        add_qkvo(self, dim, num_heads, num_kv_heads, self.head_dim, rope_theta, bias)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, *, state: KVCache | None = None, mask: torch.Tensor | None = None):
-        """x [B, T, dim], mask [B, T] bool (False = padding) ->
+    def forward(self, x: torch.Tensor, *, state: KVCache | None = None, mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None):
+        """x [B, T, dim], mask [B, T] bool (False = padding), positions [B, T]
+        (RoPE positions; default: real tokens counted from state.pos) ->
         (y [B, T, dim], KVCache with every token so far; None if not causal)."""
-        B, T = check_input(x, self.dim, mask)
+        B, T = check_input(x, self.dim, mask, positions)
         state = check_state(state, KVCache, B, self.causal)
         H, K = self.num_heads, self.num_kv_heads
-        pos_BT, pos = real_positions(mask, None if state is None else state.pos, B, T, x.device)
+        pos_BT, pos = layer_positions(positions, state, mask, B, T, x.device)
         q, k, v = project_qkv(self, x, pos_BT)
         key_mask = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
         if state is not None:

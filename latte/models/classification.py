@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .causal_lm import num_parameters
 from .config import LatteConfig
-from .io import PretrainedMixin
-from .modeling import LatteModel, check_attention_mask
+from .inputs import value_checks
+from .modeling import LatteModel
+from .pretrained import PretrainedMixin
 
 
 @dataclass
@@ -40,34 +40,37 @@ class LatteForSequenceClassification(PretrainedMixin, nn.Module):
 
     def forward(self, input_ids: torch.Tensor, *, labels: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None) -> SequenceClassifierOutput:
-        hidden, _ = self.model(input_ids, attention_mask=attention_mask)  # [B, T, dim]
-        mask = check_attention_mask(attention_mask, tuple(input_ids.shape))
-        logits = self.head(pool(hidden, mask, self.config.pooling))  # [B, num_labels]
+        values = value_checks(self.model.validate_inputs)
+        mask = self.model.check_inputs(input_ids, attention_mask)  # the one validation of the inputs
+        hidden, _ = self.model(input_ids, attention_mask=mask, inputs_checked=True)  # [B, T, dim]
+        logits = self.head(pool(hidden, mask, self.config.pooling, values=values))  # [B, num_labels]
         loss = None
         if labels is not None:
-            n = self.config.num_labels
-            if labels.shape != logits.shape[:1] or labels.dtype not in (torch.int64, torch.int32):
-                raise ValueError(f"labels: expected integer class ids of shape ({logits.shape[0]},), "
-                                 f"got {labels.dtype} {tuple(labels.shape)}")
-            if bool(((labels < 0) | (labels >= n)).any()):
-                raise ValueError(f"labels: class ids must be in [0, {n - 1}] (num_labels {n}), "
-                                 f"got {labels.tolist()}")
+            check_class_labels(labels, logits.shape[0], self.config.num_labels, values=values)
             loss = F.cross_entropy(logits.float(), labels.long())
         return SequenceClassifierOutput(loss, logits)
 
-    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        return num_parameters(self, exclude_embeddings=exclude_embeddings)
+
+def check_class_labels(labels, batch: int, num_labels: int, *, values: bool = True) -> None:
+    """labels: integer class ids [B] in [0, num_labels)."""
+    if (not isinstance(labels, torch.Tensor) or tuple(labels.shape) != (batch,)
+            or labels.dtype not in (torch.int64, torch.int32)):
+        got = f"{labels.dtype} {tuple(labels.shape)}" if isinstance(labels, torch.Tensor) else type(labels).__name__
+        raise ValueError(f"labels: expected integer class ids of shape ({batch},), got {got}")
+    if values and bool(((labels < 0) | (labels >= num_labels)).any()):
+        raise ValueError(f"labels: class ids must be in [0, {num_labels - 1}] (num_labels {num_labels}), "
+                         f"got {labels.tolist()}")
 
 
-def pool(hidden: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
+def pool(hidden: torch.Tensor, mask: torch.Tensor | None, pooling: str, *, values: bool = True) -> torch.Tensor:
     """hidden [B, T, dim] -> [B, dim]: mean over real tokens, or the first
     real token ("cls"; with left padding it is not at index 0)."""
     if mask is None:
         return hidden.mean(1) if pooling == "mean" else hidden[:, 0]
-    if not bool(mask.any(1).all()):
+    if values and not bool(mask.any(1).all()):
         raise ValueError("attention_mask: every sequence needs at least one real token")
     if pooling == "mean":
         m = mask.unsqueeze(-1)  # [B, T, 1]; masked_fill: padded outputs may be anything, even NaN
-        return hidden.masked_fill(~m, 0.0).sum(1) / m.sum(1).to(hidden.dtype)
+        return hidden.masked_fill(~m, 0.0).sum(1) / m.sum(1).clamp(min=1).to(hidden.dtype)
     first = mask.long().argmax(1)  # [B] index of the first real token
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), first]

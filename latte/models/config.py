@@ -16,7 +16,10 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from latte.ops.macchiato import MIXES
+
 from ..config_io import ConfigError, ConfigErrors, atomic_write
+from ..layers import QK_MIXERS
 
 Mixer = Literal["latte", "macchiato", "softmax", "linear", "swa"]
 MIXERS: tuple[str, ...] = typing.get_args(Mixer)
@@ -58,8 +61,8 @@ class LatteConfig:
     num_kv_heads: int | None = None
     mixer: Mixer | list[Mixer] = "latte"
     window_size: int = 128
-    mix: Literal["joint", "gate"] = "joint"
-    qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] | None = None
+    mix: Literal[MIXES] = "joint"  # ("joint", "gate"), defined by latte.ops.macchiato
+    qk_mixer: Literal[QK_MIXERS] | None = None  # ("none", "conv", "rglru", "conv_rglru")
     conv_size: int = 3
     chunk_size: int = 64
     rope_theta: float = 10000.0
@@ -182,7 +185,7 @@ def read_json(path: str | os.PathLike) -> dict[str, Any]:
 _INT_FIELDS = ("vocab_size", "dim", "num_layers", "num_heads", "num_latents", "window_size",
                "conv_size", "chunk_size", "max_position_embeddings", "num_labels")
 _FLOAT_FIELDS = ("rope_theta", "mlp_ratio", "norm_eps", "dropout", "initializer_range")
-_CHOICES = {"mix": ("joint", "gate"), "qk_mixer": ("none", "conv", "rglru", "conv_rglru"),
+_CHOICES = {"mix": MIXES, "qk_mixer": QK_MIXERS,
             "mlp": ("swiglu", "gelu"), "norm": ("rmsnorm", "layernorm"),
             "position_embedding": ("none", "learned", "sinusoidal"), "pooling": ("mean", "cls")}
 

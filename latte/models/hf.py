@@ -12,7 +12,13 @@ tree (`model.*`, `lm_head.*` / `head.*`), so the native `model.safetensors`
 loads as it is, and `LatteHFConfig` reads the native `config.json` (the
 LatteConfig fields, validated by LatteConfig, with `model_type: "latte"`). A
 folder written by the HF `save_pretrained` loads back natively too
-(`latte.models.from_pretrained`), through `native_config_dict`.
+(`latte.models.from_pretrained`, through `latte.models.hf_names`, without
+transformers).
+
+Training: `gradient_checkpointing_enable()` recomputes each block in the
+backward (the native switch, with transformers' checkpoint function);
+`resize_token_embeddings(n)` resizes the embedding and the tied head and
+updates the native config inside, so the new ids are accepted.
 
 Decoding state: transformers builds a DynamicCache (a growing key/value store)
 unless a model opts out; these models opt out (`_supports_default_dynamic_cache`
@@ -21,8 +27,8 @@ holding the native `LatteCache`, in `past_key_values`. `generate` prefills
 with one chunked forward, then feeds one token per step with the full
 attention mask, of which the forward keeps the last columns.
 
-This is the only module that uses Hugging Face names (hidden_size,
-num_hidden_layers, tie_word_embeddings, past_key_values, ...).
+With `latte.models.hf_names` (the field map), the only module that uses
+Hugging Face names (hidden_size, num_hidden_layers, past_key_values, ...).
 """
 
 from __future__ import annotations
@@ -44,12 +50,13 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutput
 
 from .cache import LatteCache
-from .causal_lm import LatteForCausalLM, head_and_loss, next_token_targets
-from .classification import LatteForSequenceClassification, pool
+from .causal_lm import LatteForCausalLM
+from .classification import LatteForSequenceClassification, check_class_labels, pool
 from .config import LatteConfig
-from .modeling import MLP, LatteModel, check_attention_mask, init_module
-
-_NATIVE_FIELDS = tuple(f.name for f in dataclasses.fields(LatteConfig))
+from .hf_names import HF_ATTRIBUTE_MAP, NATIVE_FIELDS
+from .inputs import value_checks
+from .lm_loss import head_and_loss, next_token_targets
+from .modeling import MLP, LatteModel, init_module
 
 
 class LatteHFConfig(PreTrainedConfig):
@@ -57,12 +64,10 @@ class LatteHFConfig(PreTrainedConfig):
     the usual PreTrainedConfig ones. `to_latte_config()` gives the native one."""
 
     model_type = "latte"
-    attribute_map = {"hidden_size": "dim", "num_hidden_layers": "num_layers",
-                     "num_attention_heads": "num_heads", "tie_word_embeddings": "tie_embeddings",
-                     "num_key_value_heads": "num_kv_heads"}
+    attribute_map = HF_ATTRIBUTE_MAP
 
     def __post_init__(self, **kwargs):
-        native = {k: kwargs.pop(k) for k in _NATIVE_FIELDS if k in kwargs}
+        native = {k: kwargs.pop(k) for k in NATIVE_FIELDS if k in kwargs}
         for alias, name in self.attribute_map.items():  # hidden_size=... -> dim=...
             if alias in kwargs:
                 native[name] = kwargs.pop(alias)
@@ -78,22 +83,12 @@ class LatteHFConfig(PreTrainedConfig):
                 setattr(self, k, v)
 
     def to_latte_config(self) -> LatteConfig:
-        data = {k: getattr(self, k) for k in _NATIVE_FIELDS if k != "num_labels"}
+        data = {k: getattr(self, k) for k in NATIVE_FIELDS if k != "num_labels"}
         return LatteConfig.from_dict({**data, "num_labels": self.num_labels}, where="LatteHFConfig")
 
     @classmethod
     def from_latte_config(cls, config: LatteConfig, **kwargs: Any) -> "LatteHFConfig":
         return cls(**config.to_dict(), **kwargs)
-
-
-def native_config_dict(data: dict[str, Any]) -> dict[str, Any]:
-    """A config.json dict written by the HF `save_pretrained` -> the native
-    layout (LatteConfig fields + model_type + architectures)."""
-    out = {k: data[k] for k in _NATIVE_FIELDS if k in data}
-    if data.get("id2label"):
-        out["num_labels"] = len(data["id2label"])
-    archs = [a.replace("LatteHF", "Latte") for a in data.get("architectures") or []]
-    return {"model_type": data.get("model_type", "latte"), "architectures": archs, **out}
 
 
 class LatteHFCache(Cache):
@@ -149,6 +144,7 @@ class LatteHFPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     _is_stateful = True  # no assisted generation: a recurrent state cannot roll back
     _no_split_modules = ["Block"]
+    supports_gradient_checkpointing = True  # LatteModel.gradient_checkpointing, set by transformers
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -169,6 +165,27 @@ class LatteHFPreTrainedModel(PreTrainedModel):
         elif hasattr(module, "reset_parameters") and module is not self:
             module.reset_parameters()  # inside a mixer: the layer's own init
 
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.embed = value
+
+    def resize_token_embeddings(self, *args: Any, **kwargs: Any) -> nn.Embedding:
+        """transformers' resize, then the native config inside follows, so the
+        new ids are accepted and `to_native()` builds the new size."""
+        embed = super().resize_token_embeddings(*args, **kwargs)
+        vocab = self.model.embed.num_embeddings
+        self.config.vocab_size = vocab
+        self.model.config = dataclasses.replace(self.model.config, vocab_size=vocab)
+        return embed
+
+    def _checked_inputs(self, input_ids, attention_mask) -> torch.Tensor | None:
+        """The one validation of input_ids / attention_mask of a forward."""
+        if input_ids is None:
+            raise ValueError("input_ids: required (inputs_embeds is not supported)")
+        return self.model.check_inputs(input_ids, attention_mask)
+
 
 class LatteHFForCausalLM(LatteHFPreTrainedModel, GenerationMixin):
     """`LatteForCausalLM` behind the transformers API (forward, generate)."""
@@ -184,33 +201,28 @@ class LatteHFForCausalLM(LatteHFPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(native.dim, native.vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Module:
-        return self.model.embed
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.model.embed = value
-
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 past_key_values: LatteHFCache | None = None, labels: torch.LongTensor | None = None,
                 use_cache: bool | None = None, return_dict: bool | None = None,
                 logits_to_keep: int = 0, **kwargs: Any) -> CausalLMOutputWithPast | tuple:
-        if input_ids is None:
-            raise ValueError("input_ids: required (inputs_embeds is not supported)")
         if past_key_values is not None and not isinstance(past_key_values, LatteHFCache):
             raise ValueError(f"past_key_values: expected a LatteHFCache, got {type(past_key_values).__name__}")
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        T = input_ids.shape[1]
-        if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape[1] > T:
-            attention_mask = attention_mask[:, -T:]  # generate passes the mask of the whole sequence
+        if (input_ids is not None and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2
+                and attention_mask.shape[1] > input_ids.shape[1]):
+            attention_mask = attention_mask[:, -input_ids.shape[1]:]  # generate passes the whole sequence's mask
+        mask = self._checked_inputs(input_ids, attention_mask)
         state = None if past_key_values is None else past_key_values.latte
-        hidden, state = self.model(input_ids, state=state, attention_mask=attention_mask, use_cache=use_cache)
+        hidden, state = self.model(input_ids, state=state, attention_mask=mask, use_cache=use_cache,
+                                   inputs_checked=True)
         shift_labels = kwargs.get("shift_labels")
         loss = None
         if labels is None and shift_labels is None:
             logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
         else:  # the native model's loss: fused head + cross-entropy when training
-            mask = check_attention_mask(attention_mask, tuple(input_ids.shape))
-            targets = next_token_targets(labels, shift_labels, mask, tuple(input_ids.shape), self.config.vocab_size)
+            targets = next_token_targets(labels, shift_labels, mask, tuple(input_ids.shape),
+                                         self.model.embed.num_embeddings,
+                                         values=value_checks(self.model.validate_inputs))
             logits, loss = head_and_loss(hidden, self.lm_head, targets, None, self.training)
         cache = None
         if use_cache:
@@ -239,22 +251,16 @@ class LatteHFForSequenceClassification(LatteHFPreTrainedModel):
         self.head = nn.Linear(native.dim, native.num_labels)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Module:
-        return self.model.embed
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.model.embed = value
-
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 labels: torch.LongTensor | None = None, return_dict: bool | None = None,
                 **kwargs: Any) -> SequenceClassifierOutput | tuple:
-        if input_ids is None:
-            raise ValueError("input_ids: required (inputs_embeds is not supported)")
-        hidden, _ = self.model(input_ids, attention_mask=attention_mask)
-        mask = check_attention_mask(attention_mask, tuple(input_ids.shape))
-        logits = self.head(pool(hidden, mask, self.config.pooling))
+        mask = self._checked_inputs(input_ids, attention_mask)
+        values = value_checks(self.model.validate_inputs)
+        hidden, _ = self.model(input_ids, attention_mask=mask, inputs_checked=True)
+        logits = self.head(pool(hidden, mask, self.config.pooling, values=values))
         loss = None
         if labels is not None:
+            check_class_labels(labels, logits.shape[0], self.config.num_labels, values=values)
             loss = nn.functional.cross_entropy(logits.float(), labels.long())
         if return_dict is False:
             return tuple(v for v in (loss, logits) if v is not None)

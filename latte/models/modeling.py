@@ -12,11 +12,13 @@ so left padding shifts nothing. Outputs at padded positions are unspecified.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..layers import (
     LatteAttention,
@@ -27,8 +29,7 @@ from ..layers import (
 )
 from .cache import LatteCache
 from .config import LatteConfig
-
-_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+from .inputs import check_inputs, value_checks
 
 
 def build_mixer(config: LatteConfig, kind: str) -> nn.Module:
@@ -88,8 +89,8 @@ class Block(nn.Module):
         self.mlp_norm = build_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x, *, state=None, mask=None):
-        y, state = self.mixer(self.mixer_norm(x), state=state, mask=mask)
+    def forward(self, x, *, state=None, mask=None, positions=None):
+        y, state = self.mixer(self.mixer_norm(x), state=state, mask=mask, positions=positions)
         x = x + y
         x = x + self.mlp(self.mlp_norm(x))
         return x, state
@@ -104,46 +105,19 @@ def sinusoidal(pos: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([ang.sin(), ang.cos()], dim=-1)[..., :dim]
 
 
-def check_input_ids(input_ids, vocab_size: int) -> tuple[int, int]:
-    """input_ids: integer tensor [B, T >= 1] with ids in [0, vocab_size). Runs
-    before any compute so a bad id never reaches an embedding lookup."""
-    if not isinstance(input_ids, torch.Tensor):
-        raise ValueError(f"input_ids: expected an integer tensor [B, T], got {type(input_ids).__name__}")
-    if input_ids.dtype not in _INT_DTYPES:
-        raise ValueError(f"input_ids: expected an integer dtype (torch.long), got {input_ids.dtype}")
-    if input_ids.dim() != 2 or input_ids.shape[1] < 1:
-        raise ValueError(f"input_ids: expected shape [B, T >= 1], got {tuple(input_ids.shape)}")
-    if input_ids.numel():
-        lo, hi = int(input_ids.min()), int(input_ids.max())
-        if lo < 0 or hi >= vocab_size:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"input_ids: found id {bad}, but ids must be in [0, {vocab_size - 1}] "
-                             f"(max id {vocab_size - 1}, vocab_size {vocab_size})")
-    return tuple(input_ids.shape)
-
-
-def check_attention_mask(attention_mask, shape: tuple[int, int]) -> torch.Tensor | None:
-    """[B, T] bool, or integers 0/1 (1 = real token) -> bool mask, or None when
-    every token is real (the unmasked fast path)."""
-    if attention_mask is None:
-        return None
-    m = attention_mask
-    if not isinstance(m, torch.Tensor) or tuple(m.shape) != tuple(shape):
-        got = tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
-        raise ValueError(f"attention_mask: expected shape {tuple(shape)} like input_ids, got {got}")
-    if m.dtype != torch.bool:
-        if m.dtype not in _INT_DTYPES or ((m != 0) & (m != 1)).any():
-            raise ValueError(f"attention_mask: expected bool or 0/1 integers (1 = real token), got dtype {m.dtype}")
-        m = m.bool()
-    return None if bool(m.all()) else m
-
-
 class LatteModel(nn.Module):
-    """Embeddings, `num_layers` blocks and the final norm: ids -> hidden states."""
+    """Embeddings, `num_layers` blocks and the final norm: ids -> hidden states.
+
+    validate_inputs: run the value checks of input_ids / attention_mask (each
+    a host sync; see latte.models.inputs). gradient_checkpointing: recompute
+    each block in the backward instead of keeping its activations (set by
+    `gradient_checkpointing_enable()` on the model, or by transformers)."""
 
     def __init__(self, config: LatteConfig):
         super().__init__()
         self.config = config
+        self.validate_inputs = True
+        self.gradient_checkpointing = False
         self.embed = nn.Embedding(config.vocab_size, config.dim)
         self.pos_embed = (nn.Embedding(config.max_position_embeddings, config.dim)
                           if config.position_embedding == "learned" else None)
@@ -151,26 +125,38 @@ class LatteModel(nn.Module):
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
         self.norm = build_norm(config)
 
+    def check_inputs(self, input_ids, attention_mask) -> torch.Tensor | None:
+        """Validates input_ids and attention_mask once for a whole forward
+        (ids are checked against the embedding's size, so a resized embedding
+        is honoured); returns the bool mask, or None for no padding."""
+        vocab = self.embed.num_embeddings
+        return check_inputs(input_ids, attention_mask, vocab, values=value_checks(self.validate_inputs))[2]
+
     def forward(self, input_ids: torch.Tensor, *, state: LatteCache | None = None,
-                attention_mask: torch.Tensor | None = None, use_cache: bool = False):
+                attention_mask: torch.Tensor | None = None, use_cache: bool = False,
+                inputs_checked: bool = False):
         """input_ids [B, T] -> (hidden [B, T, dim], LatteCache or None).
 
-        The cache is returned when use_cache is set or a state was given; it
-        continues exactly with the next tokens."""
+        inputs_checked: the caller already ran `check_inputs` and passes its
+        result as attention_mask (what the heads do, so nothing is checked
+        twice). The cache is returned when use_cache is set or a state was
+        given; it continues exactly with the next tokens."""
         cfg = self.config
-        B, T = check_input_ids(input_ids, cfg.vocab_size)
-        mask = check_attention_mask(attention_mask, (B, T))
+        mask = attention_mask if inputs_checked else self.check_inputs(input_ids, attention_mask)
+        B, T = input_ids.shape
         self._check_state(state, B, use_cache)
         pos0 = state.pos if state is not None else torch.zeros(B, dtype=torch.long, device=input_ids.device)
         m = torch.ones(B, T, dtype=torch.long, device=input_ids.device) if mask is None else mask.long()
-        pos = pos0[:, None] + m.cumsum(1) - m  # [B, T] real tokens before each one
-        if cfg.position_embedding != "none":
+        pos = pos0[:, None] + m.cumsum(1) - m  # [B, T] real tokens before each one: every layer's positions
+        if cfg.position_embedding != "none" and value_checks(self.validate_inputs):
             n = int(pos.max()) + 1
             if n > cfg.max_position_embeddings:
                 raise ValueError(f"sequence of {n} positions exceeds max_position_embeddings="
                                  f"{cfg.max_position_embeddings} (position_embedding={cfg.position_embedding!r}); "
                                  "shorten the input or build the model with a larger limit")
 
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            input_ids = input_ids.long()  # the embedding takes int32/int64 only
         x = self.embed(input_ids)  # [B, T, dim]
         if cfg.position_embedding == "learned":
             x = x + self.pos_embed(pos)
@@ -178,8 +164,10 @@ class LatteModel(nn.Module):
             x = x + sinusoidal(pos, cfg.dim).to(x.dtype)
         x = self.dropout(x)
         states = []
+        recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
-            x, s = block(x, state=None if state is None else state.layers[i], mask=mask)
+            kwargs = dict(state=None if state is None else state.layers[i], mask=mask, positions=pos)
+            x, s = self._checkpoint(block, x, **kwargs) if recompute else block(x, **kwargs)
             states.append(s)
         x = self.norm(x)
 
@@ -187,6 +175,12 @@ class LatteModel(nn.Module):
             return x, None
         seen = T + (0 if state is None else state.seen_tokens)
         return x, LatteCache(states, seen, pos0 + m.sum(1))
+
+    def _checkpoint(self, block: nn.Module, x: torch.Tensor, **kwargs):
+        # transformers sets _gradient_checkpointing_func (its own options);
+        # natively: torch's non-reentrant checkpoint (keyword arguments allowed).
+        fn = getattr(self, "_gradient_checkpointing_func", None) or functools.partial(checkpoint, use_reentrant=False)
+        return fn(block.__call__, x, **kwargs)
 
     def _check_state(self, state, B: int, use_cache: bool) -> None:
         if not self.config.causal and (state is not None or use_cache):

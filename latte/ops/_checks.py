@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from latte._checks import check_positive_int  # noqa: F401  (re-exported for the ops)
+
 # A key logit that contributes exactly nothing: exp(NEG - z) underflows to 0 in
 # float32 and float64 as soon as any real logit has been seen. It is finite, so
 # differences of two masked logits stay 0 instead of becoming inf - inf = NaN.
@@ -39,11 +41,6 @@ def check_rank(name: str, x: torch.Tensor, rank: int, layout: str) -> None:
 def check_same(names: str, sizes: list[int], what: str) -> None:
     if len(set(sizes)) != 1:
         raise ValueError(f"{names}: {what} must match, got {sizes}")
-
-
-def check_positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
 
 
 def check_shape(name: str, x: torch.Tensor, expected: tuple[int, ...], what: str) -> None:

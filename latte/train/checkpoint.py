@@ -40,10 +40,10 @@ from typing import Any, Callable
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
 import latte
 from latte.config_io import atomic_write, load_yaml, save_yaml
+from latte.models.weights import check_state, read_weights, save_weights
 
 log = logging.getLogger(__name__)
 
@@ -91,23 +91,6 @@ def _torch_save(obj: Any) -> Callable[[Path], None]:
         with open(path, "wb") as f:
             torch.save(obj, f)
     return writer
-
-
-def _unshare(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """safetensors refuses tensors sharing storage (tied embeddings) and
-    non-contiguous views: store a private contiguous copy of each such tensor.
-    Tied weights are thus written twice and re-tied by the model on load."""
-    seen, out = set(), {}
-    for name, t in state.items():
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"model_state[{name!r}] is {type(t).__name__}, expected a Tensor")
-        t = t.detach()
-        ptr = t.untyped_storage().data_ptr() if t.numel() else None
-        private = ptr in seen or not t.is_contiguous()
-        out[name] = t.clone(memory_format=torch.contiguous_format) if private else t
-        if ptr is not None:
-            seen.add(ptr)
-    return out
 
 
 def _check_inputs(step, trainer_state, rng_state, extra_files, rank, world_size, keep) -> str:
@@ -158,11 +141,8 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model_state: dict[
     _write(step_dir / _rng_name(rank), _torch_save(dict(rng_state)))
     if rank == 0:
         _write(step_dir / TRAINER, lambda p: p.write_text(trainer_json, encoding="utf-8"))
-        model_state = _unshare(model_state)
-        _write(step_dir / MODEL, lambda p: save_file(model_state, str(p), metadata={"step": str(step)}))
-        # safetensors writes via its own 0600 temp file; give it the umask-based
-        # mode of our other files so other users of a shared run dir can read it.
-        os.chmod(step_dir / MODEL, (step_dir / TRAINER).stat().st_mode & 0o777)
+        # The package's one weight format (tied tensors stored once, mode 0644).
+        _write(step_dir / MODEL, lambda p: save_weights(model_state, p, metadata={"step": str(step)}))
         _write(step_dir / OPTIMIZER, _torch_save(optimizer_state))
         _write(step_dir / CONFIG, lambda p: save_yaml(config, p))
         for name, src in (extra_files or {}).items():
@@ -327,7 +307,7 @@ def load_checkpoint(step_dir: str | os.PathLike, *, verify: bool = True,
     model is checked separately by `check_state_against`."""
     step_dir = Path(step_dir)
     manifest = verify_checkpoint(step_dir) if verify else _read_manifest(step_dir)
-    model_state = _load_other(step_dir / MODEL, lambda p: load_file(str(p), device=str(map_location)))
+    model_state = _load_other(step_dir / MODEL, lambda p: read_weights(p, device=map_location))
     return Checkpoint(
         path=step_dir, step=manifest["step"], world_size=manifest.get("world_size", 1),
         model_state=model_state, optimizer_state=_torch_load(step_dir / OPTIMIZER, map_location),
@@ -350,16 +330,6 @@ def find_latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 
 
 def check_state_against(expected: dict[str, Any], loaded: dict[str, torch.Tensor], *, where: str) -> None:
-    """Raises one ValueError listing every missing key, unexpected key and
-    shape mismatch of `loaded` against `expected` (e.g. model.state_dict())."""
-    def shape(t: Any) -> tuple:
-        return tuple(t.shape) if hasattr(t, "shape") else tuple(t)
-
-    problems = [f"missing key: {k}" for k in expected if k not in loaded]
-    problems += [f"unexpected key: {k}" for k in loaded if k not in expected]
-    problems += [f"shape mismatch for {k}: checkpoint {shape(loaded[k])}, model {shape(v)}"
-                 for k, v in expected.items() if k in loaded and shape(loaded[k]) != shape(v)]
-    if problems:
-        shown = problems[:30] + ([f"... and {len(problems) - 30} more"] if len(problems) > 30 else [])
-        raise ValueError(f"{where}: state does not match the model ({len(problems)} problems):\n  "
-                         + "\n  ".join(shown))
+    """Raises one ValueError listing every missing, unexpected and mismatched
+    tensor of `loaded` against `expected` (the check of latte.models.weights)."""
+    check_state(expected, loaded, where=where)

@@ -40,6 +40,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from latte.models.weights import tied_aliases
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -182,7 +184,13 @@ _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Unsharded, name-keyed ("module." stripped) weights; empty on ranks > 0
     when distributed (cpu_offload keeps them on rank 0 only). Collective."""
-    return get_model_state_dict(model, options=_FULL)
+    state = get_model_state_dict(model, options=_FULL)
+    # FSDP2 gathers a tied parameter once per name: share the tensor again, so
+    # the weight file stores it once, as for a single process.
+    for alias, name in tied_aliases(getattr(model, "module", model)).items():
+        if alias in state and name in state:
+            state[alias] = state[name]
+    return state
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:

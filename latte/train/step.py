@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from latte.models import IGNORE_INDEX
 from latte.train.distributed import DistEnv, all_reduce, gradient_sync
 
-IGNORE_INDEX = -100
 # Stop requests, agreed over ranks as the maximum: stop after the step, then
 # evaluate (time budget) or exit at once (preemption: SIGTERM).
 STOP_NONE, STOP_BUDGET, STOP_PREEMPT = 0, 1, 2

@@ -68,7 +68,8 @@ def test_prefill_then_decode_equals_full_forward(name, split):
     torch.testing.assert_close(torch.cat(ys, 1), y_full, atol=ATOL, rtol=0)
     # the state after decoding equals the state of the full pass
     assert state_nbytes(state) == state_nbytes(state_full)
-    torch.testing.assert_close(state.pos, state_full.pos)
+    if hasattr(state, "pos"):  # the layers with RoPE count positions when used alone
+        torch.testing.assert_close(state.pos, state_full.pos)
 
 
 @pytest.mark.parametrize("name", LAYERS)
@@ -82,7 +83,7 @@ def test_chunked_continuation_equals_full_forward(name):
             ys.append(y)
             start += size
     torch.testing.assert_close(torch.cat(ys, 1), y_full, atol=ATOL, rtol=0)
-    assert state.pos.tolist() == [T, T]
+    assert not hasattr(state, "pos") or state.pos.tolist() == [T, T]
 
 
 @pytest.mark.parametrize("name", LAYERS)
@@ -105,7 +106,7 @@ def test_left_padding_is_invisible(name):
             y, state = layer(x[:, t : t + 1], state=state)
             ys.append(y)
         y_batch = torch.cat(ys, 1)
-        assert state.pos.tolist() == [n + extra for n in lengths]
+        assert not hasattr(state, "pos") or state.pos.tolist() == [n + extra for n in lengths]
         for i, n in enumerate(lengths):
             alone, _ = layer(x[i : i + 1, T - n :])  # the same tokens, unpadded
             torch.testing.assert_close(y_batch[i : i + 1, T - n :], alone, atol=ATOL, rtol=0)
@@ -169,3 +170,27 @@ def _ctor_kwargs(layer):
     if isinstance(layer, (LatteAttention, MacchiatoAttention)):
         return dict(dim=layer.dim, num_heads=layer.num_heads, num_latents=layer.num_latents)
     return dict(dim=layer.dim, num_heads=layer.num_heads)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_positions_given_by_a_model_equal_counting_them(name):
+    """A model passes the positions it counts once for all layers; the layer
+    state then carries no counter of its own, and asking such a state to
+    count on alone is an error that says what to pass."""
+    layer, x = make(name), inputs(B=3)
+    mask = torch.ones(3, T, dtype=torch.bool)
+    mask[1, :5] = False
+    pos_BT = (mask.long().cumsum(1) - mask.long())  # real tokens before each one
+    with torch.no_grad():
+        y_own, s_own = layer(x[:, :-1], mask=mask[:, :-1])
+        y_given, s_given = layer(x[:, :-1], mask=mask[:, :-1], positions=pos_BT[:, :-1])
+        torch.testing.assert_close(y_given, y_own, atol=0, rtol=0)
+        assert getattr(s_given, "pos", None) is None
+        step_own, _ = layer(x[:, -1:], state=s_own)
+        step_given, _ = layer(x[:, -1:], state=s_given, positions=pos_BT[:, -1:])
+        torch.testing.assert_close(step_given, step_own, atol=0, rtol=0)
+        if hasattr(s_given, "pos"):
+            with pytest.raises(ValueError, match="pass positions="):
+                layer(x[:, -1:], state=s_given)
+        with pytest.raises(ValueError, match="positions: expected an integer tensor"):
+            layer(x, positions=torch.zeros(3, T))

@@ -68,7 +68,7 @@ def test_forward_errors(layer):
     with pytest.raises(ValueError, match="state: expected a"):
         layer(x, state=(torch.zeros(2),))
     _, state = layer(x)
-    with pytest.raises(ValueError, match="state.pos"):
+    with pytest.raises(ValueError, match="state: holds batch 2, expected batch 1"):
         layer(x[:1], state=state)
 
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from latte.layers import RGLRU, DepthwiseConv, QKMixer, sqrt_bounded_grad
+from latte.layers import RGLRU, DepthwiseConv, QKMixer
+from latte.layers.mixers import sqrt_bounded_grad
 from latte.layers.mixers import MAX_SQRT_GRAD
 
 

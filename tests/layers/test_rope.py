@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from latte.layers import RotaryEmbedding, real_positions
+from latte.layers import RotaryEmbedding
+from latte.layers.rope import real_positions
 
 
 def test_position_zero_is_identity_and_norm_is_preserved():

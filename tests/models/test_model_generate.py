@@ -84,9 +84,17 @@ def test_generate_restores_training_mode_and_zero_tokens(make_lm, make_ids):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(max_new_tokens=-1), "max_new_tokens"),
+    (dict(max_new_tokens=-3), r"max_new_tokens: expected an integer >= 0, got -3"),
     (dict(max_new_tokens=3, temperature=-1.0), "temperature"),
-    (dict(max_new_tokens=3, top_k=0), "top_k"),
+    (dict(max_new_tokens=3, temperature=float("nan")), r"temperature: expected a finite number >= 0"),
+    (dict(max_new_tokens=3, temperature=float("inf")), r"temperature: expected a finite number >= 0"),
+    (dict(max_new_tokens=3, top_k=-5), r"top_k: expected None or an integer >= 0 \(0 = off\), got -5"),
+    (dict(max_new_tokens=3, top_k=2.5), "top_k"),
     (dict(max_new_tokens=3, top_p=1.5), "top_p"),
+    (dict(max_new_tokens=3, top_p=2), "top_p"),
+    (dict(max_new_tokens=3, top_p=0), r"top_p: expected None or a number in \(0, 1\]"),
+    (dict(max_new_tokens=3, top_p=-0.5), "top_p"),
+    (dict(max_new_tokens=3, top_p=float("nan")), "top_p"),
     (dict(max_new_tokens=3, do_sample=True, temperature=0), "do_sample"),
     (dict(max_new_tokens=3, eos_token_id=64), r"eos_token_id: expected None, an id or a list of ids in \[0, 63\]"),
     (dict(max_new_tokens=3, eos_token_id=[]), "eos_token_id"),
@@ -94,5 +102,31 @@ def test_generate_restores_training_mode_and_zero_tokens(make_lm, make_ids):
     (dict(max_new_tokens=3, attention_mask=torch.tensor([[1, 2, 1, 1]])), "0/1"),
 ])
 def test_generate_argument_errors(make_lm, make_ids, kwargs, match):
+    """generate and its streaming form share one validation, and `stream`
+    raises when called, before a token (or a printed prompt) is produced."""
+    model = make_lm("latte")
     with pytest.raises(ValueError, match=match):
-        make_lm("latte").generate(make_ids(1, 4), **kwargs)
+        model.generate(make_ids(1, 4), **kwargs)
+    with pytest.raises(ValueError, match=match):
+        model.stream(make_ids(1, 4), **kwargs)
+    if not {"attention_mask", "do_sample"} & kwargs.keys():  # what stream_tokens takes
+        from latte.eval.generation import stream_tokens
+
+        with pytest.raises(ValueError, match=match):
+            stream_tokens(model, [1, 2, 3, 4], **kwargs)
+
+
+def test_stream_yields_what_generate_returns_and_feeds_a_streamer(make_lm, make_ids):
+    model = make_lm("macchiato")
+    x = make_ids(2, 6)
+    eos = int(model.generate(x, 8, temperature=0)[0, 6 + 2])
+    whole = model.generate(x, 8, temperature=0, eos_token_id=eos)
+    streamed = torch.stack(list(model.stream(x, 8, temperature=0, eos_token_id=eos)), 1)
+    assert torch.equal(torch.cat([x, streamed], 1), whole)
+    seen = []
+    sampled = model.generate(x, 8, streamer=seen.append, generator=torch.Generator().manual_seed(5), top_k=5)
+    assert torch.equal(torch.stack(seen, 1), sampled[:, 6:])
+    # top_k=0 and top_p=1 are "off": the same draws as plain sampling
+    for off in (dict(top_k=0), dict(top_p=1.0), dict(top_k=64)):
+        again = model.generate(x, 8, generator=torch.Generator().manual_seed(5), **off)
+        assert torch.equal(again, model.generate(x, 8, generator=torch.Generator().manual_seed(5))), off

@@ -2,6 +2,7 @@
 through transformers == native generate; the cache is the recurrent state."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -131,3 +132,55 @@ def test_direct_construction_and_hf_names(make_ids):
     out = model(make_ids(2, 6), labels=make_ids(2, 6))
     assert torch.isfinite(out.logits).all() and abs(out.loss.item() - 4.16) < 0.5  # ~ln 64 at init
     assert hf.LatteHFConfig.from_latte_config(native).to_latte_config() == native
+
+
+def test_resize_token_embeddings_accepts_the_new_ids(saved, make_ids):
+    model, path = saved("latte")
+    hfm = AutoModelForCausalLM.from_pretrained(path)
+    hfm.resize_token_embeddings(70)
+    assert hfm.model.config.vocab_size == hfm.config.vocab_size == 70
+    assert hfm.lm_head.weight is hfm.model.embed.weight and hfm.lm_head.weight.shape == (70, 32)
+    x = torch.tensor([[1, 2, 69, 65]])
+    out = hfm(x, labels=x)  # ids 64..69 were rejected before the fix
+    assert out.logits.shape == (1, 4, 70) and torch.isfinite(out.loss)
+    assert hfm.generate(x, max_new_tokens=2, do_sample=False).shape == (1, 6)
+    native = hfm.to_native()
+    assert native.config.vocab_size == 70
+    with pytest.raises(ValueError, match=r"found id 70, but ids must be in \[0, 69\]"):
+        hfm(torch.tensor([[70]]))
+
+
+def test_gradient_checkpointing_through_transformers(saved, make_ids):
+    model, path = saved("macchiato")
+    x = make_ids(2, 12)
+    grads = []
+    for enable in (False, True):
+        hfm = AutoModelForCausalLM.from_pretrained(path).train()
+        if enable:
+            with warnings.catch_warnings():  # transformers 5 renames it activation_checkpointing_enable
+                warnings.simplefilter("ignore", FutureWarning)
+                hfm.gradient_checkpointing_enable()
+            assert hfm.model.gradient_checkpointing
+        runs = []
+        hfm.model.blocks[1].register_forward_pre_hook(lambda *a: runs.append(1))
+        hfm(x, labels=x).loss.backward()
+        assert len(runs) == (2 if enable else 1)
+        grads.append({n: p.grad for n, p in hfm.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_hf_saved_folder_loads_natively_without_transformers(saved, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model, path = saved("latte", tie_embeddings=False)
+    AutoModelForCausalLM.from_pretrained(path).save_pretrained(tmp_path / "hf")
+    code = ("import sys; sys.modules['transformers'] = None\n"  # any import of transformers fails
+            "from latte.models import from_pretrained\n"
+            f"m = from_pretrained({str(tmp_path / 'hf')!r}); print(type(m).__name__, m.config.dim)")
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0 and out.stdout.split() == ["LatteForCausalLM", "32"], out.stderr

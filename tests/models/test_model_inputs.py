@@ -95,3 +95,68 @@ def test_models_check_config_direction():
     enc = LatteForSequenceClassification(LatteConfig.tiny(causal=False))
     with pytest.raises(ValueError, match="keeps no decoding state"):
         enc.model(torch.zeros(1, 3, dtype=torch.long), use_cache=True)
+
+
+def test_inputs_are_checked_once_and_positions_counted_once(make_lm, make_ids, monkeypatch):
+    """One validation per forward (each value check is a host sync), and the
+    positions come from the model: no layer counts them again, and the
+    cache holds the one counter (layer states carry none)."""
+    import latte.layers.rope as rope
+    import latte.models.inputs as inputs
+
+    model = make_lm(["macchiato", "softmax"])
+    x = make_ids(2, 9)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[0, :3] = 0
+    calls = {"ids": 0, "mask": 0, "layer positions": 0}
+
+    def counting(name, fn):
+        def wrapped(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+        return wrapped
+
+    monkeypatch.setattr(inputs, "check_input_ids", counting("ids", inputs.check_input_ids))
+    monkeypatch.setattr(inputs, "check_attention_mask", counting("mask", inputs.check_attention_mask))
+    monkeypatch.setattr(rope, "real_positions", counting("layer positions", rope.real_positions))
+    out = model(x, labels=x, attention_mask=mask, use_cache=True)
+    assert calls == {"ids": 1, "mask": 1, "layer positions": 0}
+    assert all(s.pos is None for s in out.state.layers) and out.state.pos.tolist() == [6, 9]
+    model.generate(x, 4, attention_mask=mask, temperature=0)
+    assert calls == {"ids": 2, "mask": 2, "layer positions": 0}  # once for the prompt, never per token
+
+
+def test_mask_errors_name_the_value_and_small_int_ids_work(make_lm, make_ids):
+    model = make_lm("latte")
+    x = make_ids(1, 4)
+    with pytest.raises(ValueError, match="attention_mask: expected bool or 0/1 integers .*found value 2"):
+        model(x, attention_mask=torch.tensor([[1, 2, 1, 1]]))
+    assert torch.equal(model(x.to(torch.uint8)).logits, model(x).logits)
+
+
+def test_value_checks_can_be_switched_off(make_lm):
+    """validate_inputs=False skips the checks that read values (host syncs):
+    a bad id then reaches the embedding, which fails in its own words."""
+    model = make_lm("latte")
+    bad = torch.tensor([[1, 2, 64]])
+    with pytest.raises(ValueError, match="found id 64"):
+        model(bad)
+    model.model.validate_inputs = False
+    with pytest.raises(IndexError):
+        model(bad)
+    with pytest.raises(ValueError, match="integer dtype"):  # structural checks stay: they cost nothing
+        model(bad.float())
+
+
+@pytest.mark.parametrize("mixer", ["linear", "softmax"])
+def test_model_boundary_compiles_without_graph_breaks(make_lm, make_ids, mixer):
+    """Under torch.compile the value checks are skipped (no .item(), no
+    graph break): fullgraph=True fails on any break. The mixers chosen here
+    have ops without breaks of their own; the checks are the same for all."""
+    model = make_lm(mixer)
+    x = make_ids(2, 12)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :4] = 0
+    step = torch.compile(lambda ids, am: model(ids, attention_mask=am, labels=ids).loss,
+                         backend="eager", fullgraph=True)
+    torch.testing.assert_close(step(x, mask), model(x, attention_mask=mask, labels=x).loss)

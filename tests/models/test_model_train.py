@@ -107,3 +107,35 @@ def test_shift_labels_equal_labels_shifted_inside(make_lm, make_ids):
         model(w, shift_labels=torch.full_like(w, 64))
     with pytest.raises(ValueError, match="return_logits=False needs labels"):
         model(w, return_logits=False)
+
+
+@pytest.mark.parametrize("mixer", ["macchiato", "latte", "softmax"])
+def test_gradient_checkpointing_recomputes_blocks_with_the_same_gradients(make_lm, make_ids, mixer):
+    """Activation checkpointing: each block runs again in the backward, and
+    loss and gradients (dropout included: the RNG is replayed) are unchanged."""
+    x = make_ids(2, 20)
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[1, :5] = False
+    grads = []
+    for enable in (False, True):
+        model = make_lm(mixer, dropout=0.1).train()
+        if enable:
+            model.gradient_checkpointing_enable()
+        assert model.is_gradient_checkpointing == enable
+        runs = []
+        model.model.blocks[0].register_forward_pre_hook(lambda *a: runs.append(1))
+        torch.manual_seed(7)
+        loss = model(x, labels=x, attention_mask=mask).loss
+        loss.backward()
+        assert len(runs) == (2 if enable else 1)  # forward, then the recompute in the backward
+        grads.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (l0, g0), (l1, g1) = grads
+    assert torch.equal(l0, l1)
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], atol=1e-6, rtol=1e-5, msg=name)
+    model.gradient_checkpointing_disable()
+    model.eval()
+    model.gradient_checkpointing_enable()
+    runs.clear()
+    model.generate(x[:, :4], 2)  # no effect in eval mode / without gradients
+    assert len(runs) == 2

@@ -44,6 +44,20 @@ def write_config(cfg: RunConfig, path: Path) -> Path:
     return path
 
 
+def train_tiny_run(root: Path, steps: int = 4) -> Path:
+    """Trains the tiny config for `steps` steps in `root/run` with `latte
+    train` (in process) on a corpus written under `root`; returns the run folder."""
+    from latte.cli import main
+    from latte.config_io import build
+
+    (root / "corpus").mkdir()
+    corpus = write_corpus(root / "corpus")
+    cfg = build(RunConfig, tiny_config_dict(corpus, root / "run", root / "cache"))
+    path = write_config(cfg, root / "tiny.yaml")
+    assert main(["train", "--config", str(path), f"--train.steps={steps}", "--optim.warmup_steps=1"]) == 0
+    return root / "run"
+
+
 def run_cli(args: list[str], *, faults: str = "", torchrun: int = 0, timeout: float = 300):
     """`python -m latte ...` (or torchrun with `torchrun` processes) in a
     subprocess; returns the CompletedProcess."""

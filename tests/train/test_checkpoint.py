@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch import nn
 
+from latte.models import weights
 from latte.train import checkpoint as ck
 from latte.train.checkpoint import check_state_against, find_latest_checkpoint, load_checkpoint, save_checkpoint
 from latte.train.rng import capture_rng_state, restore_rng_state
@@ -83,6 +84,7 @@ def test_round_trip(tmp_path):
 
 KILL_CHILD = textwrap.dedent("""
     import os, signal, sys, torch
+    from latte.models import weights
     from latte.train import checkpoint as ck
     run_dir, where = sys.argv[1:]
     def die(*args, **kwargs):
@@ -97,7 +99,7 @@ KILL_CHILD = textwrap.dedent("""
             f.write(data[: len(data) // 2])
         die()
     if where == "mid_weights":
-        ck.save_file = half_written_weights
+        weights.save_file = half_written_weights
     if where == "mid_manifest":
         ck.atomic_write = half_written_manifest
     ck.save_checkpoint(run_dir, 3, model_state={"w": torch.randn(512, 512)}, optimizer_state={},
@@ -164,9 +166,9 @@ def test_missing_key_and_wrong_shape_listed_together():
     with pytest.raises(ValueError) as excinfo:
         check_state_against(expected, loaded, where="run/step-00000002/model.safetensors")
     msg = str(excinfo.value)
-    assert msg.startswith("run/step-00000002/model.safetensors: state does not match the model (3 problems)")
-    assert "missing key: c" in msg and "unexpected key: d" in msg
-    assert "shape mismatch for a: checkpoint (3, 2), model (2, 3)" in msg
+    assert msg.startswith("run/step-00000002/model.safetensors: 3 problems loading into the model")
+    assert "missing tensor c (1,)" in msg and "unexpected tensor d (1,)" in msg
+    assert "shape mismatch for a: file (3, 2), model (2, 3)" in msg
     check_state_against(expected, dict(expected), where="ok")
 
 
@@ -180,7 +182,7 @@ def test_oserror_during_save_names_path_and_keeps_old_steps(tmp_path, monkeypatc
     save(tmp_path, 2)
     new = tmp_path / "step-00000003"
     if how == "monkeypatch":
-        monkeypatch.setattr(ck, "save_file", _fail_with_enospc)
+        monkeypatch.setattr(weights, "save_file", _fail_with_enospc)
         failing = new / "model.safetensors"
     else:  # a real ENOSPC from the kernel, raised inside torch.save
         if not os.path.exists("/dev/full"):

@@ -11,7 +11,8 @@
 from .cache import MacchiatoCache
 from .families import SUPPORTED
 from .io import base_reference, convert_pretrained, load_converted, save_converted
-from .modeling import ConversionConfig, ConvertedConfig, ConvertedForCausalLM, convert, register
+from .config import ConversionConfig, ConvertedConfig
+from .modeling import ConvertedForCausalLM, convert, register
 
 __all__ = [
     "SUPPORTED",

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ...config_io import atomic_write
-from ..io import load_weights, unique_state_dict
+from ..weights import check_state, read_weights, save_weights
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -97,8 +97,6 @@ def convert_pretrained(path: str | os.PathLike, conversion=None, *, gguf_file: s
 def save_converted(model, directory: str | os.PathLike, *, self_contained: bool | None = None) -> Path:
     """Writes config.json + model.safetensors; self_contained None means: a
     reference when the model has one, else every tensor."""
-    from safetensors.torch import save_file
-
     ref = model.config.base_weights
     if self_contained is None:
         self_contained = ref is None
@@ -107,11 +105,8 @@ def save_converted(model, directory: str | os.PathLike, *, self_contained: bool 
                          "or use latte.models.convert.convert_pretrained); save with self_contained=True instead")
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    tensors = unique_state_dict(model) if self_contained else model.new_parameters()
-    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-    tmp = d / f".{WEIGHTS_NAME}.tmp-{os.getpid()}"
-    save_file(tensors, str(tmp), metadata={"format": "pt", "layout": "self-contained" if self_contained else "reference"})
-    os.replace(tmp, d / WEIGHTS_NAME)
+    state = model.state_dict() if self_contained else model.new_parameters()
+    save_weights(state, d / WEIGHTS_NAME, metadata={"layout": "self-contained" if self_contained else "reference"})
     data = model.config.to_dict()
     data["base_weights"] = None if self_contained else ref
     data["architectures"] = [type(model).__name__]
@@ -134,6 +129,10 @@ def load_converted(directory: str | os.PathLike, *, base_path: str | os.PathLike
         base = load_base(config.base_weights, path=base_path, dtype=dtype)
         base.config._attn_implementation = config.original_attn_implementation or base.config._attn_implementation
     model = ConvertedForCausalLM(config, base=base).to(dtype)
-    expected = unique_state_dict(model) if config.base_weights is None else model.new_parameters()
-    load_weights(model, d / WEIGHTS_NAME, expected=expected)
+    expected = model.state_dict() if config.base_weights is None else model.new_parameters()
+    tensors = read_weights(d / WEIGHTS_NAME)
+    check_state(expected, tensors, where=str(d / WEIGHTS_NAME), into=type(model).__name__)
+    with torch.no_grad():
+        for name, t in expected.items():
+            t.copy_(tensors[name])
     return model.eval()

@@ -15,79 +15,24 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
-from transformers import AutoConfig, GenerationMixin, PreTrainedConfig, PreTrainedModel
-from transformers.configuration_utils import SubConfigSpec
+from transformers import AutoConfig, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from latte.layers._common import QK_MIXERS
+from latte.models.sampling import check_eos, check_sampling_args, next_token
 
 from .attention import ConvertedAttention
 from .cache import MacchiatoCache
+from .config import ConversionConfig, ConvertedConfig
 from .families import attention_spec, check_supported, decoder_layers
 
 ATTN_IMPLEMENTATION = "latte_macchiato"
-MIXES = ("joint", "gate")
-
-
-@dataclass(frozen=True)
-class ConversionConfig:
-    """How every attention becomes Macchiato (docs/conversion.md).
-
-    window_size: tokens the pretrained attention keeps seeing (itself
-        included); capped per layer by the original's own local window.
-    latents_per_head: L, new latent states per query head.
-    qk_mixer, conv_size: the latent branch's input mixer (latte.layers.QKMixer).
-    mix: "joint" (one normaliser over window scores and latent logits) or "gate".
-    beta_init: initial latent bias; very negative = exactly the sliding-window
-        model (-30 leaves the latents exactly zero weight in float32).
-    chunk_size: chunk of the latent kernel.
-    lora_rank, lora_alpha: LoRA on q/k/v/o (0 = off).
-    """
-
-    window_size: int = 128
-    latents_per_head: int = 32
-    qk_mixer: str = "conv"
-    conv_size: int = 4
-    mix: str = "joint"
-    beta_init: float = -30.0
-    chunk_size: int = 64
-    lora_rank: int = 0
-    lora_alpha: float = 16.0
-
-    def __post_init__(self):
-        for name in ("window_size", "latents_per_head", "conv_size", "chunk_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"ConversionConfig.{name}: expected an integer >= 1, got {v!r}")
-        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
-            raise ValueError(f"ConversionConfig.lora_rank: expected an integer >= 0 (0 = no LoRA), got {self.lora_rank!r}")
-        if self.qk_mixer not in QK_MIXERS:
-            raise ValueError(f"ConversionConfig.qk_mixer: expected one of {QK_MIXERS}, got {self.qk_mixer!r}")
-        if self.mix not in MIXES:
-            raise ValueError(f"ConversionConfig.mix: expected one of {MIXES}, got {self.mix!r}")
-        for name in ("beta_init", "lora_alpha"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-                raise ValueError(f"ConversionConfig.{name}: expected a number, got {v!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "conversion") -> "ConversionConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(known)}")
-        return cls(**data)
 
 
 def _mask_passthrough(*args, attention_mask=None, **kwargs):
@@ -103,30 +48,6 @@ def _no_attention_function(*args, **kwargs):
 def _register_attention() -> None:
     ALL_ATTENTION_FUNCTIONS.register(ATTN_IMPLEMENTATION, _no_attention_function)
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPLEMENTATION, _mask_passthrough)
-
-
-class ConvertedConfig(PreTrainedConfig):
-    """config.json of a converted model: the original's config (`text_config`),
-    the ConversionConfig (`conversion`) and, when the base weights are not
-    stored with the model, a reference to them (`base_weights`: path,
-    gguf_file, sha256 of each weight file)."""
-
-    model_type = "latte_converted"
-    sub_configs_defaults = {"text_config": SubConfigSpec(AutoConfig, model_type="llama")}
-
-    text_config: dict | PreTrainedConfig | None = None
-    conversion: dict | None = None
-    base_weights: dict | None = None
-    original_attn_implementation: str | None = None
-    use_cache: bool = True
-
-    def __post_init__(self, **kwargs):
-        self.conversion = ConversionConfig.from_dict(self.conversion or {}, where="config.conversion").to_dict()
-        super().__post_init__(**kwargs)
-        for name in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id"):
-            if getattr(self, name, None) is None:  # generation reads these at the top level
-                setattr(self, name, getattr(self.text_config, name, None))
-        self.tie_word_embeddings = False  # the base model ties its own weights
 
 
 @dataclass
@@ -248,6 +169,44 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
         if dtype is None or dtype == "auto":
             dtype = torch.float32
         return load_converted(pretrained_model_name_or_path, base_path=base_path, dtype=dtype)
+
+    def stream(self, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+               top_k: int | None = None, top_p: float | None = None, eos_token_id: int | list[int] | None = None,
+               attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
+               do_sample: bool | None = None) -> Iterator[torch.Tensor]:
+        """latte's streaming generation (as `LatteForCausalLM.stream`): the new
+        tokens [B], one step at a time, from the constant-size cache. Prompts
+        of different lengths are LEFT-padded (attention_mask 0 on the left)."""
+        greedy = check_sampling_args(max_new_tokens, temperature, top_k, top_p, do_sample)
+        if attention_mask is not None and not bool(attention_mask[:, -1].all()):
+            raise ValueError("attention_mask: stream needs LEFT padding (the last column all ones)")
+        eos = check_eos(eos_token_id, self.config.vocab_size, input_ids.device)
+        pick = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        return self._decode(input_ids, attention_mask, max_new_tokens, eos, pick)
+
+    @torch.no_grad()
+    def _decode(self, input_ids, mask, max_new_tokens, eos, pick) -> Iterator[torch.Tensor]:
+        if max_new_tokens == 0:
+            return
+        was_training = self.training
+        self.eval()
+        try:
+            real = torch.ones_like(input_ids) if mask is None else mask.long()
+            pos = (real.cumsum(1) - 1).clamp(min=0)  # RoPE positions count real tokens (as generate does)
+            out = self(input_ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+            done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+            for i in range(max_new_tokens):
+                tok = next_token(out.logits[:, -1].float(), **pick)  # [B]
+                if eos is not None:
+                    tok = torch.where(done, eos[0], tok)
+                    done = done | torch.isin(tok, eos)
+                yield tok
+                if i + 1 == max_new_tokens or bool(done.all()):
+                    break
+                pos = pos[:, -1:] + 1
+                out = self(tok[:, None], position_ids=pos, past_key_values=out.past_key_values, use_cache=True)
+        finally:
+            self.train(was_training)
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, past_key_values: MacchiatoCache | None = None,

@@ -94,8 +94,10 @@ def test_left_padded_batch_generates_like_each_row_alone():
     with torch.no_grad():
         both = model.generate(batch, attention_mask=mask, max_new_tokens=6, do_sample=False)
         alone = [model.generate(x, max_new_tokens=6, do_sample=False) for x in (a, b)]
+        streamed = torch.stack(list(model.stream(batch, 6, temperature=0, attention_mask=mask)), 1)
     assert both[0, 14:].tolist() == alone[0][0, 14:].tolist()
     assert both[1, 14:].tolist() == alone[1][0, 9:].tolist()
+    assert streamed.tolist() == both[:, 14:].tolist()  # latte's native streaming, same tokens
 
 
 def test_cache_is_constant_while_a_kv_cache_grows():
