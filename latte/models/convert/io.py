@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ...config_io import atomic_write
-from ..weights import check_state, read_weights, save_weights
+from ..weights import check_state, load_weights, read_weights, save_weights
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -129,10 +129,12 @@ def load_converted(directory: str | os.PathLike, *, base_path: str | os.PathLike
         base = load_base(config.base_weights, path=base_path, dtype=dtype)
         base.config._attn_implementation = config.original_attn_implementation or base.config._attn_implementation
     model = ConvertedForCausalLM(config, base=base).to(dtype)
-    expected = model.state_dict() if config.base_weights is None else model.new_parameters()
-    tensors = read_weights(d / WEIGHTS_NAME)
-    check_state(expected, tensors, where=str(d / WEIGHTS_NAME), into=type(model).__name__)
-    with torch.no_grad():
-        for name, t in expected.items():
-            t.copy_(tensors[name])
+    if config.base_weights is None:
+        load_weights(model, d / WEIGHTS_NAME)
+    else:  # only what conversion added
+        expected, tensors = model.new_parameters(), read_weights(d / WEIGHTS_NAME)
+        check_state(expected, tensors, where=str(d / WEIGHTS_NAME), into=type(model).__name__)
+        with torch.no_grad():
+            for name, t in expected.items():
+                t.copy_(tensors[name])
     return model.eval()
