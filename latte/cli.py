@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     tune()  # reuse freed memory instead of page-faulting it back in (LATTE_MALLOC=default: off)
     try:
         return handlers[command](rest)
+    except SystemExit as e:  # argparse: usage and message already printed
+        return e.code if isinstance(e.code, int) else 2
     except (ValueError, ImportError) as e:  # a user can fix it: config, data, checkpoint, missing extra
         print(f"latte {command}: error: {e}", file=sys.stderr)
         return 2
@@ -84,7 +87,8 @@ def cmd_train(args: list[str]) -> int:
 
         print("usage: latte train [--config NAME|PATH] [--resume auto|never|PATH] [--section.field=value ...]\n"
               f"shipped configs (--config NAME; default tiny): {', '.join(shipped_configs())}\n"
-              "sections: data, model, optim, train (see latte/train/config.py)")
+              "`task:` picks what is trained (default lm, latte/train/task.py); sections: task, optim, "
+              "train and the task's own (lm: data, model; see latte/train/config.py)")
         return 0
     from latte.train.config import load_run_config
     from latte.train.loop import train
@@ -100,25 +104,53 @@ def cmd_train(args: list[str]) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- argument types
+
+def _int_at_least(low: int, what: str = ""):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}{what}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}{what}, got {value}")
+        return value
+    return parse
+
+
+def _number(allowed: str, ok):
+    """A finite float accepted by `ok` (argparse type); `allowed` describes it."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}") from None
+        if not math.isfinite(value) or not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text}")
+        return value
+    return parse
+
+
 # --------------------------------------------------------------------------- generate
 
 def cmd_generate(args: list[str]) -> int:
     p = argparse.ArgumentParser(prog="latte generate", description="Stream a continuation from a trained run.")
     p.add_argument("--run", required=True, help="run folder (newest verified checkpoint) or a step-N folder")
     p.add_argument("--prompt", default="\n")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=50, help="0 = off")
-    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--max-new-tokens", type=_int_at_least(0), default=200)
+    p.add_argument("--temperature", type=_number("a finite number >= 0 (0 = greedy)", lambda v: v >= 0),
+                   default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=_int_at_least(0, " (0 = off)"), default=50, help="0 = off")
+    p.add_argument("--top-p", type=_number("a number in (0, 1]", lambda v: 0 < v <= 1), default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop-at-eos", action="store_true", help="end at the end-of-document token")
     a = p.parse_args(args)
     import torch
 
     from latte.eval.generation import IncrementalDecoder, stream_tokens
-    from latte.eval.runs import load_trained
+    from latte.train.runs import open_run
 
-    trained = load_trained(a.run)
+    trained = _open_lm_run(a.run, "generate", open_run)
     tok = trained.tokenizer
     ids = tok.encode(a.prompt) or [tok.eos_id]
     gen = torch.Generator().manual_seed(a.seed)
@@ -137,6 +169,14 @@ def cmd_generate(args: list[str]) -> int:
     return 0
 
 
+def _open_lm_run(path: str, command: str, open_run):
+    trained = open_run(path)
+    if trained.config.task != "lm":
+        raise ValueError(f"{trained.checkpoint}: latte {command} works on language-model runs (task 'lm'); "
+                         f"this run's task is {trained.config.task!r}")
+    return trained
+
+
 # --------------------------------------------------------------------------- eval
 
 def cmd_eval(args: list[str]) -> int:
@@ -145,9 +185,11 @@ def cmd_eval(args: list[str]) -> int:
         "training length (context extrapolation), all on the same validation tokens."))
     p.add_argument("--run", required=True, help="run folder (newest verified checkpoint) or a step-N folder")
     p.add_argument("--lengths", default="1,2,4,8", help="multiples of the training seq_len")
-    p.add_argument("--max-tokens", type=int, default=65536, help="validation tokens evaluated (0 = all)")
-    p.add_argument("--batch-size", type=int, default=8, help="windows per batch at 1x (halved per doubling)")
-    p.add_argument("--out", default=None, help="JSON output (default: RUN/eval.json)")
+    p.add_argument("--max-tokens", type=_int_at_least(0, " (0 = all)"), default=65536,
+                   help="validation tokens evaluated (0 = all)")
+    p.add_argument("--batch-size", type=_int_at_least(1), default=8,
+                   help="windows per batch at 1x (halved per doubling)")
+    p.add_argument("--out", default=None, help="JSON output (default: eval.json in the run folder)")
     a = p.parse_args(args)
     try:
         multiples = sorted({int(x) for x in a.lengths.split(",") if x.strip()})
@@ -155,11 +197,20 @@ def cmd_eval(args: list[str]) -> int:
         raise ValueError(f"--lengths={a.lengths!r}: expected comma-separated integers like 1,2,4,8") from None
     if not multiples or multiples[0] < 1:
         raise ValueError(f"--lengths={a.lengths!r}: expected integers >= 1")
+    run = Path(a.run)
+    out = Path(a.out) if a.out else (run.parent if (run / "manifest.json").is_file() else run) / "eval.json"
+    if out.is_dir():
+        raise ValueError(f"--out {out}: is a folder, expected a file path")
+    if a.out:  # before any compute: a bad path fails now, not after the evaluation
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--out {out}: cannot create its folder {out.parent} ({e.strerror})") from None
     from latte.eval.perplexity import extrapolation
-    from latte.eval.runs import load_trained
-    from latte.train.setup import pack_split
+    from latte.train.lm import pack_split
+    from latte.train.runs import open_run
 
-    trained = load_trained(a.run)
+    trained = _open_lm_run(a.run, "eval", open_run)
     cfg = trained.config
     tokens = pack_split(cfg, trained.tokenizer, "validation")
     max_tokens = a.max_tokens if a.max_tokens > 0 else len(tokens)
@@ -170,11 +221,8 @@ def cmd_eval(args: list[str]) -> int:
                             max_tokens=max_tokens, batch_size=a.batch_size)
     report = {"checkpoint": str(trained.checkpoint), "step": trained.step, "mixer": cfg.model.mixer,
               "train_seq_len": cfg.data.seq_len, "source": cfg.data.source, "results": results}
-    out = Path(a.out) if a.out else Path(a.run) / "eval.json"
-    if (Path(a.run) / "manifest.json").is_file() and not a.out:
-        out = Path(a.run).parent / "eval.json"
+    print(format_table(results))  # shown even if writing the file fails
     out.write_text(json.dumps(report, indent=2) + "\n")
-    print(format_table(results))
     print(f"wrote {out}", file=sys.stderr)
     return 0
 
@@ -208,10 +256,10 @@ def cmd_export(args: list[str]) -> int:
     p.add_argument("run", help="run folder (newest verified checkpoint) or a step-N folder")
     p.add_argument("out", help="output folder (created; files in it are replaced)")
     a = p.parse_args(args)
-    from latte.eval.runs import load_trained
     from latte.models.export import export_for_transformers
+    from latte.train.runs import open_run
 
-    trained = load_trained(a.run)
+    trained = _open_lm_run(a.run, "export", open_run)
     out = export_for_transformers(trained.model, trained.tokenizer, a.out)
     print(f"latte export: {trained.checkpoint} (step {trained.step}) -> {out}", file=sys.stderr)
     return 0

@@ -2,7 +2,7 @@
 
 Configs are plain dataclasses; this module turns untrusted dicts (YAML, CLI)
 into them and reports *every* problem at once, one line each, naming the
-dotted field path, the value received and what is allowed (STYLE.md habit 5).
+dotted field path, the value received and what is allowed (docs/design.md, "Configuration").
 Range checks live in each dataclass's ``__post_init__`` via `ConfigErrors`.
 
 Typical use::
@@ -19,9 +19,11 @@ errors rather than silently keeping the last one.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import difflib
+import math
 import os
 import re
 import types
@@ -148,6 +150,9 @@ def _check(value: Any, tp: Any, path: str, errors: list) -> Any:
     ok = _scalar_ok(value, tp)
     if not ok:
         errors.append(bad)
+        return value
+    if tp is float and not math.isfinite(value):  # YAML .inf / .nan: never a sensible setting
+        errors.append((path, f"got {_show(value)}, expected a finite number"))
         return value
     return float(value) if tp is float else value
 
@@ -369,16 +374,21 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
     fsync the directory so the rename itself is durable."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        with open(tmp, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:  # e.g. disk full: name the file, leave no temp file behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise OSError(e.errno, f"cannot write {path}: {e.strerror or e}", str(path)) from e
 
 
 def save_yaml(obj: Any, path: str | os.PathLike) -> None:

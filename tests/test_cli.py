@@ -43,9 +43,9 @@ def test_generate_streams_a_continuation(trained_run, capsys):
 
 def test_streaming_equals_model_generate(trained_run):
     from latte.eval.generation import IncrementalDecoder, stream_tokens
-    from latte.eval.runs import load_trained
+    from latte.train.runs import open_run
 
-    t = load_trained(trained_run)
+    t = open_run(trained_run)
     ids = t.tokenizer.encode("def f")
     streamed = list(stream_tokens(t.model, ids, 10, temperature=0))
     ref = t.model.generate(torch.tensor([ids]), 10, temperature=0)[0, len(ids):].tolist()
@@ -72,6 +72,9 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
 def test_eval_of_a_folder_without_checkpoints_exits_2(tmp_path, capsys):
     assert main(["eval", "--run", str(tmp_path)]) == 2
     assert "no verified checkpoint" in capsys.readouterr().err
+    assert main(["eval", "--run", str(tmp_path / "typo")]) == 2
+    assert "no such run or checkpoint folder" in capsys.readouterr().err
+    assert not (tmp_path / "typo").exists()  # nothing created on the way
 
 
 def test_unknown_command_and_help(capsys):
@@ -127,3 +130,47 @@ def test_bench_command_runs_and_updates_a_readme_section(tmp_path):
     assert "old numbers" not in text and "latte bench ops (quick)" in text
     assert text.startswith("intro\n") and text.endswith("rest\n")
     assert (out / "ops.json").exists()
+
+
+# --------------------------------------------------------------------------- arguments (issue 10, items 8-9)
+
+@pytest.mark.parametrize("args", [["--top-p", "0"], ["--top-p", "-0.5"], ["--top-p", "2"], ["--top-p", "nan"],
+                                  ["--top-k", "-5"], ["--temperature", "nan"], ["--temperature", "-1"],
+                                  ["--temperature", "inf"], ["--max-new-tokens", "-3"], ["--top-k", "x"]])
+def test_generate_refuses_bad_arguments_before_printing_anything(trained_run, capsys, args):
+    assert main(["generate", "--run", str(trained_run), "--prompt", "The ", *args]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and f"argument {args[0]}: expected" in out.err and "Traceback" not in out.err
+
+
+def test_generate_accepts_the_edges_of_the_ranges(trained_run, capsys):
+    assert main(["generate", "--run", str(trained_run), "--prompt", "The ", "--top-p", "1", "--top-k", "0",
+                 "--temperature", "0", "--max-new-tokens", "0"]) == 0
+    assert capsys.readouterr().out == "The \n"
+
+
+@pytest.mark.parametrize("args", [["--batch-size", "0"], ["--batch-size", "-2"], ["--max-tokens", "-5"]])
+def test_eval_refuses_bad_arguments(trained_run, capsys, args):
+    assert main(["eval", "--run", str(trained_run), *args]) == 2
+    assert f"argument {args[0]}: expected an integer" in capsys.readouterr().err
+
+
+def test_eval_out_into_a_missing_folder_is_created_and_the_table_printed(trained_run, tmp_path, capsys):
+    out = tmp_path / "new" / "deeper" / "eval.json"
+    assert main(["eval", "--run", str(trained_run), "--lengths", "1", "--max-tokens", "256", "--out", str(out)]) == 0
+    assert "length" in capsys.readouterr().out and json.loads(out.read_text())["results"]
+
+
+def test_eval_out_that_cannot_be_written_fails_before_computing(trained_run, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["eval", "--run", str(trained_run), "--out", str(blocker / "eval.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {blocker / 'eval.json'}: cannot create its folder" in err and "evaluating up to" not in err
+
+
+def test_bad_float_in_config_fails_before_the_run_folder_is_touched(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["train", "--optim.lr=.inf", f"--train.run_dir={run_dir}"]) == 2
+    assert "optim.lr: got inf (float), expected a finite number" in capsys.readouterr().err
+    assert not run_dir.exists()

@@ -30,13 +30,13 @@ def exported(tmp_path_factory):
 def loaded(exported):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from latte.eval.runs import load_trained
     from latte.models import hf
+    from latte.train.runs import open_run
 
     hf.register()
     model = AutoModelForCausalLM.from_pretrained(exported / "hf").eval()
     tokenizer = AutoTokenizer.from_pretrained(exported / "hf")
-    return model, tokenizer, load_trained(exported / "run")
+    return model, tokenizer, open_run(exported / "run")
 
 
 def test_export_writes_what_transformers_expects(exported, loaded):

@@ -126,8 +126,13 @@ def _load_folder(folder: Path) -> list[Document]:
 def _load_jsonl(path: Path, text_field: str) -> list[Document]:
     """One document per non-blank line; errors name the file and line."""
     docs = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
+                                 f"{e.start + 1})") from None
             if not line.strip():
                 continue
             try:

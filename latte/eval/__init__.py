@@ -1,7 +1,7 @@
-"""Evaluations of trained models: perplexity (overall, by position, at longer
-contexts), streaming generation, and opening a training run's checkpoint.
+"""Evaluations of trained models: perplexity by position and at longer
+contexts, and streaming generation. A trained run is opened with
+`latte.train.runs.open_run` (eval depends on train, never the reverse).
 
-    perplexity.py   nll sums, perplexity by position bucket, extrapolation
+    perplexity.py   perplexity by position bucket, extrapolation
     generation.py   token-by-token generation from the recurrent state
-    runs.py         newest verified checkpoint + config + tokenizer of a run
 """

@@ -1,94 +1,23 @@
-"""Perplexity on packed tokens: overall, by position bucket, and at lengths
-beyond the training length (context extrapolation, EVAL.md section 3).
+"""Perplexity on packed tokens by position bucket, and at lengths beyond the
+training length (context extrapolation, docs/evaluation.md section 3).
 
 Every number is exp(sum of token losses / number of tokens): losses and counts
-are summed first (across batches, buckets and ranks), never averaged per
-batch and then averaged again.
-
-Labels are pre-shifted as `TokenWindows.batch` returns them (labels[:, t] is
-the token after input_ids[:, t]), so the model is called with labels=None and
-the loss is computed here.
+are summed first (across batches and buckets), never averaged per batch and
+then averaged again. The token losses and the overall validation perplexity
+are the trainer's (latte/train/validation.py).
 """
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from latte.data import TokenWindows, iter_eval_batches
 from latte.models import IGNORE_INDEX
-
-
-@torch.no_grad()
-def token_nll(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per-position next-token loss [B, T] in float32 (0 where labels are -100)."""
-    logits_BTV = model(input_ids).logits
-    B, T, V = logits_BTV.shape
-    nll = F.cross_entropy(logits_BTV.reshape(-1, V).float(), labels.reshape(-1),
-                          ignore_index=IGNORE_INDEX, reduction="none")
-    return nll.reshape(B, T)
-
-
-def batches_per_rank(num_windows: int, batch_size: int, world_size: int) -> int:
-    """The most batches any rank gets from `iter_eval_batches` (rank 0's)."""
-    mine = -(-num_windows // world_size)
-    return -(-mine // batch_size)
-
-
-def subset(windows: TokenWindows, max_windows: int | None) -> TokenWindows:
-    """The first `max_windows` windows (all when None or 0)."""
-    if not max_windows or max_windows >= len(windows):
-        return windows
-    return TokenWindows(windows.tokens[: max_windows * windows.seq_len + 1], windows.seq_len)
-
-
-@torch.no_grad()
-def nll_sums(model: nn.Module, windows: TokenWindows, *, batch_size: int, rank: int = 0,
-             world_size: int = 1, device: torch.device | str = "cpu",
-             lockstep: bool = False) -> tuple[float, int]:
-    """(sum of token losses, number of tokens) over this rank's share of
-    `windows` (every window once across ranks). Sum both over ranks, then
-    exp(sum / count) is the perplexity.
-
-    lockstep: every rank runs the same number of forward calls, padding with
-    a discarded batch where it has run out (FSDP2 gathers weights in every
-    forward, so a rank with one batch fewer would hang the others)."""
-    was_training = model.training
-    model.eval()
-    total, count, n = 0.0, 0, 0
-    try:
-        for x, y in iter_eval_batches(windows, batch_size, rank, world_size):
-            x, y = x.to(device), y.to(device)
-            nll = token_nll(model, x, y)
-            total += float(nll.double().sum())
-            count += int((y != IGNORE_INDEX).sum())
-            n += 1
-        if lockstep:
-            for _ in range(batches_per_rank(len(windows), batch_size, world_size) - n):
-                token_nll(model, *(t.to(device) for t in windows.batch([0])))
-    finally:
-        model.train(was_training)
-    return total, count
-
-
-def perplexity(model: nn.Module, windows: TokenWindows, *, batch_size: int = 8,
-               device: torch.device | str = "cpu") -> dict:
-    """Single-process validation: {"loss", "ppl", "tokens", "seconds", "tokens_per_s"}."""
-    t0 = time.perf_counter()
-    total, count = nll_sums(model, windows, batch_size=batch_size, device=device)
-    return summarize(total, count, time.perf_counter() - t0)
-
-
-def summarize(nll_sum: float, tokens: int, seconds: float) -> dict:
-    loss = nll_sum / tokens if tokens else math.nan
-    return {"loss": loss, "ppl": math.exp(loss) if math.isfinite(loss) and loss < 700 else math.inf,
-            "tokens": int(tokens), "seconds": seconds,
-            "tokens_per_s": tokens / seconds if seconds > 0 else 0.0}
+from latte.train.validation import summarize, token_nll
 
 
 # --------------------------------------------------------------------------- by position

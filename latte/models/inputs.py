@@ -31,8 +31,8 @@ def check_input_ids(input_ids, vocab_size: int, *, values: bool = True) -> tuple
         raise ValueError(f"input_ids: expected an integer tensor [B, T], got {type(input_ids).__name__}")
     if input_ids.dtype not in INT_DTYPES:
         raise ValueError(f"input_ids: expected an integer dtype (torch.long), got {input_ids.dtype}")
-    if input_ids.dim() != 2 or input_ids.shape[1] < 1:
-        raise ValueError(f"input_ids: expected shape [B, T >= 1], got {tuple(input_ids.shape)}")
+    if input_ids.dim() != 2 or input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids: expected shape [B, T >= 1] with B >= 1, got {tuple(input_ids.shape)}")
     if values and input_ids.numel():
         lo, hi = torch.aminmax(input_ids)
         lo, hi = int(lo), int(hi)  # one host sync for both

@@ -1,31 +1,41 @@
-"""Crash-safe checkpoints (design: /work/shared/spec/RELIABILITY.md).
+"""Crash-safe checkpoints (docs/reliability.md, "Checkpoints").
 
 Layout of one checkpoint, ``run_dir/step-00001200/``::
 
-    model.safetensors    weights (rank 0)
-    optimizer.pt         optimizer state_dict, torch.save (rank 0)
-    trainer_state.json   step, tokens seen, data position, skip counts (rank 0)
-    config.yaml          the resolved run config (rank 0)
+    model.safetensors    weights, written by rank 0         } "full" format
+    optimizer.pt         optimizer state_dict (torch.save)  }
+    dcp/                 weights + optimizer state as torch.distributed.checkpoint
+                         shards, one file per rank ("sharded" format, FSDP2)
+    trainer_state.json   step, samples seen, data position, skip counts, health
+    config.yaml          the resolved run config
     rng-rank{r}.pt       RNG states as tensors, one file per rank
-    <extra files>        e.g. tokenizer.json, copied (rank 0)
+    <extra files>        the task's, e.g. tokenizer.json
     manifest.json        written LAST by rank 0: the commit marker
 
-Every file is fsynced; then a barrier; then rank 0 writes the manifest
-(names, sizes, sha256, versions) via tmp + fsync + rename + directory fsync.
-A step folder without a manifest that verifies does not exist as far as
-resuming is concerned, so ``kill -9`` at any moment leaves the previous
-checkpoint as the latest. Folders are never renamed (renames of directories
-broke Hugging Face's trainer on shared multi-node filesystems).
+Commit protocol: every file is fsynced; a barrier; then rank 0 writes the
+manifest (names, sizes, sha256, versions) via tmp + fsync + rename +
+directory fsync. A step folder without a manifest that verifies does not
+exist as far as resuming is concerned, so ``kill -9`` at any moment leaves the
+previous checkpoint as the latest. Step folders are never renamed while
+saving (renames of directories broke Hugging Face's trainer on shared
+multi-node filesystems).
 
-Loading verifies every sha256 (a flipped byte inside safetensors data loads
-silently otherwise) and never unpickles objects: ``torch.load(weights_only=True)``.
-Not handled here: sharded (FSDP2/DCP) weights, which will need one manifest
-entry per shard file.
+Verification: the manifest must list and hash every file that loading reads
+(the required files of its format and world size; `Checkpoint.file` refuses
+any other name), and nothing is unpickled: ``torch.load(weights_only=True)``,
+and DCP's metadata through a restricted unpickler (train/sharded.py).
+`verify_checkpoint` checks every file; `load_checkpoint(verify="read")`
+checks each file when it is first read, which is what `latte generate` and
+`latte eval` use: they read the weights, the config and the tokenizer, so a
+damaged optimizer.pt does not stop them.
+
+Retention runs after a commit: it keeps the `keep` newest committed steps
+plus the `protect`ed ones (the trainer protects its newest healthy
+checkpoint) and removes never-committed folders older than the new step.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -36,7 +46,7 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from safetensors import SafetensorError
@@ -49,7 +59,15 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 MODEL, OPTIMIZER, TRAINER, CONFIG = "model.safetensors", "optimizer.pt", "trainer_state.json", "config.yaml"
+DCP_DIR = "dcp"
+FORMAT_VERSION = 2
 _STEP_RE = re.compile(r"^step-(\d{8,})$")
+_NAME_RE = re.compile(r"^(dcp/)?[A-Za-z0-9_][A-Za-z0-9_.+-]*$|^dcp/\.metadata$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be trusted or read: no or bad manifest, a
+    file missing, unlisted, truncated, corrupted or refused."""
 
 
 def step_dir_name(step: int) -> str:
@@ -57,13 +75,22 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def _rng_name(rank: int) -> str:
+def rng_name(rank: int) -> str:
     return f"rng-rank{rank}.pt"
+
+
+def step_dirs(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(step, path) of every step folder in `run_dir`, newest first."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := _STEP_RE.match(p.name)) and p.is_dir()]
+    return sorted(found, reverse=True)
 
 
 # --------------------------------------------------------------------------- save
 
-def _fsync_path(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -76,7 +103,7 @@ def _write(path: Path, writer: Callable[[Path], None]) -> None:
     permissions, ...) becomes an OSError that names the file."""
     try:
         writer(path)
-        _fsync_path(path)
+        fsync_path(path)
     except (OSError, SafetensorError) as e:
         code = getattr(e, "errno", None)
         if code is None:  # e.g. SafetensorError: no errno, so put the path in the text
@@ -93,6 +120,12 @@ def _torch_save(obj: Any) -> Callable[[Path], None]:
     return writer
 
 
+def _write_weights(path: Path, model_state: dict[str, torch.Tensor], step: int) -> None:
+    """The package's one weight format (latte.models.weights: tied tensors
+    stored once, the umask's ordinary file mode)."""
+    _write(path, lambda p: save_weights(model_state, p, metadata={"step": str(step)}))
+
+
 def _check_inputs(step, trainer_state, rng_state, extra_files, rank, world_size, keep) -> str:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"step: got {step!r}, expected an int >= 0")
@@ -104,9 +137,9 @@ def _check_inputs(step, trainer_state, rng_state, extra_files, rank, world_size,
     bad = [k for k, v in rng_state.items() if not isinstance(v, torch.Tensor)]
     if bad:
         raise ValueError(f"rng_state: values must be Tensors (no pickled objects); not tensors: {bad}")
-    reserved = {MODEL, OPTIMIZER, TRAINER, CONFIG, MANIFEST}
+    reserved = {MODEL, OPTIMIZER, TRAINER, CONFIG, MANIFEST, DCP_DIR}
     for name in extra_files or {}:
-        if "/" in name or "\\" in name or name in reserved or name.startswith(("rng-rank", ".")):
+        if not _NAME_RE.match(name) or "/" in name or name in reserved or name.startswith("rng-rank"):
             raise ValueError(f"extra_files: {name!r} is not allowed as a checkpoint file name")
     try:
         return json.dumps(trainer_state, indent=2, sort_keys=True)
@@ -114,54 +147,70 @@ def _check_inputs(step, trainer_state, rng_state, extra_files, rank, world_size,
         raise ValueError(f"trainer_state must be JSON-serializable: {e}") from e
 
 
-def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model_state: dict[str, torch.Tensor],
-                    optimizer_state: dict, trainer_state: dict, rng_state: dict[str, torch.Tensor],
-                    config: Any, extra_files: dict[str, str | os.PathLike] | None = None,
+def save_checkpoint(run_dir: str | os.PathLike, step: int, *, trainer_state: dict,
+                    rng_state: dict[str, torch.Tensor], config: Any,
+                    model_state: dict[str, torch.Tensor] | None = None, optimizer_state: dict | None = None,
+                    sharded_state: dict | None = None, extra_files: dict[str, str | os.PathLike] | None = None,
                     rank: int = 0, world_size: int = 1, barrier: Callable[[], None] | None = None,
-                    keep: int = 2) -> Path:
+                    keep: int = 2, protect: Iterable[int] = (),
+                    before_commit: Callable[[], None] | None = None) -> Path:
     """Saves ``run_dir/step-{step:08d}/`` and returns that path.
 
-    Every rank calls this (with its own `rng_state`); rank 0 alone writes the
-    shared files, so other ranks may pass empty dicts for the rest. `barrier`
-    (e.g. ``torch.distributed.barrier``) is required when world_size > 1.
-    Retention runs on rank 0 after the manifest commits: it keeps the `keep`
-    newest complete steps and removes incomplete folders older than this one.
+    Every rank calls this (with its own `rng_state`). "full" format: rank 0
+    writes `model_state` and `optimizer_state` (other ranks may pass None).
+    "sharded" format: every rank passes `sharded_state` ({"model": ...,
+    "optim": ...} of DTensors) and torch.distributed.checkpoint writes one
+    file per rank. `barrier` (e.g. ``torch.distributed.barrier``) is required
+    when world_size > 1. `before_commit` runs on every rank once its files
+    are durable, before the commit (the fault tests kill there). Retention runs on rank 0 after the manifest commits:
+    it keeps the `keep` newest committed steps and every step in `protect`.
     On an I/O error an OSError names the file; no manifest is written.
     """
     trainer_json = _check_inputs(step, trainer_state, rng_state, extra_files, rank, world_size, keep)
     if world_size > 1 and barrier is None:
         raise ValueError("barrier is required when world_size > 1 (the manifest must be written last)")
+    sync = barrier or (lambda: None)
     step_dir = Path(run_dir) / step_dir_name(step)
     step_dir.mkdir(parents=True, exist_ok=True)
     if rank == 0 and (step_dir / MANIFEST).exists():
         # Re-saving a step (e.g. after resuming from an earlier one): un-commit first.
         os.remove(step_dir / MANIFEST)
-        _fsync_path(step_dir)
-    files = [_rng_name(rank)]
-    _write(step_dir / _rng_name(rank), _torch_save(dict(rng_state)))
+        fsync_path(step_dir)
+    if sharded_state is not None:
+        if rank == 0 and (step_dir / DCP_DIR).exists():
+            shutil.rmtree(step_dir / DCP_DIR)  # shards of an uncommitted earlier attempt
+        sync()  # no rank writes shards before the stale ones are gone
+    _write(step_dir / rng_name(rank), _torch_save(dict(rng_state)))
+    if sharded_state is not None:
+        from latte.train.sharded import save_sharded
+
+        save_sharded(sharded_state, step_dir / DCP_DIR)
     if rank == 0:
         _write(step_dir / TRAINER, lambda p: p.write_text(trainer_json, encoding="utf-8"))
-        # The package's one weight format (tied tensors stored once, mode 0644).
-        _write(step_dir / MODEL, lambda p: save_weights(model_state, p, metadata={"step": str(step)}))
-        _write(step_dir / OPTIMIZER, _torch_save(optimizer_state))
+        if sharded_state is None:
+            if model_state is None or optimizer_state is None:
+                raise ValueError("rank 0 needs model_state and optimizer_state (or sharded_state)")
+            _write_weights(step_dir / MODEL, model_state, step)
+            _write(step_dir / OPTIMIZER, _torch_save(optimizer_state))
         _write(step_dir / CONFIG, lambda p: save_yaml(config, p))
         for name, src in (extra_files or {}).items():
             _write(step_dir / name, lambda p, src=src: shutil.copyfile(src, p))
-        files += [MODEL, OPTIMIZER, TRAINER, CONFIG, *(extra_files or {})]
     _write(step_dir, lambda p: None)  # fsync the directory entries of the new files
+    if before_commit is not None:
+        before_commit()
     if barrier is not None:
         barrier()  # every rank's files are durable before the commit marker
     if rank == 0:
-        files += [_rng_name(r) for r in range(world_size) if r != rank]
-        manifest = _manifest_json(step_dir, step, world_size, files)
+        fmt = "sharded" if sharded_state is not None else "full"
+        manifest = _manifest_json(step_dir, step, world_size, fmt, list(extra_files or {}))
         _write(step_dir / MANIFEST, lambda p: atomic_write(p, manifest))
-        _apply_retention(Path(run_dir), step, keep)
+        apply_retention(Path(run_dir), step, keep, protect=set(protect))
     if barrier is not None:
         barrier()  # no rank returns (and maybe resumes) before the commit
     return step_dir
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
@@ -169,15 +218,24 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _manifest_json(step_dir: Path, step: int, world_size: int, files: list[str]) -> str:
+def _saved_files(step_dir: Path, world_size: int, fmt: str, extra: list[str]) -> list[str]:
+    files = [TRAINER, CONFIG, *extra, *(rng_name(r) for r in range(world_size))]
+    if fmt == "full":
+        return files + [MODEL, OPTIMIZER]
+    shards = sorted(p.name for p in (step_dir / DCP_DIR).iterdir() if p.is_file() and not p.name.endswith(".tmp"))
+    return files + [f"{DCP_DIR}/{name}" for name in shards]
+
+
+def _manifest_json(step_dir: Path, step: int, world_size: int, fmt: str, extra: list[str]) -> str:
     entries = {}
-    for name in sorted(files):
+    for name in sorted(_saved_files(step_dir, world_size, fmt, extra)):
         path = step_dir / name
         if not path.is_file():  # e.g. a rank that failed before the barrier
             raise FileNotFoundError(f"checkpoint save: expected file {path} is missing; not committing")
-        entries[name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+        entries[name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
     manifest = {
-        "format": "latte-checkpoint", "format_version": 1, "step": step, "world_size": world_size,
+        "format": "latte-checkpoint", "format_version": FORMAT_VERSION, "weights": fmt,
+        "step": step, "world_size": world_size,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": {"torch": torch.__version__, "latte": latte.__version__,
                      "python": platform.python_version()},
@@ -186,73 +244,144 @@ def _manifest_json(step_dir: Path, step: int, world_size: int, files: list[str])
     return json.dumps(manifest, indent=2)
 
 
-def _step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every step folder, newest first."""
-    if not run_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := _STEP_RE.match(p.name)) and p.is_dir()]
-    return sorted(found, reverse=True)
-
-
-def _apply_retention(run_dir: Path, new_step: int, keep: int) -> None:
-    """Called only after `new_step`'s manifest is durable. Deletes complete steps
-    beyond the `keep` newest up to `new_step`, and incomplete folders older than
-    `new_step`. Folders newer than `new_step` (left by an abandoned timeline)
-    are not ours to judge and are left alone."""
-    complete = 0
-    for step, path in _step_dirs(run_dir):
+def apply_retention(run_dir: Path, new_step: int, keep: int, *, protect: set[int] = frozenset()) -> None:
+    """Called only after `new_step`'s manifest is durable. Deletes committed
+    steps beyond the `keep` newest up to `new_step` (never one in `protect`),
+    and never-committed folders (no manifest: a save cut short) older than
+    `new_step`. Folders newer than `new_step` are left alone."""
+    committed = 0
+    for step, path in step_dirs(run_dir):
         if step > new_step:
             continue
-        is_complete = (path / MANIFEST).exists()
-        complete += is_complete
-        if (is_complete and complete > keep) or (not is_complete and step < new_step):
-            log.info("checkpoint retention: removing %s", path)
-            try:  # the new step is committed: a failed clean-up must not stop training
-                if is_complete:  # un-commit first so a crash mid-delete leaves no half 'complete' step
-                    os.remove(path / MANIFEST)
-                shutil.rmtree(path)
-            except OSError as e:
-                log.warning("checkpoint retention: could not remove %s: %s", path, e)
+        is_committed = (path / MANIFEST).exists()
+        committed += is_committed
+        if step in protect or not ((is_committed and committed > keep) or (not is_committed and step < new_step)):
+            continue
+        log.info("checkpoint retention: removing %s", path)
+        try:  # the new step is committed: a failed clean-up must not stop training
+            if is_committed:  # un-commit first so a crash mid-delete leaves no half 'complete' step
+                os.remove(path / MANIFEST)
+            shutil.rmtree(path)
+        except OSError as e:
+            log.warning("checkpoint retention: could not remove %s: %s", path, e)
 
 
 # --------------------------------------------------------------------------- load
 
-@dataclasses.dataclass
-class Checkpoint:
-    """A loaded checkpoint. RNG states are per rank: call `rng_state(rank)`."""
+def _read_manifest(step_dir: Path) -> dict:
+    """The manifest, checked for shape and for listing every file that
+    loading will read (a file it omits would otherwise load unchecked)."""
+    path = step_dir / MANIFEST
+    if not path.is_file():
+        raise CheckpointError(f"{step_dir}: no {MANIFEST}, so the save did not complete "
+                              "(or this is not a checkpoint)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: unreadable manifest ({e})") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    ws = manifest.get("world_size", 1) if isinstance(manifest, dict) else None
+    if (not isinstance(files, dict) or not isinstance(manifest.get("step"), int) or not isinstance(ws, int)
+            or ws < 1 or not all(isinstance(e, dict) and {"size", "sha256"} <= e.keys() for e in files.values())):
+        raise CheckpointError(f"{path}: not a latte manifest (needs 'step', 'world_size' and 'files' "
+                              "with size and sha256)")
+    bad = [n for n in files if not isinstance(n, str) or not _NAME_RE.match(n)]
+    if bad:
+        raise CheckpointError(f"{path}: manifest names files outside the checkpoint folder: {bad}")
+    fmt = manifest.get("weights", "full")
+    required = [TRAINER, CONFIG, *(rng_name(r) for r in range(ws))]
+    required += [MODEL, OPTIMIZER] if fmt == "full" else [f"{DCP_DIR}/.metadata"]
+    missing = [n for n in required if n not in files]
+    if fmt not in ("full", "sharded") or missing:
+        raise CheckpointError(f"{path}: the manifest does not list {', '.join(missing) or 'its weights format'}, "
+                              "which loading reads: refusing files that no checksum covers (tampered or "
+                              "not written by latte)")
+    return manifest
 
-    path: Path
-    step: int
-    world_size: int
-    model_state: dict[str, torch.Tensor]
-    optimizer_state: dict
-    trainer_state: dict
-    config: dict
+
+class Checkpoint:
+    """A committed checkpoint, read lazily: each file is loaded (and, with
+    verify="read", checked against the manifest) on first use, so a command
+    reads only what it needs. RNG states are per rank: `rng_state(rank)`."""
+
+    def __init__(self, path: Path, manifest: dict, *, verify_reads: bool, map_location: Any = "cpu"):
+        self.path, self.manifest = path, manifest
+        self.step: int = manifest["step"]
+        self.world_size: int = manifest.get("world_size", 1)
+        self.format: str = manifest.get("weights", "full")
+        self._verify_reads, self._verified = verify_reads, set()
+        self._map_location, self._cache = map_location, {}
+
+    def has(self, name: str) -> bool:
+        return name in self.manifest["files"]
+
+    def file(self, name: str) -> Path:
+        """The path of a file the manifest lists (checked on first use with
+        verify="read"); any other name is refused."""
+        if name not in self.manifest["files"]:
+            raise CheckpointError(f"{self.path}: {name} is not listed in {MANIFEST}; refusing to read it")
+        path = self.path / name
+        if self._verify_reads and name not in self._verified:
+            problem = _file_problem(path, self.manifest["files"][name])
+            if problem:
+                raise CheckpointError(f"checkpoint {self.path} failed verification:\n  {problem}")
+            self._verified.add(name)
+        return path
+
+    def _load(self, key: str, loader: Callable[[], Any]) -> Any:
+        if key not in self._cache:
+            self._cache[key] = loader()
+        return self._cache[key]
+
+    @property
+    def model_state(self) -> dict[str, torch.Tensor]:
+        if self.format != "full":
+            raise CheckpointError(f"{self.path}: sharded checkpoint; load it with load_sharded")
+        return self._load(MODEL, lambda: _read_weights(self.file(MODEL), self._map_location))
+
+    @property
+    def optimizer_state(self) -> dict:
+        if self.format != "full":
+            raise CheckpointError(f"{self.path}: sharded checkpoint; load it with load_sharded")
+        return self._load(OPTIMIZER, lambda: _torch_load(self.file(OPTIMIZER), self._map_location))
+
+    @property
+    def trainer_state(self) -> dict:
+        return self._load(TRAINER, lambda: _load_other(
+            self.file(TRAINER), lambda p: json.loads(p.read_text(encoding="utf-8"))))
+
+    @property
+    def config(self) -> dict:
+        return self._load(CONFIG, lambda: _load_other(self.file(CONFIG), load_yaml))
 
     def rng_state(self, rank: int = 0) -> dict[str, torch.Tensor] | None:
         """The RNG state saved by `rank`, or None if the run that saved had no
         such rank (resuming on more ranks than saved: the caller seeds them)."""
         if rank >= self.world_size:
             return None
-        return _torch_load(self.path / _rng_name(rank), "cpu")  # RNG states live on the CPU
+        return _torch_load(self.file(rng_name(rank)), "cpu")  # RNG states live on the CPU
+
+    def load_sharded(self, state: dict) -> None:
+        """Fills `state` ({"model": ..., "optim": ...}, or only "model") in
+        place from the DCP shards, resharding to this process group."""
+        if self.format != "sharded":
+            raise CheckpointError(f"{self.path}: not a sharded checkpoint")
+        from latte.train.sharded import load_sharded
+
+        names = [n for n in self.manifest["files"] if n.startswith(f"{DCP_DIR}/")]
+        for name in names:
+            self.file(name)  # verified before DCP reads any of it
+        load_sharded(state, self.path / DCP_DIR, listed={n.split("/", 1)[1] for n in names})
 
 
-def _read_manifest(step_dir: Path) -> dict:
-    path = step_dir / MANIFEST
+def _file_problem(path: Path, entry: dict) -> str | None:
     if not path.is_file():
-        raise ValueError(f"{step_dir}: no {MANIFEST}, so the save did not complete "
-                         "(or this is not a checkpoint)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ValueError(f"{path}: unreadable manifest ({e})") from None
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(files, dict) or not isinstance(manifest.get("step"), int) or not all(
-            isinstance(e, dict) and {"size", "sha256"} <= e.keys() for e in files.values()):
-        raise ValueError(f"{path}: not a latte manifest (needs 'step' and 'files' with size and sha256)")
-    if any("/" in n or "\\" in n or n.startswith(".") for n in files):
-        raise ValueError(f"{path}: manifest names a file outside the checkpoint folder")
-    return manifest
+        return f"{path}: missing"
+    if (size := path.stat().st_size) != entry["size"]:
+        return f"{path}: {size} bytes but the manifest says {entry['size']} (truncated or modified)"
+    if sha256_file(path) != entry["sha256"]:
+        return f"{path}: sha256 mismatch (corrupted or modified after the save)"
+    return None
 
 
 def verify_checkpoint(step_dir: str | os.PathLike) -> dict:
@@ -264,17 +393,9 @@ def verify_checkpoint(step_dir: str | os.PathLike) -> dict:
     m = _STEP_RE.match(step_dir.name)
     if m and int(m.group(1)) != manifest["step"]:
         problems.append(f"{MANIFEST}: says step {manifest['step']} but the folder is {step_dir.name}")
-    for name, entry in manifest["files"].items():
-        path = step_dir / name
-        if not path.is_file():
-            problems.append(f"{path}: missing")
-        elif (size := path.stat().st_size) != entry["size"]:
-            problems.append(f"{path}: {size} bytes but the manifest says {entry['size']} "
-                            "(truncated or modified)")
-        elif _sha256(path) != entry["sha256"]:
-            problems.append(f"{path}: sha256 mismatch (corrupted or modified after the save)")
+    problems += [p for name, entry in manifest["files"].items() if (p := _file_problem(step_dir / name, entry))]
     if problems:
-        raise ValueError(f"checkpoint {step_dir} failed verification:\n  " + "\n  ".join(problems))
+        raise CheckpointError(f"checkpoint {step_dir} failed verification:\n  " + "\n  ".join(problems))
     return manifest
 
 
@@ -287,49 +408,88 @@ def _torch_load(path: Path, map_location: Any) -> Any:
         # Keep torch's line naming the offending global, drop its advice to
         # retry with weights_only=False (that is exactly what must not happen).
         detail = [line for line in str(e).splitlines() if "GLOBAL" in line or "global" in line]
-        raise ValueError(f"{path}: refused: holds Python objects other than tensors and plain data, "
-                         f"and unpickling them could run code ({(detail or ['?'])[0].strip()})") from None
+        if not detail:  # not a planted object: garbage bytes
+            raise CheckpointError(f"{path}: cannot be read, truncated or corrupt (not a torch.save file)") from None
+        raise CheckpointError(f"{path}: refused: holds Python objects other than tensors and plain data, "
+                              f"and unpickling them could run code ({detail[0].strip()})") from None
     except Exception as e:  # truncated/corrupt zip: RuntimeError, EOFError, OSError, ...
-        raise ValueError(f"{path}: cannot be read, truncated or corrupt ({type(e).__name__}: {e})") from None
+        raise CheckpointError(f"{path}: cannot be read, truncated or corrupt ({type(e).__name__}: {e})") from None
 
 
 def _load_other(path: Path, loader: Callable[[Path], Any]) -> Any:
     try:
         return loader(path)
     except Exception as e:
-        raise ValueError(f"{path}: cannot be read, truncated or corrupt ({type(e).__name__}: {e})") from None
+        raise CheckpointError(f"{path}: cannot be read, truncated or corrupt ({type(e).__name__}: {e})") from None
 
 
-def load_checkpoint(step_dir: str | os.PathLike, *, verify: bool = True,
+def _read_weights(path: Path, map_location: Any) -> dict[str, torch.Tensor]:
+    return _load_other(path, lambda p: read_weights(p, device=map_location))
+
+
+def load_checkpoint(step_dir: str | os.PathLike, *, verify: str = "all",
                     map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Loads a committed checkpoint. With `verify` (default), every file's
-    sha256 is checked against the manifest first. Key/shape agreement with a
-    model is checked separately by `check_state_against`."""
+    """Opens a committed checkpoint; files are read when first used.
+    verify: "all" checks every file's sha256 now (resuming training);
+    "read" checks each file when it is read (generation, evaluation);
+    "none" trusts the files (another rank verified them). The manifest
+    itself is always checked. Key/shape agreement with a model is checked
+    separately by `check_state_against`."""
+    if verify not in ("all", "read", "none"):
+        raise ValueError(f"verify: got {verify!r}, expected 'all', 'read' or 'none'")
     step_dir = Path(step_dir)
-    manifest = verify_checkpoint(step_dir) if verify else _read_manifest(step_dir)
-    model_state = _load_other(step_dir / MODEL, lambda p: read_weights(p, device=map_location))
-    return Checkpoint(
-        path=step_dir, step=manifest["step"], world_size=manifest.get("world_size", 1),
-        model_state=model_state, optimizer_state=_torch_load(step_dir / OPTIMIZER, map_location),
-        trainer_state=_load_other(step_dir / TRAINER, lambda p: json.loads(p.read_text(encoding="utf-8"))),
-        config=_load_other(step_dir / CONFIG, load_yaml),
-    )
+    manifest = verify_checkpoint(step_dir) if verify == "all" else _read_manifest(step_dir)
+    return Checkpoint(step_dir, manifest, verify_reads=verify == "read", map_location=map_location)
+
+
+def scan_checkpoints(run_dir: str | os.PathLike) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """(the newest step folder that verifies or None, [(newer folder, why it
+    failed), ...]): the failures are the folders newer than the one found
+    (all of them when none verifies)."""
+    failed = []
+    for _, path in step_dirs(run_dir):
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as e:
+            failed.append((path, str(e)))
+            continue
+        return path, failed
+    return None, failed
 
 
 def find_latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     """The highest step folder whose manifest exists and verifies; others are
     skipped with a warning saying why. None if there is no such folder."""
-    for _, path in _step_dirs(Path(run_dir)):
-        try:
-            verify_checkpoint(path)
-        except ValueError as e:
-            log.warning("skipping checkpoint %s: %s", path, e)
-            continue
-        return path
-    return None
+    latest, failed = scan_checkpoints(run_dir)
+    for path, why in failed:
+        log.warning("skipping checkpoint %s: %s", path, why)
+    return latest
 
 
 def check_state_against(expected: dict[str, Any], loaded: dict[str, torch.Tensor], *, where: str) -> None:
     """Raises one ValueError listing every missing, unexpected and mismatched
     tensor of `loaded` against `expected` (the check of latte.models.weights)."""
     check_state(expected, loaded, where=where)
+
+
+def nonfinite_tensors(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """'name: 3 NaN, 1 inf of 4096 values' for each floating tensor that holds
+    non-finite values (DTensors are checked on their local shard)."""
+    out = []
+    for name, t in tensors.items():
+        t = getattr(t, "_local_tensor", t)
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or bool(torch.isfinite(t).all()):
+            continue
+        nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+        out.append(f"{name}: {nan} NaN, {inf} inf of {t.numel()} values")
+    return out
+
+
+def check_finite(tensors: dict[str, torch.Tensor], *, where: str) -> None:
+    """ValueError naming every tensor with NaN or inf values (weights saved
+    from a diverged run), instead of a model that only emits garbage."""
+    bad = nonfinite_tensors(tensors)
+    if bad:
+        shown = bad[:10] + ([f"... and {len(bad) - 10} more"] if len(bad) > 10 else [])
+        raise ValueError(f"{where}: non-finite weights in {len(bad)} tensor{'s' * (len(bad) > 1)} (the run "
+                         "diverged before this save; use an earlier checkpoint):\n  " + "\n  ".join(shown))

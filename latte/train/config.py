@@ -1,27 +1,33 @@
 """The run configuration: one validated dataclass per concern.
 
-    RunConfig
-      data:  DataConfig    corpus, split, tokenizer, sequence length, cache
-      model: ModelConfig   the `LatteConfig` fields (vocab_size from the tokenizer)
-      optim: OptimConfig   AdamW, lr schedule, clipping, accumulation
-      train: TrainConfig   steps, batch, eval/save/log cadence, faults, distributed
+    RunConfig                 what every run has (the training loop's part)
+      task:  str              which Task trains it (latte/train/task.py): "lm", ...
+      optim: OptimConfig      AdamW, lr schedule, clipping, accumulation
+      train: TrainConfig      steps, batch, eval/save/log cadence, faults,
+                              distributed, checkpoints
+    LMRunConfig(RunConfig)    language modelling (task "lm") adds
+      data:  DataConfig       corpus, split, tokenizer, sequence length, cache
+      model: ModelConfig      the `LatteConfig` fields (vocab_size from the tokenizer)
 
-Built from YAML plus ``--section.field=value`` overrides with
-`latte.config_io.build`, which reports every unknown key, wrong type and
-out-of-range value at once (STYLE.md habit 5). The resolved config is saved
-in the run folder and in every checkpoint.
+A task's config subclasses `RunConfig` with its own sections and gives
+`task` its name as default; `build_run_config` reads the `task` key of a
+YAML mapping (default "lm") and builds that task's class, so each task's
+sections are validated like the rest. Built from YAML plus
+``--section.field=value`` overrides with `latte.config_io.build`, which
+reports every unknown key, wrong type and out-of-range value at once. The
+resolved config is saved in the run folder and in every checkpoint.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from latte.config_io import ConfigError, ConfigErrors, build, load_yaml, merge, parse_overrides
 from latte.models import LatteConfig
+from latte.models.config import Mixer
 
 # The default job of `latte train` (no --config): the tiny CPU recipe.
 # Shipped run configs live in the package (latte/configs/*.yaml), so that an
@@ -58,40 +64,47 @@ class DataConfig:
         e.raise_if_any()
 
 
-# ModelConfig mirrors LatteConfig field for field (so the two never drift
-# apart), minus what the trainer decides: a causal LM, no classification head,
-# and vocab_size taken from the tokenizer unless given (it may then only be
-# larger, e.g. padded to a multiple of 64).
-_NOT_MODEL_FIELDS = ("vocab_size", "causal", "num_labels", "pooling")
-_LATTE_HINTS = typing.get_type_hints(LatteConfig)
-_model_fields = [
-    (f.name, _LATTE_HINTS[f.name], field(default=f.default) if f.default_factory is dataclasses.MISSING
-     else field(default_factory=f.default_factory))
-    for f in dataclasses.fields(LatteConfig) if f.name not in _NOT_MODEL_FIELDS
-]
+@dataclass
+class ModelConfig:
+    """The `LatteConfig` fields of a causal LM, minus what the trainer decides
+    (causal=True, no classification head). vocab_size None = the tokenizer's;
+    given, it may only be larger (e.g. padded to a multiple of 64). Defaults
+    are LatteConfig's; a test keeps the two field lists in step."""
 
+    vocab_size: int | None = None
+    dim: int = LatteConfig.dim
+    num_layers: int = LatteConfig.num_layers
+    num_heads: int = LatteConfig.num_heads
+    num_latents: int = LatteConfig.num_latents
+    num_kv_heads: int | None = LatteConfig.num_kv_heads
+    mixer: Mixer | list[Mixer] = LatteConfig.mixer
+    window_size: int = LatteConfig.window_size
+    mix: Literal["joint", "gate"] = LatteConfig.mix
+    qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] | None = LatteConfig.qk_mixer
+    conv_size: int = LatteConfig.conv_size
+    chunk_size: int = LatteConfig.chunk_size
+    rope_theta: float = LatteConfig.rope_theta
+    mlp: Literal["swiglu", "gelu"] = LatteConfig.mlp
+    mlp_ratio: float = LatteConfig.mlp_ratio
+    ffn_dim: int | None = LatteConfig.ffn_dim
+    norm: Literal["rmsnorm", "layernorm"] = LatteConfig.norm
+    norm_eps: float = LatteConfig.norm_eps
+    dropout: float = LatteConfig.dropout
+    tie_embeddings: bool = LatteConfig.tie_embeddings
+    position_embedding: Literal["none", "learned", "sinusoidal"] = LatteConfig.position_embedding
+    max_position_embeddings: int = LatteConfig.max_position_embeddings
+    initializer_range: float = LatteConfig.initializer_range
 
-def _model_post_init(self) -> None:
-    self.to_latte_config(self.vocab_size or 257)  # LatteConfig's own checks; ConfigError names fields
+    def __post_init__(self):
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ConfigError(type(self).__name__, [("vocab_size", f"got {self.vocab_size}, expected "
+                                                                   "an integer >= 1 or null (the tokenizer's)")])
+        self.to_latte_config(self.vocab_size or 257)  # LatteConfig's own checks; ConfigError names fields
 
-
-def _to_latte_config(self, vocab_size: int) -> LatteConfig:
-    """The model architecture for a tokenizer of `vocab_size` ids."""
-    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "vocab_size"}
-    return LatteConfig(vocab_size=self.vocab_size or vocab_size, causal=True, **fields)
-
-
-ModelConfig = dataclasses.make_dataclass(
-    "ModelConfig",
-    [("vocab_size", typing.Optional[int], field(default=None)), *_model_fields],
-    namespace={"__post_init__": _model_post_init, "to_latte_config": _to_latte_config,
-               "__doc__": "The LatteConfig fields of a causal LM; vocab_size None = the tokenizer's."},
-)
-ModelConfig.__module__ = __name__
-
-# Fields that change what the weights mean or their shapes: they must match
-# when resuming (everything else may change, with a warning).
-ARCHITECTURE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "dropout")
+    def to_latte_config(self, vocab_size: int) -> LatteConfig:
+        """The model architecture for a tokenizer of `vocab_size` ids."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "vocab_size"}
+        return LatteConfig(vocab_size=self.vocab_size or vocab_size, causal=True, **fields)
 
 
 @dataclass
@@ -127,12 +140,18 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     """steps: optimizer steps in total (skipped ones included).
-    global_batch_size: sequences per optimizer step over all ranks and
+    global_batch_size: samples per optimizer step over all ranks and
     micro-batches. eval_every / save_every / sample_every: in steps, 0 = only
     at the end. eval_batches: global batches per periodic validation (0 = the
     whole validation split, which the final validation always uses).
-    resume: "auto" (the newest verified checkpoint in run_dir, if any),
-    "never" (refuse a run_dir that has checkpoints) or a checkpoint/run path.
+    resume: "auto" (the newest verified checkpoint in run_dir; refuses a
+    run_dir whose step folders all fail verification), "never" (start over:
+    earlier step folders and logs are moved aside to run_dir/abandoned/) or a
+    checkpoint/run path (later steps of run_dir are moved aside: a branch).
+    checkpoint_format: "full" (one safetensors file, written by rank 0),
+    "sharded" (torch.distributed.checkpoint, one file per rank; FSDP2 only) or
+    "auto" (sharded under FSDP2, full otherwise).
+    sample_*: the periodic and final samples of tasks that generate text.
     num_threads: torch intra-op threads (None: torch's default, divided
     among the local ranks under torchrun). time_budget_minutes: a bound on
     the whole job; training stops early (checkpoint, then the final
@@ -158,6 +177,7 @@ class TrainConfig:
     sample_top_k: int = 50
     tensorboard: bool = True
     distributed: Literal["ddp", "fsdp2"] = "ddp"
+    checkpoint_format: Literal["auto", "full", "sharded"] = "auto"
     num_threads: int | None = None
     time_budget_minutes: float | None = None
 
@@ -174,6 +194,8 @@ class TrainConfig:
         e.check(self.log_every >= 1, "log_every", self.log_every, ">= 1")
         e.check(self.sample_temperature >= 0, "sample_temperature", self.sample_temperature, ">= 0 (0 = greedy)")
         e.check(self.sample_top_k >= 0, "sample_top_k", self.sample_top_k, ">= 0 (0 = no top-k)")
+        e.check(self.checkpoint_format != "sharded" or self.distributed == "fsdp2", "checkpoint_format",
+                self.checkpoint_format, "'auto' or 'full' unless distributed is 'fsdp2'")
         if self.num_threads is not None:
             e.check(self.num_threads >= 1, "num_threads", self.num_threads, ">= 1 or null")
         if self.time_budget_minutes is not None:
@@ -183,8 +205,10 @@ class TrainConfig:
 
 @dataclass
 class RunConfig:
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    """What every run has, whatever its task. Tasks subclass it, adding their
+    sections and giving `task` their name as default (see `LMRunConfig`)."""
+
+    task: str = "lm"
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
@@ -196,6 +220,20 @@ class RunConfig:
         e.check(t.global_batch_size % o.grad_accum == 0, "train.global_batch_size", t.global_batch_size,
                 f"a multiple of optim.grad_accum ({o.grad_accum})")
         e.raise_if_any()
+
+
+@dataclass
+class LMRunConfig(RunConfig):
+    """Language modelling on a text corpus (task "lm", the default)."""
+
+    task: str = "lm"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+
+
+# Fields that change what the LM's weights mean or their shapes: they must
+# match when resuming (everything else may change, with a warning).
+ARCHITECTURE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "dropout")
 
 
 def shipped_configs() -> list[str]:
@@ -218,13 +256,23 @@ def resolve_config(config: str | Path | None) -> Path:
                      f"shipped: {', '.join(shipped_configs())}")
 
 
+def build_run_config(data: dict, *, where: str) -> RunConfig:
+    """A plain mapping (YAML + overrides, or a saved config.yaml) -> the
+    validated config of its task (the `task` key, default "lm")."""
+    from latte.train.task import task_class  # the task registry imports this module
+
+    name = data.get("task", "lm") if isinstance(data, dict) else "lm"
+    cls = task_class(name, where=where)
+    return build(cls.config_class, data, where=where)
+
+
 def load_run_config(config_path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
     """YAML at `config_path` or a shipped config name (default: tiny) + CLI
-    overrides -> a validated RunConfig. Every problem is reported at once (a ValueError)."""
+    overrides -> a validated config of the task it names. Every problem is
+    reported at once (a ValueError)."""
     path = resolve_config(config_path)
     data = merge(load_yaml(path), parse_overrides(list(overrides)))
-    where = str(path) + (" + overrides" if overrides else "")
-    return build(RunConfig, data, where=where)
+    return build_run_config(data, where=str(path) + (" + overrides" if overrides else ""))
 
 
 def check_world_size(cfg: RunConfig, world_size: int) -> None:

@@ -1,6 +1,6 @@
 """Process groups, model wrapping and collective helpers for `latte train`.
 
-One command on one machine or many (RELIABILITY.md, "Distributed"):
+One command on one machine or many (docs/reliability.md, "Distributed"):
 
     torchrun --standalone --nproc_per_node=2 -m latte train ...
 
@@ -12,13 +12,12 @@ Wrapping: DDP by default; `distributed: fsdp2` shards with `fully_shard` per
 block, then the root, over an explicit 1-D device mesh (under gloo an implicit
 mesh may pick CUDA when a GPU is visible and crash).
 
-Checkpoints stay world-size independent: model and optimizer state dicts are
-gathered as FULL, unsharded state dicts keyed by parameter name
+Checkpoints stay world-size independent. The "full" format gathers model and
+optimizer state as unsharded state dicts keyed by parameter name
 (`torch.distributed.checkpoint.state_dict`, cpu_offload: only rank 0 holds
-them) and rank 0 writes one safetensors file. That costs one full copy of the
-weights and optimizer moments in rank 0's CPU memory, which is fine at the
-scale this project trains on CPU; very large FSDP2 runs would want sharded DCP
-checkpoints (one manifest entry per shard) instead.
+them) and rank 0 writes one safetensors file: one full copy of the weights
+and moments in rank 0's CPU memory. The "sharded" format (train/sharded.py,
+the default under FSDP2) writes each rank's shards with DCP instead.
 """
 
 from __future__ import annotations
@@ -88,8 +87,15 @@ def init_distributed(timeout_minutes: float = 30.0) -> DistEnv:
     return DistEnv(rank, world_size, local_rank, local_world_size, device)
 
 
-def shutdown(env: DistEnv) -> None:
+def shutdown(env: DistEnv, *, synchronize: bool = False) -> None:
+    """Destroys the process group. synchronize (on a clean exit): a barrier
+    first, so that no rank tears down while a collective's last work object
+    is still being released by gloo's worker thread (that release needs the
+    GIL, which the process-group destructor holds while joining the thread:
+    a deadlock at exit)."""
     if env.is_distributed and dist.is_initialized():
+        if synchronize:
+            dist.barrier()
         dist.destroy_process_group()
 
 
@@ -107,6 +113,25 @@ def all_reduce(tensor: torch.Tensor, env: DistEnv, op: str = "sum") -> torch.Ten
     return tensor
 
 
+def on_rank0(fn, env: DistEnv, *, share: bool = True):
+    """`fn()` run by rank 0 alone. Every rank raises the same ValueError /
+    OSError (message included) when it failed, so no rank is left waiting on
+    a collective that rank 0 never reaches; otherwise every rank returns the
+    result (share=False: rank 0 only, the others get None)."""
+    result, error = None, None
+    if env.is_main:
+        try:
+            result = fn()
+        except (ValueError, OSError) as e:
+            if not env.is_distributed:
+                raise
+            error = (type(e).__name__, str(e))
+    shared, error = broadcast_object((result if share else None, error), env)
+    if error is not None:
+        raise (OSError if error[0] == "OSError" else ValueError)(error[1])
+    return result if env.is_main else shared
+
+
 def broadcast_object(obj, env: DistEnv):
     """`obj` from rank 0 on every rank (small picklable values only)."""
     if not env.is_distributed:
@@ -118,8 +143,9 @@ def broadcast_object(obj, env: DistEnv):
 
 # --------------------------------------------------------------------------- wrapping
 
-def wrap_model(model: nn.Module, mode: str, env: DistEnv) -> nn.Module:
-    """DDP or FSDP2 around `model` (already on env.device); unchanged on one process."""
+def wrap_model(model: nn.Module, mode: str, env: DistEnv, *, units: list[nn.Module] | None = None) -> nn.Module:
+    """DDP or FSDP2 around `model` (already on env.device); unchanged on one
+    process. FSDP2 shards each of `units` (e.g. the residual blocks), then the root."""
     if not env.is_distributed:
         return model
     if mode == "ddp":
@@ -136,19 +162,11 @@ def wrap_model(model: nn.Module, mode: str, env: DistEnv) -> nn.Module:
         # returned views does not apply here.
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         mesh = init_device_mesh(env.device.type, (env.world_size,))
-        for block in _blocks(model):
-            fully_shard(block, mesh=mesh)
+        for unit in units or []:
+            fully_shard(unit, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model
     raise ValueError(f"distributed: got {mode!r}, expected 'ddp' or 'fsdp2'")
-
-
-def _blocks(model: nn.Module) -> list[nn.Module]:
-    """The residual blocks: every child of the ModuleList named `blocks`."""
-    for name, module in model.named_modules():
-        if name.split(".")[-1] == "blocks" and isinstance(module, nn.ModuleList):
-            return list(module)
-    raise ValueError(f"{type(model).__name__}: no ModuleList named 'blocks' to shard with fsdp2")
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -159,7 +177,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 @contextlib.contextmanager
 def gradient_sync(model: nn.Module, enabled: bool):
     """Skip the gradient all-reduce / reduce-scatter on non-final
-    accumulation micro-steps (RELIABILITY.md pitfall): DDP `no_sync`, FSDP2
+    accumulation micro-steps (docs/reliability.md): DDP `no_sync`, FSDP2
     `set_requires_gradient_sync(False)`."""
     if enabled:
         yield
@@ -200,10 +218,11 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 
 
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                    model_state: dict, optimizer_state: dict | None) -> None:
+                    model_state: dict, optimizer_state: dict | None, *, strict: bool = True) -> None:
     """Every rank passes the full state dicts (read from the checkpoint);
-    FSDP2 keeps its own shard of each."""
-    options = StateDictOptions(full_state_dict=True)
+    FSDP2 keeps its own shard of each. strict=False: `model_state` may hold
+    a subset of the weights (a task that checkpoints only what it trains)."""
+    options = StateDictOptions(full_state_dict=True, strict=strict)
     set_model_state_dict(model, model_state, options=options)
     if optimizer is not None and optimizer_state is not None:
         set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)

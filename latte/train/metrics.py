@@ -6,9 +6,12 @@ and a loss-curve PNG at the end.
     run_dir/tb/           TensorBoard events (optional: tensorboard installed)
     run_dir/loss_curve.png  (optional: matplotlib installed)
 
-Every number arriving here was already summed over ranks with token counts.
-On resume the CSV rows after the resumed step are dropped (they belong to the
-timeline that crashed) and TensorBoard purges them likewise.
+Every number arriving here was already summed over ranks with its count.
+The training columns name the task's unit ("tokens", "examples"); the
+validation columns are "val_" + the task's metric names. On resume the CSV
+rows after the resumed step are dropped (they belong to the timeline that
+crashed or was branched from; a branch keeps a copy, see train/rundir.py)
+and TensorBoard purges them likewise.
 """
 
 from __future__ import annotations
@@ -18,20 +21,27 @@ import math
 import sys
 from pathlib import Path
 
-TRAIN_FIELDS = ["step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "applied", "elapsed_s"]
-VAL_FIELDS = ["step", "val_loss", "val_ppl", "val_tokens", "tokens_per_s"]
+def train_fields(unit: str) -> list[str]:
+    return ["step", "loss", "lr", "grad_norm", unit, f"{unit}_per_s", "applied", "elapsed_s"]
 
 
-def _truncate_csv(path: Path, fields: list[str], after_step: int) -> None:
-    """Keep the header and the rows with step <= after_step."""
+def _truncate_csv(path: Path, after_step: int) -> list[str] | None:
+    """Keep the header and the rows with step <= after_step; returns the
+    header (None when there is no file, or no row is kept)."""
     if not path.is_file():
-        return
+        return None
     with open(path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("step", "").isdigit() and int(r["step"]) <= after_step]
+        reader = csv.DictReader(f)
+        fields = reader.fieldnames
+        rows = [r for r in reader if r.get("step", "").isdigit() and int(r["step"]) <= after_step]
+    if not rows or not fields:
+        path.unlink()
+        return None
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
+    return list(fields)
 
 
 def read_csv(path: str | Path) -> list[dict[str, str]]:
@@ -43,22 +53,25 @@ class RunLogger:
     """Rank 0 only (the others get a `NullLogger`)."""
 
     def __init__(self, run_dir: Path, *, start_step: int, total_steps: int, log_every: int,
-                 tensorboard: bool):
-        self.run_dir, self.log_every = run_dir, log_every
+                 tensorboard: bool, unit: str = "tokens"):
+        self.run_dir, self.log_every, self.unit = run_dir, log_every, unit
         self.train_csv, self.val_csv = run_dir / "metrics.csv", run_dir / "val.csv"
-        _truncate_csv(self.train_csv, TRAIN_FIELDS, start_step)
-        _truncate_csv(self.val_csv, VAL_FIELDS, start_step)
-        self._files = {}
-        self._writers = {}
-        for key, path, fields in (("train", self.train_csv, TRAIN_FIELDS), ("val", self.val_csv, VAL_FIELDS)):
-            new = not path.is_file()
-            self._files[key] = open(path, "a", newline="")
-            self._writers[key] = csv.DictWriter(self._files[key], fieldnames=fields)
-            if new:
-                self._writers[key].writeheader()
+        fields = _truncate_csv(self.train_csv, start_step)
+        if fields is not None and fields != train_fields(unit):
+            raise ValueError(f"{self.train_csv}: columns {fields}, expected {train_fields(unit)}")
+        self._val_fields = _truncate_csv(self.val_csv, start_step)
+        self._files, self._writers = {}, {}
+        self._open("train", self.train_csv, train_fields(unit))
         self.tb = _tensorboard(run_dir / "tb", start_step) if tensorboard else None
         self.bar = _progress_bar(start_step, total_steps)
-        self._window = [0.0, 0, 0.0, 0]  # loss_sum, tokens, seconds, steps since the last line
+        self._window = [0.0, 0, 0.0, 0]  # loss_sum, count, seconds, steps since the last line
+
+    def _open(self, key: str, path: Path, fields: list[str]) -> None:
+        new = not path.is_file()
+        self._files[key] = open(path, "a", newline="")
+        self._writers[key] = csv.DictWriter(self._files[key], fieldnames=fields, extrasaction="ignore")
+        if new:
+            self._writers[key].writeheader()
 
     def message(self, text: str) -> None:
         if self.bar is not None:
@@ -68,47 +81,49 @@ class RunLogger:
 
     def train_step(self, step: int, result, lr: float, seconds: float, elapsed: float) -> None:
         """`step` counts completed steps (1-based)."""
-        tps = result.tokens / seconds if seconds > 0 else 0.0
+        rate = result.count / seconds if seconds > 0 else 0.0
         self._writers["train"].writerow({
             "step": step, "loss": repr(result.loss), "lr": repr(lr), "grad_norm": repr(result.grad_norm),
-            "tokens": result.tokens, "tokens_per_s": f"{tps:.1f}", "applied": int(result.applied),
+            self.unit: result.count, f"{self.unit}_per_s": f"{rate:.1f}", "applied": int(result.applied),
             "elapsed_s": f"{elapsed:.2f}"})
         self._files["train"].flush()
         if self.tb is not None:
             for name, value in (("loss", result.loss), ("lr", lr), ("grad_norm", result.grad_norm),
-                                ("tokens_per_s", tps)):
+                                (f"{self.unit}_per_s", rate)):
                 if math.isfinite(value):
                     self.tb.add_scalar(f"train/{name}", value, step)
         w = self._window
         if result.applied:
             w[0] += result.loss_sum
-            w[1] += result.tokens
+            w[1] += result.count
         w[2] += seconds
         w[3] += 1
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", refresh=False)
+            self.bar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}", rate=f"{rate:,.0f}", refresh=False)
         if step % self.log_every == 0:
             loss = w[0] / w[1] if w[1] else math.nan
             skipped = "" if result.applied else " (skipped: non-finite)"
             if self.bar is None:
                 self.message(f"step {step}: loss {loss:.4f}  lr {lr:.2e}  "
-                             f"{w[1] / max(w[2], 1e-9):,.0f} tok/s{skipped}")
+                             f"{w[1] / max(w[2], 1e-9):,.0f} {self.unit}/s{skipped}")
             self._window = [0.0, 0, 0.0, 0]
 
-    def validation(self, step: int, metrics: dict) -> None:
-        self._writers["val"].writerow({
-            "step": step, "val_loss": repr(metrics["loss"]), "val_ppl": repr(metrics["ppl"]),
-            "val_tokens": metrics["tokens"], "tokens_per_s": f"{metrics['tokens_per_s']:.1f}"})
+    def validation(self, step: int, metrics: dict, text: str) -> None:
+        """One val.csv row: step and "val_" + each metric (columns fixed by the first row)."""
+        row = {"step": step, **{f"val_{k}": repr(v) if isinstance(v, float) else v for k, v in metrics.items()}}
+        if "val" not in self._writers:
+            self._open("val", self.val_csv, self._val_fields or list(row))
+        self._writers["val"].writerow(row)
         self._files["val"].flush()
         if self.tb is not None:
-            self.tb.add_scalar("val/loss", metrics["loss"], step)
-            self.tb.add_scalar("val/ppl", metrics["ppl"], step)
-        self.message(f"step {step}: val loss {metrics['loss']:.4f}  val ppl {metrics['ppl']:.2f}  "
-                     f"({metrics['tokens']:,} tokens, {metrics['tokens_per_s']:,.0f} tok/s)")
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    self.tb.add_scalar(f"val/{k}", v, step)
+        self.message(f"step {step}: validation {text}")
 
-    def sample(self, step: int, prompt: str, text: str) -> None:
-        block = f"--- sample at step {step} (prompt {prompt!r}) ---\n{prompt}{text}\n---"
+    def sample(self, step: int, text: str) -> None:
+        block = f"--- sample at step {step} ---\n{text}\n---"
         with open(self.run_dir / "samples.txt", "a", encoding="utf-8") as f:
             f.write(block + "\n")
         self.message(block)
@@ -144,7 +159,7 @@ def _tensorboard(log_dir: Path, start_step: int):
               file=sys.stderr)
         return None
     # purge_step drops events after the resumed step (left by a crashed timeline)
-    return SummaryWriter(str(log_dir), purge_step=start_step + 1 if start_step else None)
+    return SummaryWriter(str(log_dir), purge_step=start_step + 1)
 
 
 def _progress_bar(start_step: int, total_steps: int):
@@ -178,7 +193,7 @@ def plot_loss_curve(run_dir: str | Path) -> Path | None:
         k = max(5, len(ys) // 30)
         smooth = [sum(ys[max(0, i - k + 1): i + 1]) / len(ys[max(0, i - k + 1): i + 1]) for i in range(len(ys))]
         ax.plot(xs, smooth, lw=1.5, label=f"train (mean of {k})")
-    if val:
+    if val and "val_loss" in val[0]:
         ax.plot([int(r["step"]) for r in val], [float(r["val_loss"]) for r in val], "o-", label="validation")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/token)")

@@ -1,5 +1,5 @@
 """Random number generator state as tensors, so a checkpoint restores it
-without unpickling anything (RELIABILITY.md: per-rank RNG, weights_only)."""
+without unpickling anything (docs/reliability.md: per-rank RNG, weights_only)."""
 
 from __future__ import annotations
 

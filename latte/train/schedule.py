@@ -1,7 +1,7 @@
 """Learning-rate schedule as a pure function of the step.
 
 No scheduler object with state to save: resuming at step N gives exactly the
-learning rate of an uninterrupted run (RELIABILITY.md, "Exact resume").
+learning rate of an uninterrupted run (docs/reliability.md, "Exact resume").
 
     step:  0 .. W-1          W .. T                      T ..
     lr:    base*(s+1)/W      decay base -> min_lr_ratio*base   min_lr_ratio*base

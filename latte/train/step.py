@@ -1,21 +1,18 @@
 """One optimizer step: micro-batches, loss, gradients, the non-finite guard.
 
-Loss. The loader's labels are ALREADY shifted (labels[:, t] is the token
-after input_ids[:, t]), so the model is given them as shift_labels (labels
-would be shifted a second time) and computes the mean loss with its fused
-head + cross-entropy; times the micro-batch's target count it is the sum.
-Each micro-batch's summed loss is divided by the GLOBAL number of target
-tokens of the step (all ranks, all micro-batches, counted first),
-so the gradient is exactly that of the token-weighted mean loss of the whole
-global batch: no average of averages, and 2 ranks x batch b gives the same
-update as 1 process x batch 2b. DDP and FSDP2 average gradients over ranks,
-hence the extra factor world_size.
+Loss weighting. The task gives each micro-batch's SUMMED loss and its count
+of units (target tokens, examples). Each summed loss is divided by the
+GLOBAL count of the step (all ranks, all micro-batches, counted before any
+forward), so the gradient is exactly that of the unit-weighted mean loss of
+the whole global batch: no average of averages, and 2 ranks x batch b gives
+the same update as 1 process x batch 2b. DDP and FSDP2 average gradients
+over ranks, hence the extra factor world_size.
 
-Non-finite values (RELIABILITY.md): when the loss or the gradient norm is
-not finite on ANY rank (a MIN all-reduce of an ok flag), the update is not
-applied: gradients are dropped and the optimizer is not stepped. The same
-collective carries the "stop requested" flag (SIGTERM, time budget), so all
-ranks stop after the same step.
+Non-finite values (docs/reliability.md): when the loss or the gradient norm
+is not finite on ANY rank (a MIN all-reduce of an ok flag), the update is
+not applied: gradients are dropped and the optimizer is not stepped. The
+same collective carries the "stop requested" flag (SIGTERM, time budget), so
+all ranks stop after the same step.
 """
 
 from __future__ import annotations
@@ -42,63 +39,63 @@ class NonFiniteError(RuntimeError):
 
 @dataclass
 class StepResult:
-    loss_sum: float  # summed over target tokens of all ranks (nan if not finite)
-    tokens: int  # target tokens of all ranks
+    loss_sum: float  # summed over the units of all ranks (nan if not finite)
+    count: int  # loss units (tokens, examples) of all ranks
     grad_norm: float  # before clipping
     applied: bool  # False: the update was skipped (non-finite loss or gradient)
     stop: int  # the largest stop request of any rank (STOP_*)
 
     @property
     def loss(self) -> float:
-        return self.loss_sum / max(self.tokens, 1)
-
-
-def summed_loss(model: nn.Module, input_ids_BT: torch.Tensor, labels_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of the next-token losses in float32, number of targets) for labels
-    that are already shifted; -100 is ignored. The model computes it with its
-    fused head + cross-entropy (no [B, T, V] logits), inside its forward so
-    that DDP and FSDP2 see one ordinary forward."""
-    count = (labels_BT != IGNORE_INDEX).sum()
-    mean = model(input_ids_BT, shift_labels=labels_BT, return_logits=False).loss
-    return mean * count.clamp(min=1), count
+        return self.loss_sum / max(self.count, 1)
 
 
 def _grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     """Total gradient norm (clipping to max_norm when > 0); a plain tensor
     even when FSDP2 returns a DTensor."""
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else math.inf)
+    params = [p for p in model.parameters() if p.requires_grad]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     return norm.detach().float().cpu()
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, input_ids: torch.Tensor,
-               labels: torch.Tensor, *, lr: float, env: DistEnv, grad_accum: int = 1,
-               grad_clip: float = 0.0, precision: str = "fp32", stop: int = STOP_NONE,
-               inject_nan: bool = False) -> StepResult:
-    """One optimizer step on this rank's share [B_local, T] of the global batch.
+def micro_batches(batch: dict[str, torch.Tensor], n: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """`batch` split along its first dimension into n equal micro-batches, on `device`."""
+    sizes = {k: v.shape[0] for k, v in batch.items()}
+    rows = next(iter(sizes.values()), 0)
+    if any(s != rows for s in sizes.values()):
+        raise ValueError(f"batch: every tensor needs the same first dimension (the batch), got {sizes}")
+    if rows % n:
+        raise ValueError(f"local batch {rows} is not divisible by grad_accum={n}")
+    moved = {k: v.to(device) for k, v in batch.items()}
+    return [{k: v[i * (rows // n):(i + 1) * (rows // n)] for k, v in moved.items()} for i in range(n)]
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], *,
+               task, lr: float, env: DistEnv, grad_accum: int = 1, grad_clip: float = 0.0,
+               precision: str = "fp32", stop: int = STOP_NONE, inject_nan: bool = False) -> StepResult:
+    """One optimizer step on this rank's share of the global batch (a dict
+    of tensors, first dimension the local batch); `task` gives the loss and
+    count of each micro-batch (latte/train/task.py).
 
     `stop`: this rank's stop request (STOP_*), agreed over ranks in the
     result. `inject_nan`: test-only, turns this rank's loss into NaN.
     """
     for group in optimizer.param_groups:  # lr is a pure function of the step
         group["lr"] = lr
-    input_ids, labels = input_ids.to(env.device), labels.to(env.device)
-    if input_ids.shape[0] % grad_accum:
-        raise ValueError(f"local batch {input_ids.shape[0]} is not divisible by grad_accum={grad_accum}")
-
-    count = torch.tensor([float((labels != IGNORE_INDEX).sum())], dtype=torch.float64, device=env.device)
-    total_tokens = int(all_reduce(count, env, "sum").item())
-    scale = env.world_size / max(total_tokens, 1)
+    micro = micro_batches(batch, grad_accum, env.device)
+    local = sum(task.count(m) for m in micro)
+    count = int(all_reduce(torch.tensor([float(local)], dtype=torch.float64, device=env.device), env, "sum").item())
+    scale = env.world_size / max(count, 1)
     autocast = (torch.autocast(env.device.type, dtype=torch.bfloat16) if precision == "bf16"
                 else nullcontext())
 
     loss_local = torch.zeros((), dtype=torch.float64, device=env.device)
-    micro = list(zip(input_ids.chunk(grad_accum), labels.chunk(grad_accum)))
-    for i, (x_BT, y_BT) in enumerate(micro):
+    for i, m in enumerate(micro):
         with gradient_sync(model, enabled=i == len(micro) - 1):
             with autocast:
-                loss_sum, _ = summed_loss(model, x_BT, y_BT)
+                loss_sum = task.loss(model, m)
             if inject_nan:
                 loss_sum = loss_sum * float("nan")
             (loss_sum * scale).backward()
@@ -113,7 +110,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, input_ids: to
     if ok_all:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss_global if ok_all else math.nan, total_tokens, float(grad_norm), ok_all, stop_all)
+    return StepResult(loss_global if ok_all else math.nan, count, float(grad_norm), ok_all, stop_all)
 
 
 class SkipGuard:

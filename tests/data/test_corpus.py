@@ -94,6 +94,13 @@ def test_jsonl_errors_name_file_and_line(tmp_path, second_line, message):
     assert str(p) in str(info.value)
 
 
+def test_jsonl_that_is_not_utf8_names_file_and_line(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')  # latin-1, not UTF-8
+    with pytest.raises(ValueError, match=r"d\.jsonl:2: not valid UTF-8 \(byte 0xe9 at column 14\)"):
+        load_documents(str(p))
+
+
 def test_unknown_source_and_suffix(tmp_path):
     with pytest.raises(ValueError, match="no such file or folder"):
         load_documents(str(tmp_path / "missing"))

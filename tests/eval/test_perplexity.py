@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from latte.data import TokenWindows
-from latte.eval.perplexity import (batches_per_rank, extrapolation, nll_sums, perplexity,
-                                   perplexity_by_position, position_buckets, subset)
+from latte.eval.perplexity import extrapolation, perplexity_by_position, position_buckets
+from latte.train.validation import batches_per_rank, nll_sums, perplexity, subset
 from latte.models import LatteConfig, LatteForCausalLM
 
 

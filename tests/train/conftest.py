@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from latte.config_io import build, merge, parse_overrides
-from latte.train.config import RunConfig
+from latte.train.config import LMRunConfig
 from tests.train.runs import tiny_config_dict, write_corpus
 
 
@@ -24,9 +24,19 @@ def cache_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def make_config(corpus, cache_dir, tmp_path):
-    """make_config(run_dir=..., **{"train.steps": 4}) -> RunConfig."""
-    def make(run_dir: Path | str | None = None, **overrides) -> RunConfig:
+    """make_config(run_dir=..., **{"train.steps": 4}) -> LMRunConfig."""
+    def make(run_dir: Path | str | None = None, **overrides) -> LMRunConfig:
         data = tiny_config_dict(corpus, Path(run_dir or tmp_path / "run"), cache_dir)
         data = merge(data, parse_overrides([f"{k}={v}" for k, v in overrides.items()]))
-        return build(RunConfig, data, where="test config")
+        return build(LMRunConfig, data, where="test config")
     return make
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many real processes the fault tests killed with SIGKILL (each one
+    then resumed or was found intact): the count docs/reliability.md quotes."""
+    from tests.train.runs import KILLED
+
+    if KILLED:
+        terminalreporter.write_line(f"fault tests: {len(KILLED)} processes killed with SIGKILL, "
+                                    "every checkpoint intact afterwards")

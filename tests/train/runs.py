@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import csv
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from latte.config_io import save_yaml
@@ -49,18 +51,20 @@ def train_tiny_run(root: Path, steps: int = 4) -> Path:
     train` (in process) on a corpus written under `root`; returns the run folder."""
     from latte.cli import main
     from latte.config_io import build
+    from latte.train.config import LMRunConfig
 
     (root / "corpus").mkdir()
     corpus = write_corpus(root / "corpus")
-    cfg = build(RunConfig, tiny_config_dict(corpus, root / "run", root / "cache"))
+    cfg = build(LMRunConfig, tiny_config_dict(corpus, root / "run", root / "cache"))
     path = write_config(cfg, root / "tiny.yaml")
     assert main(["train", "--config", str(path), f"--train.steps={steps}", "--optim.warmup_steps=1"]) == 0
     return root / "run"
 
 
-def run_cli(args: list[str], *, faults: str = "", torchrun: int = 0, timeout: float = 300):
-    """`python -m latte ...` (or torchrun with `torchrun` processes) in a
-    subprocess; returns the CompletedProcess."""
+KILLED: list[str] = []  # processes the fault tests killed with SIGKILL (reported at the end of the run)
+
+
+def _cli(args: list[str], faults: str, torchrun: int) -> tuple[list[str], dict]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     env.pop("LATTE_FAULTS", None)
     if faults:
@@ -70,7 +74,37 @@ def run_cli(args: list[str], *, faults: str = "", torchrun: int = 0, timeout: fl
                "-m", "latte", *args]
     else:
         cmd = [sys.executable, "-m", "latte", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return cmd, env
+
+
+def run_cli(args: list[str], *, faults: str = "", torchrun: int = 0, timeout: float = 300):
+    """`python -m latte ...` (or torchrun with `torchrun` processes) in a
+    subprocess; returns the CompletedProcess."""
+    cmd, env = _cli(args, faults, torchrun)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode == -signal.SIGKILL:
+        KILLED.append(" ".join(args))
+    return proc
+
+
+def start_cli(args: list[str], *, faults: str = "", torchrun: int = 0) -> subprocess.Popen:
+    """Like `run_cli`, but returns at once (finish with `.communicate()`)."""
+    cmd, env = _cli(args, faults, torchrun)
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    """Until `path` exists (e.g. RUN_DIR/hold of LATTE_FAULTS=hold_at=N); fails
+    if `proc` ends first."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"process ended (rc {proc.returncode}) before {path} appeared:\n{err}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"{path} did not appear within {timeout} s")
+        time.sleep(0.05)
 
 
 def losses(run_dir: Path) -> list[tuple[int, str]]:

@@ -1,4 +1,4 @@
-"""Crash-safe checkpoints: each failure case of RELIABILITY.md is a test here."""
+"""Crash-safe checkpoints: each failure case of docs/reliability.md is a test here."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from latte.models import weights
 from latte.train import checkpoint as ck
 from latte.train.checkpoint import check_state_against, find_latest_checkpoint, load_checkpoint, save_checkpoint
 from latte.train.rng import capture_rng_state, restore_rng_state
+from tests.train.runs import KILLED
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,6 +103,9 @@ KILL_CHILD = textwrap.dedent("""
         weights.save_file = half_written_weights
     if where == "mid_manifest":
         ck.atomic_write = half_written_manifest
+    if where == "sharded_before_manifest":  # DCP shards written (one process, no group), no manifest
+        ck.save_checkpoint(run_dir, 3, sharded_state={"model": {"w": torch.randn(512, 512)}},
+                           trainer_state={"step": 3}, rng_state={}, config={}, before_commit=die)
     ck.save_checkpoint(run_dir, 3, model_state={"w": torch.randn(512, 512)}, optimizer_state={},
                        trainer_state={"step": 3}, rng_state={}, config={},
                        barrier=die if where == "before_manifest" else None)
@@ -110,20 +114,23 @@ KILL_CHILD = textwrap.dedent("""
 
 
 def test_kill_9_during_save_leaves_previous_checkpoint(tmp_path, caplog):
-    wheres = ["mid_weights", "before_manifest", "mid_manifest"]
+    wheres = ["mid_weights", "before_manifest", "mid_manifest", "sharded_before_manifest"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for where in wheres:
         save(tmp_path / where, 1)
         save(tmp_path / where, 2)
-    # The three killed savers run concurrently to keep the suite fast.
+    # The killed savers run concurrently to keep the suite fast.
     children = [subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(tmp_path / w), w], env=env,
                                  stderr=subprocess.PIPE) for w in wheres]
     for where, child in zip(wheres, children):
         _, err = child.communicate(timeout=120)
         assert child.returncode == -9, (where, err.decode())
+        KILLED.append(f"checkpoint save ({where})")
         run_dir = tmp_path / where
         assert steps_on_disk(run_dir) == ["step-00000001", "step-00000002", "step-00000003"]
         assert not (run_dir / "step-00000003" / "manifest.json").exists()
+        if where == "sharded_before_manifest":
+            assert (run_dir / "step-00000003" / "dcp" / ".metadata").is_file()  # the shards were written
         with caplog.at_level(logging.WARNING):
             latest = find_latest_checkpoint(run_dir)
         assert latest == run_dir / "step-00000002"
@@ -141,7 +148,7 @@ def test_flipped_byte_in_weights_is_detected(tmp_path, caplog):
     data = bytearray(weights.read_bytes())
     data[-5] ^= 0x01  # inside the tensor data, not the header
     weights.write_bytes(bytes(data))
-    load_checkpoint(path, verify=False)  # safetensors itself does not notice ...
+    load_checkpoint(path, verify="none").model_state  # safetensors itself does not notice ...
     with pytest.raises(ValueError, match=r"model\.safetensors: sha256 mismatch"):  # ... the manifest does
         load_checkpoint(path)
     with caplog.at_level(logging.WARNING):
@@ -156,7 +163,7 @@ def test_truncated_optimizer_file_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"optimizer\.pt: \d+ bytes but the manifest says \d+ \(truncated"):
         load_checkpoint(path)
     with pytest.raises(ValueError, match=r"optimizer\.pt: cannot be read, truncated or corrupt"):
-        load_checkpoint(path, verify=False)  # the torch error is wrapped and names the file too
+        load_checkpoint(path, verify="none").optimizer_state  # the torch error is wrapped and names the file too
     assert find_latest_checkpoint(tmp_path) is None
 
 
@@ -234,10 +241,10 @@ def test_pickle_payload_is_refused(tmp_path):
     # An attacker controls the whole folder, so make the manifest agree with the file.
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["files"]["optimizer.pt"] = {"size": (path / "optimizer.pt").stat().st_size,
-                                         "sha256": ck._sha256(path / "optimizer.pt")}
+                                         "sha256": ck.sha256_file(path / "optimizer.pt")}
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match=r"optimizer\.pt: refused"):
-        load_checkpoint(path)
+        load_checkpoint(path).optimizer_state
     assert not marker.exists()
 
 

@@ -1,4 +1,4 @@
-"""Real process faults (RELIABILITY.md): kill -9 after a checkpoint commits,
+"""Real process faults (docs/reliability.md): kill -9 after a checkpoint commits,
 kill -9 in the middle of a save, SIGTERM. Each run is a `python -m latte
 train` subprocess that hurts itself at an exact point (LATTE_FAULTS, see
 latte/train/faults.py); resuming must reproduce the uninterrupted run's loss
@@ -22,14 +22,14 @@ def straight(tmp_path_factory, corpus, cache_dir):
     """The uninterrupted reference: 6 steps, checkpoints every 2."""
     from tests.train.runs import tiny_config_dict
     from latte.config_io import build
-    from latte.train.config import RunConfig
+    from latte.train.config import LMRunConfig
 
     root = tmp_path_factory.mktemp("faults")
 
     def config(name: str, **train) -> str:
         d = tiny_config_dict(corpus, root / name, cache_dir)
         d["train"].update({"steps": STEPS, "save_every": 2, "sample_tokens": 0, **train})
-        return str(write_config(build(RunConfig, d), root / f"{name}.yaml"))
+        return str(write_config(build(LMRunConfig, d), root / f"{name}.yaml"))
 
     proc = run_cli(["train", "--config", config("straight")])
     assert proc.returncode == 0, proc.stderr

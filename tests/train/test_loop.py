@@ -1,5 +1,5 @@
 """The training loop in-process on a tiny model: outputs, exact resume,
-non-finite steps, data and config refusals (RELIABILITY.md failure table)."""
+non-finite steps, data and config refusals (docs/reliability.md failure table)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import logging
 import math
 import time
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -16,8 +15,9 @@ from safetensors.torch import load_file
 from latte.train.checkpoint import find_latest_checkpoint, load_checkpoint
 from latte.train.distributed import DistEnv
 from latte.train.loop import train
-from latte.train.setup import _no_decay_names
-from latte.train.step import NonFiniteError, SkipGuard, StepResult, summed_loss, train_step
+from latte.train.lm import LanguageModelingTask, summed_loss
+from latte.train.step import NonFiniteError, SkipGuard, StepResult, train_step
+from latte.train.task import Task
 from latte.train.metrics import read_csv
 from tests.train.runs import losses
 
@@ -57,17 +57,17 @@ def test_resume_in_process_is_bitwise_and_rerun_is_a_no_op(make_config, tmp_path
     assert summary["step"] == 6 and losses(tmp_path / "cut") == before
 
 
-def test_nan_loss_skips_the_update(make_config, tmp_path, monkeypatch):
+def test_nan_loss_skips_the_update_and_that_step_is_not_checkpointed(make_config, tmp_path, monkeypatch):
     monkeypatch.setenv("LATTE_FAULTS", "nan_loss=1")  # the second step (0-based step 1)
     summary = train(make_config(**{"train.steps": 3, "train.save_every": 1}))
     run = tmp_path / "run"
     rows = read_csv(run / "metrics.csv")
     assert [r["applied"] for r in rows] == ["1", "0", "1"] and rows[1]["loss"] == "nan"
-    w1, w2, w3 = (weights(run / f"step-0000000{i}") for i in (1, 2, 3))
-    assert all(torch.equal(w1[k], w2[k]) for k in w1)  # no update applied
-    assert not all(torch.equal(w2[k], w3[k]) for k in w2)  # training goes on afterwards
-    o1, o2 = (load_checkpoint(run / f"step-0000000{i}").optimizer_state["state"] for i in (1, 2))
-    assert all(torch.equal(o1[k]["exp_avg"], o2[k]["exp_avg"]) for k in o1)  # moments untouched
+    # step 2's weights just produced a non-finite loss: no checkpoint of them
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-00000001", "step-00000003"]
+    s1, s3 = (load_checkpoint(run / f"step-0000000{i}").trainer_state for i in (1, 3))
+    assert s1["healthy"] and s1["last_healthy_step"] == 1
+    assert not s3["healthy"] and s3["last_healthy_step"] == 1 and s3["skipped_steps"] == 1
     assert summary["skipped_steps"] == 1 and math.isfinite(summary["val_ppl"])
 
 
@@ -108,6 +108,27 @@ def test_token_ids_beyond_vocab_are_refused_before_training(make_config, tmp_pat
     assert not (tmp_path / "run" / "metrics.csv").exists()
 
 
+def test_run_dir_that_is_a_file_is_named(make_config, tmp_path):
+    (tmp_path / "run").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"train.run_dir='.*run' is a file, expected a folder"):
+        train(make_config())
+
+
+def test_disk_full_at_startup_names_the_file_and_leaves_no_temp_file(make_config, tmp_path, monkeypatch):
+    import errno
+
+    import latte.config_io
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(latte.config_io.os, "fsync", full)
+    with pytest.raises(OSError) as e:
+        train(make_config())
+    assert e.value.errno == errno.ENOSPC and str(tmp_path / "run" / "config.yaml") in str(e.value)
+    assert not list((tmp_path / "run").glob(".*tmp*"))
+
+
 def test_resume_with_changed_shapes_names_the_fields(make_config, tmp_path):
     train(make_config(**{"train.steps": 2, "optim.warmup_steps": 1}))
     with pytest.raises(ValueError) as e:
@@ -125,10 +146,15 @@ def test_resume_with_only_lr_changed_warns(make_config, caplog):
     assert summary["step"] == 2
 
 
-def test_resume_never_refuses_a_run_folder_with_checkpoints(make_config):
+def test_resume_never_starts_over_moving_old_steps_aside(make_config, tmp_path):
     train(make_config(**{"train.steps": 2, "optim.warmup_steps": 1}))
-    with pytest.raises(ValueError, match="resume='never' but .* already holds checkpoints"):
-        train(make_config(**{"train.resume": "never"}))
+    old = load_checkpoint(tmp_path / "run" / "step-00000002").model_state
+    summary = train(make_config(**{"train.resume": "never", "train.steps": 1, "optim.warmup_steps": 1}))
+    assert summary["step"] == 1 and [s for s, _ in losses(tmp_path / "run")] == [1]
+    (aside,) = (tmp_path / "run" / "abandoned").iterdir()
+    assert aside.name.endswith("resume-never") and (aside / "metrics.csv").is_file()
+    kept = load_checkpoint(aside / "step-00000002").model_state  # moved, intact, still verifies
+    assert all(torch.equal(kept[k], old[k]) for k in old)
 
 
 def test_resume_from_explicit_checkpoint_into_a_new_run(make_config, tmp_path):
@@ -140,6 +166,13 @@ def test_resume_from_explicit_checkpoint_into_a_new_run(make_config, tmp_path):
 
 
 # --------------------------------------------------------------------------- one step, directly
+
+LM = LanguageModelingTask.__new__(LanguageModelingTask)  # loss and count need no config
+
+
+def _no_decay_names(model):
+    return Task.no_weight_decay(LM, model)
+
 
 def _toy(seed=0, mixer="macchiato"):
     from latte.models import LatteConfig, LatteForCausalLM
@@ -156,24 +189,25 @@ def _toy(seed=0, mixer="macchiato"):
 def _batch(B=4, T=16, seed=1):
     g = torch.Generator().manual_seed(seed)
     rows = torch.randint(0, 64, (B, T + 1), generator=g)
-    return rows[:, :-1], rows[:, 1:]
+    return {"input_ids": rows[:, :-1], "labels": rows[:, 1:]}
 
 
 def test_loss_uses_preshifted_labels_exactly_once():
     """Our summed loss on (x, shifted y) == the model's own loss on the
     unshifted window (which shifts inside): no double shift."""
     model, _ = _toy()
-    x, y = _batch()
+    b = _batch()
+    x, y = b["input_ids"], b["labels"]
     window = torch.cat([x, y[:, -1:]], 1)  # [B, T + 1]
     ref = model(window, labels=window).loss  # shifts inside; ignores the last logit
-    ours, count = summed_loss(model, x, y)
+    ours, count = summed_loss(model, x, y), LM.count(b)
     assert count == x.numel()
     torch.testing.assert_close(ours / count, ref, rtol=1e-6, atol=1e-6)
 
 
 def test_grad_accumulation_matches_one_big_batch():
     env = DistEnv()
-    x, y = _batch(B=8)
+    b = _batch(B=8)
     results = []
     for accum in (1, 2, 4):
         # SGD: the update is linear in the gradient. (Adam's first step is
@@ -181,27 +215,27 @@ def test_grad_accumulation_matches_one_big_batch():
         # into an lr-sized difference.)
         model, _ = _toy()
         opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-        r = train_step(model, opt, x, y, lr=1e-2, env=env, grad_accum=accum, grad_clip=1.0)
+        r = train_step(model, opt, b, task=LM, lr=1e-2, env=env, grad_accum=accum, grad_clip=1.0)
         results.append((r, [p.detach().clone() for p in model.parameters()]))
     (r1, p1), *rest = results
     for r, p in rest:
-        assert r.tokens == r1.tokens == 8 * 16 and math.isclose(r.loss, r1.loss, rel_tol=1e-6)
+        assert r.count == r1.count == 8 * 16 and math.isclose(r.loss, r1.loss, rel_tol=1e-6)
         for a, b in zip(p1, p):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_nan_step_leaves_parameters_and_optimizer_untouched():
     model, opt = _toy()
-    x, y = _batch()
-    train_step(model, opt, x, y, lr=1e-2, env=DistEnv())  # some optimizer state to protect
+    b = _batch()
+    train_step(model, opt, b, task=LM, lr=1e-2, env=DistEnv())  # some optimizer state to protect
     before = [p.detach().clone() for p in model.parameters()]
     state_before = {k: v["exp_avg"].clone() for k, v in opt.state.items()}
-    r = train_step(model, opt, x, y, lr=1e-2, env=DistEnv(), inject_nan=True)
+    r = train_step(model, opt, b, task=LM, lr=1e-2, env=DistEnv(), inject_nan=True)
     assert not r.applied and math.isnan(r.loss)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert all(torch.equal(state_before[k], v["exp_avg"]) for k, v in opt.state.items())
     assert all(p.grad is None for p in model.parameters())  # gradients dropped
-    assert train_step(model, opt, x, y, lr=1e-2, env=DistEnv()).applied
+    assert train_step(model, opt, b, task=LM, lr=1e-2, env=DistEnv()).applied
 
 
 def test_skip_guard_counts_and_resets():
@@ -227,8 +261,7 @@ def test_no_weight_decay_on_norms_biases_embeddings():
 @pytest.mark.parametrize("mixer", ["softmax", "latte", "macchiato", "linear", "swa"])
 def test_bf16_autocast_step_is_finite(mixer):
     model, opt = _toy(mixer=mixer)
-    x, y = _batch()
-    r = train_step(model, opt, x, y, lr=1e-2, env=DistEnv(), precision="bf16")
+    r = train_step(model, opt, _batch(), task=LM, lr=1e-2, env=DistEnv(), precision="bf16")
     assert r.applied and math.isfinite(r.loss) and math.isfinite(r.grad_norm)
     assert all(p.dtype == torch.float32 for p in model.parameters())  # weights stay fp32
 
@@ -236,20 +269,18 @@ def test_bf16_autocast_step_is_finite(mixer):
 def test_time_budget_leaves_room_for_the_final_validation():
     from types import SimpleNamespace
 
-    from latte.data import TokenWindows
     from latte.train.loop import _out_of_time
 
-    cfg = SimpleNamespace(train=SimpleNamespace(time_budget_minutes=1.0, global_batch_size=4),
-                          data=SimpleNamespace(seq_len=100))
-    val = TokenWindows(np.zeros(100 * 300 + 1, dtype=np.uint16), 100)  # 30,000 validation tokens
-    run = SimpleNamespace(cfg=cfg, val_windows=val, eval_speedup=3.0, recent_tokens_per_s=0.0,
+    cfg = SimpleNamespace(train=SimpleNamespace(time_budget_minutes=1.0))
+    task = SimpleNamespace(eval_size=lambda final: 30_000)  # 30,000 validation tokens
+    run = SimpleNamespace(cfg=cfg, task=task, eval_speedup=3.0, recent_rate=0.0, recent_step_s=0.4,
                           t_start=time.perf_counter())
     assert not _out_of_time(run)  # no speed measured yet
-    run.recent_tokens_per_s = 1000.0  # final validation ~10 s, a step 0.4 s: plenty of time
+    run.recent_rate = 1000.0  # final validation ~10 s, a step 0.4 s: plenty of time
     assert not _out_of_time(run)
-    run.recent_tokens_per_s = 250.0  # validation ~40 s (x1.25 + 5 s margin): less than 60 s left? no
+    run.recent_rate = 250.0  # validation ~40 s (x1.25 + 5 s margin): less than 60 s left? no
     assert not _out_of_time(run)
-    run.recent_tokens_per_s = 100.0  # validation ~100 s: stop now
+    run.recent_rate = 100.0  # validation ~100 s: stop now
     assert _out_of_time(run)
-    run.recent_tokens_per_s, run.t_start = 1e9, time.perf_counter() - 61
+    run.recent_rate, run.t_start = 1e9, time.perf_counter() - 61
     assert _out_of_time(run)  # over budget whatever the speed

@@ -9,7 +9,7 @@ import pytest
 
 from latte.config_io import build, load_yaml, to_dict
 from latte.models import LatteConfig
-from latte.train.config import (ARCHITECTURE_FIELDS, DEFAULT_CONFIG, ModelConfig, RunConfig, check_world_size,
+from latte.train.config import (ARCHITECTURE_FIELDS, DEFAULT_CONFIG, LMRunConfig, ModelConfig, check_world_size,
                                 load_run_config, resolve_config, shipped_configs)
 
 CONFIGS = Path(__file__).resolve().parents[2] / "latte" / "configs"
@@ -56,7 +56,7 @@ def test_mixer_configs_are_like_for_like():
 
 
 def test_paper_table6_config_matches_the_paper():
-    """MATH.md section 6: the OpenWebText recipe of the paper."""
+    """docs/math.md section 6: the OpenWebText recipe of the paper."""
     cfg = load_run_config(CONFIGS / "paper-table6.yaml")
     m, o, t, d = cfg.model, cfg.optim, cfg.train, cfg.data
     assert (m.num_layers, m.num_heads, m.dim, m.ffn_dim, m.num_latents, m.window_size) == (8, 8, 512, 2048, 256, 128)
@@ -74,6 +74,17 @@ def test_model_config_mirrors_latte_config():
     theirs = {f.name for f in dataclasses.fields(LatteConfig)}
     assert ours == theirs - {"causal", "num_labels", "pooling"}
     assert "dropout" not in ARCHITECTURE_FIELDS and "dim" in ARCHITECTURE_FIELDS
+    defaults = {f.name: f.default for f in dataclasses.fields(LatteConfig)}
+    assert all(f.default == defaults[f.name] for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size")
+    assert ModelConfig().to_latte_config(300) == LatteConfig(vocab_size=300)
+
+
+def test_non_finite_numbers_are_refused_in_any_section():
+    with pytest.raises(ValueError) as e:
+        load_run_config(None, ["--optim.lr=.inf", "--model.dropout=.nan", "--train.time_budget_minutes=.inf"])
+    msg = str(e.value)
+    assert "3 config problems" in msg and "optim.lr: got inf (float), expected a finite number" in msg
+    assert "model.dropout: got nan" in msg and "train.time_budget_minutes: got inf" in msg
 
 
 def test_overrides_are_typed_and_applied():
@@ -121,4 +132,4 @@ def test_resolved_config_round_trips(tmp_path):
 
     cfg = load_run_config()
     save_yaml(cfg, tmp_path / "c.yaml")
-    assert build(RunConfig, load_yaml(tmp_path / "c.yaml")) == cfg
+    assert build(LMRunConfig, load_yaml(tmp_path / "c.yaml")) == cfg

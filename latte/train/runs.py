@@ -1,0 +1,90 @@
+"""Open a trained run for inference (`latte generate`, `latte eval`, tests):
+the newest checkpoint of a run folder (or one step folder), its config, its
+task and the model with its weights.
+
+Only what inference needs is read (the weights, the config and the task's
+files, e.g. the tokenizer) and each of those files is checked against the
+manifest when it is read; a damaged optimizer.pt, which inference never
+reads, does not get in the way. Weights holding NaN or inf are refused with
+a message naming them, rather than a model that only emits garbage.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from latte.train.checkpoint import (MANIFEST, MODEL, Checkpoint, CheckpointError, check_finite,
+                                    check_state_against, load_checkpoint, step_dirs)
+from latte.train.config import RunConfig, build_run_config
+from latte.train.distributed import DistEnv
+from latte.train.task import Task, task_class
+
+log = logging.getLogger("latte.train")
+
+
+@dataclass
+class TrainedRun:
+    model: nn.Module  # eval mode
+    task: Task
+    config: RunConfig
+    checkpoint: Path
+    step: int
+
+    @property
+    def tokenizer(self) -> Any:
+        """The task's tokenizer (tasks on text have one)."""
+        return self.task.tokenizer
+
+
+def open_run(path: str | Path, *, device: str | torch.device = "cpu") -> TrainedRun:
+    """`path` is a run folder (its newest checkpoint that loads is used,
+    skipping damaged ones with a warning) or one `step-N` folder."""
+    path = Path(path).expanduser()
+    if (path / MANIFEST).is_file():
+        return _open_step(path, torch.device(device))
+    if not path.is_dir():
+        raise ValueError(f"{path}: no such run or checkpoint folder")
+    problems = []
+    for _, step_dir in step_dirs(path):
+        try:
+            return _open_step(step_dir, torch.device(device))
+        except CheckpointError as e:
+            log.warning("skipping checkpoint %s: %s", step_dir, e)
+            problems.append(f"{step_dir.name}: {str(e).splitlines()[-1].strip()}")
+    raise ValueError(f"{path}: no verified checkpoint (step-*/{MANIFEST}) in this run folder"
+                     + "".join(f"\n  {p}" for p in problems))
+
+
+def _open_step(step_dir: Path, device: torch.device) -> TrainedRun:
+    ckpt = load_checkpoint(step_dir, verify="read", map_location=device)
+    cfg = build_run_config(ckpt.config, where=str(ckpt.file("config.yaml")))
+    task = task_class(cfg.task)(cfg, DistEnv(device=device))
+    task.prepare_inference(ckpt)
+    with torch.random.fork_rng(devices=[]):  # weights a checkpoint leaves out come from the seeded build
+        torch.manual_seed(cfg.train.seed)
+        model = task.build_model().to(device)
+    load_weights(model, ckpt, task.checkpoint_keys(model))
+    model.eval()
+    return TrainedRun(model, task, cfg, step_dir, ckpt.step)
+
+
+def load_weights(model: nn.Module, ckpt: Checkpoint, keys: set[str] | None = None) -> None:
+    """The checkpoint's weights into a plain (unwrapped) `model`, from either
+    format; `keys`: the subset the checkpoint holds (None: all)."""
+    expected = {k: v for k, v in model.state_dict().items() if keys is None or k in keys}
+    if ckpt.format == "full":
+        state = ckpt.model_state
+        where = str(ckpt.path / MODEL)
+        check_state_against(expected, state, where=where)
+    else:
+        state = {"model": dict(expected)}
+        ckpt.load_sharded(state)  # into the model's own tensors
+        state, where = state["model"], str(ckpt.path / "dcp")
+    check_finite(state, where=where)
+    model.load_state_dict(state, strict=keys is None)
