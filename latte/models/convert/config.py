@@ -4,20 +4,23 @@ Macchiato) and ConvertedConfig (the config.json of a converted model)."""
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from transformers import AutoConfig, PreTrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
+from latte.config_io import ConfigErrors, build
 from latte.layers import QK_MIXERS
 
 MIXES = ("joint", "gate")
 
 
-@dataclass(frozen=True)
+@dataclass
 class ConversionConfig:
-    """How every attention becomes Macchiato (docs/conversion.md).
+    """How every attention becomes Macchiato (docs/conversion.md §1).
 
     window_size: tokens the pretrained attention keeps seeing (itself
         included); capped per layer by the original's own local window.
@@ -27,45 +30,46 @@ class ConversionConfig:
     beta_init: initial latent bias; very negative = exactly the sliding-window
         model (-30 leaves the latents exactly zero weight in float32).
     chunk_size: chunk of the latent kernel.
-    lora_rank, lora_alpha: LoRA on q/k/v/o (0 = off).
+    lora_rank, lora_alpha: LoRA on q/k/v/o (rank 0 = off).
     """
 
     window_size: int = 128
     latents_per_head: int = 32
-    qk_mixer: str = "conv"
+    qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] = "conv"
     conv_size: int = 4
-    mix: str = "joint"
+    mix: Literal["joint", "gate"] = "joint"
     beta_init: float = -30.0
     chunk_size: int = 64
     lora_rank: int = 0
     lora_alpha: float = 16.0
 
     def __post_init__(self):
+        e = ConfigErrors(type(self).__name__)
         for name in ("window_size", "latents_per_head", "conv_size", "chunk_size"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"ConversionConfig.{name}: expected an integer >= 1, got {v!r}")
-        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
-            raise ValueError(f"ConversionConfig.lora_rank: expected an integer >= 0 (0 = no LoRA), got {self.lora_rank!r}")
-        if self.qk_mixer not in QK_MIXERS:
-            raise ValueError(f"ConversionConfig.qk_mixer: expected one of {QK_MIXERS}, got {self.qk_mixer!r}")
-        if self.mix not in MIXES:
-            raise ValueError(f"ConversionConfig.mix: expected one of {MIXES}, got {self.mix!r}")
+            e.check(_is_int(v) and v >= 1, name, v, "an integer >= 1")
+        e.check(_is_int(self.lora_rank) and self.lora_rank >= 0, "lora_rank", self.lora_rank, "an integer >= 0 (0 = off)")
+        e.check(self.qk_mixer in QK_MIXERS, "qk_mixer", self.qk_mixer, f"one of {QK_MIXERS}")
+        e.check(self.mix in MIXES, "mix", self.mix, f"one of {MIXES}")
         for name in ("beta_init", "lora_alpha"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-                raise ValueError(f"ConversionConfig.{name}: expected a number, got {v!r}")
+            e.check(_is_real(v) and math.isfinite(v), name, v, "a finite number")
+        e.raise_if_any()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "conversion") -> "ConversionConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(known)}")
-        return cls(**data)
+        return build(cls, dict(data), where=where)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
 class ConvertedConfig(PreTrainedConfig):

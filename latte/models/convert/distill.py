@@ -9,6 +9,9 @@
   end-to-end   KL(original || converted) over next-token distributions, plus
                the LM cross-entropy, through the whole converted model.
 
+`Distiller` packs a converted model and one objective into the module the
+trainer optimises (latte/train/convert.py).
+
 Only the parameters conversion added (latent branch, beta, LoRA) train; the
 pretrained weights are frozen (`freeze_base`).
 """
@@ -20,6 +23,9 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from latte.models import IGNORE_INDEX
 
 from .modeling import ConvertedForCausalLM
 
@@ -130,3 +136,50 @@ def calibrate_beta(model: ConvertedForCausalLM, records: list[LayerRecord], late
         else:
             target = rival - m.latent + math.log(latent_mass / (1 - latent_mass))
         attn.beta.copy_(target.flatten(0, 1).median(0).values)
+
+
+OBJECTIVES = ("end_to_end", "layerwise")
+
+
+class Distiller(nn.Module):
+    """A converted model with its up-training objective, as one module the
+    trainer (and DDP) calls once per micro-batch.
+
+    forward(input_ids) -> the converted model's output (validation, samples);
+    forward(input_ids, labels) -> output whose `.loss` is the objective SUMMED
+    over the target tokens (labels != -100; labels[:, t] is the token after
+    input_ids[:, t]): end_to_end = kl_weight * KL + lm_weight * CE per token;
+    layerwise = the sum over layers of the relative MSE, per token."""
+
+    def __init__(self, model: ConvertedForCausalLM, objective: str = "end_to_end", *, kl_weight: float = 1.0,
+                 lm_weight: float = 1.0, temperature: float = 1.0):
+        super().__init__()
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective: expected one of {OBJECTIVES}, got {objective!r}")
+        self.model, self.objective = model, objective
+        self.kl_weight, self.lm_weight, self.temperature = kl_weight, lm_weight, temperature
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
+        if labels is None:
+            return self.model(input_ids, use_cache=False)
+        count = (labels != IGNORE_INDEX).sum().clamp(min=1)
+        if self.objective == "layerwise":
+            loss, _ = layerwise_loss(self.model, record_layers(self.model, input_ids))
+            return DistillOutput(loss * count)
+        student = self.model(input_ids, use_cache=False).logits.float()
+        keep = labels != IGNORE_INDEX
+        total = student.new_zeros(())
+        if self.lm_weight:
+            total = total + self.lm_weight * F.cross_entropy(student[keep], labels[keep], reduction="sum")
+        if self.kl_weight:
+            with torch.no_grad(), self.model.as_original() as base:
+                teacher = base(input_ids=input_ids, use_cache=False).logits.float()[keep]
+            tau = self.temperature
+            log_p = F.log_softmax(teacher / tau, -1)
+            log_q = F.log_softmax(student[keep] / tau, -1)
+            total = total + self.kl_weight * (log_p.exp() * (log_p - log_q)).sum() * tau ** 2
+        return DistillOutput(total)
+
+
+class DistillOutput(NamedTuple):
+    loss: torch.Tensor  # summed over the target tokens

