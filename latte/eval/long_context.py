@@ -80,17 +80,16 @@ def converted_nll(model, ids: torch.Tensor, *, contexts=CONTEXTS, chunk: int = 1
     from latte.models.convert import MacchiatoCache
 
     t0, spent = time.perf_counter(), 0.0
-    T = ids.shape[0]
+    N = ids.shape[0] - 1  # tokens fed: the last one only serves as a target
     cache, out, decode = MacchiatoCache(model.num_layers), [], {}
-    stops = sorted({c for c in contexts if c < T} | set(range(chunk, T, chunk)) | {T})
+    stops = sorted({c for c in contexts if c <= N} | set(range(chunk, N, chunk)) | {N})
     start = 0
     for stop in stops:
         hidden = model.base.model(input_ids=ids[None, start:stop], past_key_values=cache, use_cache=True)
         cache.seen_tokens += stop - start
-        targets = ids[start + 1:stop + 1]
-        out.append(_head_nll(model.base, hidden.last_hidden_state[0, :targets.shape[0]], targets))
+        out.append(_head_nll(model.base, hidden.last_hidden_state[0], ids[start + 1:stop + 1]))
         start = stop
-        if stop in contexts and stop + decode_steps <= T:
+        if stop in contexts and stop + decode_steps <= N + 1:
             t1 = time.perf_counter()
             probe = copy.deepcopy(cache)
             ms = _time_steps(lambda tok: model(tok, past_key_values=probe, use_cache=True), ids[stop:stop + decode_steps])
