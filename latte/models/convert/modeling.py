@@ -25,7 +25,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from latte.models.sampling import check_eos, check_sampling_args, next_token
+from latte.models.sampling import check_eos, check_sampling_args, token_stream
 
 from .attention import ConvertedAttention
 from .cache import MacchiatoCache
@@ -194,17 +194,14 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
             real = torch.ones_like(input_ids) if mask is None else mask.long()
             pos = (real.cumsum(1) - 1).clamp(min=0)  # RoPE positions count real tokens (as generate does)
             out = self(input_ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-            done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-            for i in range(max_new_tokens):
-                tok = next_token(out.logits[:, -1].float(), **pick)  # [B]
-                if eos is not None:
-                    tok = torch.where(done, eos[0], tok)
-                    done = done | torch.isin(tok, eos)
-                yield tok
-                if i + 1 == max_new_tokens or bool(done.all()):
-                    break
+            cache = out.past_key_values
+
+            def step(tok):
+                nonlocal pos
                 pos = pos[:, -1:] + 1
-                out = self(tok[:, None], position_ids=pos, past_key_values=out.past_key_values, use_cache=True)
+                return self(tok[:, None], position_ids=pos, past_key_values=cache, use_cache=True).logits[:, -1]
+
+            yield from token_stream(out.logits[:, -1], step, max_new_tokens, eos, pick)
         finally:
             self.train(was_training)
 
