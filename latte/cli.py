@@ -7,7 +7,7 @@
     latte eval --run RUN_DIR [--lengths 1,2,4,8] [--max-tokens N] [--out eval.json]
     latte export RUN_DIR OUT_DIR      (a folder transformers loads after latte.models.hf.register())
     latte harness [lm_eval arguments] (lm-evaluation-harness with the latte models registered)
-    latte bench {ops,decode,train} [args...]
+    latte bench {ops,decode,train,audit} [args...]
     latte experiment NAME [args...]   (latte experiment --help lists them)
 
 Multi-process: torchrun --standalone --nproc_per_node=2 -m latte train ...
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 USAGE = __doc__.split("\n\n")[1]
-BENCHES = ("ops", "decode", "train")
+BENCHES = ("ops", "decode", "train", "audit")
 
 
 def main(argv: list[str] | None = None) -> int:

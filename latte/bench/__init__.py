@@ -1,9 +1,10 @@
-"""Benchmarks: scripts that write JSON + PNG + a markdown table (STYLE.md
-habit 11; protocols in EVAL.md sections 1-2). Nothing here asserts on time.
+"""Benchmarks: scripts that write JSON + PNG + a markdown table (protocols
+in docs/evaluation.md §1-2). Nothing here asserts on time.
 
     python -m latte.bench.ops     # attention ops: time, memory, GFLOP/s vs T
     python -m latte.bench.decode  # per-token decode latency and state bytes
     python -m latte.bench.train   # tokens/s of one AdamW step per mixer
+    python -m latte.bench.audit   # each op's time on every input distribution (latte.bench.inputs)
 
 Each module exposes `main(argv) -> dict` (the future `latte bench ...` CLI
 calls it) and writes `<name>.json/.md/.png` into `--out` (bench-results/).

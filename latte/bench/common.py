@@ -1,6 +1,6 @@
 """Shared benchmark machinery: timing, peak memory, machine info, JSON, plots.
 
-What is measured (STYLE.md habit 11: numbers are recorded, never asserted):
+What is measured (numbers are recorded, never asserted):
 - time: `time_call` runs warm-up calls, then >= 5 timed calls; the median and
   the minimum wall time (ms) are reported with the raw list.
 - peak memory: `memory_points` runs the points in a fresh worker process whose

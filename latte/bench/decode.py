@@ -1,5 +1,5 @@
 """`latte bench decode`: per-token decoding latency and state size vs context
-(EVAL.md section 2).
+(docs/evaluation.md §2).
 
 For each mixer (latte and macchiato decode from a constant-size recurrent
 state, softmax from a growing KV cache; same model size, the paper's Table 6

@@ -1,4 +1,4 @@
-"""`latte bench ops`: runtime and memory of the attention ops (EVAL.md section 1).
+"""`latte bench ops`: runtime and memory of the attention ops (docs/evaluation.md §1).
 
 Every provider in latte.bench.providers is timed side by side in this one
 process with the same threads, T ascending, forward (no autograd) and
@@ -15,16 +15,21 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import time
 
 import torch
 
-from . import common
+from . import common, fixed_shapes
+from . import inputs as dists
 from . import providers as P
 
 FULL_T = [512, 1024, 2048, 4096, 8192, 16384]
 LATTE_EXTRA_T = [32768, 65536]
 QUICK_T, QUICK_EXTRA_T = [32, 64], [128]
 MODES = ("fwd", "fwdbwd")
+# providers also timed on the other input distributions (--dists); the
+# per-step loops, the naive matrix and the projections run on the first only
+DIST_PROVIDERS = ("latte", "macchiato", "sdpa", "linear")
 MODE_NAME = {"fwd": "forward", "fwdbwd": "forward+backward"}
 
 
@@ -37,7 +42,18 @@ def parse_args(argv=None):
     p.add_argument("--recurrent-max-t", type=int, default=2048, help="longest T for latte-recurrent")
     p.add_argument("--rglru-t", type=int, default=None, help="T of the linear_recurrence comparison (4096)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory worker")
+    p.add_argument("--dists", default="std1,std10",
+                   help=f"input distributions of the key logits, side by side (first: the main tables); "
+                        f"allowed {list(dists.DISTRIBUTIONS[:-1])}")
+    p.add_argument("--no-sweep", action="store_true", help="skip the T sweep (run only the tables by distribution)")
+    p.add_argument("--no-causal-table", action="store_true",
+                   help="skip the tables at fixed shapes: latte_causal by key-logit distribution at three "
+                        "shapes, every provider at a research-sweep model's shape")
     args = p.parse_args(argv)
+    args.dists = [x for x in args.dists.split(",") if x]
+    bad = [x for x in args.dists if x not in dists.DISTRIBUTIONS[:-1]]  # padding: the audit only (no mask in sdpa)
+    if bad or not args.dists:
+        p.error(f"--dists: unknown {bad or 'none given'}; allowed {list(dists.DISTRIBUTIONS[:-1])}")
     args.providers = [x for x in args.providers.split(",") if x]
     bad = [x for x in args.providers if x not in P.PROVIDERS]
     if bad:
@@ -88,18 +104,20 @@ def _measure_slow(p, T, mode, args, ceiling):
 
 
 def _measure_together(ps, T, mode, args, ceiling) -> dict:
-    """The other providers at one (T, mode), timed in interleaved rounds so
-    their ratios (sdpa / latte, latte / proj) come from the same moments."""
+    """The other providers at one (T, mode), on every distribution, timed in
+    interleaved rounds so their ratios (sdpa / latte, latte / proj, std10 /
+    std1) come from the same moments. Keys: (provider, dist)."""
     fns, out = {}, {}
     for p in ps:
-        try:
-            fns[p] = P.build(p, T, mode)
-        except RuntimeError as e:  # linear attention not written yet
-            out[p] = e
+        for d in (args.dists if p in DIST_PROVIDERS else args.dists[:1]):
+            try:
+                fns[(p, d)] = P.build(p, T, mode, dist=d)
+            except RuntimeError as e:  # linear attention not written yet
+                out[(p, d)] = e
     times = common.time_interleaved(fns, repeats=args.repeats, warmup=args.warmup) if fns else {}
     fns.clear()
     gc.collect()
-    out.update({p: _rates(t, p, T, mode, ceiling) for p, t in times.items()})
+    out.update({k: _rates(t, k[0], T, mode, ceiling) for k, t in times.items()})
     return out
 
 
@@ -108,10 +126,13 @@ def sweep(args, ceiling: float) -> tuple[list[dict], dict]:
     status = {p: "ok" for p in plan}
     results, last = [], {}
 
-    def record(p, T, mode, t):
-        last[(p, mode)] = (T, t.get("median_ms"))
-        results.append({"provider": p, "T": T, "mode": mode, **t})
-        print(f"  {p:16s} T={T:6d} {mode:7s} " + (
+    first = args.dists[0]
+
+    def record(p, T, mode, t, dist=first):
+        if dist == first:
+            last[(p, mode)] = (T, t.get("median_ms"))
+        results.append({"provider": p, "T": T, "mode": mode, "dist": dist, **t})
+        print(f"  {p:16s} {dist:7s} T={T:6d} {mode:7s} " + (
             f"skipped: {t['reason']}" if t.get("skipped") else f"{t['median_ms']:10.2f} ms"), flush=True)
 
     for T in sorted({t for ts in plan.values() for t in ts}):
@@ -122,22 +143,22 @@ def sweep(args, ceiling: float) -> tuple[list[dict], dict]:
                     continue
                 reason = status[p] if status[p] != "ok" else _skip_reason(p, T, mode, last, args)
                 if reason:
-                    results.append({"provider": p, "T": T, "mode": mode, **common.skipped(reason)})
+                    results.append({"provider": p, "T": T, "mode": mode, "dist": first, **common.skipped(reason)})
                 elif p in P.SLOW:
                     record(p, T, mode, _measure_slow(p, T, mode, args, ceiling))
                 else:
                     together.append(p)
-            for p, t in _measure_together(together, T, mode, args, ceiling).items():
+            for (p, d), t in _measure_together(together, T, mode, args, ceiling).items():
                 if isinstance(t, RuntimeError):
                     status[p] = str(t)
-                    results.append({"provider": p, "T": T, "mode": mode, **common.skipped(str(t))})
+                    results.append({"provider": p, "T": T, "mode": mode, "dist": d, **common.skipped(str(t))})
                 else:
-                    record(p, T, mode, t)
+                    record(p, T, mode, t, d)
     return results, status
 
 
 def add_memory(results, args) -> None:
-    todo = [r for r in results if not r.get("skipped")]
+    todo = [r for r in results if not r.get("skipped") and r["dist"] == args.dists[0]]
     pts = [{"provider": r["provider"], "T": r["T"], "mode": r["mode"]} for r in todo]
     got = common.memory_points("latte.bench.providers:build", pts, args.threads)
     for r, m in zip(todo, got, strict=True):
@@ -181,7 +202,7 @@ def rglru(args) -> dict:
 
 def rglru_share(x, args) -> dict:
     """Forward+backward of the RG-LRU mixer (gates and scan) against the whole
-    causal LatteAttention layer it sits in (qk_mixer conv_rglru, EVAL.md
+    causal LatteAttention layer it sits in (qk_mixer conv_rglru, docs/evaluation.md §1
     shapes), timed in interleaved rounds."""
     from latte.layers import LatteAttention
 
@@ -200,8 +221,9 @@ def rglru_share(x, args) -> dict:
             "share": t["rglru"]["median_ms"] / t["layer"]["median_ms"]}
 
 
-def ratios(results) -> dict:
-    med = {(r["provider"], r["T"], r["mode"]): r["median_ms"] for r in results if not r.get("skipped")}
+def ratios(results, dist) -> dict:
+    med = {(r["provider"], r["T"], r["mode"]): r["median_ms"] for r in results
+           if not r.get("skipped") and r["dist"] == dist}
     out = {}
     for num, den in (("sdpa", "latte"), ("latte", "proj")):
         for mode in MODES:
@@ -217,10 +239,13 @@ def run(args) -> dict:
     info = common.machine_info()
     ceiling = common.matmul_ceiling(512 if args.quick else 2048, repeats=args.repeats)
     print(f"matmul ceiling: {ceiling['gflops_median']:.1f} GFLOP/s (median), threads {args.threads}", flush=True)
-    results, status = sweep(args, ceiling["gflops_median"])
-    if not args.no_memory:
+    t0 = time.perf_counter()
+    results, status = ([], {}) if args.no_sweep else sweep(args, ceiling["gflops_median"])
+    if not args.no_memory and results:
         print("peak memory (worker process) ...", flush=True)
         add_memory(results, args)
+    causal = None if args.no_causal_table else fixed_shapes.causal_table(args)
+    sweep_rows = None if args.no_causal_table else fixed_shapes.sweep_shape(args)
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return {
         "benchmark": "ops",
@@ -229,6 +254,7 @@ def run(args) -> dict:
             "threads": args.threads, "dtype": "float32", "quick": args.quick,
             "repeats": args.repeats, "warmup": args.warmup, "time_cap_s": args.time_cap,
             "naive_mem_cap_gb": args.naive_mem_cap_gb, "recurrent_max_t": args.recurrent_max_t,
+            "dists": args.dists, "dist_providers": list(DIST_PROVIDERS),
             "shapes": {"B": 1, "D": P.MODEL_DIM, "H": P.HEADS, "L": P.LATENTS, "Lh": P.LATENTS // P.HEADS,
                        "Dv": P.DV, "E": P.DV, "chunk_size": P.CHUNK, "window_size": P.WINDOW},
             "T": schedule(args),
@@ -239,14 +265,17 @@ def run(args) -> dict:
         "flops": P.FLOPS_NOTE,
         "providers": status,
         "results": results,
-        "ratios": ratios(results),
+        "ratios": ratios(results, args.dists[0]),
+        "causal_by_distribution": causal,
+        "sweep_shape": sweep_rows,
         "rglru": rglru(args),
+        "wall_s": time.perf_counter() - t0,
     }
 
 
-def _cell(results, p, T, mode, key="median_ms"):
+def _cell(results, p, T, mode, key="median_ms", dist=None):
     for r in results:
-        if (r["provider"], r["T"], r["mode"]) == (p, T, mode):
+        if (r["provider"], r["T"], r["mode"]) == (p, T, mode) and r["dist"] == (dist or r["dist"]):
             if r.get("skipped"):
                 return "unavail." if r["reason"].startswith("unavailable") else "skip"
             return r.get(key)
@@ -257,13 +286,37 @@ def _load(machine: dict, key: str) -> str:
     return f"{machine[key][0]:.1f}" if machine.get(key) else "-"
 
 
+def _by_dist_tables(res: dict) -> list[str]:
+    """The T sweep of the DIST_PROVIDERS side by side on every distribution."""
+    ds, rs = res["config"]["dists"], res["results"]
+    if len(ds) < 2 or not rs:
+        return []
+    provs = [p for p in res["config"]["T"] if p in DIST_PROVIDERS]
+    out = []
+    for mode in MODES:
+        hdr, rows = ["T"], []
+        for p in provs:
+            hdr += [f"{p} {d}" for d in ds] + [f"{p} max/min"]
+        for T in sorted({r["T"] for r in rs if r["provider"] in provs}):
+            row = [str(T)]
+            for p in provs:
+                cells = [_cell(rs, p, T, mode, dist=d) for d in ds]
+                nums = [x for x in cells if isinstance(x, float)]
+                row += cells + [f"{max(nums) / min(nums):.2f}" if len(nums) == len(ds) else ""]
+            rows.append(row)
+        out += ["", f"## {MODE_NAME[mode]} by key-logit distribution: median ms", "", common.md_table(hdr, rows)]
+    return out
+
+
 def markdown(res: dict) -> str:
-    m, c, rs = res["machine"], res["ceiling"], res["results"]
+    m, c = res["machine"], res["ceiling"]
+    rs = [r for r in res["results"] if r["dist"] == res["config"]["dists"][0]]
     provs = list(res["config"]["T"])
     Ts = sorted({r["T"] for r in rs})
     out = [f"# latte bench ops ({'quick' if res['config']['quick'] else 'full'})", "",
            f"{m['cpu_model']}, {m['usable_cores']} cores, torch {m['torch']}, {m['threads']} threads, fp32, "
-           f"B=1 D=512 H=8 L=256 (Lh=32) dv=64. Matmul ceiling {c['gflops_median']:.1f} GFLOP/s "
+           f"B=1 D=512 H=8 L=256 (Lh=32) dv=64, key logits {res['config']['dists'][0]} "
+           f"(other distributions below). Matmul ceiling {c['gflops_median']:.1f} GFLOP/s "
            f"({c['shape'][0]}^3 fp32, median). Median of {res['config']['repeats']} repeats; load avg "
            f"{_load(m, 'loadavg_start')} -> {_load(m, 'loadavg_end')} (other processes on the cores)."]
     tables = [("median ms", "median_ms", True), ("achieved GFLOP/s", "gflops", False),
@@ -278,6 +331,10 @@ def markdown(res: dict) -> str:
                     row += [res["ratios"][f"{k} {mode}"].get(str(T), "") for k in ("sdpa/latte", "latte/proj")]
                 rows.append([x if x != "" else "" for x in row])
             out += ["", f"## {MODE_NAME[mode]}: {title}", "", common.md_table(hdr, rows)]
+    out += _by_dist_tables(res)
+    if res.get("causal_by_distribution"):
+        out += fixed_shapes.causal_markdown(res["causal_by_distribution"])
+    out += fixed_shapes.sweep_shape_table(res)
     first_skip = {}
     for r in rs:
         if r.get("skipped"):
@@ -302,8 +359,8 @@ def plot(res: dict, path) -> bool:
     for mode in MODES:
         series = {}
         for p in res["config"]["T"]:
-            pts = [(r["T"], r["median_ms"]) for r in res["results"]
-                   if r["provider"] == p and r["mode"] == mode and not r.get("skipped")]
+            pts = [(r["T"], r["median_ms"]) for r in res["results"] if r["provider"] == p and r["mode"] == mode
+                   and r["dist"] == res["config"]["dists"][0] and not r.get("skipped")]
             series["(projections)" if p == "proj" else p] = ([t for t, _ in pts], [v for _, v in pts])
         panels[MODE_NAME[mode]] = series
     m = res["machine"]

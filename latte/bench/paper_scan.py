@@ -4,7 +4,7 @@ The reference point the paper measured: a loop over time carrying, per head
 and latent, an unnormalised value sum `csum`, its normaliser `norm_cumsum` and
 the running maximum of the key logits. Written here from the algorithm, step
 by step, so the benchmark compares against the same amount of work per token.
-The project's own recurrence (MATH.md 3.1) carries a log-normaliser instead;
+The project's own recurrence (docs/math.md §3.1) carries a log-normaliser instead;
 both are exact (tests/bench/test_paper_scan.py ties this one to the float64
 reference).
 

@@ -3,7 +3,7 @@
 Legend: B batch, T time, H heads, L latents per head (Lh), E query/key width,
 D value width per head (dv), C chunk size, W window.
 
-Every provider gets fresh random fp32 inputs of the EVAL.md section 1 shapes
+Every provider gets fresh random fp32 inputs of the docs/evaluation.md §1 shapes
 (B=1, model width 512, H=8, Lh=32, dv=64). Softmax-style providers use
 q, k, v with E = D = 64; the Latte providers use latent logits a, b [.., Lh]
 and values v [.., dv]. The layer's own projections are not part of any
@@ -23,11 +23,14 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import inputs as dists
 from .paper_scan import paper_scan
 
 MODEL_DIM, HEADS, LATENTS, DV = 512, 8, 256, 64  # Lh = LATENTS // HEADS = 32
 CHUNK, WINDOW = 64, 128
 
+MODES = ("fwd", "fwdbwd")
+MODE_NAME = {"fwd": "forward", "fwdbwd": "forward+backward"}
 PROVIDERS = ("latte", "latte-recurrent", "macchiato", "sdpa", "naive-softmax", "linear", "paper-scan", "proj")
 SLOW = ("latte-recurrent", "paper-scan")  # Python loops over time: time-capped
 QUADRATIC = ("sdpa", "naive-softmax")
@@ -99,15 +102,22 @@ def _naive(q, k, v):
     return torch.softmax(s, -1) @ v
 
 
-def make_inputs(provider: str, T: int, B: int = 1, seed: int = 0) -> tuple[list[torch.Tensor], callable]:
-    """(inputs, fn) with fn(*inputs) -> output tensor."""
+def make_inputs(provider: str, T: int, B: int = 1, seed: int = 0, dist: str = "std1",
+                heads: int = HEADS, latents: int = LATENTS // HEADS, dv: int = DV) -> tuple[list[torch.Tensor], callable]:
+    """(inputs, fn) with fn(*inputs) -> output tensor. `dist` (latte.bench.inputs)
+    shapes the key-side logits: b for the Latte providers, k for the softmax
+    and linear ones (Macchiato: both); the rest stays standard normal.
+    heads / latents (per head) / dv override the docs/evaluation.md §1 shape."""
     from latte.ops import latte_causal, macchiato
 
     g = torch.Generator().manual_seed(seed)
-    H, L, D = HEADS, LATENTS // HEADS, DV
+    H, L, D = heads, latents, dv
 
     def r(*shape):
         return torch.randn(*shape, generator=g)
+
+    def key(*shape):
+        return dists.logits(r(*shape), dist)
 
     if provider in ("latte", "latte-recurrent", "paper-scan"):
         fn = {
@@ -115,51 +125,55 @@ def make_inputs(provider: str, T: int, B: int = 1, seed: int = 0) -> tuple[list[
             "latte-recurrent": _recurrent,
             "paper-scan": paper_scan,
         }[provider]
-        return [r(B, T, H, L), r(B, T, H, L), r(B, T, H, D)], fn
+        return [r(B, T, H, L), key(B, T, H, L), r(B, T, H, D)], fn
     if provider == "macchiato":
         def fn(a, b, v, q, k):
             return macchiato(a, b, v, q, k, window_size=WINDOW, chunk_size=CHUNK)[0]
 
-        return [r(B, T, H, L), r(B, T, H, L), r(B, T, H, D), r(B, T, H, D), r(B, T, H, D)], fn
+        return [r(B, T, H, L), key(B, T, H, L), r(B, T, H, D), r(B, T, H, D), key(B, T, H, D)], fn
     if provider in ("sdpa", "naive-softmax"):
         fn = _naive if provider == "naive-softmax" else (
             lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
         )
-        return [r(B, H, T, D), r(B, H, T, D), r(B, H, T, D)], fn  # [B, H, T, E]
+        return [r(B, H, T, D), key(B, H, T, D), r(B, H, T, D)], fn  # [B, H, T, E]
     if provider == "linear":
         lin = linear_attention_fn()
 
         def fn(q, k, v):  # elu + 1 feature map (Katharopoulos et al.), part of the cost
             return lin(F.elu(q) + 1, F.elu(k) + 1, v, chunk_size=CHUNK)[0]
 
-        return [r(B, T, H, D), r(B, T, H, D), r(B, T, H, D)], fn
+        return [r(B, T, H, D), key(B, T, H, D), r(B, T, H, D)], fn
     if provider == "proj":  # three nn.Linear-style projections, weights as inputs
         ws = [r(n, MODEL_DIM) / math.sqrt(MODEL_DIM) for n in (LATENTS, LATENTS, MODEL_DIM)]
         return [r(B, T, MODEL_DIM), *ws], lambda x, wa, wb, wv: (F.linear(x, wa), F.linear(x, wb), F.linear(x, wv))
     raise ValueError(f"provider: expected one of {PROVIDERS}, got {provider!r}")
 
 
-def build(provider: str, T: int, mode: str, B: int = 1):
+def build(provider: str, T: int, mode: str, B: int = 1, dist: str = "std1", **shape):
     """Zero-argument callable running one forward ("fwd", no autograd) or one
     forward+backward ("fwdbwd", gradients of every input and parameter)."""
-    inputs, fn = make_inputs(provider, T, B)
+    args, fn = make_inputs(provider, T, B, dist=dist, **shape)
+    return as_call(fn, args, mode)
+
+
+def as_call(fn, args: list[torch.Tensor], mode: str):
+    """fn(*args) as a zero-argument forward or forward+backward call."""
     if mode == "fwd":
         def call():
             with torch.no_grad():
-                return fn(*inputs)
+                return fn(*args)
 
         return call
     if mode != "fwdbwd":
         raise ValueError(f"mode: expected 'fwd' or 'fwdbwd', got {mode!r}")
-    for x in inputs:
-        x.requires_grad_(True)
+    leaves = [x.requires_grad_(True) for x in args if x.is_floating_point()]
     grad_out = []  # made on the first (warm-up) call, from the output's shape
 
     def call_bwd():
-        out = fn(*inputs)
+        out = fn(*args)
         outs = out if isinstance(out, tuple) else (out,)
         if not grad_out:
             grad_out.extend(torch.randn_like(o) for o in outs)
-        return torch.autograd.grad(outs, inputs, grad_out, allow_unused=True)
+        return torch.autograd.grad(outs, leaves, grad_out, allow_unused=True)
 
     return call_bwd

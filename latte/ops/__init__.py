@@ -1,4 +1,4 @@
-"""The mathematics of Latte as pure tensor functions (MATH.md).
+"""The mathematics of Latte as pure tensor functions (docs/math.md).
 
 Layout is head-last, [B, T, H, X]; decoding states are float32; outputs have
 the input dtype. Every function here has a float64 reference in

@@ -1,8 +1,8 @@
 """Argument checks shared by the ops.
 
 Every check raises ValueError naming the argument, what was received and what
-is expected: a user can cause all of these, so they are not asserts
-(STYLE.md habit 6). Nothing here broadcasts silently.
+is expected: a user can cause all of these, so they are not asserts.
+Nothing here broadcasts silently.
 """
 
 from __future__ import annotations

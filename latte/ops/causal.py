@@ -1,4 +1,4 @@
-"""Causal Latte: the chunked parallel form and the recurrent step (MATH.md 3).
+"""Causal Latte: the chunked parallel form and the recurrent step (docs/math.md §3).
 
 Legend: B batch, T time, H heads, L latents per head (Lh), D value width per
 head (dv), N chunks, C chunk size (t, s: query / key positions in a chunk).
@@ -13,10 +13,10 @@ and z_prev the one before it:
   intra   y_t  += sum_{s<=t in chunk} [sum_l softmax(a_t)_l exp(b_s - z_t)_l] v_s
 Every exponent above is <= 0, so no logit magnitude can overflow. The intra
 weights are never a product exp(b_s) * exp(-z_t), which overflows and meets the
-zero mask as inf * 0 = NaN: both factors are taken relative to a per-chunk
-reference and stay within [exp(-40), 1], and the rare chunks where that cannot
-hold are computed in log space (chunked.py). No T x T tensor is built: the
-intra part is N blocks of C x C, laid out chunk-major [N, B * H, C, .].
+zero mask as inf * 0 = NaN: they come from sub-chunk references (two factors
+<= 1) or, inside a sub-chunk, straight from log space (intra_chunk.py), with
+the same work for any logits. No T x T tensor is built: the intra part is N
+blocks of C x C, laid out chunk-major [N, B * H, C, .].
 """
 
 from __future__ import annotations
@@ -35,7 +35,10 @@ from ._checks import (
     check_shape,
     state_dtype,
 )
-from .chunked import LatteChunked, from_chunks, to_chunks
+from ._exp import exp_floored, limit_spread, logaddexp
+from .chunked import LatteChunked
+from .intra_chunk import padded_chunk_size
+from .layout import from_chunks, to_chunks
 
 
 class LatteState(NamedTuple):
@@ -57,29 +60,34 @@ def _check_inputs(a, b, v, mask):
     check_mask("mask", mask, tuple(a.shape[:2]))
 
 
-def _check_state(state, B, H, L, D, name="initial_state"):
+def check_latte_state(state, B, H, L, D, name="initial_state"):
     if not isinstance(state, LatteState):
         raise ValueError(f"{name}: expected a LatteState(S, z), got {type(state).__name__}")
     check_shape(f"{name}.S", state.S, (B, H, L, D), "[B, H, Lh, Dv]")
     check_shape(f"{name}.z", state.z, (B, H, L), "[B, H, Lh]")
 
 
-def mask_logits(b: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Key logits of masked tokens (mask False) become NEG: they then carry
-    exactly zero weight once any real token has been seen."""
+def mask_keys(b: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
+    """Masked tokens (mask False, [B, (T)]) get key logits NEG and values 0.
+    Their weight is at most exp(floor) (exp is clamped, _exp.py) and it
+    multiplies a zero value: they add nothing to a real output, and no
+    gradient reaches their logits or values. (Their mass, at most
+    exp(floor) each, is part of the normaliser.)"""
     if mask is None:
-        return b
-    return b.masked_fill(~mask.view(*mask.shape, *([1] * (b.dim() - mask.dim()))), NEG)
+        return b, v
+    m = mask.view(*mask.shape, *([1] * (b.dim() - mask.dim())))
+    return b.masked_fill(~m, NEG), v.masked_fill(~m, 0.0)
 
 
-def _chunked(a, b, v, chunk_size, state, mask):
-    """Prepare inputs for the chunked kernel; returns (y, LatteState)."""
+def causal_chunked(a, b, v, chunk_size, state, mask):
+    """latte_causal without argument checks or packing (shared with
+    macchiato): prepares the inputs for the chunked kernel and runs it;
+    returns (y [B, T, H, D] in the work dtype, LatteState)."""
     B, T, H, L = a.shape
     D = v.shape[-1]
     work = state_dtype(a.dtype)
-    q = torch.softmax(a.to(work), dim=-1)
-    b = mask_logits(b.to(work), mask)
-    v = v.to(work)
+    lq = torch.log_softmax(limit_spread(a.to(work), -1), dim=-1)  # log p(l|t), folded into the kernel's exponents
+    b, v = mask_keys(b.to(work), v.to(work), mask)
     if state is None:
         S0 = v.new_zeros(B * H, L, D)
         z0 = v.new_full((B * H, L), float("-inf"))  # empty state: no mass yet
@@ -92,10 +100,10 @@ def _chunked(a, b, v, chunk_size, state, mask):
     # in the returned state.
     c = torch.maximum(b.amax(1).view(B * H, L), z0).detach()  # [B * H, L]
     z0 = z0 - c
-    C = min(chunk_size, T)
+    C = padded_chunk_size(min(chunk_size, T))
     # masked keys padded at the end change neither outputs nor the final state
     b = to_chunks(b, C, NEG) - c.view(1, B * H, 1, L)
-    y, S_last, z_last = LatteChunked.apply(to_chunks(q, C), b, to_chunks(v, C), S0, z0)
+    y, S_last, z_last = LatteChunked.apply(to_chunks(lq, C), b, to_chunks(v, C), S0, z0)
     y = from_chunks(y, B, T)
     return y, LatteState(S_last.view(B, H, L, D), (z_last + c).view(B, H, L))
 
@@ -111,13 +119,14 @@ def latte_causal(
     cu_seqlens: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
 ):
-    """Causal Latte attention, chunked parallel form (MATH.md 3.2).
+    """Causal Latte attention, chunked parallel form (docs/math.md §3.2).
 
     Args:
         a: [B, T, H, Lh] query-side latent logits.
         b: [B, T, H, Lh] key-side latent logits.
         v: [B, T, H, Dv] values.
-        chunk_size: tokens per chunk (any value >= 1; T need not divide).
+        chunk_size: tokens per chunk (any value >= 1; T need not divide;
+            above 8 it is rounded up to a multiple of the 8-token sub-chunk).
         initial_state: LatteState to continue from (S [B,H,Lh,Dv], z [B,H,Lh]);
             with cu_seqlens, one per document ([N, ...]).
         output_final_state: also return the state after the last token.
@@ -138,18 +147,18 @@ def latte_causal(
         check_cu_seqlens(cu_seqlens, B, T)
         n_docs = cu_seqlens.numel() - 1
         if initial_state is not None:
-            _check_state(initial_state, n_docs, H, L, D)
+            check_latte_state(initial_state, n_docs, H, L, D)
 
         def run(a_, b_, v_, mask_, state_):
-            return _chunked(a_, b_, v_, chunk_size, state_, mask_)
+            return causal_chunked(a_, b_, v_, chunk_size, state_, mask_)
 
         y, state = run_packed(run, (a, b, v), cu_seqlens, mask, initial_state)
     else:
         if initial_state is not None:
-            _check_state(initial_state, B, H, L, D)
+            check_latte_state(initial_state, B, H, L, D)
         if T == 0:
             raise ValueError("a: sequence length T must be >= 1, got 0")
-        y, state = _chunked(a, b, v, chunk_size, initial_state, mask)
+        y, state = causal_chunked(a, b, v, chunk_size, initial_state, mask)
     return y.to(v.dtype), (state if output_final_state else None)
 
 
@@ -161,7 +170,7 @@ def latte_causal_step(
     *,
     mask_t: torch.Tensor | None = None,
 ):
-    """One decoding step of causal Latte (MATH.md 3.1): O(1) in the context.
+    """One decoding step of causal Latte (docs/math.md §3.1): O(1) in the context.
 
     a_t, b_t: [B, H, Lh]; v_t: [B, H, Dv]; mask_t: [B] bool (False = padding,
     the token is not added to the state's mass). Returns (y_t [B, H, Dv], state).
@@ -181,11 +190,11 @@ def latte_causal_step(
         S = v_t.new_zeros(B, H, L, D, dtype=work)
         z = v_t.new_full((B, H, L), float("-inf"), dtype=work)
     else:
-        _check_state(state, B, H, L, D, name="state")
+        check_latte_state(state, B, H, L, D, name="state")
         S, z = state.S.to(work), state.z.to(work)
-    b = mask_logits(b_t.to(work), mask_t)
-    z_new = torch.logaddexp(z, b)
+    b, v = mask_keys(b_t.to(work), v_t.to(work), mask_t)
+    z_new = logaddexp(z, b)
     # both exponents are <= 0 (3.1): nothing overflows
-    S_new = torch.exp(z - z_new).unsqueeze(-1) * S + torch.exp(b - z_new).unsqueeze(-1) * v_t.to(work).unsqueeze(-2)
-    y = torch.einsum("bhl,bhld->bhd", torch.softmax(a_t.to(work), -1), S_new)
+    S_new = exp_floored(z - z_new).unsqueeze(-1) * S + exp_floored(b - z_new).unsqueeze(-1) * v.unsqueeze(-2)
+    y = torch.einsum("bhl,bhld->bhd", torch.softmax(limit_spread(a_t.to(work), -1), -1), S_new)
     return y.to(v_t.dtype), LatteState(S_new, z_new)

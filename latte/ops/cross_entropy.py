@@ -26,6 +26,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ._checks import check_rank
+from ._exp import exp_floor
 
 # Rows per chunk are chosen so one chunk's logits hold about this many floats
 # (32 MB): large matmuls, small enough to stay out of the page-fault path.
@@ -43,7 +44,8 @@ def _chunk(h, W, tgt, ignore_index, need_grad):
     safe = torch.where(valid, tgt, 0)
     picked = logits.gather(1, safe[:, None]).squeeze(1)
     m = logits.amax(1, keepdim=True)
-    p = logits.sub_(m).exp_()  # in place: logits are not needed any more
+    # in place (logits are not needed any more); the floor keeps exp off its slow lanes (_exp.py)
+    p = logits.sub_(m).clamp_(min=exp_floor(logits.dtype)).exp_()
     s = p.sum(1, keepdim=True)
     lse = (m + s.log()).squeeze(1)
     loss = torch.where(valid, lse - picked, 0.0).sum()
@@ -109,7 +111,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
         raise ValueError(f"targets: expected an integer tensor [N] = ({hidden.shape[0]},), got {got}")
     V = weight.shape[0]
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= V))
-    if bool(bad.any()):
+    # a value check reads back to the host: eager calls only (a compiled or
+    # exported graph has none; the models check their labels before this)
+    if not torch.compiler.is_compiling() and bool(bad.any()):
         raise ValueError(f"targets: found {int(targets[bad][0])}; targets must be in [0, {V - 1}] "
                          f"or ignore_index ({ignore_index})")
     if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1):

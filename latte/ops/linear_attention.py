@@ -1,4 +1,4 @@
-"""Linear attention (Katharopoulos et al. 2020), the baseline of MATH.md 7.
+"""Linear attention (Katharopoulos et al. 2020), the baseline of docs/math.md §7.
 
 Legend: B batch, T time, H heads, E feature width (q, k after the feature
 map), D value width, N chunks, C chunk size (t, s: query / key positions in a
@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 
 from ._checks import check_mask, check_positive_int, check_rank, check_same, check_shape, state_dtype
-from .chunked import from_chunks, to_chunks
+from .layout import from_chunks, to_chunks
 
 EPS = 1e-6
 
@@ -65,7 +65,7 @@ def _masked_keys(k, mask):
     return k * mask.view(*mask.shape, *([1] * (k.dim() - mask.dim()))).to(k.dtype)
 
 
-def _chunked(q, k, v, chunk_size, state):
+def _causal_linear(q, k, v, chunk_size, state):
     """Causal core in the work dtype; returns (y [B,T,H,D], LinearAttentionState).
     Chunk-major [N, B * H, C, .] layout: every product is one bmm over N * B * H
     contiguous blocks (einsum over [B, N, C, H, .] would permute and copy)."""
@@ -138,7 +138,7 @@ def linear_attention(
         return (num / (den.unsqueeze(-1) + EPS)).to(out_dtype), None
     if initial_state is not None:
         _check_state(initial_state, B, H, E, D, "initial_state")
-    y, state = _chunked(q, k, v, chunk_size, initial_state)
+    y, state = _causal_linear(q, k, v, chunk_size, initial_state)
     return y.to(out_dtype), (state if output_final_state else None)
 
 

@@ -1,5 +1,5 @@
 """Latte-Macchiato: sliding-window softmax + global latents, one distribution
-(MATH.md 4).
+(docs/math.md §4).
 
 Legend: B batch, T time, H query heads, K key/value heads, L latents per head,
 E query/key width, D value width.
@@ -24,13 +24,14 @@ from typing import NamedTuple
 import torch
 
 from ._checks import check_cu_seqlens, check_positive_int, check_rank, check_shape, state_dtype
-from .causal import LatteState, _chunked, _check_state, latte_causal_step
+from ._exp import exp_floor, logsumexp
+from .causal import LatteState, causal_chunked, check_latte_state, latte_causal_step
 from .sliding_window import (
     WindowState,
-    _blocked,
     check_qkv,
     check_softcap,
     check_window_state,
+    window_blocked,
     window_step,
 )
 from .varlen import run_packed
@@ -78,11 +79,13 @@ def _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, step, 
 
 def _mix(y_win, lse_win, y_lat, a, gate, beta, mix):
     """Combine the two normalised branches with one mixing logit (float32)."""
-    lat = torch.logsumexp(a, -1)  # [..., H]
+    lat = logsumexp(a, -1)  # [..., H]
     if beta is not None:
         lat = lat + beta.to(lat.dtype)
     m = (lse_win if mix == "joint" else gate.to(lat.dtype)) - lat
-    w = torch.sigmoid(m).unsqueeze(-1)  # p(l = 0 | t)
+    # |m| beyond -floor: sigmoid is 1 or 0 to exp(floor), and its exp stays off the slow lanes
+    bound = -exp_floor(m.dtype)
+    w = torch.sigmoid(m.clamp(-bound, bound)).unsqueeze(-1)  # p(l = 0 | t)
     return w * y_win + (1 - w) * y_lat
 
 
@@ -115,12 +118,10 @@ def macchiato(
         raise ValueError("a: sequence length T must be >= 1, got 0")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
 
-    def run(a, b, v, q, k, *rest):
-        gate = rest[0] if len(rest) == 3 else None  # rest: ([gate,] mask, state)
-        mask, state = rest[-2:]
+    def run(a, b, v, q, k, gate, mask, state):
         lat_state, win_state = state if state is not None else (None, None)
-        y_win, lse, win_state = _blocked(q, k, v, window_size, scale, mask, win_state, lengths, softcap)
-        y_lat, lat_state = _chunked(a, b, _repeat_kv(v, H), chunk_size, lat_state, mask)
+        y_win, lse, win_state = window_blocked(q, k, v, window_size, scale, mask, win_state, lengths, softcap)
+        y_lat, lat_state = causal_chunked(a, b, _repeat_kv(v, H), chunk_size, lat_state, mask)
         y = _mix(y_win, lse, y_lat, a.to(y_lat.dtype), gate, beta, mix)
         return y, MacchiatoState(lat_state, win_state)
 
@@ -131,11 +132,11 @@ def macchiato(
     if initial_state is not None:
         if not isinstance(initial_state, MacchiatoState):
             raise ValueError(f"initial_state: expected a MacchiatoState, got {type(initial_state).__name__}")
-        _check_state(initial_state.latte, n, H, L, D, name="initial_state.latte")
+        check_latte_state(initial_state.latte, n, H, L, D, name="initial_state.latte")
         qn = q.new_empty(n, 1, H, q.shape[-1])  # shapes of one row per sequence
         check_window_state(initial_state.window, qn, k[:1].expand(n, -1, -1, -1), v[:1].expand(n, -1, -1, -1),
                            window_size, name="initial_state.window")
-    tensors = (a, b, v, q, k) + ((gate,) if gate is not None else ())
+    tensors = (a, b, v, q, k, gate)
     if cu_seqlens is not None:
         y, state = run_packed(run, tensors, cu_seqlens, mask, initial_state)
     else:
@@ -144,12 +145,13 @@ def macchiato(
 
 
 def macchiato_step(
-    a_t, b_t, v_t, q_t, k_t, *, window_size, mix="joint", gate_t=None, beta=None,
-    scale=None, mask_t=None, state=None, softcap=None,
+    a_t, b_t, v_t, q_t, k_t, state=None, *, window_size, mix="joint", gate_t=None, beta=None,
+    scale=None, mask_t=None, softcap=None,
 ):
     """One decoding step: a_t, b_t [B, H, Lh], v_t [B, K, D], q_t [B, H, E],
-    k_t [B, K, E], gate_t [B, H]. Returns (y_t [B, H, D], MacchiatoState);
-    constant time and memory in the context (the window is a W - 1 buffer)."""
+    k_t [B, K, E], gate_t [B, H]; state: the MacchiatoState so far (None:
+    empty). Returns (y_t [B, H, D], MacchiatoState); constant time and memory
+    in the context (the window is a W - 1 buffer)."""
     _check(a_t, b_t, v_t, q_t, k_t, gate_t, beta, mix, window_size, 1, mask_t, step=True, softcap=softcap)
     lat_state = win_state = None
     if state is not None:

@@ -1,6 +1,6 @@
 """Element-wise linear recurrence h_t = exp(log_a_t) * h_{t-1} + x_t.
 
-This is the scan behind RG-LRU (MATH.md section 5) and behind the
+This is the scan behind RG-LRU (docs/math.md §5) and behind the
 chunk-to-chunk state passing of causal Latte (section 3.2).
 
 Legend: B batch, T time, F any trailing feature dims, N chunks, C chunk size.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_float, check_positive_int, check_shape, state_dtype
+from ._exp import exp_floored
 
 
 def _scan(x: torch.Tensor, a: torch.Tensor, h0: torch.Tensor | None, chunk: int):
@@ -59,7 +60,7 @@ def _scan(x: torch.Tensor, a: torch.Tensor, h0: torch.Tensor | None, chunk: int)
 class _LinearRecurrence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, log_a, h0, chunk):
-        a = torch.exp(log_a)
+        a = exp_floored(log_a)  # a decay below exp(floor) acts as exp(floor): a full reset either way
         h, h_last = _scan(x, a, h0, chunk)
         ctx.save_for_backward(a, h, h0)
         ctx.chunk = chunk

@@ -1,6 +1,6 @@
 """Slow float64 ground truth for every op: O(T^2) matrices and plain loops,
 written for clarity, not speed. Each one builds the attention matrix the
-mathematics defines (MATH.md) and shares no code with the fast paths.
+mathematics defines (docs/math.md) and shares no code with the fast paths.
 
 Legend: B batch, T time, H heads, L latents per head, D value width,
 K key/value heads, E query/key width. All functions return float64.
@@ -16,7 +16,7 @@ NEG_INF = float("-inf")
 
 
 def latte_bidirectional_matrix(a, b, mask=None):
-    """A[b, h, t, s] = sum_l p(l|t) p(s|l) (MATH.md 2)."""
+    """A[b, h, t, s] = sum_l p(l|t) p(s|l) (docs/math.md §2)."""
     a, b = a.to(f64), b.to(f64)
     if mask is not None:
         b = b.masked_fill(~mask[:, :, None, None], NEG_INF)
@@ -99,7 +99,7 @@ def sliding_window_attention(q, k, v, window_size, scale=None, mask=None, softca
 
 def macchiato_matrix(a, b, q, k, window_size, mix="joint", gate=None, beta=None, scale=None, mask=None,
                      softcap=None):
-    """p(s|t) of MATH.md 4 built term by term: [B, H, T, T]."""
+    """p(s|t) of docs/math.md §4 built term by term: [B, H, T, T]."""
     e = window_matrix_logits(q, k, window_size, scale, mask, softcap)  # [B, H, T, T]
     a64 = a.to(f64) + (0 if beta is None else beta.to(f64)[None, None, :, None])
     log_lat = a64.permute(0, 2, 1, 3)  # [B, H, T, L] log of unnormalised p(l|t)

@@ -1,4 +1,4 @@
-"""Exact causal sliding-window softmax attention (MATH.md 4, the l = 0 state).
+"""Exact causal sliding-window softmax attention (docs/math.md §4, the l = 0 state).
 
 Legend: B batch, T time, H query heads, K key/value heads (H = K * G, grouped
 KV), G queries per KV head, E query/key width, D value width, W window size,
@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_mask, check_positive_int, check_rank, check_same, check_shape, state_dtype
+from ._exp import exp_floored
 from .window_tiles import WindowTiles
 
 
@@ -84,7 +85,7 @@ def check_window_state(state, q, k, v, window_size, name="initial_state"):
 _QBLOCK = 64
 
 
-def _blocked(q, k, v, window_size, scale, mask, state, lengths=None, softcap=None):
+def window_blocked(q, k, v, window_size, scale, mask, state, lengths=None, softcap=None):
     """Core in the work dtype: returns (y [B,T,H,D], lse [B,T,H], WindowState).
 
     lengths [B]: tokens of each row for a right-padded batch of documents, so
@@ -95,7 +96,8 @@ def _blocked(q, k, v, window_size, scale, mask, state, lengths=None, softcap=Non
     G = H // K
     work = state_dtype(q.dtype)
     state = state if state is not None else empty_window_state(k, v, window_size, work)
-    mask = mask if mask is not None else torch.ones(B, T, dtype=torch.bool, device=q.device)
+    masked = mask is not None  # padding among the keys: decided by the call, never by the values
+    mask = mask if masked else torch.ones(B, T, dtype=torch.bool, device=q.device)
     kk = torch.cat([state.k.to(work), k.to(work)], 1)  # [B, P + T, K, E]
     vv = torch.cat([state.v.to(work), v.to(work)], 1)  # [B, P + T, K, D]
     km = torch.cat([state.mask, mask], 1)  # [B, P + T]
@@ -119,7 +121,7 @@ def _blocked(q, k, v, window_size, scale, mask, state, lengths=None, softcap=Non
     # block n: queries [nQ, nQ + Q) see tiles n .. n + c, i.e. keys [nQ - cQ, nQ + Q)
     qb = padded(q.to(work)).view(B, N, Q, K, G, E).permute(1, 0, 3, 4, 2, 5)
     y, lse = WindowTiles.apply(
-        qb.reshape(N, B * K, G * Q, E), tiles(kk), tiles(vv), padded(km, front).view(B, N + c, Q), K, P, scale,
+        qb.reshape(N, B * K, G * Q, E), tiles(kk), tiles(vv), padded(km, front).view(B, N + c, Q), K, P, scale, masked,
         softcap,
     )
     y = y.view(N, B, K, G, Q, D).permute(1, 0, 4, 2, 3, 5).reshape(B, N * Q, H, D)[:, :T]
@@ -142,7 +144,7 @@ def sliding_window_attention_lse(
     if initial_state is not None:
         check_window_state(initial_state, q, k, v, window_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    y, lse, state = _blocked(q, k, v, window_size, scale, mask, initial_state, softcap=softcap)
+    y, lse, state = window_blocked(q, k, v, window_size, scale, mask, initial_state, softcap=softcap)
     return y.to(v.dtype), lse, (state if output_final_state else None)
 
 
@@ -180,18 +182,22 @@ def window_step(q_t, k_t, v_t, *, window_size, scale, mask_t, state, softcap=Non
     vv = torch.cat([state.v.to(work), v_t.to(work).unsqueeze(1)], 1)  # [B, W, K, D]
     valid = torch.cat([state.mask, own], 1)  # own key always visible
     s = torch.einsum("bkge,bwke->bkgw", q_t.to(work).view(B, K, H // K, E), kk) * scale
+    keep = valid[:, None, None]
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
-    s = s.masked_fill(~valid[:, None, None], float("-inf"))
-    lse = torch.logsumexp(s, -1)  # [B, K, G]
-    y = torch.einsum("bkgw,bwkd->bkgd", torch.exp(s - lse.unsqueeze(-1)), vv)
+    m = s.masked_fill(~keep, float("-inf")).amax(-1, keepdim=True)  # finite: the own key is valid
+    p = exp_floored(s - m) * keep  # masked keys exactly 0, no exp of -inf (_exp.py)
+    total = p.sum(-1, keepdim=True)
+    lse = (m + total.log()).squeeze(-1)  # [B, K, G]
+    y = torch.einsum("bkgw,bwkd->bkgd", p / total, vv)
     m = own[:, 0] if mask_t is None else mask_t
     new_state = WindowState(kk[:, 1:], vv[:, 1:], torch.cat([state.mask, m.unsqueeze(1)], 1)[:, 1:])
     return y.reshape(B, H, -1), lse.reshape(B, H), new_state
 
 
-def sliding_window_step(q_t, k_t, v_t, *, window_size, scale=None, mask_t=None, state=None, softcap=None):
-    """One decoding step: q_t [B, H, E], k_t [B, K, E], v_t [B, K, D].
+def sliding_window_step(q_t, k_t, v_t, state=None, *, window_size, scale=None, mask_t=None, softcap=None):
+    """One decoding step: q_t [B, H, E], k_t [B, K, E], v_t [B, K, D]; state:
+    the WindowState so far (None: empty).
 
     Returns (y_t [B, H, D] in v's dtype, WindowState). Constant in the context.
     """

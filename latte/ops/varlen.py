@@ -1,4 +1,4 @@
-"""Packed variable-length batches (MATH.md 3.3).
+"""Packed variable-length batches (docs/math.md §3.3).
 
 A packed batch [1, T, ...] with document boundaries cu_seqlens [N+1] is run
 as a right-padded batch [N, max_len, ...] whose padding is masked out, then
@@ -28,9 +28,12 @@ def pack(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def run_packed(fn, tensors, cu_seqlens, mask, initial_state):
-    """fn(*padded_tensors, padded_mask, initial_state) -> (y_padded, state)."""
-    padded = [unpack(t, cu_seqlens) for t in tensors]
-    doc = padded[0][1]  # [N, max_len] real positions of each document
+    """fn(*padded_tensors, padded_mask, initial_state) -> (y_padded, state).
+    tensors: [1, T, ...] each, or None (passed on as None)."""
+    padded, doc = [], None  # doc [N, max_len]: real positions of each document
+    for t in tensors:
+        p, doc = (None, doc) if t is None else unpack(t, cu_seqlens)
+        padded.append(p)
     run_mask = doc if mask is None else doc & unpack(mask.unsqueeze(-1), cu_seqlens)[0].squeeze(-1)
-    y, state = fn(*(p for p, _ in padded), run_mask, initial_state)
+    y, state = fn(*padded, run_mask, initial_state)
     return pack(y, doc), state

@@ -1,4 +1,4 @@
-"""The sliding-window softmax kernel: WindowTiles (MATH.md 4, the l = 0 state).
+"""The sliding-window softmax kernel: WindowTiles (docs/math.md §4, the l = 0 state).
 
 Legend: N query blocks of Q tokens, c + 1 key tiles of Q seen by each block,
 X = B * K rows (batch x KV heads), G query heads per KV head, E query/key
@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from .chunked import _without_autocast
+from .layout import without_autocast
 
 
 # One segment's score tensor holds about this many floats (16 MB), as in the
@@ -67,12 +67,16 @@ class _Masks(NamedTuple):
     key_bias: torch.Tensor | None
 
 
-def _visible(key_ok, K, P, c, n0, n1):
+def _visible(key_ok, K, P, c, n0, n1, masked):
     """Which keys query r of block n sees in tile n + m: the band of the window
-    (the same for every block) and, only where some key of the segment is
+    (the same for every block) and, only where a key of the segment can be
     padding, a per-key mask; a query always sees its own key. Both are small
     next to the scores: a float multiply / add by them is ~10x faster than
-    masked_fill_ with a full-size boolean on CPU. key_ok [B, N + c, Q]."""
+    masked_fill_ with a full-size boolean on CPU. key_ok [B, N + c, Q].
+    Whether a segment needs the per-key mask follows from the call alone
+    (never from the values, so the work is the same for any input): always
+    with a token mask (`masked`), else only blocks n < c, which see cached
+    slots (empty ones are masked)."""
     B, _, Q = key_ok.shape
     dev = key_ok.device
     m = torch.arange(c + 1, device=dev)[:, None, None]
@@ -81,10 +85,9 @@ def _visible(key_ok, K, P, c, n0, n1):
     d = m * Q + j - c * Q - r  # key position - query position: [c+1, Q, Q]
     band = ((d >= -P) & (d <= 0)).view(c + 1, 1, 1, 1, Q, Q)
     zero = torch.zeros((), device=dev)
-    ok = key_ok.unfold(1, c + 1, 1)[:, n0:n1]  # [B, n, Q(j), c+1]: key j of tile n + m
-    if bool(ok.all()):
-        key_keep = key_bias = None
-    else:
+    key_keep = key_bias = None
+    if masked or n0 < c:
+        ok = key_ok.unfold(1, c + 1, 1)[:, n0:n1]  # [B, n, Q(j), c+1]: key j of tile n + m
         ok = ok.permute(3, 1, 0, 2)[:, :, :, None].expand(-1, -1, -1, K, -1).reshape(c + 1, n1 - n0, B * K, 1, 1, Q)
         key_keep, key_bias = ok.float(), torch.where(ok, zero, -1e30)
     return _Masks(band.float(), torch.where(band, zero, float("-inf")), key_keep, key_bias)
@@ -121,15 +124,16 @@ class WindowTiles(torch.autograd.Function):
     (q [N, X, G*Q, E], k [N + c, X, Q, E], v [N + c, X, Q, D], X = B * K)
     make every product a bmm on contiguous slabs, and the key gradients
     accumulate into their tiles in place (no overlapping blocks are built).
-    (q, k, v, key_ok [B, N + c, Q], K, P, scale, softcap) -> (y [N, X, G*Q, D], lse [N, X, G*Q]).
+    (q, k, v, key_ok [B, N + c, Q], K, P, scale, masked, softcap) -> (y [N, X, G*Q, D], lse [N, X, G*Q]);
+    masked: whether keys after the cache can be padding (a token mask was given).
     Gradient of a row with p = softmax(s):  ds = p (dy v^T - dy . y + dlse).
     softcap (None or c > 0): scores c * tanh(s / c) as in Gemma 2, whose
     derivative 1 - tanh^2 multiplies ds.
     """
 
     @staticmethod
-    @_without_autocast
-    def forward(ctx, q, k, v, key_ok, K, P, scale, softcap=None):
+    @without_autocast
+    def forward(ctx, q, k, v, key_ok, K, P, scale, masked, softcap=None):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         N, X, GQ, _ = q.shape
         c, Q = k.shape[0] - N, k.shape[2]
@@ -137,7 +141,7 @@ class WindowTiles(torch.autograd.Function):
         y = v.new_empty(N, X, GQ, v.shape[-1])
         lse = q.new_empty(N, X, GQ)
         for n0, n1 in segments:
-            masks = _visible(key_ok, K, P, c, n0, n1)
+            masks = _visible(key_ok, K, P, c, n0, n1, masked)
             s = _tile_products(q[n0:n1], k, n0, q.new_empty(c + 1, n1 - n0, X, GQ, Q)).mul_(scale)
             if softcap is not None:
                 s.div_(softcap).tanh_().mul_(softcap)
@@ -152,22 +156,22 @@ class WindowTiles(torch.autograd.Function):
             for i in range(1, c + 1):
                 out.baddbmm_(_flat(p[i]), _flat(v[n0 + i:n1 + i]))
         ctx.save_for_backward(q, k, v, key_ok, y, lse)
-        ctx.K, ctx.P, ctx.scale, ctx.softcap, ctx.segments = K, P, scale, softcap, segments
+        ctx.K, ctx.P, ctx.scale, ctx.segments, ctx.masked, ctx.softcap = K, P, scale, segments, masked, softcap
         return y, lse
 
     @staticmethod
     @once_differentiable
-    @_without_autocast
+    @without_autocast
     def backward(ctx, dy, dlse):
         q, k, v, key_ok, y, lse = ctx.saved_tensors
-        K, P, scale, softcap = ctx.K, ctx.P, ctx.scale, ctx.softcap
+        K, P, scale, masked, softcap = ctx.K, ctx.P, ctx.scale, ctx.masked, ctx.softcap
         N, X, GQ, _ = q.shape
         c, Q = k.shape[0] - N, k.shape[2]
         dy = dy.contiguous()  # autograd materialises unused output gradients as zeros
         row = (dy * y).sum(-1).sub_(dlse)  # [N, X, G*Q]
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for n0, n1 in ctx.segments:
-            masks = _visible(key_ok, K, P, c, n0, n1)
+            masks = _visible(key_ok, K, P, c, n0, n1, masked)
             p = _tile_products(q[n0:n1], k, n0, q.new_empty(c + 1, n1 - n0, X, GQ, Q)).mul_(scale)
             dcap = None
             if softcap is not None:  # p holds tanh(s / c) until the exp
@@ -187,4 +191,4 @@ class WindowTiles(torch.autograd.Function):
                 _flat(dk[tile]).baddbmm_(_flat(ds[i]).transpose(1, 2), q_seg)
                 if i:
                     dq_seg.baddbmm_(_flat(ds[i]), _flat(k[tile]))
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None

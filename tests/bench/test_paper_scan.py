@@ -1,5 +1,5 @@
 """The benchmark's reimplementation of the paper's appendix scan computes
-causal Latte exactly (STYLE.md habit 1: the reference point is itself checked)."""
+causal Latte exactly (the reference point is itself checked)."""
 
 import torch
 

@@ -1,13 +1,15 @@
 """`--quick` runs of every benchmark write well-formed results: machine info,
 every provider present at every scheduled point or explicitly skipped with a
-reason. Nothing here looks at a time (STYLE.md habits 10, 11)."""
+reason. Nothing here looks at a time (tests never assert on time)."""
 
 import importlib.util
 import json
 
 import pytest
 
-from latte.bench import common, decode, ops, providers, train
+import torch
+
+from latte.bench import audit, common, decode, fixed_shapes, inputs, ops, providers, train
 
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 FAST = ["--quick", "--threads", "1", "--warmup", "0"]
@@ -57,6 +59,31 @@ def test_ops_quick(tmp_path, capsys):
     assert not got[("paper-scan", 32, "fwdbwd")].get("skipped")
     assert "32" in res["ratios"]["sdpa/latte fwdbwd"]
     assert res["rglru"]["loop_over_chunked_fwd"] > 0
+    # the key-logit distributions side by side, and the tables by distribution
+    assert res["config"]["dists"] == ["std1", "std10"]
+    by = {(r["provider"], r["T"], r["mode"], r["dist"]) for r in res["results"] if not r.get("skipped")}
+    for p in ops.DIST_PROVIDERS:
+        assert {(p, 32, "fwdbwd", d) for d in ("std1", "std10")} <= by
+    assert ("naive-softmax", 32, "fwd", "std10") not in by
+    sw = {(r["provider"], r["dist"], r["mode"]) for r in res["sweep_shape"]}
+    assert sw == {(p, d, m) for p in fixed_shapes.SWEEP_PROVIDERS for d in ("std1", "std10") for m in ops.MODES}
+    rows = res["causal_by_distribution"]
+    assert [r["name"] for r in rows] == list(fixed_shapes.QUICK_CAUSAL_SHAPES)
+    assert set(rows[0]["median_ms"]) == set(fixed_shapes.CAUSAL_DISTS) and rows[0]["max_over_min"] >= 1
+
+
+@pytest.mark.slow
+def test_audit_quick(tmp_path, capsys):
+    audit.main(FAST + ["--out", str(tmp_path)])
+    res = _check_files(tmp_path, "audit", capsys)
+    _check_machine(res)
+    assert {r["name"] for r in res["results"]} == {"latte_causal", "macchiato", "sliding_window", "linear_recurrence",
+                                                    "linear_cross_entropy", "latte_bidirectional", "decode steps"}
+    for r in res["results"]:
+        assert set(r["median_ms"]) == set(inputs.DISTRIBUTIONS)
+        assert r["max_over_min"] >= 1 and r["within_rule"] == (r["max_over_min"] <= audit.RULE)
+        for t in r["times"].values():
+            _check_point(t)
 
 
 def test_memory_worker_measures_a_point(monkeypatch):
@@ -98,8 +125,34 @@ def test_train_quick(tmp_path, capsys):
     train.main(FAST + ["--out", str(tmp_path), "--seqs", "32"])
     res = _check_files(tmp_path, "train", capsys)
     _check_machine(res)
-    got = {(r["mixer"], r["seq"]): r for r in res["results"]}
-    for m in train.MIXERS:
+    got = {(r["label"], r["seq"]): r for r in res["results"]}
+    for m in train.MIXERS + tuple(f"{m} (b std10)" for m in train.LATENT):
         r = got[(m, 32)]
         _check_point(r)
         assert r["tokens_per_s"] > 0 and r["batch"] * 32 == r["tokens_per_step"]
+
+
+@pytest.mark.slow
+def test_train_runs_split_by_sequence_merge(tmp_path, capsys):
+    train.main(FAST + ["--out", str(tmp_path), "--seqs", "32", "--mixers", "latte,softmax"])
+    res = train.main(FAST + ["--out", str(tmp_path), "--seqs", "64", "--mixers", "latte,softmax", "--merge"])
+    assert res["config"]["seqs"] == [32, 64] and res["merged"]["seqs"] == [32]
+    assert {(r["label"], r["seq"]) for r in res["results"]} == {
+        (m, s) for m in ("latte", "latte (b std10)", "softmax") for s in (32, 64)}
+    assert "from an earlier run" in (tmp_path / "train.md").read_text()
+
+
+def test_sharpened_key_logits_have_the_asked_spread():
+    from latte.models import LatteForCausalLM
+
+    model = LatteForCausalLM(train.make_config("macchiato", True, 32))
+    ids = torch.randint(0, model.config.vocab_size, (4, 32))
+    train.sharpen_key_logits(model, ids, 10.0)
+    seen = []
+    hooks = [m.b_proj.register_forward_hook(lambda mod, i, out: seen.append(out.std().item()))
+             for m in model.modules() if hasattr(m, "b_proj")]
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    assert len(seen) == model.config.num_layers and all(abs(s - 10.0) < 1e-3 for s in seen)

@@ -3,6 +3,9 @@
 import pytest
 import torch
 
+from latte.bench.inputs import DISTRIBUTIONS
+from latte.bench.inputs import logits as dist_logits
+from latte.bench.inputs import mask as dist_mask
 from latte.ops import LatteState, latte_causal, latte_causal_step, reference as R
 from tests.helpers import grads_of, rel_err
 
@@ -167,18 +170,13 @@ def test_bf16_inputs_stay_finite_and_close():
     assert rel_err(y16, y32) < 0.1
 
 
-@pytest.mark.parametrize("scale", [1.0, 40.0])
-def test_gradients_with_state_and_mask_in_both_intra_chunk_forms(scale):
-    """scale 40 makes z jump by more than SPREAD_LIMIT inside chunks: the exact
-    log-space fallback then runs beside the factorised form in one call."""
-    from latte.ops.chunked import SPREAD_LIMIT
-
+@pytest.mark.parametrize("scale", [1.0, 40.0, 100.0])
+def test_gradients_with_state_and_mask_for_spread_logits(scale):
+    """z grows by far more than exp's range inside chunks and sub-chunks (std
+    40, 100): the one intra-chunk form stays exact, forward and backward."""
     a, b, v = inputs(50, 6, 5, scale=scale)
     S0, z0 = random_state(2, 3, 6, 5)
     mask = torch.rand(2, 50) > 0.2
-    z = torch.logcumsumexp(b, 1)
-    growth = (z[:, 15] - z[:, 0]).max()
-    assert (growth > SPREAD_LIMIT) == (scale > 1)
 
     def fast(a, b, v, S0, z0):
         y, st = latte_causal(a, b, v, chunk_size=16, initial_state=LatteState(S0, z0), mask=mask,
@@ -196,73 +194,63 @@ def test_gradients_with_state_and_mask_in_both_intra_chunk_forms(scale):
         assert rel_err(x, xr, floor=1e-3) < 1e-8, name
 
 
-def test_chunk_normalisers_match_log_space_and_flag_spread_chunks():
-    """The kernel's factorised normalisers: E / Z_t = exp(b_s - z_t) and
-    beta / Z_t = exp(z_prev - z_t) against float64 logcumsumexp; a chunk whose
-    z grows by more than SPREAD_LIMIT is flagged for the log-space form."""
+def test_log_normalisers_exact_for_any_growth():
+    """z from the running-max recurrence against float64 logcumsumexp, in
+    float32, where z jumps by ~90 inside a chunk, a chunk starts far below its
+    own max from an empty state, and masked tokens follow a finite state."""
     from latte.ops._checks import NEG
-    from latte.ops.chunked import _normalisers
+    from latte.ops.intra_chunk import log_normalisers
 
     G, T, L, C = 6, 96, 4, 16
     b = torch.randn(G, T, L) * 3
-    b[0, 40] = 100.0  # z jumps by ~90 inside the chunk [32, 48)
-    b[2, :8] = -200.0  # the first chunk starts far below its own max, from an empty state
-    b[1, :10] = NEG  # masked tokens at the start, after a finite initial state
+    b[0, 40] = 100.0
+    b[2, :8] = -200.0
+    b[3] *= 40
+    b[1, :10] = NEG
     z0 = torch.full((G, L), float("-inf"))
     z0[1] = 5.0
     chunk_major = b.view(G, T // C, C, L).transpose(0, 1).contiguous()  # [N, G, C, L]
-    nm = _normalisers(chunk_major, z0)
-
-    def as_time(x):  # [N, G, C or 1, L] -> [G, N, C or 1, L]
-        return x.transpose(0, 1).double()
-
-    z_ref = torch.logaddexp(torch.logcumsumexp(b.double(), 1), z0.double().unsqueeze(1)).view(G, T // C, C, L)
-    z_prev_ref = torch.cat([z0.double()[:, None, None].expand(G, 1, 1, L), z_ref[:, :-1, -1:]], 1)
-    weight = as_time(nm.E * nm.inv_Z)  # exp(b_t - z_t)
-    decay = as_time(nm.beta * nm.inv_Z)  # exp(z_prev - z_t)
-    assert nm.bad.tolist() == [0 * G + 2, 2 * G + 0]  # flattened (chunk, row)
-    ok = torch.ones(G, T // C, dtype=torch.bool)
-    ok[0, 2] = ok[2, 0] = False
-    assert torch.allclose(weight[ok], (b.double().view(G, T // C, C, L) - z_ref).exp()[ok], atol=1e-6)
-    assert torch.allclose(decay[ok], (z_prev_ref - z_ref).exp()[ok], atol=1e-6)
-    assert torch.allclose(nm.z_last.double(), z_ref[:, -1, -1], atol=1e-4)
-    assert torch.isfinite(nm.Z_end).all() and (nm.Z_end >= 1 - 1e-6).all()
+    z = torch.empty_like(chunk_major)
+    r, z_last = log_normalisers(chunk_major, z0, 8, z)  # sub-chunks of 8
+    z_ref = torch.logaddexp(torch.logcumsumexp(b.double(), 1), z0.double().unsqueeze(1))  # [G, T, L]
+    assert torch.allclose(z.transpose(0, 1).reshape(G, T, L).double(), z_ref, rtol=1e-6, atol=1e-5)
+    r_ref = torch.cat([z0.double()[:, None], z_ref[:, 7:-1:8]], 1)  # z before each sub-chunk: [G, T / 8, L]
+    r_time = r.permute(1, 0, 2, 3).reshape(G, T // 8, L)
+    assert torch.equal(r_time[:, 0], z0)
+    assert torch.allclose(r_time[:, 1:].double(), r_ref[:, 1:], rtol=1e-6, atol=1e-5)
+    assert torch.allclose(z_last.double(), z_ref[:, -1], rtol=1e-6, atol=1e-5)
 
 
-def test_bf16_autocast_forward_and_backward_stay_float32_inside():
-    a, b, v = (x.requires_grad_() for x in inputs(70, 8, 16, dtype=torch.float32))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y, st = latte_causal(a, b, v, chunk_size=16, output_final_state=True)
-    y.float().square().sum().backward()
-    assert st.S.dtype == torch.float32
-    assert all(torch.isfinite(x.grad).all() for x in (a, b, v))
-    y_ref, _ = latte_causal(a.detach(), b.detach(), v.detach(), chunk_size=16)
-    assert rel_err(y, y_ref) < 1e-5  # the kernel itself ran in float32
+SHAPES = {"sweep": (4, 64, 2, 32, 32), "long": (2, 640, 1, 8, 8)}  # B, T, H, Lh, Dv (sweep: B=64 in training)
 
 
-@pytest.mark.parametrize("scale", [1.0, 40.0])
-def test_many_segments_equal_reference(monkeypatch, scale):
-    """Long sequences run in segments of chunks (states carried forward, reverse
-    states backward); force one or two chunks per segment at test sizes."""
-    import latte.ops.chunked as K
+@pytest.mark.parametrize("dist", DISTRIBUTIONS)
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_input_distributions_match_reference(shape, dist):
+    """The benchmark distributions (std 1 ... 100 key and query logits, +80
+    spikes, all-padding rows) at the research-sweep and a long shape: float32
+    and float64 against the float64 reference, forward and gradients."""
+    B, T, H, L, D = SHAPES[shape]
+    a, b = (dist_logits(torch.randn(B, T, H, L, dtype=torch.float64), dist) for _ in range(2))
+    v = torch.randn(B, T, H, D, dtype=torch.float64)
+    mask = dist_mask(dist, B, T)
+    real = torch.ones(B, T, dtype=torch.bool) if mask is None else mask
+    rows = real.any(1)  # the reference has no distribution for a row without tokens
+    cot = torch.randn(B, T, H, D, dtype=torch.float64) * real[..., None, None]
 
-    monkeypatch.setattr(K, "_SEGMENT_ELEMS", 6 * 8 * 8)  # G=6, C=8, width 8 -> 1 chunk per segment
-    a, b, v = inputs(45, 6, 5, scale=scale)
-    S0, z0 = random_state(2, 3, 6, 5)
-    mask = torch.rand(2, 45) > 0.2
-    assert len(K._segments(6, 6, 8, 8)) == 6
+    def fast(a, b, v):
+        return latte_causal(a, b, v, mask=mask)[0]
 
-    def fast(a, b, v, S0, z0):
-        y, st = latte_causal(a, b, v, chunk_size=8, initial_state=LatteState(S0, z0), mask=mask,
-                             output_final_state=True)
-        return torch.cat([y[mask].flatten(), st.S.flatten(), st.z.flatten()])
-
-    def ref(a, b, v, S0, z0):
-        y, (S, z) = R.latte_causal(a, b, v, initial_state=(S0, z0), mask=mask)
-        return torch.cat([y[mask].flatten(), S.flatten(), z.flatten()])
-
-    out, g = grads_of(fast, [a, b, v, S0, z0])
-    out_ref, g_ref = grads_of(ref, [a, b, v, S0, z0])
-    assert rel_err(out, out_ref) < 1e-10
-    for name, x, xr in zip("a b v S0 z0".split(), g, g_ref):
-        assert rel_err(x, xr, floor=1e-3) < 1e-8, name
+    for dtype, tol_y, tol_g in ((torch.float32, 1e-4, 1e-3), (torch.float64, 1e-10, 1e-9)):
+        leaves = [x.to(dtype).requires_grad_() for x in (a, b, v)]
+        y = fast(*leaves)
+        g = torch.autograd.grad(y, leaves, cot.to(dtype))
+        assert torch.isfinite(y).all() and all(torch.isfinite(x).all() for x in g)
+        ref_leaves = [x[rows].clone().requires_grad_() for x in (a, b, v)]
+        y_ref = R.latte_causal(*ref_leaves, mask=None if mask is None else mask[rows])[0]
+        g_ref = torch.autograd.grad(y_ref, ref_leaves, cot[rows])
+        assert rel_err(y[rows][real[rows]], y_ref[real[rows]]) < tol_y
+        for x, xr in zip(g, g_ref):
+            assert rel_err(x[rows], xr, floor=1.0) < tol_g
+        if mask is not None:
+            assert g[1][~mask].abs().max() == 0  # padded keys get no gradient

@@ -1,0 +1,41 @@
+"""Chunk-major layout and autograd helpers shared by the chunked kernels.
+
+Legend: B batch, T time, H heads, X any feature width, N chunks, C chunk size.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+
+def to_chunks(x, C, value=0.0):
+    """[B, T, H, X] -> chunk-major [N, B * H, C, X] (contiguous), time padded
+    at the end with `value` to N * C."""
+    B, T, H, X = x.shape
+    N = -(-T // C)
+    if N * C > T:
+        x = F.pad(x, (0, 0, 0, 0, 0, N * C - T), value=value)
+    return x.unflatten(1, (N, C)).permute(1, 0, 3, 2, 4).reshape(N, B * H, C, X).contiguous()
+
+
+def from_chunks(y, B, T):
+    """The inverse of to_chunks: [N, B * H, C, X] -> [B, T, H, X] (padding dropped)."""
+    N, G, C, X = y.shape
+    return y.view(N, B, G // B, C, X).permute(1, 0, 3, 2, 4).reshape(B, N * C, G // B, X)[:, :T]
+
+
+def without_autocast(fn):
+    """For an autograd.Function's forward/backward: the kernels compute in
+    their inputs' float32 (states are float32 by design); under an autocast
+    region their matmuls would otherwise drop to bf16 and the backward would
+    mix dtypes."""
+
+    @functools.wraps(fn)
+    def run(ctx, first, *rest):
+        with torch.autocast(first.device.type, enabled=False):
+            return fn(ctx, first, *rest)
+
+    return run
