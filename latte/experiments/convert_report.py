@@ -150,16 +150,47 @@ def sample_md(sample: dict) -> str:
             f"The play's actual continuation:\n\n{quote(sample['reference'])}\n")
 
 
+FULL_COMMAND = "latte experiment convert --readme README.md"
+
+
+def budget_md(a, argv, trained: dict | None) -> str:
+    """What this run did against the full protocol (docs/evaluation.md §7):
+    contexts not evaluated, training tokens and time, the load it ran under."""
+    from .convert import CONTEXTS
+
+    missing = [c for c in CONTEXTS if c not in a.contexts]
+    parts = []
+    if trained:
+        parts.append(f"Up-training (recipe {trained['recipe']}): {trained['train_tokens']:,} tokens in "
+                     f"{trained['steps']} steps, {trained['train_wall_s']:,.0f} s of training wall time, load "
+                     f"average {trained.get('load_start', float('nan')):.1f} at its start on 2 shared cores.")
+    if missing or a.threads < 2:
+        parts.append(f"**Reduced CPU budget**: {a.threads} thread(s) on a machine shared with other jobs; "
+                     + (f"contexts {', '.join(f'{c:,}' for c in missing)} were not evaluated (the original's "
+                        "quadratic prefill and the converted model's pass through its cache do not fit this "
+                        "budget); " if missing else "")
+                     + f"the full protocol is `{FULL_COMMAND}`.")
+    return " ".join(parts)
+
+
 def report(a, argv, started, recipe_rows, cells, sample) -> None:
+    from .convert import DEFAULT_RECIPE
+
     out = Path(a.out)
-    run = provenance("convert", argv, started, threads=a.threads)
+    trained = next((r for r in recipe_rows or [] if r["recipe"] == DEFAULT_RECIPE), None)
+    budget = budget_md(a, argv, trained)
+    run = provenance("convert", argv, started, threads=a.threads, budget=budget)
     if recipe_rows:
-        write_results(out / "convert-recipes", "convert-recipes", recipe_rows, recipe_table(recipe_rows), run,
-                      readme=a.readme)
+        write_results(out / "convert-recipes", "convert-recipes", recipe_rows,
+                      recipe_table(recipe_rows) + ("\n\n" + budget if budget else ""), run, readme=a.readme)
     if cells:
         contexts = a.contexts
         records = eval_records(cells, contexts)
-        md = eval_tables(records, contexts) + ("\n\n" + sample_md(sample) if sample else "")
+        if trained:  # every record says what the converted model cost
+            records = [{**r, "train_tokens": trained["train_tokens"], "train_wall_s": trained["train_wall_s"]}
+                       for r in records]
+        md = (budget + "\n\n" if budget else "") + eval_tables(records, contexts)
+        md += "\n\n" + sample_md(sample) if sample else ""
         md += "\n\n![perplexity and decode latency](convert.png)\n"
         write_results(out / "convert", "convert", records, md, run, readme=a.readme)
         plot(records, out / "convert" / "convert.png")

@@ -96,8 +96,10 @@ def _baseline_ppl(run: Path, *, original: bool) -> dict:
 def _val_windows(trained):
     from latte.data import TokenWindows
     from latte.train.lm import pack_split
+    from latte.train.validation import subset
 
-    return TokenWindows(pack_split(trained.config, trained.tokenizer, "validation"), trained.config.data.seq_len)
+    c = trained.config.data
+    return subset(TokenWindows(pack_split(trained.config, trained.tokenizer, "validation"), c.seq_len), c.val_windows)
 
 
 # --------------------------------------------------------------------------- long-context evaluation

@@ -39,6 +39,7 @@ from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint
 from latte.train.config import DataConfig, RunConfig
 from latte.train.lm import LanguageModelingTask, _data, checkpoint_tokenizer, split_corpus
+from latte.train.validation import subset
 
 EXPORT_DIR = "model"
 HF_TOKENIZER_DIR = "hf-tokenizer"
@@ -47,10 +48,21 @@ HF_TOKENIZER_DIR = "hf-tokenizer"
 @dataclass
 class ConvertDataConfig(DataConfig):
     """As the LM's data section; tokenizer "base" (the default) is the base
-    model's own tokenizer (vocab_size is then ignored)."""
+    model's own tokenizer (vocab_size is then ignored). val_windows: the
+    validation windows every evaluation reads, the final one included (0 =
+    the whole split): a 135M model over a whole held-out split is most of a
+    CPU budget."""
 
     tokenizer: str = "base"
     seq_len: int = 512
+    val_windows: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        e = ConfigErrors(type(self).__name__)
+        e.check(isinstance(self.val_windows, int) and self.val_windows >= 0, "val_windows", self.val_windows,
+                "an integer >= 0 (0 = the whole validation split)")
+        e.raise_if_any()
 
 
 @dataclass
@@ -117,6 +129,7 @@ class ConversionTask(LanguageModelingTask):
         train_docs, val_docs = split_corpus(self.cfg)
         self._tokenizer(run_dir, checkpoint)
         self.train_windows, self.val_windows = _data(self.cfg, train_docs, val_docs, self.tokenizer, self.env)
+        self.val_windows = subset(self.val_windows, self.cfg.data.val_windows)
         for name, w in (("train split", self.train_windows), ("validation split", self.val_windows)):
             w.check_ids(self.vocab_size, where=f"{self.cfg.data.source} {name}")
 

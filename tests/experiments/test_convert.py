@@ -23,6 +23,7 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
     assert {r["context"] for r in records} == {64, 128}
     for r in records:
         assert r["ppl"] > 1 and r["bucket_ppl"] > 1 and r["tokens"] > 0 and r["wall_s"] >= 0
+        assert r["train_tokens"] > 0 and r["train_wall_s"] > 0  # what the converted model cost
     conv = [r for r in records if r["model"] == "converted"]
     assert len({r["state_bytes"] for r in conv}) == 1  # constant in the context
     orig = sorted((r["context"], r["state_bytes"]) for r in records if r["model"] == "original")
@@ -32,6 +33,9 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
     assert recipes[0]["train_tokens"] > 0 and (tmp_path / "out" / "convert" / "convert.png").is_file()
     text = readme.read_text()
     assert "Perplexity over the first C tokens" in text and "| end_to_end |" in text
+    # contexts below the protocol's are said to be missing, with the full command
+    assert "contexts 1,024, 2,048" in text and "Reduced CPU budget" in text
+    assert "Reduced CPU budget" in json.loads((tmp_path / "out" / "convert" / "run.json").read_text())["budget"]
     capsys.readouterr()
     assert main(args) == 0  # everything done: nothing recomputed
     assert "already done" in capsys.readouterr().err
