@@ -232,8 +232,13 @@ class LMRunConfig(RunConfig):
 
 
 # Fields that change what the LM's weights mean or their shapes: they must
-# match when resuming (everything else may change, with a warning).
-ARCHITECTURE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "dropout")
+# match when resuming (everything else may change, with a warning). Not among
+# them: dropout (training only), chunk_size (the kernel's block size: the same
+# function to float32 rounding, a speed knob) and initializer_range (used only
+# before step 0).
+RESUMABLE_MODEL_FIELDS = ("dropout", "chunk_size", "initializer_range")
+ARCHITECTURE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig)
+                            if f.name not in RESUMABLE_MODEL_FIELDS)
 
 
 def shipped_configs() -> list[str]:

@@ -254,3 +254,31 @@ def test_input_distributions_match_reference(shape, dist):
             assert rel_err(x[rows], xr, floor=1.0) < tol_g
         if mask is not None:
             assert g[1][~mask].abs().max() == 0  # padded keys get no gradient
+
+
+@pytest.mark.parametrize("scale", [1.0, 40.0])
+def test_many_segments_equal_reference(monkeypatch, scale):
+    """Long sequences run in segments of chunks (states carried forward, reverse
+    states backward); force one or two chunks per segment at test sizes."""
+    import latte.ops.chunked as K
+
+    monkeypatch.setattr(K, "_SEGMENT_ELEMS", 6 * 8 * 8)  # G=6, C=8, width 8 -> 1 chunk per segment
+    a, b, v = inputs(45, 6, 5, scale=scale)
+    S0, z0 = random_state(2, 3, 6, 5)
+    mask = torch.rand(2, 45) > 0.2
+    assert len(K._segments(6, 6, 8, 8)) == 6
+
+    def fast(a, b, v, S0, z0):
+        y, st = latte_causal(a, b, v, chunk_size=8, initial_state=LatteState(S0, z0), mask=mask,
+                             output_final_state=True)
+        return torch.cat([y[mask].flatten(), st.S.flatten(), st.z.flatten()])
+
+    def ref(a, b, v, S0, z0):
+        y, (S, z) = R.latte_causal(a, b, v, initial_state=(S0, z0), mask=mask)
+        return torch.cat([y[mask].flatten(), S.flatten(), z.flatten()])
+
+    out, g = grads_of(fast, [a, b, v, S0, z0])
+    out_ref, g_ref = grads_of(ref, [a, b, v, S0, z0])
+    assert rel_err(out, out_ref) < 1e-10
+    for name, x, xr in zip("a b v S0 z0".split(), g, g_ref):
+        assert rel_err(x, xr, floor=1e-3) < 1e-8, name
