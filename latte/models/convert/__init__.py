@@ -10,9 +10,9 @@
 
 from .cache import MacchiatoCache
 from .families import SUPPORTED
-from .io import base_reference, convert_pretrained, load_converted, save_converted
 from .config import ConversionConfig, ConvertedConfig
-from .modeling import ConvertedForCausalLM, convert, register
+from .io import base_reference, save_converted
+from .modeling import ConvertedForCausalLM, convert, convert_pretrained, load_converted, register
 
 __all__ = [
     "SUPPORTED",

@@ -10,7 +10,8 @@ model.safetensors. Two layouts:
                   weight file, checked when loading.
   self-contained  model.safetensors holds every tensor (tied ones once).
 
-`load_converted(folder)` reads either; so does
+`latte.models.convert.modeling.load_converted(folder)` reads either (this
+module knows files, not the model class); so does
 `AutoModelForCausalLM.from_pretrained(folder)` after `register()`.
 """
 
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from ...config_io import atomic_write
-from ..weights import check_state, load_weights, read_weights, save_weights
+from ..weights import save_weights
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -104,17 +105,6 @@ def load_base(reference: dict[str, Any], *, path: str | os.PathLike | None = Non
     return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, **kw)
 
 
-def convert_pretrained(path: str | os.PathLike, conversion=None, *, gguf_file: str | None = None,
-                       dtype=torch.float32):
-    """Load a pretrained causal LM from a local folder (or GGUF file in it)
-    and convert it, keeping a reference to its weights (so saving stores
-    only the new parameters)."""
-    from .modeling import convert
-
-    ref = base_reference(path, gguf_file)
-    return convert(load_base(ref, dtype=dtype, verify=False), conversion, base_weights=ref)
-
-
 def save_converted(model, directory: str | os.PathLike, *, self_contained: bool | None = None) -> Path:
     """Writes config.json + model.safetensors; self_contained None means: a
     reference when the model has one, else every tensor."""
@@ -134,28 +124,3 @@ def save_converted(model, directory: str | os.PathLike, *, self_contained: bool 
     atomic_write(d / CONFIG_NAME, json.dumps(data, indent=2, sort_keys=True) + "\n")
     model.generation_config.save_pretrained(d)
     return d
-
-
-def load_converted(directory: str | os.PathLike, *, base_path: str | os.PathLike | None = None,
-                   dtype=torch.float32):
-    """The converted model saved in `directory` (either layout)."""
-    from .modeling import ConvertedConfig, ConvertedForCausalLM
-
-    d = Path(directory)
-    if not (d / CONFIG_NAME).is_file():
-        raise FileNotFoundError(f"{d / CONFIG_NAME}: no such file (expected a folder written by save_converted)")
-    config = ConvertedConfig.from_pretrained(str(d))
-    base = None
-    if config.base_weights is not None:
-        base = load_base(config.base_weights, path=base_path, dtype=dtype)
-        base.config._attn_implementation = config.original_attn_implementation or base.config._attn_implementation
-    model = ConvertedForCausalLM(config, base=base).to(dtype)
-    if config.base_weights is None:
-        load_weights(model, d / WEIGHTS_NAME)
-    else:  # only what conversion added
-        expected, tensors = model.new_parameters(), read_weights(d / WEIGHTS_NAME)
-        check_state(expected, tensors, where=str(d / WEIGHTS_NAME), into=type(model).__name__)
-        with torch.no_grad():
-            for name, t in expected.items():
-                t.copy_(tensors[name])
-    return model.eval()

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -26,11 +28,13 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from latte.models.sampling import check_eos, check_sampling_args, token_stream
+from latte.models.weights import check_state, load_weights, read_weights
 
 from .attention import ConvertedAttention
 from .cache import MacchiatoCache
 from .config import ConversionConfig, ConvertedConfig
 from .families import attention_spec, check_supported, decoder_layers
+from .io import CONFIG_NAME, WEIGHTS_NAME, base_reference, load_base, save_converted
 
 ATTN_IMPLEMENTATION = "latte_macchiato"
 
@@ -152,8 +156,6 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
     def save_pretrained(self, save_directory, *, self_contained: bool | None = None, **kwargs: Any) -> None:
         """See latte.models.convert.io.save_converted (only the new parameters
         when the model keeps a reference to its base weights)."""
-        from .io import save_converted
-
         if kwargs:
             raise ValueError(f"save_pretrained: unsupported argument(s) {sorted(kwargs)} for a converted model")
         save_converted(self, save_directory, self_contained=self_contained)
@@ -163,8 +165,6 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
                         torch_dtype=None, **kwargs: Any) -> "ConvertedForCausalLM":
         """A folder written by save_pretrained (local only; the hub keywords
         AutoModelForCausalLM adds are ignored)."""
-        from .io import load_converted
-
         dtype = dtype if dtype is not None else torch_dtype
         if dtype is None or dtype == "auto":
             dtype = torch.float32
@@ -260,3 +260,35 @@ def register() -> None:
 
     AutoConfig.register(ConvertedConfig.model_type, ConvertedConfig, exist_ok=True)
     AutoModelForCausalLM.register(ConvertedConfig, ConvertedForCausalLM, exist_ok=True)
+
+
+def convert_pretrained(path: str | os.PathLike, conversion=None, *, gguf_file: str | None = None,
+                       dtype=torch.float32):
+    """Load a pretrained causal LM from a local folder (or GGUF file in it)
+    and convert it, keeping a reference to its weights (so saving stores
+    only the new parameters)."""
+    ref = base_reference(path, gguf_file)
+    return convert(load_base(ref, dtype=dtype, verify=False), conversion, base_weights=ref)
+
+
+def load_converted(directory: str | os.PathLike, *, base_path: str | os.PathLike | None = None,
+                   dtype=torch.float32):
+    """The converted model saved in `directory` (either layout)."""
+    d = Path(directory)
+    if not (d / CONFIG_NAME).is_file():
+        raise FileNotFoundError(f"{d / CONFIG_NAME}: no such file (expected a folder written by save_converted)")
+    config = ConvertedConfig.from_pretrained(str(d))
+    base = None
+    if config.base_weights is not None:
+        base = load_base(config.base_weights, path=base_path, dtype=dtype)
+        base.config._attn_implementation = config.original_attn_implementation or base.config._attn_implementation
+    model = ConvertedForCausalLM(config, base=base).to(dtype)
+    if config.base_weights is None:
+        load_weights(model, d / WEIGHTS_NAME)
+    else:  # only what conversion added
+        expected, tensors = model.new_parameters(), read_weights(d / WEIGHTS_NAME)
+        check_state(expected, tensors, where=str(d / WEIGHTS_NAME), into=type(model).__name__)
+        with torch.no_grad():
+            for name, t in expected.items():
+                t.copy_(tensors[name])
+    return model.eval()
