@@ -89,6 +89,9 @@ def statements(records: list[dict], contexts) -> str:
     within = [c for c in contexts if c <= SHORT and _get(records, "original", c, "ppl") is not None
               and _get(records, "converted", c, "ppl") is not None]
     out = []
+    if not past and contexts and max(contexts) <= SHORT:
+        out.append(f"**Past 8K tokens: not measured here** (the contexts stop at {max(contexts):,}), so this run "
+                   "does not say whether the converted model beats the original there.")
     if past:
         wins = [c for c in past if _get(records, "converted", c, "bucket_ppl") < _get(records, "original", c, "bucket_ppl")]
         detail = "; ".join(f"positions {_get(records, 'converted', c, 'bucket')}: {_get(records, 'converted', c, 'bucket_ppl'):.2f} "
@@ -153,13 +156,24 @@ def sample_md(sample: dict) -> str:
 FULL_COMMAND = "latte experiment convert --readme README.md"
 
 
-def budget_md(a, argv, trained: dict | None) -> str:
+def cells_wall_s(recipe_rows, cells, sample) -> float:
+    """Seconds the sweep cells themselves took (training, baselines,
+    evaluation, sample), whichever invocation computed them."""
+    total = sum(r.get("cell_wall_s", 0.0) for r in recipe_rows or [])
+    total += sum(c.get("wall_s", 0.0) for c in cells or [])
+    return total + (sample or {}).get("wall_s", 0.0)
+
+
+def budget_md(a, argv, trained: dict | None, cells_s: float = 0.0, wall_s: float = 0.0) -> str:
     """What this run did against the full protocol (docs/evaluation.md §7):
     contexts not evaluated, training tokens and time, the load it ran under."""
     from .convert import CONTEXTS
 
     missing = [c for c in CONTEXTS if c not in a.contexts]
     parts = []
+    if cells_s > wall_s:
+        parts.append(f"This invocation reused finished cells: the cells took {cells_s:,.0f} s in all "
+                     f"(the wall time above is this invocation's).")
     if trained:
         parts.append(f"Up-training (recipe {trained['recipe']}): {trained['train_tokens']:,} tokens in "
                      f"{trained['steps']} steps, {trained['train_wall_s']:,.0f} s of training wall time, load "
@@ -178,8 +192,9 @@ def report(a, argv, started, recipe_rows, cells, sample) -> None:
 
     out = Path(a.out)
     trained = next((r for r in recipe_rows or [] if r["recipe"] == DEFAULT_RECIPE), None)
-    budget = budget_md(a, argv, trained)
-    run = provenance("convert", argv, started, threads=a.threads, budget=budget)
+    run = provenance("convert", argv, started, threads=a.threads)
+    run["cells_wall_s"] = round(cells_wall_s(recipe_rows, cells, sample), 1)
+    run["budget"] = budget = budget_md(a, argv, trained, run["cells_wall_s"], run["wall_s"])
     if recipe_rows:
         write_results(out / "convert-recipes", "convert-recipes", recipe_rows,
                       recipe_table(recipe_rows) + ("\n\n" + budget if budget else ""), run, readme=a.readme)

@@ -39,3 +39,6 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
     capsys.readouterr()
     assert main(args) == 0  # everything done: nothing recomputed
     assert "already done" in capsys.readouterr().err
+    assert "Past 8K tokens: not measured here" in readme.read_text()
+    run = json.loads((tmp_path / "out" / "convert" / "run.json").read_text())
+    assert "reused finished cells" in run["budget"] and run["cells_wall_s"] > run["wall_s"]
