@@ -3,9 +3,11 @@ the sweep records by `latte.experiments.results.write_results`."""
 
 from __future__ import annotations
 
+import os
 import statistics
 from pathlib import Path
 
+from ..bench.common import update_readme
 from .convert_stages import SHORT, nll_of
 from .results import provenance, write_results
 
@@ -207,5 +209,9 @@ def report(a, argv, started, recipe_rows, cells, sample) -> None:
         md = (budget + "\n\n" if budget else "") + eval_tables(records, contexts)
         md += "\n\n" + sample_md(sample) if sample else ""
         md += "\n\n![perplexity and decode latency](convert.png)\n"
-        write_results(out / "convert", "convert", records, md, run, readme=a.readme)
+        write_results(out / "convert", "convert", records, md, run)
         plot(records, out / "convert" / "convert.png")
+        if a.readme:  # the same text, the plot's link relative to the README
+            png = os.path.relpath(out / "convert" / "convert.png", Path(a.readme).resolve().parent)
+            text = (out / "convert" / "results.md").read_text().replace("](convert.png)", f"]({png})")
+            update_readme(Path(a.readme), "convert", text, kind="results")

@@ -33,6 +33,7 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
     assert recipes[0]["train_tokens"] > 0 and (tmp_path / "out" / "convert" / "convert.png").is_file()
     text = readme.read_text()
     assert "Perplexity over the first C tokens" in text and "| end_to_end |" in text
+    assert "](out/convert/convert.png)" in text  # the plot's link works from the README
     # contexts below the protocol's are said to be missing, with the full command
     assert "contexts 1,024, 2,048" in text and "Reduced CPU budget" in text
     assert "Reduced CPU budget" in json.loads((tmp_path / "out" / "convert" / "run.json").read_text())["budget"]
