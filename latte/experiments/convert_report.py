@@ -127,14 +127,14 @@ def plot(records: list[dict], path: Path) -> None:
     except ImportError:  # the plot extra is optional
         return
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for model in MODELS:
+    for model, color in zip(MODELS, ("C0", "C1", "C2")):  # one colour per model in both panels
         pts = sorted((r["context"], r["bucket_ppl"]) for r in records if r["model"] == model)
         if pts:
-            ax1.plot(*zip(*pts), marker="o", label=model)
+            ax1.plot(*zip(*pts), marker="o", label=model, color=color)
         dec = sorted((r["context"], r["decode_ms_per_token"]) for r in records
                      if r["model"] == model and r["decode_ms_per_token"] is not None)
         if dec and model != "swa":
-            ax2.plot(*zip(*dec), marker="o", label=f"{model} ms/token")
+            ax2.plot(*zip(*dec), marker="o", label=f"{model} ms/token", color=color)
     ax1.set(xscale="log", yscale="log", xlabel="position bucket end (tokens)", ylabel="perplexity in bucket",
             title="Held-out plays, perplexity by position")
     ax1.axvline(SHORT, color="grey", ls=":", lw=1)
