@@ -19,6 +19,7 @@ number in the README comes from these files.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -112,5 +113,14 @@ def write_results(out_dir: str | Path, name: str, records: list[dict], tables_md
     atomic_write(out / "results.md", markdown)
     atomic_write(out / "run.json", json.dumps(run, indent=1) + "\n")
     if readme is not None:
-        update_readme(Path(readme), name, markdown, kind="results")
+        update_readme(Path(readme), name, readme_body(markdown, out, Path(readme)), kind="results")
     return out
+
+
+def readme_body(markdown: str, out: Path, readme: Path) -> str:
+    """results.md as the README shows it: links to files beside results.md
+    (plots) made relative to the README, and the heading given back the
+    level it has in results.md (update_readme puts three levels below)."""
+    rel = Path(os.path.relpath(out, readme.parent)).as_posix()
+    body = re.sub(r"\]\((?![a-z]+://|/|#)([^)]+)\)", lambda m: f"]({rel}/{m.group(1)})", markdown)
+    return re.sub(r"^####? ", "# ", body, count=1)

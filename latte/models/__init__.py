@@ -14,7 +14,7 @@ transformers; not imported here).
 from .auto import from_pretrained
 from .cache import LatteCache, map_state
 from .causal_lm import CausalLMOutput, LatteForCausalLM
-from .classification import LatteForSequenceClassification, SequenceClassifierOutput
+from .classification import LatteForPairClassification, LatteForSequenceClassification, SequenceClassifierOutput
 from .config import MIXERS, LatteConfig
 from .lm_loss import IGNORE_INDEX, causal_lm_loss
 from .modeling import Block, LatteModel
@@ -29,6 +29,7 @@ __all__ = [
     "LatteCache",
     "LatteConfig",
     "LatteForCausalLM",
+    "LatteForPairClassification",
     "LatteForSequenceClassification",
     "LatteModel",
     "SequenceClassifierOutput",

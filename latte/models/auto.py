@@ -9,10 +9,10 @@ from pathlib import Path
 from torch import nn
 
 from .causal_lm import LatteForCausalLM
-from .classification import LatteForSequenceClassification
+from .classification import LatteForPairClassification, LatteForSequenceClassification
 from .pretrained import CONFIG_NAME, load_config
 
-ARCHITECTURES = {c.__name__: c for c in (LatteForCausalLM, LatteForSequenceClassification)}
+ARCHITECTURES = {c.__name__: c for c in (LatteForCausalLM, LatteForSequenceClassification, LatteForPairClassification)}
 
 
 def from_pretrained(directory: str | os.PathLike, *, cls: type | None = None) -> nn.Module:

@@ -32,11 +32,17 @@ class LatteForSequenceClassification(PretrainedMixin, nn.Module):
             raise ValueError("config.causal: the classifier is a bidirectional encoder, expected causal=False, got True")
         self.config = config
         self.model = LatteModel(config)
-        self.head = nn.Linear(config.dim, config.num_labels)
+        self.head = self.build_head(config)
         with torch.no_grad():
             self.model.init_weights()
-            nn.init.normal_(self.head.weight, 0.0, config.initializer_range)
-            nn.init.zeros_(self.head.bias)
+            for layer in (m for m in self.head.modules() if isinstance(m, nn.Linear)):
+                nn.init.normal_(layer.weight, 0.0, config.initializer_range)
+                nn.init.zeros_(layer.bias)
+
+    @staticmethod
+    def build_head(config: LatteConfig) -> nn.Module:
+        """pooled [B, dim] -> logits [B, num_labels]."""
+        return nn.Linear(config.dim, config.num_labels)
 
     def forward(self, input_ids: torch.Tensor, *, labels: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None) -> SequenceClassifierOutput:
@@ -47,6 +53,44 @@ class LatteForSequenceClassification(PretrainedMixin, nn.Module):
         loss = None
         if labels is not None:
             check_class_labels(labels, logits.shape[0], self.config.num_labels, values=values)
+            loss = F.cross_entropy(logits.float(), labels.long())
+        return SequenceClassifierOutput(loss, logits)
+
+
+class LatteForPairClassification(LatteForSequenceClassification):
+    """A two-tower classifier of PAIRS of sequences (the LRA retrieval task:
+    do two papers cite each other?). One shared encoder reads each sequence
+    on its own; the pooled vectors u, v meet only in the head, an MLP on
+    [u, v, u * v, u - v] (the LRA dual-encoder head). No attention crosses
+    the pair, which is what the task measures: how well a long document is
+    compressed into one vector. `forward(input_ids, input_ids_2, *, labels=None,
+    attention_mask=None, attention_mask_2=None)`."""
+
+    @staticmethod
+    def build_head(config: LatteConfig) -> nn.Module:
+        """[u, v, u * v, u - v] [B, 4 dim] -> logits [B, num_labels]."""
+        return nn.Sequential(nn.Linear(4 * config.dim, config.dim), nn.GELU(), nn.Linear(config.dim, config.num_labels))
+
+    def forward(self, input_ids: torch.Tensor, input_ids_2: torch.Tensor, *, labels: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None,
+                attention_mask_2: torch.Tensor | None = None) -> SequenceClassifierOutput:
+        values = value_checks(self.model.validate_inputs)
+        masks = [self.model.check_inputs(input_ids, attention_mask),
+                 self.model.check_inputs(input_ids_2, attention_mask_2)]
+        (B, T1), (B2, T2) = input_ids.shape, input_ids_2.shape
+        if B != B2:
+            raise ValueError(f"input_ids_2: expected [B, T] with B={B} like input_ids, got {tuple(input_ids_2.shape)}")
+        # both towers in one forward: right-pad to the longer one, stack along the batch
+        T = max(T1, T2)
+        ids_2BT = torch.cat([F.pad(x, (0, T - x.shape[1])) for x in (input_ids, input_ids_2)])
+        mask_2BT = torch.cat([F.pad(torch.ones_like(x, dtype=torch.bool) if m is None else m, (0, T - x.shape[1]))
+                              for x, m in zip((input_ids, input_ids_2), masks)])
+        hidden, _ = self.model(ids_2BT, attention_mask=mask_2BT, inputs_checked=True)  # [2B, T, dim]
+        u, v = pool(hidden, mask_2BT, self.config.pooling, values=values).split(B)
+        logits = self.head(torch.cat([u, v, u * v, u - v], dim=-1))  # [B, num_labels]
+        loss = None
+        if labels is not None:
+            check_class_labels(labels, B, self.config.num_labels, values=values)
             loss = F.cross_entropy(logits.float(), labels.long())
         return SequenceClassifierOutput(loss, logits)
 

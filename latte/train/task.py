@@ -84,6 +84,7 @@ from latte.train.config import RunConfig
 # name -> "module:Class", imported when used (a task may need optional packages).
 TASKS: dict[str, str] = {
     "lm": "latte.train.lm:LanguageModelingTask",
+    "classification": "latte.train.classification:ClassificationTask",
     "convert": "latte.train.convert:ConversionTask",
 }
 

@@ -42,6 +42,10 @@ def test_write_results_files_and_readme_section(tmp_path):
     assert json.loads((tmp_path / "out" / "run.json").read_text())["command"] == "latte experiment demo --quick"
     text = readme.read_text()
     assert "old" not in text and "`latte experiment demo --quick`" in text and text.endswith("y\n")
+    assert "\n#### demo\n" in text  # the same heading level as in results.md
+    write_results(tmp_path / "out", "demo", [], "![curve](curve.png) [doc](https://x.org/a.png)", run, readme=readme)
+    text = readme.read_text()  # links to the plots beside results.md work from the README
+    assert "![curve](out/curve.png)" in text and "(https://x.org/a.png)" in text
     with pytest.raises(ValueError, match="flat"):
         write_results(tmp_path / "out", "demo", [{"curve": [1, 2]}], "", run)
 
