@@ -3,13 +3,12 @@ the sweep records by `latte.experiments.results.write_results`."""
 
 from __future__ import annotations
 
-import os
 import statistics
 from pathlib import Path
 
 from ..bench.common import update_readme
 from .convert_stages import SHORT, nll_of
-from .results import provenance, write_results
+from .results import provenance, readme_body, write_results
 
 MODELS = ("original", "swa", "converted")
 
@@ -211,7 +210,7 @@ def report(a, argv, started, recipe_rows, cells, sample) -> None:
         md += "\n\n![perplexity and decode latency](convert.png)\n"
         write_results(out / "convert", "convert", records, md, run)
         plot(records, out / "convert" / "convert.png")
-        if a.readme:  # the same text, the plot's link relative to the README
-            png = os.path.relpath(out / "convert" / "convert.png", Path(a.readme).resolve().parent)
-            text = (out / "convert" / "results.md").read_text().replace("](convert.png)", f"]({png})")
-            update_readme(Path(a.readme), "convert", text, kind="results")
+        if a.readme:  # the same text, its plot link made relative to the README
+            update_readme(Path(a.readme), "convert",
+                          readme_body((out / "convert" / "results.md").read_text(), out / "convert", Path(a.readme)),
+                          kind="results")

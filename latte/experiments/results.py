@@ -106,7 +106,7 @@ def write_results(out_dir: str | Path, name: str, records: list[dict], tables_md
     load = m.get("loadavg_start")
     head = (f"#### {name}\n\nCommand: `{run['command']}`\n\n"
             f"{m['cpu_model']}, {m['usable_cores']} cores, torch {m['torch']}, {m['threads']} threads; "
-            f"wall time {run['wall_s']:,.0f} s; load average at start {load[0]:.1f}"
+            f"wall time {run['wall_s']:,.0f} s; 1-min load average {load[0]:.1f} when written"
             if load else f"#### {name}\n\nCommand: `{run['command']}`")
     markdown = f"{head}\n\n{tables_md.strip()}\n"
     atomic_write(out / "results.json", json.dumps(records, indent=1) + "\n")
