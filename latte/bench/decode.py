@@ -26,6 +26,7 @@ import time
 import torch
 
 from . import common
+from .device import DTYPES, add_device_args, check_device, device_info, resolve_device_args
 
 FULL_CONTEXTS = [1024, 4096, 16384, 65536]
 QUICK_CONTEXTS = [64, 256]
@@ -42,7 +43,12 @@ def parse_args(argv=None):
     p.add_argument("--prefill-chunk", type=int, default=1024, help="tokens per prefill forward")
     p.add_argument("--prefill-cap", type=float, default=300.0,
                    help="skip a context whose prefill would take longer than this (s)")
+    add_device_args(p)
+    p.add_argument("--backends", default=None,
+                   help="latte.ops backends for the latte and macchiato mixers (default: torch on CPU, torch,fla on CUDA)")
     args = p.parse_args(argv)
+    resolve_device_args(p, args, cpu_dtypes=("float32",))
+    args.backends = (args.backends or ("torch" if args.device == "cpu" else "torch,fla")).split(",")
     args.mixers = [m for m in args.mixers.split(",") if m]
     args.contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else (
         QUICK_CONTEXTS if args.quick else FULL_CONTEXTS)
@@ -70,7 +76,7 @@ def make_config(mixer: str, quick: bool, max_len: int):
 
 
 @torch.inference_mode()
-def bench_mixer(mixer: str, args, rows: list[dict]) -> None:
+def bench_mixer(mixer: str, args, rows: list[dict], backend: str = "torch") -> None:
     """Appends one row per context to `rows` (kept if a later context fails).
 
     Phase 1 grows the context through the state and keeps the state reached
@@ -80,16 +86,21 @@ def bench_mixer(mixer: str, args, rows: list[dict]) -> None:
     on every context alike and the long/short ratio stays meaningful."""
     from latte.layers import state_nbytes
     from latte.models import LatteForCausalLM
+    from latte.ops import set_backend
 
+    set_backend(backend)  # run() restores the default
+    dev = getattr(args, "device", "cpu")
+    label = mixer if backend == "torch" else f"{mixer}[{backend}]"
     cfg = make_config(mixer, args.quick, max_len(args))
     torch.manual_seed(0)
-    model = LatteForCausalLM(cfg).eval()
+    model = LatteForCausalLM(cfg).eval().to(dev)
+    amp = torch.autocast(dev, DTYPES[args.dtype], enabled=dev == "cuda" and args.dtype != "float32")
     gen = torch.Generator().manual_seed(0)
     state, seen, per_token_prefill, last_avg = None, 0, None, 1.0
     quadratic = mixer == "softmax"
     saved, recs = {}, {}
     for ctx in args.contexts:
-        rec = {"mixer": mixer, "context": ctx}
+        rec = {"mixer": label, "context": ctx}
         new = ctx - seen
         if per_token_prefill is not None and new > 0:
             growth = (seen + ctx) / 2 / last_avg if quadratic else 1.0  # mean context ratio
@@ -102,54 +113,65 @@ def bench_mixer(mixer: str, args, rows: list[dict]) -> None:
         t0 = time.perf_counter()
         while seen < ctx:  # prefill through the state, chunk by chunk
             n = min(args.prefill_chunk, ctx - seen)
-            ids = torch.randint(0, cfg.vocab_size, (1, n), generator=gen)
-            state = model(ids, state=state, use_cache=True).state
+            ids = torch.randint(0, cfg.vocab_size, (1, n), generator=gen).to(dev)
+            with amp:
+                state = model(ids, state=state, use_cache=True).state
             seen += n
         prefill_s = time.perf_counter() - t0
         if new > 0:
             per_token_prefill, last_avg = prefill_s / new, (ctx - new + ctx) / 2
         saved[ctx] = state
         recs[ctx] = {**rec, "prefill_s": prefill_s, "prefill_tokens": new, "state_bytes": state_nbytes(state)}
-        print(f"  {mixer:10s} ctx={ctx:6d} prefilled in {prefill_s:.1f} s, state "
+        print(f"  {label:10s} ctx={ctx:6d} prefilled in {prefill_s:.1f} s, state "
               f"{recs[ctx]['state_bytes'] / 2**20:8.2f} MiB", flush=True)
-    tok = torch.randint(0, cfg.vocab_size, (1, 1), generator=gen)
+    tok = torch.randint(0, cfg.vocab_size, (1, 1), generator=gen).to(dev)
     times = {ctx: [] for ctx in saved}
     for i in range(args.tokens + WARMUP_TOKENS):
         for ctx, st in saved.items():
             t0 = time.perf_counter()
-            out = model(tok, state=st, use_cache=True)
+            with amp:
+                out = model(tok, state=st, use_cache=True)
             out.logits[:, -1:].argmax(-1)  # the greedy choice belongs to the step
+            if dev == "cuda":
+                torch.cuda.synchronize()
             if i >= WARMUP_TOKENS:
                 times[ctx].append((time.perf_counter() - t0) * 1e3)
     for ctx, ts in times.items():
         recs[ctx].update({"median_ms": statistics.median(ts), "min_ms": min(ts), "tokens": len(ts),
                           "times_ms": [round(t, 3) for t in ts]})
-        print(f"  {mixer:10s} ctx={ctx:6d} {recs[ctx]['median_ms']:8.2f} ms/token", flush=True)
+        print(f"  {label:10s} ctx={ctx:6d} {recs[ctx]['median_ms']:8.2f} ms/token", flush=True)
     rows += list(recs.values())
-    rows += [{"mixer": mixer, "context": c, **common.skipped("a shorter context was already skipped")}
+    rows += [{"mixer": label, "context": c, **common.skipped("a shorter context was already skipped")}
              for c in args.contexts if c not in recs]
 
 
 def run(args) -> dict:
+    from latte.ops import set_backend
+
+    check_device(args.device)
     common.set_threads(args.threads)
-    info = common.machine_info()
+    info = {**common.machine_info(), **device_info(args.device)}
     rows, status = [], {}
-    for m in args.mixers:
+    for mx, backend in [(m, b) for m in args.mixers for b in (args.backends if m != "softmax" else ["torch"])]:
+        m = mx if backend == "torch" else f"{mx}[{backend}]"
         try:
-            bench_mixer(m, args, rows)
+            bench_mixer(mx, args, rows, backend)
             status[m] = "ok"
         except (ImportError, ValueError, RuntimeError) as e:  # model code missing or OOM
             status[m] = f"failed: {type(e).__name__}: {e}"
             done = {r["context"] for r in rows if r["mixer"] == m}
             rows += [{"mixer": m, "context": c, **common.skipped(status[m])} for c in args.contexts if c not in done]
+        finally:
+            set_backend(None)
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     cfg = make_config(args.mixers[0], args.quick, max_len(args)) if args.mixers else None
     return {
         "benchmark": "decode", "machine": info,
         "config": {
-            "threads": args.threads, "dtype": "float32", "quick": args.quick, "contexts": args.contexts,
-            "tokens": args.tokens, "warmup_tokens": WARMUP_TOKENS, "prefill_chunk": args.prefill_chunk,
-            "prefill_cap_s": args.prefill_cap, "batch": 1, "mixers": args.mixers,
+            "threads": args.threads, "device": args.device, "dtype": args.dtype, "quick": args.quick,
+            "contexts": args.contexts, "tokens": args.tokens, "warmup_tokens": WARMUP_TOKENS,
+            "prefill_chunk": args.prefill_chunk, "prefill_cap_s": args.prefill_cap, "batch": 1,
+            "mixers": list(status), "backends": args.backends,
             "model": cfg.to_dict() if cfg is not None else None,
             "timing": "wall clock of one LatteForCausalLM.forward of 1 token with use_cache from the state "
                       "saved at each context (greedy next token); contexts interleaved round by round",
@@ -191,7 +213,8 @@ def markdown(res: dict) -> str:
             + [val(mx, c, "state_bytes", 1 / 1024) for mx in mixers] for c in ctxs]
     flat = ", ".join(f"{mx} {v:.2f}x" for mx, v in res["ratios"]["longest/shortest median_ms"].items())
     out = [f"# latte bench decode ({'quick, tiny model' if res['config']['quick'] else 'Table 6 preset'})", "",
-           f"{m['cpu_model']}, torch {m['torch']}, {m['threads']} threads, fp32, batch 1; median of "
+           f"{m.get('gpu') or m['cpu_model'] + ', ' + str(m['threads']) + ' threads'}, torch {m['torch']}, "
+           f"{res['config'].get('dtype', 'float32')}, batch 1; median of "
            f"{res['config']['tokens']} one-token steps from the state at each context, contexts interleaved "
            f"round by round. Latency at the longest over the shortest "
            f"measured context: {flat}.", "", common.md_table(hdr, rows)]
@@ -205,7 +228,7 @@ def plot(res: dict, path) -> bool:
         pts = [(r["context"], r["median_ms"]) for r in res["results"] if r["mixer"] == mx and not r.get("skipped")]
         series[mx] = ([c for c, _ in pts], [v for _, v in pts])
     m = res["machine"]
-    title = f"latte bench decode: {m['cpu_model']}, {m['threads']} threads"
+    title = f"latte bench decode: {m.get('gpu') or m['cpu_model'] + ', ' + str(m['threads']) + ' threads'}"
     return common.plot_loglog(path, {"per-token decode latency": series}, xlabel="context (tokens)",
                               ylabel="median ms / token", title=title)
 
@@ -213,7 +236,7 @@ def plot(res: dict, path) -> bool:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     res = run(args)
-    common.write_outputs(args, "decode", res, markdown(res), plot)
+    common.write_outputs(args, "decode" if args.device == "cpu" else f"decode-{args.device}", res, markdown(res), plot)
     return res
 
 

@@ -22,6 +22,8 @@ import torch
 from . import common, fixed_shapes
 from . import inputs as dists
 from . import providers as P
+from .cuda import PROVIDERS as CUDA_PROVIDERS
+from .device import add_device_args, check_device, resolve_device_args
 
 FULL_T = [512, 1024, 2048, 4096, 8192, 16384]
 LATTE_EXTRA_T = [32768, 65536]
@@ -36,7 +38,8 @@ MODE_NAME = {"fwd": "forward", "fwdbwd": "forward+backward"}
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="latte bench ops", description=__doc__.split("\n\n")[0])
     common.add_common_args(p)
-    p.add_argument("--providers", default=",".join(P.PROVIDERS), help="comma-separated subset")
+    add_device_args(p)  # --device cuda: latte.bench.cuda (its own providers)
+    p.add_argument("--providers", default=None, help="comma-separated subset")
     p.add_argument("--time-cap", type=float, default=20.0, help="seconds per point for the slow loop providers")
     p.add_argument("--naive-mem-cap-gb", type=float, default=6.0, help="skip naive-softmax above this estimate")
     p.add_argument("--recurrent-max-t", type=int, default=2048, help="longest T for latte-recurrent")
@@ -50,14 +53,16 @@ def parse_args(argv=None):
                    help="skip the tables at fixed shapes: latte_causal by key-logit distribution at three "
                         "shapes, every provider at a research-sweep model's shape")
     args = p.parse_args(argv)
+    resolve_device_args(p, args)
     args.dists = [x for x in args.dists.split(",") if x]
     bad = [x for x in args.dists if x not in dists.DISTRIBUTIONS[:-1]]  # padding: the audit only (no mask in sdpa)
     if bad or not args.dists:
         p.error(f"--dists: unknown {bad or 'none given'}; allowed {list(dists.DISTRIBUTIONS[:-1])}")
-    args.providers = [x for x in args.providers.split(",") if x]
-    bad = [x for x in args.providers if x not in P.PROVIDERS]
+    allowed = P.PROVIDERS if args.device == "cpu" else CUDA_PROVIDERS
+    args.providers = [x for x in (args.providers or ",".join(allowed)).split(",") if x]
+    bad = [x for x in args.providers if x not in allowed]
     if bad:
-        p.error(f"--providers: unknown {bad}; allowed {list(P.PROVIDERS)}")
+        p.error(f"--providers: unknown {bad}; allowed {list(allowed)}")
     return args
 
 
@@ -370,6 +375,11 @@ def plot(res: dict, path) -> bool:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.device == "cuda":
+        from .cuda import main_ops
+
+        check_device(args.device)
+        return main_ops(args)
     res = run(args)
     common.write_outputs(args, "ops", res, markdown(res), plot, image_in_readme=True)
     return res

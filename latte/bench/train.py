@@ -1,4 +1,5 @@
-"""`latte bench train`: training throughput of the Table 6 preset per mixer.
+"""`latte bench train`: training throughput per mixer, at the Table 6 preset
+or at the research-sweep size.
 
 One optimizer step = zero_grad + forward with labels + backward + AdamW step
 (lr 5e-4, weight decay 0.01, the paper's recipe; dropout 0.1 as in the
@@ -6,7 +7,15 @@ preset, model in train mode). Tokens/s = batch * sequence / median step time.
 The batch is `--tokens-per-step // sequence` (at least 1), so that one step
 takes seconds on a 2-core CPU; the batch used is recorded.
 
-    python -m latte.bench.train [--quick] [--threads 2] [--out bench-results]
+`--preset sweep` is the size of an MQAR-like research sweep (dim 64, two
+layers of two heads, 64 latents, window 16, vocabulary 8192, T 64, batch
+64), where per-op overhead rather than arithmetic sets the step time.
+A mixer may name its qk mixer (`latte:none`). The latent mixers are also
+timed with sharper key logits (`--dists`, as training makes them).
+`--compile` also times each variant under torch.compile(model) and reports
+eager / compiled step time; the report is written by train_report.py.
+
+    python -m latte.bench.train [--quick] [--preset sweep] [--compile] [--threads 2] [--out bench-results]
 """
 
 from __future__ import annotations
@@ -14,21 +23,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 
 import torch
 
 from . import common
 from . import inputs as dists
+from .device import DTYPES, add_device_args, check_device, device_info, resolve_device_args, synced
+from .step_profile import profile_step
+from .train_report import markdown, output_name, plot, step_ratios
 
 MIXERS = ("latte", "macchiato", "softmax", "linear", "swa")
 LATENT = ("latte", "macchiato")  # mixers with key logits: also timed on the other --dists
-FULL_SEQS, QUICK_SEQS = [512, 4096], [32, 64]
+FULL_SEQS, QUICK_SEQS, SWEEP_SEQS = [512, 4096], [32, 64], [64]
+PRESETS = ("table6", "sweep")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="latte bench train", description=__doc__.split("\n\n")[0])
     common.add_common_args(p)
-    p.add_argument("--mixers", default=",".join(MIXERS), help="comma-separated LatteConfig mixers")
+    p.add_argument("--mixers", default=",".join(MIXERS),
+                   help="comma-separated LatteConfig mixers, each optionally with its qk mixer (latte:none)")
     p.add_argument("--seqs", default=None, help="comma-separated sequence lengths (default 512,4096)")
     p.add_argument("--tokens-per-step", type=int, default=None, help="batch = this // sequence (default 4096)")
     p.add_argument("--dists", default="std1,std10",
@@ -37,23 +52,40 @@ def parse_args(argv=None):
     p.add_argument("--merge", action="store_true",
                    help="keep the other sequence lengths of an earlier train.json in --out (a full run split "
                         "into shorter ones, e.g. one quiet window per sequence length)")
+    p.add_argument("--preset", choices=PRESETS, default="table6",
+                   help="model size: the paper's Table 6 (default) or the research-sweep size (T 64, batch 64)")
+    p.add_argument("--compile", action="store_true", help="also time every variant under torch.compile(model)")
+    p.add_argument("--profile", action="store_true",
+                   help="after timing, profile a few steps of every eager variant (op counts, top ops)")
+    add_device_args(p)
+    p.add_argument("--backends", default=None,
+                   help="latte.ops backends for the latte and macchiato mixers (default: torch on CPU, torch,fla on CUDA)")
     args = p.parse_args(argv)
+    resolve_device_args(p, args)
     args.dists = [d for d in args.dists.split(",") if d]
     if not args.dists or any(not d.startswith("std") or d not in dists.DISTRIBUTIONS for d in args.dists):
         p.error(f"--dists: expected std distributions of {list(dists.DISTRIBUTIONS)}, got {args.dists}")
+    args.backends = (args.backends or ("torch" if args.device == "cpu" else "torch,fla")).split(",")
     args.mixers = [m for m in args.mixers.split(",") if m]
-    args.seqs = [int(s) for s in args.seqs.split(",")] if args.seqs else (QUICK_SEQS if args.quick else FULL_SEQS)
+    default_seqs = QUICK_SEQS if args.quick else SWEEP_SEQS if args.preset == "sweep" else FULL_SEQS
+    args.seqs = [int(s) for s in args.seqs.split(",")] if args.seqs else default_seqs
     args.tokens_per_step = args.tokens_per_step or (128 if args.quick else 4096)
     return args
 
 
-def make_config(mixer: str, quick: bool, seq: int):
+def make_config(spec: str, quick: bool, seq: int, preset: str = "table6"):
+    """spec: a LatteConfig mixer, optionally with its qk mixer ("latte:none")."""
     from latte.models import LatteConfig
 
+    mixer, _, qk = spec.partition(":")
+    extra = {"qk_mixer": qk} if qk else {}
     if quick:
-        return LatteConfig.tiny(mixer=mixer, max_position_embeddings=max(4096, seq))
+        return LatteConfig.tiny(mixer=mixer, max_position_embeddings=max(4096, seq), **extra)
+    if preset == "sweep":
+        return LatteConfig(vocab_size=8192, dim=64, num_layers=2, num_heads=2, num_latents=64, window_size=16,
+                           mixer=mixer, max_position_embeddings=max(64, seq), **extra)
     # learned positions sized to the sequence (the table's 512 covers only the shorter one)
-    return LatteConfig.paper_table6(mixer=mixer, max_position_embeddings=max(512, seq))
+    return LatteConfig.paper_table6(mixer=mixer, max_position_embeddings=max(512, seq), **extra)
 
 
 def sharpen_key_logits(model, ids, std: float) -> None:
@@ -77,65 +109,96 @@ def sharpen_key_logits(model, ids, std: float) -> None:
     model.train(was_training)
 
 
-def build_point(mixer: str, seq: int, args, dist: str = "std1") -> dict:
-    """A model, optimizer and batch for one (mixer, sequence, key-logit
-    distribution), and two calls: one training step, and forward+backward of
-    the first attention layer alone on a batch of the same shape (times
-    num_layers: the step's attention share)."""
+def build_point(spec: str, seq: int, args, dist: str = "std1", backend: str = "torch", compiled: bool = False) -> dict:
+    """A model, optimizer and batch for one variant (mixer spec, key-logit
+    distribution, backend, compiled) and sequence, and two calls: one training
+    step, and forward+backward of the first attention layer alone on a batch
+    of the same shape (times num_layers: the step's attention share). On CUDA
+    the calls synchronise and run under autocast to --dtype; `backend`
+    (latte.ops.set_backend) is set by each call, so points can interleave."""
     from latte.models import LatteForCausalLM
+    from latte.ops import set_backend
 
-    cfg = make_config(mixer, args.quick, seq)
+    cfg = make_config(spec, args.quick, seq, args.preset)
     torch.manual_seed(0)
+    dev = args.device
     model = LatteForCausalLM(cfg).train()
     batch = max(1, args.tokens_per_step // seq)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
     if dist != "std1":
         sharpen_key_logits(model, ids, dists.scale(dist))
+    model, ids = model.to(dev), ids.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.01)
-    x = torch.randn(batch, seq, cfg.dim, generator=g, requires_grad=True)
+    x = torch.randn(batch, seq, cfg.dim, generator=g).to(dev).requires_grad_(True)
     layer = model.model.blocks[0].mixer
+    forward, layer_fwd = (torch.compile(model), torch.compile(layer)) if compiled else (model, layer)
+    amp = dev == "cuda" and args.dtype != "float32"
 
     def step():
+        set_backend(backend)
         opt.zero_grad(set_to_none=True)
-        loss = model(ids, labels=ids).loss  # train mode: the fused head + loss
+        with torch.autocast(dev, DTYPES[args.dtype], enabled=amp):
+            loss = forward(ids, labels=ids).loss  # train mode: the fused head + loss
         loss.backward()
         opt.step()
 
     def attention():
-        y, _ = layer(x)
-        y.sum().backward()
+        set_backend(backend)
+        with torch.autocast(dev, DTYPES[args.dtype], enabled=amp):
+            y, _ = layer_fwd(x)
+        y.float().sum().backward()
 
-    return {"mixer": mixer, "dist": dist, "label": label(mixer, dist, args.dists),
+    return {"mixer": spec, "dist": dist, "backend": backend, "compiled": compiled,
+            "label": label_of(spec, dist, args.dists, backend, compiled),
             "seq": seq, "batch": batch, "tokens_per_step": batch * seq,
             "num_layers": cfg.num_layers, "params": sum(p.numel() for p in model.parameters()),
-            "step": step, "attention": attention}
+            "step": synced(step, dev), "attention": synced(attention, dev)}
 
 
-def label(mixer: str, dist: str, all_dists: list[str]) -> str:
-    return mixer if dist == all_dists[0] else f"{mixer} (b {dist})"
+def label_of(spec: str, dist: str, all_dists: list[str], backend: str = "torch", compiled: bool = False) -> str:
+    return (spec + ("" if backend == "torch" else f"[{backend}]") + ("" if dist == all_dists[0] else f" (b {dist})")
+            + (" compiled" if compiled else ""))
 
 
-def variants(args) -> list[tuple[str, str]]:
-    """(mixer, dist): every mixer on the first distribution, the latent ones on all."""
-    return [(m, d) for m in args.mixers for d in (args.dists if m in LATENT else args.dists[:1])]
+def variants(args) -> list[tuple[str, str, str, bool]]:
+    """(mixer spec, dist, backend, compiled): every mixer on the first
+    distribution and the torch backend, the latent ones on all of them."""
+    latent = lambda spec: spec.partition(":")[0] in LATENT  # noqa: E731
+    return [(m, d, b, c) for m in args.mixers
+            for d in (args.dists if latent(m) else args.dists[:1])
+            for b in (args.backends if latent(m) else ["torch"])
+            for c in ((False, True) if args.compile else (False,))]
+
+
+def _first_calls(point: dict) -> float:
+    """One step and one layer call: what cannot run (a backend, memory) fails
+    here, and a compiled variant compiles here. Returns the seconds taken."""
+    t0 = time.perf_counter()
+    point["step"]()
+    point["attention"]()
+    return time.perf_counter() - t0
 
 
 def bench_seq(seq: int, args) -> list[dict]:
-    """All mixers (and key-logit distributions) at one sequence length, timed
-    in interleaved rounds."""
-    points, rows = {}, []
-    for m, d in variants(args):
-        name = label(m, d, args.dists)
+    """All variants at one sequence length, timed in interleaved rounds."""
+    points, rows, compile_s = {}, [], {}
+    for spec, dist, backend, compiled in variants(args):
+        name = label_of(spec, dist, args.dists, backend, compiled)
         try:
-            points[name] = build_point(m, seq, args, d)
-        except (ImportError, ValueError, RuntimeError) as e:  # model code missing, OOM
-            rows.append({"mixer": m, "dist": d, "label": name, "seq": seq,
+            point = build_point(spec, seq, args, dist, backend, compiled)
+            first_s = _first_calls(point)
+            if compiled:
+                compile_s[name] = first_s
+            points[name] = point
+        except (ImportError, ValueError, RuntimeError) as e:  # model code missing, OOM, backend unusable
+            rows.append({"mixer": spec, "dist": dist, "label": name, "seq": seq,
                          **common.skipped(f"unavailable: {type(e).__name__}: {e}")})
     steps = common.time_interleaved({m: p["step"] for m, p in points.items()},
                                     repeats=args.repeats, warmup=args.warmup)
     layers = common.time_interleaved({m: p["attention"] for m, p in points.items()},
                                      repeats=args.repeats, warmup=args.warmup)
+    profiles = {m: profile_step(p["step"]) for m, p in points.items() if args.profile and not p["compiled"]}
     for m, p in points.items():
         t = steps[m]
         attn_ms = layers[m]["median_ms"] * p["num_layers"]
@@ -144,9 +207,11 @@ def bench_seq(seq: int, args) -> list[dict]:
             "tokens_per_s": p["tokens_per_step"] / (t["median_ms"] / 1e3),
             "attention_layer_ms": layers[m]["median_ms"], "attention_ms": attn_ms,
             "attention_share": attn_ms / t["median_ms"],
+            **({"compile_s": compile_s[m]} if m in compile_s else {}),
+            **({"profile": profiles[m]} if m in profiles else {}),
         })
-        print(f"  {m:18s} seq={seq:5d} batch={p['batch']:3d} {t['median_ms'] / 1e3:7.2f} s/step "
-              f"{rows[-1]['tokens_per_s']:9.0f} tok/s  attention layers {attn_ms / 1e3:6.2f} s", flush=True)
+        print(f"  {m:28s} seq={seq:5d} batch={p['batch']:3d} {t['median_ms'] / 1e3:7.3f} s/step "
+              f"{rows[-1]['tokens_per_s']:9.0f} tok/s  attention layers {attn_ms / 1e3:6.3f} s", flush=True)
     points.clear()
     return rows
 
@@ -154,25 +219,32 @@ def bench_seq(seq: int, args) -> list[dict]:
 def _model_dict(args) -> dict | None:
     """The resolved config of the first mixer at the longest sequence."""
     try:
-        return make_config(args.mixers[0], args.quick, max(args.seqs)).to_dict()
+        return make_config(args.mixers[0], args.quick, max(args.seqs), args.preset).to_dict()
     except (ImportError, ValueError, IndexError):
         return None
 
 
 def run(args) -> dict:
+    from latte.ops import set_backend
+
+    check_device(args.device)
     common.set_threads(args.threads)
-    info = common.machine_info()
+    info = {**common.machine_info(), **device_info(args.device)}
     rows = []
-    for seq in args.seqs:
-        rows += bench_seq(seq, args)
-    status = {label(m, d, args.dists): next((r["reason"] for r in rows if r["label"] == label(m, d, args.dists)
-                                              and r.get("skipped")), "ok") for m, d in variants(args)}
+    try:
+        for seq in args.seqs:
+            rows += bench_seq(seq, args)
+    finally:
+        set_backend(None)
+    labels = [label_of(m, d, args.dists, b, c) for m, d, b, c in variants(args)]
+    status = {m: next((r["reason"] for r in rows if r["label"] == m and r.get("skipped")), "ok") for m in labels}
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return {
         "benchmark": "train", "machine": info,
         "config": {
-            "threads": args.threads, "dtype": "float32", "quick": args.quick, "seqs": args.seqs,
-            "mixers": args.mixers, "dists": args.dists, "variants": [label(m, d, args.dists) for m, d in variants(args)],
+            "threads": args.threads, "device": args.device, "dtype": args.dtype, "quick": args.quick,
+            "preset": args.preset, "compile": args.compile, "profile": args.profile, "seqs": args.seqs, "mixers": args.mixers,
+            "dists": args.dists, "backends": args.backends, "variants": labels,
             "key_logits": "std<N>: every latent layer's b_proj scaled so its key logits have std N on the batch",
             "tokens_per_step": args.tokens_per_step, "repeats": args.repeats,
             "warmup": args.warmup, "optimizer": "AdamW(lr=5e-4, weight_decay=0.01)",
@@ -184,67 +256,13 @@ def run(args) -> dict:
     }
 
 
-def _ratio_notes(cell: dict, seqs: list, mixer: str = "macchiato", base: str = "softmax") -> list[str]:
-    """mixer / base throughput per sequence, and the most it could be if the
-    mixer's attention layers cost nothing (everything else unchanged)."""
-    notes = []
-    for s in seqs:
-        a, b = cell.get((mixer, s)), cell.get((base, s))
-        if not a or not b or a.get("skipped") or b.get("skipped"):
-            continue
-        rest = max(a["median_ms"] - a["attention_ms"], 1e-9)
-        notes.append(f"- seq {s}: {mixer} / {base} tokens/s = {b['median_ms'] / a['median_ms']:.2f}x. "
-                     f"Attention layers are {a['attention_share']:.0%} of the {mixer} step and "
-                     f"{b['attention_share']:.0%} of the {base} step; with zero-cost attention layers "
-                     f"{mixer} could reach at most {b['median_ms'] / rest:.2f}x.")
-    return notes
-
-
-def markdown(res: dict) -> str:
-    m, cfg = res["machine"], res["config"]
-    cell = {(r["label"], r["seq"]): r for r in res["results"]}
-    hdr = ["mixer", "params (M)"] + [f"seq {s}: batch / s per step / tok/s / attention share" for s in cfg["seqs"]]
-    rows = []
-    for mx in cfg["variants"]:
-        ok = [cell[(mx, s)] for s in cfg["seqs"] if not cell.get((mx, s), {"skipped": True}).get("skipped")]
-        row = [mx, f"{ok[0]['params'] / 1e6:.3f}" if ok else "-"]
-        for s in cfg["seqs"]:
-            r = cell.get((mx, s))
-            row.append("skip" if r is None or r.get("skipped") else
-                       f"{r['batch']} / {r['median_ms'] / 1e3:.2f} / {r['tokens_per_s']:,.0f} / "
-                       f"{r.get('attention_share', float('nan')):.0%}")
-        rows.append(row)
-    out = [f"# latte bench train ({'quick, tiny model' if cfg['quick'] else 'Table 6 preset'})", "",
-           f"{m['cpu_model']}, torch {m['torch']}, {m['threads']} threads, fp32; one AdamW step (fused LM "
-           f"head + loss), median of {cfg['repeats']} steps, mixers interleaved round by round. Attention "
-           f"share = forward+backward of one mixer layer alone x layers / step time. \"(b stdN)\": the latent "
-           f"layers' key projections scaled so their key logits have std N, as in a trained model.", "",
-           common.md_table(hdr, rows)]
-    if res.get("merged"):
-        pm = res["merged"]["machine"]
-        out += ["", f"Sequence length(s) {res['merged']['seqs']} from an earlier run ({pm['time_utc']}, load avg "
-                    f"{pm['loadavg_start'][0]:.1f} at its start); the rest from this one ({m['time_utc']})."]
-    notes = _ratio_notes(cell, cfg["seqs"])
-    skips = [f"- {r['label']} @ {r['seq']}: {r['reason']}" for r in res["results"] if r.get("skipped")]
-    return "\n".join(out + ([""] + notes if notes else []) + ([""] + skips if skips else [])) + "\n"
-
-
-def plot(res: dict, path) -> bool:
-    series = {}
-    for mx in res["config"]["variants"]:
-        pts = [(r["seq"], r["tokens_per_s"]) for r in res["results"] if r["label"] == mx and not r.get("skipped")]
-        series[mx] = ([s for s, _ in pts], [v for _, v in pts])
-    m = res["machine"]
-    return common.plot_loglog(path, {"training throughput": series}, xlabel="sequence length",
-                              ylabel="tokens / s", title=f"latte bench train: {m['cpu_model']}, {m['threads']} threads")
-
-
 def merge_earlier(res: dict, path) -> dict:
     """res with the rows of the earlier run at `path` for sequence lengths it
-    did not measure itself (same mixers and distributions required)."""
+    did not measure itself (same variants required)."""
     prev = json.loads(path.read_text())
-    if prev["config"]["variants"] != res["config"]["variants"] or prev["config"]["quick"] != res["config"]["quick"]:
-        raise ValueError(f"--merge: {path} has other mixers / distributions / --quick; run without --merge")
+    same = {"variants": None, "quick": None, "preset": "table6", "device": "cpu", "dtype": "float32"}  # key: default
+    if any(prev["config"].get(k, d) != res["config"].get(k, d) for k, d in same.items()):
+        raise ValueError(f"--merge: {path} differs in one of {list(same)}; run without --merge")
     seqs = res["config"]["seqs"]
     kept = [r for r in prev["results"] if r["seq"] not in seqs]
     res["results"] = kept + res["results"]
@@ -256,9 +274,11 @@ def merge_earlier(res: dict, path) -> dict:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     res = run(args)
-    if args.merge and (args.out / "train.json").exists():
-        res = merge_earlier(res, args.out / "train.json")
-    common.write_outputs(args, "train", res, markdown(res), plot)
+    name = output_name(res["config"])
+    if args.merge and (args.out / f"{name}.json").exists():
+        res = merge_earlier(res, args.out / f"{name}.json")
+    res["ratios"] = step_ratios(res)
+    common.write_outputs(args, name, res, markdown(res), plot)
     return res
 
 

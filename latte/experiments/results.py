@@ -178,7 +178,7 @@ def write_results(out_dir: str | Path, name: str, records: list[dict], tables_md
     load = m.get("loadavg_start")
     head = (f"#### {name}\n\nCommand: `{run['command']}`\n\n"
             f"{m['cpu_model']}, {m['usable_cores']} cores, torch {m['torch']}, {m['threads']} threads; "
-            f"wall time {run['wall_s']:,.0f} s; load average {load[0]:.1f} when written"
+            f"wall time {run['wall_s']:,.0f} s; 1-min load average {load[0]:.1f} when written"
             if load else f"#### {name}\n\nCommand: `{run['command']}`")
     links = "".join(f"\n\n![{Path(png).stem}]({png})" for png in images)
     markdown = f"{head}\n\n{tables_md.strip()}\n"

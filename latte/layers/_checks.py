@@ -39,6 +39,13 @@ def check_choice(name: str, value, allowed: tuple) -> None:
         raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
 
 
+def check_backend(backend) -> None:
+    from latte.ops.backend import BACKENDS
+
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS} or None (the process default), got {backend!r}")
+
+
 def check_input(x, dim: int, mask, positions=None) -> tuple[int, int]:
     """x [B, T, dim] floating, T >= 1; mask None or bool [B, T]; positions
     None or integer [B, T]. Returns (B, T)."""

@@ -23,7 +23,7 @@ from torch import nn
 
 from latte.ops import LatteState, latte_bidirectional, latte_causal, latte_causal_step
 
-from ._checks import check_divides, check_dropout, check_input, check_positive_ints, check_state
+from ._checks import check_backend, check_divides, check_dropout, check_input, check_positive_ints, check_state
 from .mixers import QKMixer
 
 
@@ -49,6 +49,8 @@ class LatteAttention(nn.Module):
         chunk_size: tokens per chunk of the causal op.
         dropout: applied to the layer output (after W_o) in training.
         bias: biases in the a, b, v, o projections.
+        backend: kernels of the causal op, "torch" | "fla" | "auto" | None
+            (the process default); see latte.ops.backend.
     """
 
     def __init__(
@@ -63,9 +65,11 @@ class LatteAttention(nn.Module):
         chunk_size: int = 64,
         dropout: float = 0.0,
         bias: bool = False,
+        backend: str | None = None,
     ):
         super().__init__()
         check_positive_ints(dim=dim, num_heads=num_heads, num_latents=num_latents, chunk_size=chunk_size)
+        check_backend(backend)
         check_divides("num_heads", num_heads, "dim", dim)
         check_divides("num_heads", num_heads, "num_latents", num_latents)
         check_dropout(dropout)
@@ -73,6 +77,7 @@ class LatteAttention(nn.Module):
             qk_mixer = "conv_rglru" if causal else "none"
         self.dim, self.num_heads, self.num_latents = dim, num_heads, num_latents
         self.causal, self.chunk_size, self.qk_mixer = causal, chunk_size, qk_mixer
+        self.backend = backend
         self.mixer = QKMixer(dim, num_heads, qk_mixer, conv_size=conv_size, causal=causal)
         self.a_proj = nn.Linear(dim, num_latents, bias=bias)
         self.b_proj = nn.Linear(dim, num_latents, bias=bias)
@@ -101,11 +106,12 @@ class LatteAttention(nn.Module):
         prev = None if state is None else state.attn
         if T == 1:  # decoding: O(1) recurrent step (MATH.md 3.1)
             m = None if mask is None else mask[:, 0]
-            y, attn = latte_causal_step(a[:, 0], b[:, 0], v[:, 0], prev, mask_t=m)
+            y, attn = latte_causal_step(a[:, 0], b[:, 0], v[:, 0], prev, mask_t=m, backend=self.backend)
             y = y.unsqueeze(1)
         else:
             y, attn = latte_causal(
-                a, b, v, chunk_size=self.chunk_size, initial_state=prev, output_final_state=True, mask=mask
+                a, b, v, chunk_size=self.chunk_size, initial_state=prev, output_final_state=True, mask=mask,
+                backend=self.backend,
             )
         return self._out(y), LatteLayerState(attn, conv, h)
 

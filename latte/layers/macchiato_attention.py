@@ -32,6 +32,7 @@ from latte.ops import MacchiatoState, macchiato, macchiato_step
 from latte.ops.macchiato import MIXES
 
 from ._checks import (
+    check_backend,
     check_choice,
     check_divides,
     check_dropout,
@@ -67,6 +68,8 @@ class MacchiatoAttention(nn.Module):
         qk_mixer, conv_size, chunk_size: the latent branch, as LatteAttention.
         dropout: applied to the layer output in training.
         bias: biases in the projections.
+        backend: kernels of the op, "torch" | "fla" | "auto" | None (the
+            process default); see latte.ops.backend.
     """
 
     def __init__(
@@ -85,8 +88,10 @@ class MacchiatoAttention(nn.Module):
         chunk_size: int = 64,
         dropout: float = 0.0,
         bias: bool = False,
+        backend: str | None = None,
     ):
         super().__init__()
+        check_backend(backend)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         check_positive_ints(
             dim=dim, num_heads=num_heads, num_latents=num_latents, window_size=window_size,
@@ -104,6 +109,7 @@ class MacchiatoAttention(nn.Module):
         self.dim, self.num_heads, self.num_latents = dim, num_heads, num_latents
         self.num_kv_heads, self.head_dim, self.window_size = num_kv_heads, head_dim, window_size
         self.mix, self.chunk_size, self.qk_mixer = mix, chunk_size, qk_mixer
+        self.backend = backend
         add_qkvo(self, dim, num_heads, num_kv_heads, head_dim, rope_theta, bias)
         self.mixer = QKMixer(dim, num_heads, qk_mixer, conv_size=conv_size, causal=True)
         self.a_proj = nn.Linear(dim, num_latents, bias=bias)
@@ -129,7 +135,7 @@ class MacchiatoAttention(nn.Module):
         b = self.b_proj(u).view(B, T, H, L)
         gate = None if self.gate_proj is None else self.gate_proj(x)  # [B, T, H]
         prev = None if state is None else state.attn
-        common = dict(window_size=self.window_size, mix=self.mix, beta=self.beta)
+        common = dict(window_size=self.window_size, mix=self.mix, beta=self.beta, backend=self.backend)
         if T == 1:  # decoding: constant-time step
             y, attn = macchiato_step(
                 a[:, 0], b[:, 0], v[:, 0], q[:, 0], k[:, 0], gate_t=None if gate is None else gate[:, 0],

@@ -16,7 +16,7 @@ from .inputs import value_checks
 from .lm_loss import head_and_loss, next_token_targets
 from .modeling import LatteModel
 from .pretrained import PretrainedMixin
-from .sampling import check_eos, check_sampling_args, next_token
+from .sampling import check_eos, check_sampling_args, token_stream
 
 
 @dataclass
@@ -129,17 +129,14 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
             # Prefill: one chunked pass; only the last position goes through
             # the head ([B, T, V] logits of a long prompt would be large).
             hidden, state = self.model(input_ids, attention_mask=mask, use_cache=True, inputs_checked=True)
-            done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-            for i in range(max_new_tokens):
-                tok = next_token(self.lm_head(hidden[:, -1]).float(), **pick)  # [B]
-                if eos is not None:
-                    tok = torch.where(done, eos[0], tok)
-                    done = done | torch.isin(tok, eos)
-                yield tok
-                if i + 1 == max_new_tokens or bool(done.all()):
-                    break
+
+            def step(tok):
                 # The new token is real in every row and a valid id: the state
                 # already knows which prompt positions were padding.
+                nonlocal state
                 hidden, state = self.model(tok[:, None], state=state, use_cache=True, inputs_checked=True)
+                return self.lm_head(hidden[:, -1])
+
+            yield from token_stream(self.lm_head(hidden[:, -1]), step, max_new_tokens, eos, pick)
         finally:
             self.train(was_training)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Callable, Iterator
 
 import torch
 
@@ -70,3 +71,22 @@ def next_token(logits: torch.Tensor, greedy: bool, temperature: float, top_k: in
                top_p: float | None, generator: torch.Generator | None) -> torch.Tensor:
     """logits [B, V] -> token ids [B]."""
     return logits.argmax(-1) if greedy else sample(logits, temperature, top_k, top_p, generator)
+
+
+def token_stream(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tensor], max_new_tokens: int,
+                 eos: torch.Tensor | None, pick: dict) -> Iterator[torch.Tensor]:
+    """The decoding loop shared by the models' `stream`: from the last
+    prompt position's logits [B, V], yields one token per row [B] per step;
+    `step(tok)` feeds the tokens and returns the next logits. A row stops at
+    eos (then repeats it); the loop ends after max_new_tokens or when every
+    row has stopped. `pick`: next_token's arguments."""
+    done = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    for i in range(max_new_tokens):
+        tok = next_token(logits.float(), **pick)  # [B]
+        if eos is not None:
+            tok = torch.where(done, eos[0], tok)
+            done = done | torch.isin(tok, eos)
+        yield tok
+        if i + 1 == max_new_tokens or bool(done.all()):
+            break
+        logits = step(tok)

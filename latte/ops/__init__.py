@@ -6,6 +6,7 @@ the input dtype. Every function here has a float64 reference in
 """
 
 from . import reference
+from .backend import BACKENDS, get_backend, set_backend
 from .bidirectional import latte_bidirectional
 from .causal import LatteState, latte_causal, latte_causal_step
 from .cross_entropy import linear_cross_entropy
@@ -20,10 +21,12 @@ from .sliding_window import (
 )
 
 __all__ = [
+    "BACKENDS",
     "LatteState",
     "LinearAttentionState",
     "MacchiatoState",
     "WindowState",
+    "get_backend",
     "latte_bidirectional",
     "latte_causal",
     "latte_causal_step",
@@ -34,6 +37,7 @@ __all__ = [
     "macchiato",
     "macchiato_step",
     "reference",
+    "set_backend",
     "sliding_window_attention",
     "sliding_window_attention_lse",
     "sliding_window_step",

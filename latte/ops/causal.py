@@ -36,6 +36,7 @@ from ._checks import (
     state_dtype,
 )
 from ._exp import exp_floored, limit_spread, logaddexp
+from .backend import resolve_latent
 from .chunked import LatteChunked
 from .intra_chunk import padded_chunk_size
 from .layout import from_chunks, to_chunks
@@ -108,6 +109,15 @@ def causal_chunked(a, b, v, chunk_size, state, mask):
     return y, LatteState(S_last.view(B, H, L, D), (z_last + c).view(B, H, L))
 
 
+def fla_chunked(a, b, v, state, mask, cu_seqlens=None):
+    """causal_chunked on fla-core's chunk_gla (gla.py): (y in the work dtype, LatteState)."""
+    from .gla import gla_chunked
+
+    y, S, z = gla_chunked(a, b, v, None if state is None else state.S, None if state is None else state.z,
+                          mask, cu_seqlens)
+    return y, LatteState(S, z)
+
+
 def latte_causal(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -118,6 +128,7 @@ def latte_causal(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
+    backend: str | None = None,
 ):
     """Causal Latte attention, chunked parallel form (docs/math.md §3.2).
 
@@ -134,11 +145,14 @@ def latte_causal(
             documents never see each other.
         mask: [B, T] bool, False for padding: those tokens are never attended
             to (their own outputs are unspecified).
+        backend: "torch" | "fla" | "auto" | None (the process default); see
+            latte.ops.backend.
     Returns:
         (y [B, T, H, Dv] in v's dtype, LatteState or None)
     """
     _check_inputs(a, b, v, mask)
     check_positive_int("chunk_size", chunk_size)
+    fla = resolve_latent(backend, a) == "fla"  # fused CUDA kernels (gla.py)
     B, T, H, L = a.shape
     D = v.shape[-1]
     if cu_seqlens is not None:
@@ -152,13 +166,19 @@ def latte_causal(
         def run(a_, b_, v_, mask_, state_):
             return causal_chunked(a_, b_, v_, chunk_size, state_, mask_)
 
-        y, state = run_packed(run, (a, b, v), cu_seqlens, mask, initial_state)
+        if fla:
+            y, state = fla_chunked(a, b, v, initial_state, mask, cu_seqlens)
+        else:
+            y, state = run_packed(run, (a, b, v), cu_seqlens, mask, initial_state)
     else:
         if initial_state is not None:
             check_latte_state(initial_state, B, H, L, D)
         if T == 0:
             raise ValueError("a: sequence length T must be >= 1, got 0")
-        y, state = causal_chunked(a, b, v, chunk_size, initial_state, mask)
+        if fla:
+            y, state = fla_chunked(a, b, v, initial_state, mask)
+        else:
+            y, state = causal_chunked(a, b, v, chunk_size, initial_state, mask)
     return y.to(v.dtype), (state if output_final_state else None)
 
 
@@ -169,11 +189,13 @@ def latte_causal_step(
     state: LatteState | None = None,
     *,
     mask_t: torch.Tensor | None = None,
+    backend: str | None = None,
 ):
     """One decoding step of causal Latte (docs/math.md §3.1): O(1) in the context.
 
     a_t, b_t: [B, H, Lh]; v_t: [B, H, Dv]; mask_t: [B] bool (False = padding,
-    the token is not added to the state's mass). Returns (y_t [B, H, Dv], state).
+    the token is not added to the state's mass); backend as in latte_causal.
+    Returns (y_t [B, H, Dv], state).
     """
     check_rank("a_t", a_t, 3, "[B, H, Lh]")
     check_rank("b_t", b_t, 3, "[B, H, Lh]")
@@ -192,6 +214,11 @@ def latte_causal_step(
     else:
         check_latte_state(state, B, H, L, D, name="state")
         S, z = state.S.to(work), state.z.to(work)
+    if resolve_latent(backend, a_t) == "fla":  # fused CUDA kernel (gla.py)
+        from .gla import gla_step
+
+        y, S_new, z_new = gla_step(a_t, b_t, v_t, S, z, mask_t)
+        return y.to(v_t.dtype), LatteState(S_new, z_new)
     b, v = mask_keys(b_t.to(work), v_t.to(work), mask_t)
     z_new = logaddexp(z, b)
     # both exponents are <= 0 (3.1): nothing overflows

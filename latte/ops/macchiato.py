@@ -25,10 +25,12 @@ import torch
 
 from ._checks import check_cu_seqlens, check_positive_int, check_rank, check_shape, state_dtype
 from ._exp import exp_floor, logsumexp
-from .causal import LatteState, causal_chunked, check_latte_state, latte_causal_step
+from .backend import resolve_latent, resolve_window
+from .causal import LatteState, causal_chunked, check_latte_state, fla_chunked, latte_causal_step
 from .sliding_window import (
     WindowState,
     check_qkv,
+    check_softcap,
     check_window_state,
     window_blocked,
     window_step,
@@ -50,9 +52,10 @@ def _repeat_kv(v: torch.Tensor, heads: int) -> torch.Tensor:
     return v.repeat_interleave(heads // v.shape[-2], dim=-2)
 
 
-def _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, step):
+def _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, step, softcap=None):
     sfx = "_t" if step else ""
     check_qkv(q, k, v, mask, suffix=sfx)
+    check_softcap(softcap)
     check_positive_int("window_size", window_size)
     check_positive_int("chunk_size", chunk_size)
     if mix not in MIXES:
@@ -87,9 +90,25 @@ def _mix(y_win, lse_win, y_lat, a, gate, beta, mix):
     return w * y_win + (1 - w) * y_lat
 
 
+def _kernels(backend, x, chunk_size, softcap):
+    """(window, latents) functions for the backend (backend.py) on tensors like x.
+    A soft-capped window stays on the tiles kernel (flex_window has no softcap)."""
+    def window(q, k, v, window_size, scale, mask, state, lengths):
+        return window_blocked(q, k, v, window_size, scale, mask, state, lengths, softcap)
+
+    if softcap is None and resolve_window(backend, x) == "flex":
+        from .flex_window import flex_window as window
+    if resolve_latent(backend, x) == "fla":
+        latents = fla_chunked
+    else:
+        latents = lambda a, b, v, state, mask: causal_chunked(a, b, v, chunk_size, state, mask)  # noqa: E731
+    return window, latents
+
+
 def macchiato(
     a, b, v, q, k, *, window_size, mix="joint", gate=None, beta=None, scale=None,
-    mask=None, chunk_size=64, initial_state=None, output_final_state=False, cu_seqlens=None,
+    mask=None, chunk_size=64, initial_state=None, output_final_state=False, cu_seqlens=None, softcap=None,
+    backend=None,
 ):
     """Latte-Macchiato attention over a sequence.
 
@@ -102,23 +121,28 @@ def macchiato(
         beta: [H] bias of the latents' mass (very negative = start as pure
             sliding-window attention), default 0.
         scale: window score scale, default 1/sqrt(E).
+        softcap: None, or c > 0 for window scores c * tanh(e / c) (Gemma 2).
         mask: [B, T] bool, False for padding.
         chunk_size, initial_state (MacchiatoState), output_final_state,
             cu_seqlens (packed documents, B == 1): as in latte_causal.
+        backend: "torch" | "fla" | "auto" | None (latte.ops.backend): "fla"
+            runs the latents on fla-core and the window on flex_attention.
     Returns:
         (y [B, T, H, D] in v's dtype, MacchiatoState or None)
     """
-    _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, step=False)
+    _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, step=False, softcap=softcap)
     B, T, H, L = a.shape
     D = v.shape[-1]
     if T == 0:
         raise ValueError("a: sequence length T must be >= 1, got 0")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
 
+    window, latents = _kernels(backend, q, chunk_size, softcap)
+
     def run(a, b, v, q, k, gate, mask, state):
         lat_state, win_state = state if state is not None else (None, None)
-        y_win, lse, win_state = window_blocked(q, k, v, window_size, scale, mask, win_state, lengths)
-        y_lat, lat_state = causal_chunked(a, b, _repeat_kv(v, H), chunk_size, lat_state, mask)
+        y_win, lse, win_state = window(q, k, v, window_size, scale, mask, win_state, lengths)
+        y_lat, lat_state = latents(a, b, _repeat_kv(v, H), lat_state, mask)
         y = _mix(y_win, lse, y_lat, a.to(y_lat.dtype), gate, beta, mix)
         return y, MacchiatoState(lat_state, win_state)
 
@@ -143,13 +167,13 @@ def macchiato(
 
 def macchiato_step(
     a_t, b_t, v_t, q_t, k_t, state=None, *, window_size, mix="joint", gate_t=None, beta=None,
-    scale=None, mask_t=None,
+    scale=None, mask_t=None, softcap=None, backend=None,
 ):
     """One decoding step: a_t, b_t [B, H, Lh], v_t [B, K, D], q_t [B, H, E],
     k_t [B, K, E], gate_t [B, H]; state: the MacchiatoState so far (None:
     empty). Returns (y_t [B, H, D], MacchiatoState); constant time and memory
     in the context (the window is a W - 1 buffer)."""
-    _check(a_t, b_t, v_t, q_t, k_t, gate_t, beta, mix, window_size, 1, mask_t, step=True)
+    _check(a_t, b_t, v_t, q_t, k_t, gate_t, beta, mix, window_size, 1, mask_t, step=True, softcap=softcap)
     lat_state = win_state = None
     if state is not None:
         if not isinstance(state, MacchiatoState):
@@ -158,9 +182,10 @@ def macchiato_step(
         lat_state, win_state = state
     scale = q_t.shape[-1] ** -0.5 if scale is None else scale
     y_win, lse, win_state = window_step(
-        q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=win_state
+        q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=win_state, softcap=softcap
     )
     work = state_dtype(a_t.dtype)
-    y_lat, lat_state = latte_causal_step(a_t.to(work), b_t.to(work), _repeat_kv(v_t, q_t.shape[1]).to(work), lat_state, mask_t=mask_t)
+    y_lat, lat_state = latte_causal_step(a_t.to(work), b_t.to(work), _repeat_kv(v_t, q_t.shape[1]).to(work), lat_state,
+                                         mask_t=mask_t, backend=backend)
     y = _mix(y_win, lse, y_lat, a_t.to(work), gate_t, beta, mix)
     return y.to(v_t.dtype), MacchiatoState(lat_state, win_state)

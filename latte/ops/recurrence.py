@@ -45,9 +45,14 @@ def _scan(x: torch.Tensor, a: torch.Tensor, h0: torch.Tensor | None, chunk: int)
     decay = torch.empty_like(a)  # [B, N, C, *F] prod of a since chunk start
     local[:, :, 0] = x[:, :, 0]
     decay[:, :, 0] = a[:, :, 0]
+    compiling = torch.compiler.is_compiling()  # dynamo refuses out= into a strided view
     for i in range(1, C):
-        torch.addcmul(x[:, :, i], a[:, :, i], local[:, :, i - 1], out=local[:, :, i])
-        torch.mul(decay[:, :, i - 1], a[:, :, i], out=decay[:, :, i])
+        if compiling:
+            local[:, :, i] = torch.addcmul(x[:, :, i], a[:, :, i], local[:, :, i - 1])
+            decay[:, :, i] = decay[:, :, i - 1] * a[:, :, i]
+        else:  # straight into place: no temporaries per step
+            torch.addcmul(x[:, :, i], a[:, :, i], local[:, :, i - 1], out=local[:, :, i])
+            torch.mul(decay[:, :, i - 1], a[:, :, i], out=decay[:, :, i])
     carry = torch.empty((B, N, *feat), dtype=x.dtype, device=x.device)  # state before chunk n
     h = h0 if h0 is not None else x.new_zeros((B, *feat))
     for n in range(N):

@@ -10,6 +10,7 @@ ending with its own (c = ceil((W - 1) / Q)), so the scores are
 [N, Q, (c + 1) Q]-sized: linear in T, never T x T. Besides the output it
 returns the log-normaliser lse_t = log sum_{s in W(t)} exp(e_{t,s}), which
 Macchiato needs to mix the window with the latents in one distribution.
+Optional soft-capping (Gemma 2) replaces each score e by c * tanh(e / c).
 
 A query always sees its own key, even when it is padding: every row then has
 at least one finite score, so no NaN arises from an empty softmax, and real
@@ -56,6 +57,11 @@ def check_qkv(q, k, v, mask, suffix=""):
     check_mask("mask" + suffix, mask, tuple(q.shape[: lead]))
 
 
+def check_softcap(softcap) -> None:
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0):
+        raise ValueError(f"softcap: expected None or a number > 0 (scores become c * tanh(s / c)), got {softcap!r}")
+
+
 def empty_window_state(k: torch.Tensor, v: torch.Tensor, window_size: int, work) -> WindowState:
     B, K = k.shape[0], k.shape[-2]
     P = window_size - 1
@@ -79,7 +85,26 @@ def check_window_state(state, q, k, v, window_size, name="initial_state"):
 _QBLOCK = 64
 
 
-def window_blocked(q, k, v, window_size, scale, mask, state, lengths=None):
+def extend_window(k, v, window_size, mask, state, lengths, work):
+    """The cached window followed by the new keys: kk [B, P + T, K, E],
+    vv [B, P + T, K, D], km [B, P + T] (True = a real token) and the
+    WindowState after the sequence (lengths [B]: each row's own end)."""
+    B, T = k.shape[:2]
+    P = window_size - 1
+    state = state if state is not None else empty_window_state(k, v, window_size, work)
+    mask = mask if mask is not None else torch.ones(B, T, dtype=torch.bool, device=k.device)
+    kk = torch.cat([state.k.to(work), k.to(work)], 1)  # [B, P + T, K, E]
+    vv = torch.cat([state.v.to(work), v.to(work)], 1)  # [B, P + T, K, D]
+    km = torch.cat([state.mask, mask], 1)  # [B, P + T]
+    if lengths is None:
+        return kk, vv, km, WindowState(kk[:, T:], vv[:, T:], km[:, T:])
+    # the P slots before each row's end: [len_b, len_b + P) of cache + sequence
+    idx = lengths.to(k.device)[:, None] + torch.arange(P, device=k.device)[None, :]  # [B, P]
+    take = lambda x: x.gather(1, idx.view(B, P, *([1] * (x.dim() - 2))).expand(B, P, *x.shape[2:]))
+    return kk, vv, km, WindowState(take(kk), take(vv), take(km))
+
+
+def window_blocked(q, k, v, window_size, scale, mask, state, lengths=None, softcap=None):
     """Core in the work dtype: returns (y [B,T,H,D], lse [B,T,H], WindowState).
 
     lengths [B]: tokens of each row for a right-padded batch of documents, so
@@ -89,18 +114,8 @@ def window_blocked(q, k, v, window_size, scale, mask, state, lengths=None):
     K, D, P = k.shape[2], v.shape[-1], window_size - 1
     G = H // K
     work = state_dtype(q.dtype)
-    state = state if state is not None else empty_window_state(k, v, window_size, work)
     masked = mask is not None  # padding among the keys: decided by the call, never by the values
-    mask = mask if masked else torch.ones(B, T, dtype=torch.bool, device=q.device)
-    kk = torch.cat([state.k.to(work), k.to(work)], 1)  # [B, P + T, K, E]
-    vv = torch.cat([state.v.to(work), v.to(work)], 1)  # [B, P + T, K, D]
-    km = torch.cat([state.mask, mask], 1)  # [B, P + T]
-    if lengths is None:
-        new_state = WindowState(kk[:, T:], vv[:, T:], km[:, T:])
-    else:  # the P slots before each row's end: [len_b, len_b + P) of cache + sequence
-        idx = lengths.to(q.device)[:, None] + torch.arange(P, device=q.device)[None, :]  # [B, P]
-        take = lambda x: x.gather(1, idx.view(B, P, *([1] * (x.dim() - 2))).expand(B, P, *x.shape[2:]))
-        new_state = WindowState(take(kk), take(vv), take(km))
+    kk, vv, km, new_state = extend_window(k, v, window_size, mask, state, lengths, work)
     Q = min(T, _QBLOCK)
     N, c = -(-T // Q), -(-P // Q)
     pad, front = N * Q - T, c * Q - P  # zeros after the sequence, masked slots before the cache
@@ -116,6 +131,7 @@ def window_blocked(q, k, v, window_size, scale, mask, state, lengths=None):
     qb = padded(q.to(work)).view(B, N, Q, K, G, E).permute(1, 0, 3, 4, 2, 5)
     y, lse = WindowTiles.apply(
         qb.reshape(N, B * K, G * Q, E), tiles(kk), tiles(vv), padded(km, front).view(B, N + c, Q), K, P, scale, masked,
+        softcap,
     )
     y = y.view(N, B, K, G, Q, D).permute(1, 0, 4, 2, 3, 5).reshape(B, N * Q, H, D)[:, :T]
     lse = lse.view(N, B, K, G, Q).permute(1, 0, 4, 2, 3).reshape(B, N * Q, H)[:, :T]
@@ -123,7 +139,7 @@ def window_blocked(q, k, v, window_size, scale, mask, state, lengths=None):
 
 
 def sliding_window_attention_lse(
-    q, k, v, *, window_size, scale=None, mask=None, initial_state=None, output_final_state=False
+    q, k, v, *, window_size, scale=None, mask=None, initial_state=None, output_final_state=False, softcap=None
 ):
     """Like sliding_window_attention, also returning the window log-normaliser.
 
@@ -131,17 +147,18 @@ def sliding_window_attention_lse(
     """
     check_qkv(q, k, v, mask)
     check_positive_int("window_size", window_size)
+    check_softcap(softcap)
     if q.shape[1] == 0:
         raise ValueError("q: sequence length T must be >= 1, got 0")
     if initial_state is not None:
         check_window_state(initial_state, q, k, v, window_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    y, lse, state = window_blocked(q, k, v, window_size, scale, mask, initial_state)
+    y, lse, state = window_blocked(q, k, v, window_size, scale, mask, initial_state, softcap=softcap)
     return y.to(v.dtype), lse, (state if output_final_state else None)
 
 
 def sliding_window_attention(
-    q, k, v, *, window_size, scale=None, mask=None, initial_state=None, output_final_state=False
+    q, k, v, *, window_size, scale=None, mask=None, initial_state=None, output_final_state=False, softcap=None
 ):
     """Exact causal softmax attention over the last `window_size` tokens.
 
@@ -152,17 +169,18 @@ def sliding_window_attention(
         scale: score scale, default 1/sqrt(E).
         mask: [B, T] bool, False for padding (never attended to).
         initial_state / output_final_state: a WindowState to continue from.
+        softcap: None, or c > 0 for scores c * tanh(scale q.k / c) (Gemma 2).
     Returns:
         (y [B, T, H, D] in v's dtype, WindowState or None)
     """
     y, _, state = sliding_window_attention_lse(
         q, k, v, window_size=window_size, scale=scale, mask=mask,
-        initial_state=initial_state, output_final_state=output_final_state,
+        initial_state=initial_state, output_final_state=output_final_state, softcap=softcap,
     )
     return y, state
 
 
-def window_step(q_t, k_t, v_t, *, window_size, scale, mask_t, state):
+def window_step(q_t, k_t, v_t, *, window_size, scale, mask_t, state, softcap=None):
     """One decoding step in the work dtype: (y_t [B,H,D], lse_t [B,H], state)."""
     B, H, E = q_t.shape
     K = k_t.shape[1]
@@ -174,6 +192,8 @@ def window_step(q_t, k_t, v_t, *, window_size, scale, mask_t, state):
     valid = torch.cat([state.mask, own], 1)  # own key always visible
     s = torch.einsum("bkge,bwke->bkgw", q_t.to(work).view(B, K, H // K, E), kk) * scale
     keep = valid[:, None, None]
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
     m = s.masked_fill(~keep, float("-inf")).amax(-1, keepdim=True)  # finite: the own key is valid
     p = exp_floored(s - m) * keep  # masked keys exactly 0, no exp of -inf (_exp.py)
     total = p.sum(-1, keepdim=True)
@@ -184,7 +204,7 @@ def window_step(q_t, k_t, v_t, *, window_size, scale, mask_t, state):
     return y.reshape(B, H, -1), lse.reshape(B, H), new_state
 
 
-def sliding_window_step(q_t, k_t, v_t, state=None, *, window_size, scale=None, mask_t=None):
+def sliding_window_step(q_t, k_t, v_t, state=None, *, window_size, scale=None, mask_t=None, softcap=None):
     """One decoding step: q_t [B, H, E], k_t [B, K, E], v_t [B, K, D]; state:
     the WindowState so far (None: empty).
 
@@ -192,8 +212,10 @@ def sliding_window_step(q_t, k_t, v_t, state=None, *, window_size, scale=None, m
     """
     check_qkv(q_t, k_t, v_t, mask_t, suffix="_t")
     check_positive_int("window_size", window_size)
+    check_softcap(softcap)
     if state is not None:
         check_window_state(state, q_t, k_t, v_t, window_size, name="state")
     scale = q_t.shape[-1] ** -0.5 if scale is None else scale
-    y, _, state = window_step(q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=state)
+    y, _, state = window_step(q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=state,
+                              softcap=softcap)
     return y.to(v_t.dtype), state

@@ -124,14 +124,16 @@ class WindowTiles(torch.autograd.Function):
     (q [N, X, G*Q, E], k [N + c, X, Q, E], v [N + c, X, Q, D], X = B * K)
     make every product a bmm on contiguous slabs, and the key gradients
     accumulate into their tiles in place (no overlapping blocks are built).
-    (q, k, v, key_ok [B, N + c, Q], K, P, scale, masked) -> (y [N, X, G*Q, D], lse [N, X, G*Q]);
+    (q, k, v, key_ok [B, N + c, Q], K, P, scale, masked, softcap) -> (y [N, X, G*Q, D], lse [N, X, G*Q]);
     masked: whether keys after the cache can be padding (a token mask was given).
     Gradient of a row with p = softmax(s):  ds = p (dy v^T - dy . y + dlse).
+    softcap (None or c > 0): scores c * tanh(s / c) as in Gemma 2, whose
+    derivative 1 - tanh^2 multiplies ds.
     """
 
     @staticmethod
     @without_autocast
-    def forward(ctx, q, k, v, key_ok, K, P, scale, masked):
+    def forward(ctx, q, k, v, key_ok, K, P, scale, masked, softcap=None):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         N, X, GQ, _ = q.shape
         c, Q = k.shape[0] - N, k.shape[2]
@@ -141,6 +143,8 @@ class WindowTiles(torch.autograd.Function):
         for n0, n1 in segments:
             masks = _visible(key_ok, K, P, c, n0, n1, masked)
             s = _tile_products(q[n0:n1], k, n0, q.new_empty(c + 1, n1 - n0, X, GQ, Q)).mul_(scale)
+            if softcap is not None:
+                s.div_(softcap).tanh_().mul_(softcap)
             _apply(s, masks.bias, masks.key_bias, torch.Tensor.add_)
             m = s.amax((0, 4), keepdim=True)  # finite: every row sees its own key
             p = _masked_exp_(s, m, masks)
@@ -152,7 +156,7 @@ class WindowTiles(torch.autograd.Function):
             for i in range(1, c + 1):
                 out.baddbmm_(_flat(p[i]), _flat(v[n0 + i:n1 + i]))
         ctx.save_for_backward(q, k, v, key_ok, y, lse)
-        ctx.K, ctx.P, ctx.scale, ctx.segments, ctx.masked = K, P, scale, segments, masked
+        ctx.K, ctx.P, ctx.scale, ctx.segments, ctx.masked, ctx.softcap = K, P, scale, segments, masked, softcap
         return y, lse
 
     @staticmethod
@@ -160,7 +164,7 @@ class WindowTiles(torch.autograd.Function):
     @without_autocast
     def backward(ctx, dy, dlse):
         q, k, v, key_ok, y, lse = ctx.saved_tensors
-        K, P, scale, masked = ctx.K, ctx.P, ctx.scale, ctx.masked
+        K, P, scale, masked, softcap = ctx.K, ctx.P, ctx.scale, ctx.masked, ctx.softcap
         N, X, GQ, _ = q.shape
         c, Q = k.shape[0] - N, k.shape[2]
         dy = dy.contiguous()  # autograd materialises unused output gradients as zeros
@@ -169,9 +173,16 @@ class WindowTiles(torch.autograd.Function):
         for n0, n1 in ctx.segments:
             masks = _visible(key_ok, K, P, c, n0, n1, masked)
             p = _tile_products(q[n0:n1], k, n0, q.new_empty(c + 1, n1 - n0, X, GQ, Q)).mul_(scale)
+            dcap = None
+            if softcap is not None:  # p holds tanh(s / c) until the exp
+                p.div_(softcap).tanh_()
+                dcap = 1 - p * p
+                p.mul_(softcap)
             _masked_exp_(p, lse[None, n0:n1, ..., None], masks)
             ds = _tile_products(dy[n0:n1], v, n0, torch.empty_like(p))  # dy . v
             ds.sub_(row[None, n0:n1, ..., None]).mul_(p).mul_(scale)
+            if dcap is not None:
+                ds.mul_(dcap)
             dq_seg, dy_seg, q_seg = _flat(dq[n0:n1]), _flat(dy[n0:n1]), _flat(q[n0:n1])
             torch.bmm(_flat(ds[0]), _flat(k[n0:n1]), out=dq_seg)
             for i in range(c + 1):
@@ -180,4 +191,4 @@ class WindowTiles(torch.autograd.Function):
                 _flat(dk[tile]).baddbmm_(_flat(ds[i]).transpose(1, 2), q_seg)
                 if i:
                     dq_seg.baddbmm_(_flat(ds[i]), _flat(k[tile]))
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None

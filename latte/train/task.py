@@ -85,6 +85,7 @@ from latte.train.config import RunConfig
 TASKS: dict[str, str] = {
     "lm": "latte.train.lm:LanguageModelingTask",
     "classification": "latte.train.classification:ClassificationTask",
+    "convert": "latte.train.convert:ConversionTask",
 }
 
 Batch = dict[str, torch.Tensor]

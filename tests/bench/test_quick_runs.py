@@ -133,6 +133,76 @@ def test_train_quick(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_window_quick(tmp_path, capsys):
+    """CPU: the tiles kernel forward and forward+backward, compiled flex
+    forward (one compile), flex forward+backward recorded as unavailable."""
+    from latte.bench import window
+
+    window.main(FAST + ["--out", str(tmp_path)])
+    res = _check_files(tmp_path, "window", capsys)
+    _check_machine(res)
+    got = {(r["provider"], r["T"], r["mode"]): r for r in res["results"]}
+    for T in res["config"]["seqs"]:
+        for p, mode in (("tiles", "fwd"), ("tiles", "fwdbwd"), ("flex", "fwd")):
+            _check_point(got[(p, T, mode)])
+        assert got[("flex", T, "fwdbwd")]["skipped"]
+        assert got[("flex", T, "fwd")]["max_abs_diff_vs_tiles"] < 1e-4  # the same attention
+
+
+def test_device_options_fail_clearly_without_a_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    for mod in (ops, train, decode):
+        with pytest.raises(SystemExit, match="--device cuda: torch.cuda.is_available"):
+            mod.main(FAST + ["--device", "cuda", "--out", "unused"])
+    with pytest.raises(SystemExit):  # argparse: the CPU runs are float32 only
+        ops.parse_args(["--dtype", "bfloat16"])
+    assert ops.parse_args(["--device", "cuda"]).providers == list(ops.CUDA_PROVIDERS)
+
+
+@pytest.mark.slow
+def test_train_compile_and_sweep_preset(tmp_path):
+    """--compile adds a compiled twin of each variant and the eager/compiled
+    ratio; a mixer may name its qk mixer; the sweep preset is the MQAR size."""
+    res = train.main(FAST + ["--out", str(tmp_path), "--mixers", "softmax", "--seqs", "32", "--compile"])
+    assert res["config"]["variants"] == ["softmax", "softmax compiled"]
+    for r in res["results"]:
+        _check_point(r)
+    assert res["ratios"]["over_softmax"]["32"] == {"softmax": 1.0, "softmax compiled": 1.0}
+    assert set(res["ratios"]["eager_over_compiled"]["32"]) == {"softmax"}
+    assert [r["compile_s"] > 0 for r in res["results"] if r["compiled"]] == [True]
+    args = train.parse_args(["--preset", "sweep", "--mixers", "latte:none,linear", "--compile"])
+    assert args.seqs == [64] and args.tokens_per_step // 64 == 64  # batch 64
+    assert [train.label_of(m, d, args.dists, b, c) for m, d, b, c in train.variants(args)] == [
+        "latte:none", "latte:none compiled", "latte:none (b std10)", "latte:none (b std10) compiled",
+        "linear", "linear compiled"]
+    cfg = train.make_config("macchiato:conv", False, 64, "sweep")
+    assert (cfg.dim, cfg.num_layers, cfg.vocab_size, cfg.qk_mixer, cfg.window_size) == (64, 2, 8192, "conv", 16)
+
+
+def test_cuda_ops_plumbing_runs_on_cpu(tmp_path, monkeypatch):
+    """latte bench ops --device cuda with its device swapped for the CPU: every
+    provider is timed or recorded as unavailable (fla's need CUDA), and the
+    markdown is written. The CUDA numbers themselves need a GPU."""
+    from latte.bench import cuda
+
+    monkeypatch.setattr(cuda, "DEVICE", "cpu")
+    monkeypatch.setattr(cuda, "FULL_T", [16])
+    args = ops.parse_args(["--device", "cuda", "--repeats", "5", "--warmup", "0", "--out", str(tmp_path)])
+    args.dtype = "float32"  # CPU SDPA and the torch kernels
+    res = cuda.main_ops(args)
+    got = {(r["provider"], r["mode"]): r for r in res["results"]}
+    assert set(got) == {(p, m) for p in cuda.PROVIDERS for m in cuda.MODES}
+    for p in ("latte", "macchiato", "sdpa"):
+        _check_point(got[(p, "fwdbwd")])
+    for p in ("latte-fla", "fla-gla", "macchiato-fla"):
+        assert got[(p, "fwd")]["skipped"] and "unavailable" in got[(p, "fwd")]["reason"]
+    assert (tmp_path / "ops-cuda.md").read_text().startswith("# latte bench ops --device cuda")
+
+
+@pytest.mark.slow
 def test_train_runs_split_by_sequence_merge(tmp_path, capsys):
     train.main(FAST + ["--out", str(tmp_path), "--seqs", "32", "--mixers", "latte,softmax"])
     res = train.main(FAST + ["--out", str(tmp_path), "--seqs", "64", "--mixers", "latte,softmax", "--merge"])
@@ -156,3 +226,15 @@ def test_sharpened_key_logits_have_the_asked_spread():
     for h in hooks:
         h.remove()
     assert len(seen) == model.config.num_layers and all(abs(s - 10.0) < 1e-3 for s in seen)
+
+
+def test_step_profile_counts_ops_and_names_the_top_ones():
+    from latte.bench import step_profile
+
+    x = torch.randn(8, 8)
+    prof = step_profile.profile_step(lambda: (x @ x).exp().sum(), steps=2, top=3)
+    assert prof["aten_calls_per_step"] >= 3 and prof["wall_ms_per_step"] > 0
+    ms = [t["self_ms_per_step"] for t in prof["top"]]
+    assert len(ms) == 3 and ms == sorted(ms, reverse=True) and all(t["op"].startswith("aten::") for t in prof["top"])
+    table = step_profile.markdown({"toy": prof}, 8)
+    assert table[1].startswith("## Profile") and table[-1].startswith("| toy | ")

@@ -80,7 +80,7 @@ def test_task_sections_are_validated_like_the_rest(tmp_path):
 
 def test_task_names_resolve_or_fail_clearly(tmp_path):
     assert task_class("lm").__name__ == "LanguageModelingTask" and task_class(TASK) is ToyTask
-    with pytest.raises(ConfigError, match=r"task: got 'nope', expected one of 'lm', 'classification' or 'package.module:Class'"):
+    with pytest.raises(ConfigError, match=r"task: got 'nope', expected one of 'lm', 'classification', 'convert' or 'package.module:Class'"):
         build_run_config({"task": "nope"}, where="x")
     with pytest.raises(ConfigError, match="cannot import tests.train.nothing:X"):
         task_class("tests.train.nothing:X")

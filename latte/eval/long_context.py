@@ -1,0 +1,135 @@
+"""Long-context evaluation of converted models (docs/evaluation.md §7):
+per-token loss over long documents, perplexity by context and by position
+bucket, decode latency and decoding-state size against a KV cache.
+
+  original   the pretrained model with full attention: one pass over the
+             document (SDPA, no cache: memory linear in T), the LM head
+             applied in chunks
+  converted  a ConvertedForCausalLM (also "swa", before up-training): the
+             document fed in chunks through its constant-size cache; at each
+             context boundary a few decode steps are timed on a copy of the
+             real state
+
+Decode latency of the original at context C is timed on a KV cache of C
+random keys/values (a decode step's cost does not depend on their values);
+building the real one would cost a second quadratic pass.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
+
+
+@dataclass
+class DocumentEval:
+    nll: torch.Tensor  # [T - 1] float64: loss of predicting token t + 1 from tokens <= t
+    wall_s: float
+    decode: dict[int, dict[str, float]] = field(default_factory=dict)  # context -> ms_per_token, state_bytes
+
+
+def _head_nll(model, hidden: torch.Tensor, targets: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """NLL of targets [T] from final hidden states [T, F], the LM head (and
+    Gemma 2's final soft-cap) applied chunk by chunk: [T, vocab] logits of a
+    long document would not fit."""
+    head = model.get_output_embeddings()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    out = []
+    for i in range(0, hidden.shape[0], chunk):
+        logits = head(hidden[i:i + chunk]).float()
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        out.append(F.cross_entropy(logits, targets[i:i + chunk], reduction="none").double())
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def original_nll(converted, ids: torch.Tensor) -> DocumentEval:
+    """Per-token NLL of the pretrained model (full attention) on ids [T]."""
+    t0 = time.perf_counter()
+    with converted.as_original() as base:
+        hidden = base.model(input_ids=ids[None], use_cache=False).last_hidden_state[0]
+        nll = _head_nll(base, hidden[:-1], ids[1:])
+    return DocumentEval(nll, time.perf_counter() - t0)
+
+
+def _time_steps(step, tokens: torch.Tensor) -> float:
+    """Median milliseconds of step(token) over the given tokens (first one is warm-up)."""
+    times = []
+    for i, tok in enumerate(tokens):
+        t0 = time.perf_counter()
+        step(tok.view(1, 1))
+        if i:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def converted_nll(model, ids: torch.Tensor, *, contexts=CONTEXTS, chunk: int = 1024,
+                  decode_steps: int = 9) -> DocumentEval:
+    """Per-token NLL of a converted model on ids [T], fed `chunk` tokens at a
+    time through its cache; decode timed at each context in `contexts`."""
+    from latte.models.convert import MacchiatoCache
+
+    t0, spent = time.perf_counter(), 0.0
+    N = ids.shape[0] - 1  # tokens fed: the last one only serves as a target
+    cache, out, decode = MacchiatoCache(model.num_layers), [], {}
+    stops = sorted({c for c in contexts if c <= N} | set(range(chunk, N, chunk)) | {N})
+    start = 0
+    for stop in stops:
+        hidden = model.base.model(input_ids=ids[None, start:stop], past_key_values=cache, use_cache=True)
+        cache.seen_tokens += stop - start
+        out.append(_head_nll(model.base, hidden.last_hidden_state[0], ids[start + 1:stop + 1]))
+        start = stop
+        if stop in contexts and stop + decode_steps <= N + 1:
+            t1 = time.perf_counter()
+            probe = copy.deepcopy(cache)
+            ms = _time_steps(lambda tok: model(tok, past_key_values=probe, use_cache=True), ids[stop:stop + decode_steps])
+            decode[stop] = {"ms_per_token": ms, "state_bytes": float(cache.nbytes())}
+            spent += time.perf_counter() - t1
+    return DocumentEval(torch.cat(out), time.perf_counter() - t0 - spent, decode)
+
+
+@torch.no_grad()
+def original_decode(converted, context: int, *, steps: int = 9, seed: int = 0) -> dict[str, float]:
+    """Decode ms/token and KV-cache bytes of the pretrained model at `context`
+    tokens (cache of random keys/values, see the module docstring)."""
+    from transformers import DynamicCache
+
+    cfg = converted.base.config
+    g = torch.Generator().manual_seed(seed)
+    with converted.as_original() as base:
+        cache = DynamicCache(config=cfg)
+        E, K = converted.converted[0].spec.head_dim, cfg.num_key_value_heads
+        for i in range(cfg.num_hidden_layers):
+            cache.update(torch.randn(1, K, context, E, generator=g), torch.randn(1, K, context, E, generator=g), i)
+        nbytes = sum(x.numel() * x.element_size() for layer in cache.layers for x in (layer.keys, layer.values))
+        tokens = torch.randint(0, cfg.vocab_size, (steps,), generator=g)
+        ms = _time_steps(lambda tok: base(input_ids=tok, past_key_values=cache, use_cache=True), tokens)
+    return {"ms_per_token": ms, "state_bytes": float(nbytes)}
+
+
+def perplexities(nlls: list[torch.Tensor], contexts=CONTEXTS) -> list[dict[str, float]]:
+    """Per context C: perplexity over the first C positions of every document
+    at least C + 1 tokens long, and over the position bucket [C/2, C) (the
+    first bucket is [0, C)); with the tokens each one used."""
+    rows = []
+    for c in contexts:
+        docs = [n for n in nlls if n.shape[0] >= c]
+        if not docs:
+            continue
+        lo = 0 if c == contexts[0] else c // 2
+        whole = torch.cat([n[:c] for n in docs])
+        bucket = torch.cat([n[lo:c] for n in docs])
+        rows.append({"context": c, "documents": len(docs), "tokens": int(whole.numel()),
+                     "ppl": math.exp(float(whole.mean())), "bucket": f"{lo}-{c}",
+                     "bucket_ppl": math.exp(float(bucket.mean())), "bucket_tokens": int(bucket.numel())})
+    return rows

@@ -1,0 +1,201 @@
+"""The stages of `latte experiment convert` (see latte/experiments/convert.py):
+training runs per recipe, long-context evaluation cells, the long sample."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .results import Sweep
+
+SHORT = 8192  # the original reads its other documents this far (its training context)
+
+
+def run_latte(args: list[str], log: Path, threads: int) -> None:
+    """`python -m latte ARGS` in a subprocess (output appended to `log`): a
+    killed experiment leaves the run resumable; a failure shows the log's end."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        f.write(f"\n$ latte {' '.join(args)}\n")
+        f.flush()
+        rc = subprocess.run([sys.executable, "-m", "latte", *args], stdout=f, stderr=subprocess.STDOUT,
+                            env=env).returncode
+    if rc != 0:
+        raise RuntimeError(f"latte {' '.join(args[:3])} ... exited {rc}; end of {log}:\n{log.read_text()[-2000:]}")
+
+
+def run_dir(a, recipe: str) -> Path:
+    return Path(a.runs) / "recipes" / recipe
+
+
+# --------------------------------------------------------------------------- recipes
+
+def recipes_stage(a) -> list[dict]:
+    from .convert import DEFAULT_RECIPE, RECIPES
+
+    names = [r for r in a.recipes.split(",") if r]
+    bad = [r for r in names if r not in RECIPES]
+    if bad or DEFAULT_RECIPE not in names:
+        raise ValueError(f"--recipes: unknown {bad}" if bad else f"--recipes must include {DEFAULT_RECIPE!r}")
+    cells = [{"recipe": r} for r in sorted(names, key=lambda r: r != DEFAULT_RECIPE)]
+    cells += [{"recipe": "none (swa)"}, {"recipe": "none (original)"}]
+    return Sweep(Path(a.runs) / "cells-recipes", cells).run(lambda c: _recipe_cell(c, a), desc="recipes")
+
+
+def _recipe_cell(cell: dict, a) -> dict:
+    from .convert import DEFAULT_RECIPE, RECIPES
+
+    recipe = cell["recipe"]
+    if recipe.startswith("none"):  # the untrained baselines on the same validation windows
+        return _baseline_ppl(run_dir(a, DEFAULT_RECIPE), original="original" in recipe)
+    run = run_dir(a, recipe)
+    load0, t0 = os.getloadavg()[0], time.time()
+    sets = [*RECIPES[recipe], *a.set]
+    run_latte(["convert", "--config", a.config, f"--train.run_dir={run}", f"--train.num_threads={a.threads}",
+               "--train.tensorboard=false", *[f"--{s}" for s in sets]], run / "experiment.log", a.threads)
+    s = json.loads((run / "summary.json").read_text())
+    return {"val_ppl": s["val_ppl"], "val_tokens": s["val_tokens"], "train_tokens": s["tokens_seen"],
+            "steps": s["step"], "train_wall_s": round(s["wall_time_s"], 1), "stopped": s.get("stopped", ""),
+            "overrides": " ".join(RECIPES[recipe]), "load_start": round(load0, 2), "load_end": round(os.getloadavg()[0], 2),
+            "cell_wall_s": round(time.time() - t0, 1)}
+
+
+@torch.no_grad()
+def _baseline_ppl(run: Path, *, original: bool) -> dict:
+    """Validation perplexity (the trainer's windows) of the converted model
+    before up-training (beta = -30: exactly the sliding-window model) or of
+    the original."""
+    from latte.train.runs import open_run
+    from latte.train.validation import nll_sums, summarize
+
+    trained = open_run(run)
+    model = trained.model.model  # Distiller -> the converted model
+    t0 = time.perf_counter()
+    for attn in model.converted:
+        attn.beta.fill_(-30.0)
+    task = trained.task
+    windows = _val_windows(trained)
+    if original:
+        with model.as_original() as base:
+            total, count = nll_sums(base, windows, batch_size=1)
+    else:
+        total, count = nll_sums(model, windows, batch_size=1)
+    m = summarize(total, int(count), time.perf_counter() - t0)
+    del task
+    return {"val_ppl": m["ppl"], "val_tokens": m["tokens"], "train_tokens": 0, "steps": 0,
+            "train_wall_s": 0.0, "stopped": "", "overrides": "", "cell_wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def _val_windows(trained):
+    from latte.data import TokenWindows
+    from latte.train.lm import pack_split
+    from latte.train.validation import subset
+
+    c = trained.config.data
+    return subset(TokenWindows(pack_split(trained.config, trained.tokenizer, "validation"), c.seq_len), c.val_windows)
+
+
+# --------------------------------------------------------------------------- long-context evaluation
+
+DECODE_STEPS = 9  # timed decode steps after each context (the first is a warm-up)
+
+
+def held_out_documents(trained, n: int, max_context: int) -> list[tuple[str, torch.Tensor]]:
+    """The n longest held-out documents, tokenized, cut at max_context + 1
+    tokens plus the few that decode timing feeds after the last context."""
+    from latte.train.lm import split_corpus
+
+    _, val_docs = split_corpus(trained.config)
+    docs = sorted(val_docs, key=lambda d: -len(d.text))[:n]
+    out = []
+    for d in docs:
+        ids = torch.tensor(trained.tokenizer.encode(d.text)[: max_context + 1 + DECODE_STEPS])
+        out.append((d.name, ids))
+    return out
+
+
+def eval_stage(a) -> list[dict]:
+    from .convert import DEFAULT_RECIPE
+
+    trained = _open(run_dir(a, DEFAULT_RECIPE))
+    docs = held_out_documents(trained, a.documents, a.max_context)
+    contexts = a.contexts
+    cells = [{"model": m, "document": name} for m in ("converted", "swa", "original") for name, _ in docs]
+    cells += [{"model": "original-decode", "document": f"context-{c}"} for c in contexts]
+    rank = {name: i for i, (name, _) in enumerate(docs)}
+    by_name = dict(docs)
+    sweep = Sweep(Path(a.runs) / "cells-eval", cells)
+    sweep.run(lambda cell: _eval_cell(cell, trained, by_name, rank, contexts, a), desc="eval")
+    return sweep.records()
+
+
+def _open(run: Path):
+    from latte.train.runs import open_run
+
+    return open_run(run)
+
+
+def _eval_cell(cell, trained, docs, rank, contexts, a) -> dict:
+    from latte.eval.long_context import converted_nll, original_decode, original_nll
+
+    model = trained.model.model
+    load0 = os.getloadavg()[0]
+    if cell["model"] == "original-decode":
+        c = int(cell["document"].removeprefix("context-"))
+        return {**original_decode(model, c), "context": c, "load": round(load0, 2)}
+    ids = docs[cell["document"]]
+    if cell["model"] == "original":
+        limit = a.max_context if rank[cell["document"]] < a.original_full_documents else min(SHORT, a.max_context)
+        res = original_nll(model, ids[: limit + 1])
+    else:
+        betas = [attn.beta.detach().clone() for attn in model.converted]
+        if cell["model"] == "swa":
+            for attn in model.converted:
+                attn.beta.data.fill_(-30.0)
+        try:
+            res = converted_nll(model, ids, contexts=contexts, decode_steps=DECODE_STEPS)
+        finally:
+            for attn, b in zip(model.converted, betas):
+                attn.beta.data.copy_(b)
+    record = {"tokens": int(res.nll.shape[0]), "wall_s": round(res.wall_s, 1), "load": round(load0, 2),
+              "nll": ",".join(f"{x:.5f}" for x in res.nll.tolist())}
+    for c, d in res.decode.items():
+        record[f"ms_per_token_{c}"] = round(d["ms_per_token"], 2)
+        record[f"state_bytes_{c}"] = int(d["state_bytes"])
+    return record
+
+
+def nll_of(record: dict) -> torch.Tensor:
+    return torch.tensor([float(x) for x in record["nll"].split(",")], dtype=torch.float64)
+
+
+# --------------------------------------------------------------------------- sample
+
+def sample_stage(a) -> dict:
+    cells = [{"sample": "long-context", "context": a.sample_context}]
+    return Sweep(Path(a.runs) / "cells-sample", cells).run(lambda c: _sample_cell(c, a), desc="sample")[0]
+
+
+@torch.no_grad()
+def _sample_cell(cell, a) -> dict:
+    from .convert import DEFAULT_RECIPE
+
+    trained = _open(run_dir(a, DEFAULT_RECIPE))
+    name, ids = held_out_documents(trained, 1, cell["context"] + 64)[0]
+    prompt = ids[: cell["context"]]
+    model = trained.model.model
+    t0 = time.perf_counter()
+    g = torch.Generator().manual_seed(0)
+    new = [int(t[0]) for t in model.stream(prompt[None], 60, temperature=0.7, top_k=50, generator=g)]
+    tok = trained.tokenizer
+    return {"document": name, "prompt_tokens": int(prompt.shape[0]),
+            "prompt_tail": tok.decode(prompt[-120:].tolist()), "generated": tok.decode(new),
+            "reference": tok.decode(ids[cell["context"]: cell["context"] + 60].tolist()),
+            "wall_s": round(time.perf_counter() - t0, 1)}

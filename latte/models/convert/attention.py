@@ -1,0 +1,194 @@
+"""ConvertedAttention: a pretrained attention module turned into Macchiato
+(docs/math.md §4, docs/conversion.md).
+
+Legend: B batch, T time, H query heads, K key/value heads, L latents per
+head, E head width, F model width (hidden_size).
+
+  window branch: q, k, v = the original q_proj, k_proj, v_proj (+ q/k norms),
+                 RoPE from the model's own (cos, sin), the original score
+                 scale and soft-cap, restricted to the last window_size tokens
+  latent branch: u = qk_mixer(x); a = u W_a, b = u W_b [B, T, H, L] (new)
+  mixing:        latte.ops.macchiato ("joint": one normaliser; beta [H] new)
+  output:        the original o_proj
+
+With beta very negative the latents carry no mass and the layer is exactly
+the original attention restricted to the window (a sliding-window version of
+the pretrained model). Optional LoRA adapters (rank r) add (x A^T) B^T to
+q/k/v/o; B starts at zero, so they change nothing until trained.
+
+The module keeps the original's q_proj, k_proj, v_proj, o_proj (and q_norm,
+k_norm) under their own names, so a converted model's state dict holds the
+pretrained weights under the pretrained names. The original module itself is
+kept outside the module tree (`self.original`) to run the model unconverted.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from latte.layers import QKMixer
+from latte.ops import MacchiatoState, macchiato, macchiato_step, sliding_window_attention_lse
+
+from .families import AttentionSpec
+
+_ORIGINAL_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+
+
+class ConvertedLayerState(NamedTuple):
+    """Decoding state of one converted layer: constant in the context."""
+
+    attn: MacchiatoState  # latent (S, z) + ring buffer of window_size - 1 keys/values
+    conv: torch.Tensor | None  # qk-mixer conv state [B, conv_size - 1, F] or None
+    h: torch.Tensor | None  # qk-mixer RG-LRU state [B, F] or None
+
+
+class LogMasses(NamedTuple):
+    """[B, T, H] float32 logs, beta excluded. joint: p(latents) =
+    sigmoid(latent + beta - window); gate: sigmoid(latent + beta - gate)."""
+
+    window: torch.Tensor  # log sum of exp(scores) over the window
+    full: torch.Tensor  # the same over every key the original sees
+    latent: torch.Tensor  # logsumexp of the latent logits a
+    gate: torch.Tensor | None  # the gate logit (mix="gate")
+
+
+class LoRA(nn.Module):
+    """x -> (x A^T) B^T * alpha / r; B starts at zero (no change until trained)."""
+
+    def __init__(self, in_features: int, out_features: int, rank: int, alpha: float):
+        super().__init__()
+        self.A = nn.Parameter(torch.empty(rank, in_features))
+        self.B = nn.Parameter(torch.zeros(out_features, rank))
+        nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))
+        self.scale = alpha / rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x @ self.A.t()) @ self.B.t() * self.scale
+
+
+def padding_mask(attention_mask, B: int, T: int) -> torch.Tensor | None:
+    """[B, T] bool (False = padding) from the 2D mask the model passes down
+    (generate passes the mask of the whole sequence: its last T columns are
+    the current tokens); None when every token is real."""
+    if attention_mask is None:
+        return None
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2 \
+            or attention_mask.shape[0] != B or attention_mask.shape[1] < T:
+        got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+        raise ValueError(f"attention_mask: a converted model takes a 2D padding mask [batch, tokens] "
+                         f"(1 = real token, 0 = padding), got {got}; 4D/custom masks are not supported")
+    mask = attention_mask[:, -T:].bool()
+    return None if bool(mask.all()) else mask
+
+
+class ConvertedAttention(nn.Module):
+    """Drop-in for a Hugging Face attention module: forward(hidden_states,
+    position_embeddings, attention_mask, past_key_values, **kw) -> (y, None).
+    The decoding state lives in a `MacchiatoCache` (past_key_values)."""
+
+    def __init__(self, original: nn.Module, spec: AttentionSpec, layer_idx: int, *, dim: int, window_size: int,
+                 latents_per_head: int, qk_mixer: str, conv_size: int, mix: str, beta_init: float,
+                 chunk_size: int, lora_rank: int = 0, lora_alpha: float = 16.0):
+        super().__init__()
+        self.__dict__["original"] = original  # kept outside the module tree (no duplicate parameters)
+        for name in _ORIGINAL_PARTS:
+            if getattr(original, name, None) is not None:
+                setattr(self, name, getattr(original, name))
+        self.spec, self.layer_idx, self.mix, self.chunk_size = spec, layer_idx, mix, chunk_size
+        # the original's own local window (sliding layers) caps the converted one
+        self.window_size = window_size if spec.window is None else min(window_size, spec.window)
+        H, L = spec.num_heads, latents_per_head
+        self.latents_per_head = L
+        self.mixer = QKMixer(dim, H, qk_mixer, conv_size=conv_size, causal=True)
+        self.a_proj = nn.Linear(dim, H * L, bias=False)
+        self.b_proj = nn.Linear(dim, H * L, bias=False)
+        self.gate_proj = nn.Linear(dim, H) if mix == "gate" else None
+        self.beta = nn.Parameter(torch.full((H,), float(beta_init)))
+        self.lora = None
+        if lora_rank:
+            self.lora = nn.ModuleDict({
+                name: LoRA(getattr(self, name).in_features, getattr(self, name).out_features, lora_rank, lora_alpha)
+                for name in ("q_proj", "k_proj", "v_proj", "o_proj")
+            })
+        ref = self.q_proj.weight
+        self.to(device=ref.device, dtype=ref.dtype)
+
+    def new_parameters(self):
+        """(name, parameter) of what conversion added: latent branch, beta, LoRA."""
+        for name, p in self.named_parameters():
+            if name.split(".")[0] not in _ORIGINAL_PARTS:
+                yield name, p
+
+    def _project(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        y = getattr(self, name)(x)
+        return y if self.lora is None else y + self.lora[name](x)
+
+    def _qkv(self, x: torch.Tensor, position_embeddings):
+        """The original's q, k, v ([B, T, H|K, E]) with its norms and RoPE."""
+        B, T, _ = x.shape
+        E = self.spec.head_dim
+        q = self._project("q_proj", x).view(B, T, -1, E)
+        k = self._project("k_proj", x).view(B, T, -1, E)
+        v = self._project("v_proj", x).view(B, T, -1, E)
+        if getattr(self, "q_norm", None) is not None:  # per-head norms (Qwen3, Gemma 3)
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = position_embeddings
+        q, k = self.spec.apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [B, H|K, T, E]
+        return q.transpose(1, 2), k.transpose(1, 2), v
+
+    @torch.no_grad()
+    def log_masses(self, x: torch.Tensor, position_embeddings) -> "LogMasses":
+        """Log-masses of the mixture's parts on input x (see LogMasses)."""
+        B, T, _ = x.shape
+        q, k, v = self._qkv(x, position_embeddings)
+        kw = dict(scale=self.spec.scale, softcap=self.spec.softcap)
+        _, window, _ = sliding_window_attention_lse(q, k, v, window_size=self.window_size, **kw)
+        _, full, _ = sliding_window_attention_lse(q, k, v, window_size=self.spec.window or T, **kw)
+        gate = None if self.gate_proj is None else self.gate_proj(x).float()
+        u, _, _ = self.mixer(x)
+        a = self.a_proj(u).view(B, T, self.spec.num_heads, self.latents_per_head)
+        return LogMasses(window, full, torch.logsumexp(a.float(), -1), gate)
+
+    def forward(self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None,
+                past_key_values=None, **kwargs):
+        from .cache import MacchiatoCache
+
+        x = hidden_states
+        B, T, _ = x.shape
+        H, L = self.spec.num_heads, self.latents_per_head
+        mask = padding_mask(attention_mask, B, T)
+        cache = past_key_values if isinstance(past_key_values, MacchiatoCache) else None
+        if past_key_values is not None and cache is None:
+            raise ValueError(f"past_key_values: a converted model keeps a MacchiatoCache, got "
+                             f"{type(past_key_values).__name__}")
+        prev = None if cache is None else cache.states[self.layer_idx]
+        q, k, v = self._qkv(x, position_embeddings)
+        u, conv, h = self.mixer(x, mask=mask, conv_state=None if prev is None else prev.conv,
+                                h=None if prev is None else prev.h)
+        a = self.a_proj(u).view(B, T, H, L)
+        b = self.b_proj(u).view(B, T, H, L)
+        gate = None if self.gate_proj is None else self.gate_proj(x)  # [B, T, H]
+        common = dict(window_size=self.window_size, mix=self.mix, beta=self.beta, scale=self.spec.scale,
+                      softcap=self.spec.softcap)
+        if T == 1 and prev is not None:  # decoding: one constant-time step
+            y, attn = macchiato_step(a[:, 0], b[:, 0], v[:, 0], q[:, 0], k[:, 0],
+                                     gate_t=None if gate is None else gate[:, 0],
+                                     mask_t=None if mask is None else mask[:, 0], state=prev.attn, **common)
+            y = y.unsqueeze(1)
+        else:
+            y, attn = macchiato(a, b, v, q, k, gate=gate, mask=mask, chunk_size=self.chunk_size,
+                                initial_state=None if prev is None else prev.attn,
+                                output_final_state=cache is not None, **common)
+        if cache is not None:
+            cache.states[self.layer_idx] = ConvertedLayerState(attn, conv, h)
+        return self._project("o_proj", y.flatten(2)), None  # [B, T, H, E] -> [B, T, F]
+
+    def extra_repr(self) -> str:
+        s = self.spec
+        return (f"heads={s.num_heads}, kv_heads={s.num_kv_heads}, head_dim={s.head_dim}, "
+                f"window_size={self.window_size}, latents_per_head={self.latents_per_head}, mix={self.mix!r}, "
+                f"scale={s.scale:.4g}, softcap={s.softcap}")

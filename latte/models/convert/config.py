@@ -1,0 +1,96 @@
+"""Configs of converted models: ConversionConfig (how each attention becomes
+Macchiato) and ConvertedConfig (the config.json of a converted model)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from transformers import AutoConfig, PreTrainedConfig
+from transformers.configuration_utils import SubConfigSpec
+
+from latte.config_io import ConfigErrors, build
+from latte.layers import QK_MIXERS
+
+MIXES = ("joint", "gate")
+
+
+@dataclass
+class ConversionConfig:
+    """How every attention becomes Macchiato (docs/conversion.md §1).
+
+    window_size: tokens the pretrained attention keeps seeing (itself
+        included); capped per layer by the original's own local window.
+    latents_per_head: L, new latent states per query head.
+    qk_mixer, conv_size: the latent branch's input mixer (latte.layers.QKMixer).
+    mix: "joint" (one normaliser over window scores and latent logits) or "gate".
+    beta_init: initial latent bias; very negative = exactly the sliding-window
+        model (-30 leaves the latents exactly zero weight in float32).
+    chunk_size: chunk of the latent kernel.
+    lora_rank, lora_alpha: LoRA on q/k/v/o (rank 0 = off).
+    """
+
+    window_size: int = 128
+    latents_per_head: int = 32
+    qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] = "conv"
+    conv_size: int = 4
+    mix: Literal["joint", "gate"] = "joint"
+    beta_init: float = -30.0
+    chunk_size: int = 64
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+
+    def __post_init__(self):
+        e = ConfigErrors(type(self).__name__)
+        for name in ("window_size", "latents_per_head", "conv_size", "chunk_size"):
+            v = getattr(self, name)
+            e.check(_is_int(v) and v >= 1, name, v, "an integer >= 1")
+        e.check(_is_int(self.lora_rank) and self.lora_rank >= 0, "lora_rank", self.lora_rank, "an integer >= 0 (0 = off)")
+        e.check(self.qk_mixer in QK_MIXERS, "qk_mixer", self.qk_mixer, f"one of {QK_MIXERS}")
+        e.check(self.mix in MIXES, "mix", self.mix, f"one of {MIXES}")
+        for name in ("beta_init", "lora_alpha"):
+            v = getattr(self, name)
+            e.check(_is_real(v) and math.isfinite(v), name, v, "a finite number")
+        e.raise_if_any()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "conversion") -> "ConversionConfig":
+        return build(cls, dict(data), where=where)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+class ConvertedConfig(PreTrainedConfig):
+    """config.json of a converted model: the original's config (`text_config`),
+    the ConversionConfig (`conversion`) and, when the base weights are not
+    stored with the model, a reference to them (`base_weights`: path,
+    gguf_file, sha256 of each weight file)."""
+
+    model_type = "latte_converted"
+    sub_configs_defaults = {"text_config": SubConfigSpec(AutoConfig, model_type="llama")}
+
+    text_config: dict | PreTrainedConfig | None = None
+    conversion: dict | None = None
+    base_weights: dict | None = None
+    original_attn_implementation: str | None = None
+    use_cache: bool = True
+
+    def __post_init__(self, **kwargs):
+        self.conversion = ConversionConfig.from_dict(self.conversion or {}, where="config.conversion").to_dict()
+        super().__post_init__(**kwargs)
+        for name in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id"):
+            if getattr(self, name, None) is None:  # generation reads these at the top level
+                setattr(self, name, getattr(self.text_config, name, None))
+        self.tie_word_embeddings = False  # the base model ties its own weights

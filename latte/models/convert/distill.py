@@ -1,0 +1,185 @@
+"""Up-training losses of a converted model against its own original
+(docs/conversion.md, "Up-training").
+
+  layer-wise   attention transfer (as LoLCATs' stage 1): one pass of the
+               original decoder records every attention layer's input and
+               output; each converted layer is trained to reproduce its
+               original's output from the same input (relative MSE). Layers
+               are independent, the pass costs no MLP or head backward.
+  end-to-end   KL(original || converted) over next-token distributions, plus
+               the LM cross-entropy, through the whole converted model.
+
+`Distiller` packs a converted model and one objective into the module the
+trainer optimises (latte/train/convert.py).
+
+Only the parameters conversion added (latent branch, beta, LoRA) train; the
+pretrained weights are frozen (`freeze_base`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from latte.models import IGNORE_INDEX
+
+from .modeling import ConvertedForCausalLM
+
+
+class LayerRecord(NamedTuple):
+    """One original attention call: input, rotary (cos, sin), output."""
+
+    x: torch.Tensor  # [B, T, F]
+    position_embeddings: tuple[torch.Tensor, torch.Tensor]
+    y: torch.Tensor  # [B, T, F]
+
+
+def freeze_base(model: ConvertedForCausalLM) -> list[torch.nn.Parameter]:
+    """requires_grad only on the new parameters; returns them."""
+    new = {id(p) for p in model.new_parameters().values()}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in new)
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+@torch.no_grad()
+def record_layers(model: ConvertedForCausalLM, input_ids: torch.Tensor) -> list[LayerRecord]:
+    """Run the original decoder stack (no LM head) and record every attention
+    layer's input and output."""
+    records: list[LayerRecord | None] = [None] * model.num_layers
+
+    def hook(i):
+        def fn(module, args, kwargs, output):
+            x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            records[i] = LayerRecord(x, kwargs["position_embeddings"], output[0])
+        return fn
+
+    handles = [attn.original.register_forward_hook(hook(i), with_kwargs=True)
+               for i, attn in enumerate(model.converted)]
+    try:
+        with model.as_original() as base:
+            base.model(input_ids=input_ids, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return records
+
+
+def layerwise_loss(model: ConvertedForCausalLM, records: list[LayerRecord]) -> tuple[torch.Tensor, list[float]]:
+    """Sum over layers of ||y_converted - y_original||^2 / ||y_original||^2
+    (each layer on the original's own input); also the per-layer values."""
+    total, per_layer = 0.0, []
+    for attn, rec in zip(model.converted, records):
+        y, _ = attn(rec.x, position_embeddings=rec.position_embeddings)
+        err = (y.float() - rec.y.float()).pow(2).mean() / rec.y.float().pow(2).mean().clamp_min(1e-12)
+        per_layer.append(float(err.detach()))
+        total = total + err
+    return total, per_layer
+
+
+def next_token_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of logits [B, T, V] for input_ids [B, T]."""
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), input_ids[:, 1:].flatten())
+
+
+def end_to_end_loss(model: ConvertedForCausalLM, input_ids: torch.Tensor, *, kl_weight: float = 1.0,
+                    lm_weight: float = 1.0, temperature: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """kl_weight * KL(original || converted) + lm_weight * cross-entropy,
+    means over the predicted tokens."""
+    student = model(input_ids, use_cache=False).logits.float()
+    loss, parts = student.new_zeros(()), {}
+    if kl_weight:
+        with torch.no_grad(), model.as_original() as base:
+            teacher = base(input_ids=input_ids, use_cache=False).logits.float()
+        log_p = F.log_softmax(teacher / temperature, -1)
+        log_q = F.log_softmax(student / temperature, -1)
+        kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean() * temperature ** 2
+        loss, parts["kl"] = loss + kl_weight * kl, float(kl.detach())
+    lm = next_token_nll(student, input_ids)
+    parts["lm"] = float(lm.detach())
+    if lm_weight:
+        loss = loss + lm_weight * lm
+    return loss, parts
+
+
+@torch.no_grad()
+def calibrate_beta(model: ConvertedForCausalLM, records: list[LayerRecord], latent_mass: float | None = None) -> None:
+    """Set each head's beta from the original's attention on recorded inputs.
+
+    latent_mass None: the latents start with the attention mass the window
+    lost, Z_out = sum of exp(score) over keys before the window, so the
+    joint normaliser equals the original's: beta = median over tokens of
+    log Z_out - logsumexp(a) (tokens past the window only).
+    latent_mass = m: the latents start with a fraction m of the mass
+    (median over tokens): beta = logit(m) + median(lse_window - logsumexp(a)).
+
+    Either way training starts from a beta where gradients flow: at the
+    conversion's beta = -30 every gradient to the latent branch is exactly 0
+    in float32 (the mixing sigmoid saturates)."""
+    if latent_mass is not None and not 0.0 < latent_mass < 1.0:
+        raise ValueError(f"latent_mass: expected None or a fraction in (0, 1), got {latent_mass!r}")
+    for attn, rec in zip(model.converted, records):
+        m = attn.log_masses(rec.x, rec.position_embeddings)  # [B, T, H] each
+        rival = m.window if m.gate is None else m.gate  # what the latents compete with in the mix
+        if latent_mass is None:
+            W = attn.window_size
+            if rec.x.shape[1] <= W:
+                raise ValueError(f"calibrate_beta: recorded sequences of {rec.x.shape[1]} tokens do not exceed the "
+                                 f"window ({W}); nothing is lost to calibrate against")
+            share = (m.window - m.full)[:, W:].clamp(max=-1e-6)  # log of the window's share of the original's mass
+            odds = torch.log1p(-share.exp()) - share  # log(Z_out / Z_window): latents vs window
+            target = odds + rival[:, W:] - m.latent[:, W:]
+        else:
+            target = rival - m.latent + math.log(latent_mass / (1 - latent_mass))
+        attn.beta.copy_(target.flatten(0, 1).median(0).values)
+
+
+OBJECTIVES = ("end_to_end", "layerwise")
+
+
+class Distiller(nn.Module):
+    """A converted model with its up-training objective, as one module the
+    trainer (and DDP) calls once per micro-batch.
+
+    forward(input_ids) -> the converted model's output (validation, samples);
+    forward(input_ids, labels) -> output whose `.loss` is the objective SUMMED
+    over the target tokens (labels != -100; labels[:, t] is the token after
+    input_ids[:, t]): end_to_end = kl_weight * KL + lm_weight * CE per token;
+    layerwise = the sum over layers of the relative MSE, per token."""
+
+    def __init__(self, model: ConvertedForCausalLM, objective: str = "end_to_end", *, kl_weight: float = 1.0,
+                 lm_weight: float = 1.0, temperature: float = 1.0):
+        super().__init__()
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective: expected one of {OBJECTIVES}, got {objective!r}")
+        self.model, self.objective = model, objective
+        self.kl_weight, self.lm_weight, self.temperature = kl_weight, lm_weight, temperature
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
+        if labels is None:
+            return self.model(input_ids, use_cache=False)
+        count = (labels != IGNORE_INDEX).sum().clamp(min=1)
+        if self.objective == "layerwise":
+            loss, _ = layerwise_loss(self.model, record_layers(self.model, input_ids))
+            return DistillOutput(loss * count)
+        student = self.model(input_ids, use_cache=False).logits.float()
+        keep = labels != IGNORE_INDEX
+        total = student.new_zeros(())
+        if self.lm_weight:
+            total = total + self.lm_weight * F.cross_entropy(student[keep], labels[keep], reduction="sum")
+        if self.kl_weight:
+            with torch.no_grad(), self.model.as_original() as base:
+                teacher = base(input_ids=input_ids, use_cache=False).logits.float()[keep]
+            tau = self.temperature
+            log_p = F.log_softmax(teacher / tau, -1)
+            log_q = F.log_softmax(student[keep] / tau, -1)
+            total = total + self.kl_weight * (log_p.exp() * (log_p - log_q)).sum() * tau ** 2
+        return DistillOutput(total)
+
+
+class DistillOutput(NamedTuple):
+    loss: torch.Tensor  # summed over the target tokens

@@ -1,0 +1,45 @@
+"""`latte experiment convert --quick`: every stage (a recipe run through
+`latte convert`, the baselines, long-context evaluation of the original, the
+sliding-window and the converted model, decode timing, the long sample) on a
+tiny stand-in model; results files and a rerun that resumes."""
+
+import json
+
+import pytest
+
+from latte.experiments.convert import main
+
+
+@pytest.mark.slow
+def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("x\n<!-- results:convert:start -->\n<!-- results:convert:end -->\n"
+                      "<!-- results:convert-recipes:start -->\n<!-- results:convert-recipes:end -->\n")
+    args = ["--quick", "--recipes", "end_to_end", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
+            "--readme", str(readme)]
+    assert main(args) == 0
+    records = json.loads((tmp_path / "out" / "convert" / "results.json").read_text())
+    assert {r["model"] for r in records} == {"original", "swa", "converted"}
+    assert {r["context"] for r in records} == {64, 128}
+    for r in records:
+        assert r["ppl"] > 1 and r["bucket_ppl"] > 1 and r["tokens"] > 0 and r["wall_s"] >= 0
+        assert r["train_tokens"] > 0 and r["train_wall_s"] > 0  # what the converted model cost
+    conv = [r for r in records if r["model"] == "converted"]
+    assert len({r["state_bytes"] for r in conv}) == 1  # constant in the context
+    orig = sorted((r["context"], r["state_bytes"]) for r in records if r["model"] == "original")
+    assert orig[1][1] == 2 * orig[0][1]  # the KV cache grows with it
+    recipes = json.loads((tmp_path / "out" / "convert-recipes" / "results.json").read_text())
+    assert [r["recipe"] for r in recipes] == ["end_to_end", "none (swa)", "none (original)"]
+    assert recipes[0]["train_tokens"] > 0 and (tmp_path / "out" / "convert" / "convert.png").is_file()
+    text = readme.read_text()
+    assert "Perplexity over the first C tokens" in text and "| end_to_end |" in text
+    assert "](out/convert/convert.png)" in text  # the plot's link works from the README
+    # contexts below the protocol's are said to be missing, with the full command
+    assert "contexts 1,024, 2,048" in text and "Reduced CPU budget" in text
+    assert "Reduced CPU budget" in json.loads((tmp_path / "out" / "convert" / "run.json").read_text())["budget"]
+    capsys.readouterr()
+    assert main(args) == 0  # everything done: nothing recomputed
+    assert "already done" in capsys.readouterr().err
+    assert "Past 8K tokens: not measured here" in readme.read_text()
+    run = json.loads((tmp_path / "out" / "convert" / "run.json").read_text())
+    assert "reused finished cells" in run["budget"] and run["cells_wall_s"] > run["wall_s"]

@@ -1,0 +1,123 @@
+"""fla-core's real Triton kernels on CPU under TRITON_INTERPRET=1, through
+latte/ops/gla.py, against the float64 reference: a check run by hand, not
+part of the test suite (it needs Triton installed and patches to its
+interpreter, and takes minutes).
+
+    TRITON_INTERPRET=1 python tests/gpu/interpret_fla.py
+
+The patches (Triton 3.6): the autotuner has no driver to time configs with,
+so it takes the first; loop variables of `for i in range(n)` are plain ints
+in the interpreter but fla calls .to() on them, so range() yields interpreter
+scalars inside kernels; and interpreter scalars convert to int through
+their single element (numpy 2 refuses int() of a 1-element array).
+The interpreter computes float32 dots exactly (no TF32).
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import triton.language as tl  # noqa: E402
+import triton.runtime.autotuner as AT  # noqa: E402
+import triton.runtime.interpreter as I  # noqa: E402
+
+
+def patch_triton():
+    AT.Autotuner._bench = lambda self, *a, config, **k: [1.0, 1.0, 1.0]
+    orig_patch_tensor, orig_call = I._patch_lang_tensor, I.GridExecutor.__call__
+
+    def patch_tensor(tensor, scope):
+        orig_patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    def tensor_range(*args):
+        for i in builtins.range(*(int(a) for a in args)):
+            yield tl.core.tensor(I.TensorHandle(np.array(i, dtype=np.int32), tl.int32), tl.int32)
+
+    def call(self, *args, **kwargs):
+        g = self.fn.__globals__
+        had, old = "range" in g, g.get("range")
+        g["range"] = tensor_range
+        try:
+            return orig_call(self, *args, **kwargs)
+        finally:
+            if had:
+                g["range"] = old
+            else:
+                del g["range"]
+
+    I._patch_lang_tensor = patch_tensor
+    I.GridExecutor.__call__ = call
+
+
+def main() -> int:
+    patch_triton()
+    from latte.ops import LatteState, latte_causal, latte_causal_step, reference as R
+    from latte.ops import backend
+    from tests.helpers import grads_of, rel_err
+
+    backend._fla_error = lambda x: None  # CPU tensors: the interpreter runs the kernels on them
+
+    def fla(*args, **kw):
+        return latte_causal(*args, backend="fla", **kw)
+
+    f64 = torch.float64
+    torch.manual_seed(0)
+    worst = 0.0
+
+    def report(name, out, out_ref, g=(), g_ref=()):
+        nonlocal worst
+        errs = [rel_err(out, out_ref)] + [rel_err(x, xr) for x, xr in zip(g, g_ref)]
+        worst = max(worst, *errs)
+        print(f"{name:34s} forward {errs[0]:.1e}" + (f"  grads (a b v S0 z0) " + " ".join(f"{e:.1e}" for e in errs[1:])
+                                                      if len(errs) > 1 else ""), flush=True)
+
+    B, H, L, D = 2, 2, 16, 16
+    for T, scale, spikes in [(1, 1.0, 0.0), (100, 1.0, 0.0), (100, 40.0, 0.0), (130, 1.0, 80.0)]:
+        a, b, v = torch.randn(B, T, H, L, dtype=f64), torch.randn(B, T, H, L, dtype=f64) * scale, torch.randn(B, T, H, D, dtype=f64)
+        b = b + spikes * (torch.rand(B, T, H, L) < 0.05)
+        S0, z0 = torch.randn(B, H, L, D, dtype=f64), torch.randn(B, H, L, dtype=f64) * 3
+
+        def fast(a, b, v, S0, z0):
+            y, st = fla(a, b, v, initial_state=LatteState(S0, z0), output_final_state=True)
+            return torch.cat([y.flatten(), st.S.flatten(), st.z.flatten()])
+
+        def ref(a, b, v, S0, z0):
+            y, (S, z) = R.latte_causal(a, b, v, initial_state=(S0, z0))
+            return torch.cat([y.flatten(), S.flatten(), z.flatten()])
+
+        out, g = grads_of(fast, [x.float() for x in (a, b, v, S0, z0)])
+        out_ref, g_ref = grads_of(ref, [a, b, v, S0, z0])
+        report(f"T={T} logits std {scale:g} spikes {spikes:g}", out, out_ref, g, g_ref)
+
+    lengths = [5, 64, 1, 70]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
+    a, b, v = (torch.randn(1, sum(lengths), H, X, dtype=f64) * s for X, s in ((L, 1), (L, 20), (D, 1)))
+    y = fla(a.float(), b.float(), v.float(), cu_seqlens=cu)[0]
+    y_ref = torch.cat([R.latte_causal(a[:, s:e], b[:, s:e], v[:, s:e])[0] for s, e in zip(cu[:-1], cu[1:])], 1)
+    report("packed documents (cu_seqlens)", y, y_ref)
+
+    a, b, v = torch.randn(B, 90, H, L, dtype=f64), torch.randn(B, 90, H, L, dtype=f64) * 5, torch.randn(B, 90, H, D, dtype=f64)
+    mask = torch.ones(B, 90, dtype=torch.bool)
+    mask[0, :11] = False
+    mask[1, 60:] = False
+    y = fla(a.float(), b.float(), v.float(), mask=mask)[0]
+    report("left/right padding mask", y[mask], R.latte_causal(a, b, v, mask=mask)[0][mask])
+
+    state, ys = None, []
+    for t in range(12):
+        y_t, state = latte_causal_step(a[:, t].float(), b[:, t].float(), v[:, t].float(), state, backend="fla")
+        ys.append(y_t)
+    report("decode steps (fused_recurrent_gla)", torch.stack(ys, 1), R.latte_causal(a[:, :12], b[:, :12], v[:, :12])[0])
+    print(f"worst relative error {worst:.1e}")
+    return 0 if worst < 1e-4 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

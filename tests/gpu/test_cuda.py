@@ -1,0 +1,206 @@
+"""The CUDA paths against the float64 reference (skipped without a GPU).
+
+Run on a GPU machine with `python -m pytest -q tests/gpu`; with
+TRITON_F32_DEFAULT=ieee in the environment fla's float32 dots are exact
+float32 and the tolerances tighten from TF32's (~1e-3) to float32's.
+"""
+
+import os
+
+import pytest
+import torch
+
+from latte.ops import LatteState, latte_causal, latte_causal_step, macchiato, reference as R
+from latte.ops.backend import fla_missing
+from latte.ops.flex_window import flex_window
+from latte.ops.sliding_window import WindowState
+from tests.helpers import grads_of, rel_err
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_fla = pytest.mark.skipif(not torch.cuda.is_available() or fla_missing() is not None,
+                               reason=f"fla-core's kernels are not usable: {fla_missing()}")
+
+IEEE = os.environ.get("TRITON_F32_DEFAULT") == "ieee"
+FWD, GRAD = (2e-5, 2e-4) if IEEE else (5e-3, 2e-2)  # exact float32 dots, or TF32's 10-bit mantissa
+CUDA = "cuda"
+f64 = torch.float64
+
+
+def on_cuda(*xs):
+    return [x.float().to(CUDA) for x in xs]
+
+
+def latte_inputs(T, B=2, H=3, L=16, D=32, scale=1.0, spikes=0.0):
+    a = torch.randn(B, T, H, L, dtype=f64)
+    b = torch.randn(B, T, H, L, dtype=f64) * scale + spikes * (torch.rand(B, T, H, L) < 0.05)
+    return a, b, torch.randn(B, T, H, D, dtype=f64)
+
+
+def outputs(y, S, z):
+    return torch.cat([y.flatten(), S.flatten(), z.flatten()])
+
+
+@needs_fla
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 300])
+@pytest.mark.parametrize("scale,spikes", [(1.0, 0.0), (40.0, 0.0), (1.0, 80.0)])
+def test_fla_matches_float64_forward_and_gradients(T, scale, spikes):
+    torch.manual_seed(0)
+    a, b, v = latte_inputs(T, scale=scale, spikes=spikes)
+    S0, z0 = torch.randn(2, 3, 16, 32, dtype=f64), torch.randn(2, 3, 16, dtype=f64) * 3
+
+    def fast(a, b, v, S0, z0):
+        y, st = latte_causal(a, b, v, initial_state=LatteState(S0, z0), output_final_state=True, backend="fla")
+        return outputs(y, st.S, st.z)
+
+    def ref(a, b, v, S0, z0):
+        y, (S, z) = R.latte_causal(a, b, v, initial_state=(S0, z0))
+        return outputs(y, S, z)
+
+    out, g = grads_of(fast, on_cuda(a, b, v, S0, z0))
+    out_ref, g_ref = grads_of(ref, [a, b, v, S0, z0])
+    assert rel_err(out.cpu(), out_ref) < FWD
+    for name, x, xr in zip("a b v S0 z0".split(), g, g_ref):
+        assert rel_err(x.cpu(), xr) < GRAD, name
+
+
+@needs_fla
+def test_fla_packed_documents_and_mask():
+    torch.manual_seed(1)
+    lengths = [5, 64, 1, 130]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
+    a, b, v = latte_inputs(sum(lengths), B=1, scale=10.0)
+    y = latte_causal(*on_cuda(a, b, v), cu_seqlens=cu.to(CUDA), backend="fla")[0].cpu()
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        y_ref, _ = R.latte_causal(a[:, s:e], b[:, s:e], v[:, s:e])
+        assert rel_err(y[:, s:e], y_ref) < FWD
+    a, b, v = latte_inputs(100)
+    mask = torch.ones(2, 100, dtype=torch.bool)
+    mask[0, :9] = False
+    mask[1, 70:] = False
+    y = latte_causal(*on_cuda(a, b, v), mask=mask.to(CUDA), backend="fla")[0].cpu()
+    y_ref, _ = R.latte_causal(a, b, v, mask=mask)
+    assert rel_err(y[mask], y_ref[mask]) < FWD
+
+
+@needs_fla
+def test_fla_decode_steps_continue_the_prefill_state():
+    torch.manual_seed(2)
+    a, b, v = latte_inputs(80, scale=5.0)
+    y_ref, _ = R.latte_causal(a, b, v)
+    a, b, v = on_cuda(a, b, v)
+    y_pre, state = latte_causal(a[:, :50], b[:, :50], v[:, :50], output_final_state=True, backend="fla")
+    ys = [y_pre]
+    for t in range(50, 80):
+        y_t, state = latte_causal_step(a[:, t], b[:, t], v[:, t], state, backend="fla")
+        ys.append(y_t.unsqueeze(1))
+    assert rel_err(torch.cat(ys, 1).cpu(), y_ref) < FWD
+
+
+@needs_fla
+def test_fla_bfloat16_is_close_and_finite():
+    torch.manual_seed(3)
+    a, b, v = latte_inputs(256, scale=20.0)
+    y = latte_causal(*(x.to(CUDA, torch.bfloat16) for x in (a, b, v)), backend="fla")[0]
+    assert y.dtype == torch.bfloat16 and torch.isfinite(y).all()
+    assert rel_err(y.float().cpu(), R.latte_causal(a, b, v)[0]) < 5e-2
+
+
+def test_torch_kernels_run_on_cuda():
+    torch.manual_seed(4)
+    a, b, v = latte_inputs(200, scale=10.0)
+    out, g = grads_of(lambda *x: latte_causal(*x, backend="torch")[0], on_cuda(a, b, v))
+    out_ref, g_ref = grads_of(lambda *x: R.latte_causal(*x)[0], [a, b, v])
+    assert rel_err(out.cpu(), out_ref) < FWD
+    for x, xr in zip(g, g_ref):
+        assert rel_err(x.cpu(), xr) < GRAD
+
+
+@pytest.mark.parametrize("T,W,K", [(1, 4, 2), (100, 16, 2), (300, 128, 1), (513, 200, 4)])
+def test_flex_window_matches_float64_with_gradients(T, W, K):
+    torch.manual_seed(5)
+    q, k, v = torch.randn(2, T, 4, 32, dtype=f64), torch.randn(2, T, K, 32, dtype=f64), torch.randn(2, T, K, 32, dtype=f64)
+    both = lambda y, lse, *_: torch.cat([y.flatten(), lse.flatten()])  # noqa: E731
+    out, g = grads_of(lambda q, k, v: both(*flex_window(q, k, v, W, 32 ** -0.5, None, None)), on_cuda(q, k, v))
+    out_ref, g_ref = grads_of(lambda q, k, v: both(*R.sliding_window_attention(q, k, v, W)), [q, k, v])
+    assert rel_err(out.cpu(), out_ref) < FWD
+    for x, xr in zip(g, g_ref):
+        assert rel_err(x.cpu(), xr, floor=1e-4) < GRAD
+
+
+def test_flex_window_with_cache_and_padding():
+    torch.manual_seed(6)
+    T, W = 150, 40
+    q, k, v = torch.randn(2, T, 4, 32, dtype=f64), torch.randn(2, T, 2, 32, dtype=f64), torch.randn(2, T, 2, 32, dtype=f64)
+    mask = torch.ones(2, T, dtype=torch.bool)
+    mask[0, :9] = False
+    state = WindowState(torch.randn(2, W - 1, 2, 32, dtype=f64), torch.randn(2, W - 1, 2, 32, dtype=f64),
+                        torch.rand(2, W - 1) < 0.7)
+    from latte.ops.sliding_window import window_blocked
+
+    want = window_blocked(q, k, v, W, 0.2, mask, state)
+    got = flex_window(*on_cuda(q, k, v), W, 0.2, mask.to(CUDA), WindowState(*on_cuda(state.k, state.v), state.mask.to(CUDA)))
+    assert rel_err(got[0].cpu()[mask], want[0][mask]) < FWD and rel_err(got[1].cpu()[mask], want[1][mask]) < FWD
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("mix", ["joint", "gate"])
+def test_macchiato_on_cuda_matches_float64(backend, mix):
+    if backend == "auto" and fla_missing() is not None:
+        pytest.skip(f"fla-core's kernels are not usable: {fla_missing()}")
+    torch.manual_seed(7)
+    B, T, H, K, L, E, W = 2, 200, 4, 2, 16, 32, 64
+    a, b = torch.randn(B, T, H, L, dtype=f64), torch.randn(B, T, H, L, dtype=f64) * 5
+    q, k, v = torch.randn(B, T, H, E, dtype=f64), torch.randn(B, T, K, E, dtype=f64), torch.randn(B, T, K, E, dtype=f64)
+    gate = torch.randn(B, T, H, dtype=f64) if mix == "gate" else None
+    beta = torch.randn(H, dtype=f64)
+    args = [a, b, v, q, k, beta] + ([gate] if gate is not None else [])
+
+    def run(fn, a, b, v, q, k, beta, gate=None, **kw):
+        return fn(a, b, v, q, k, window_size=W, mix=mix, gate=gate, beta=beta, **kw)
+
+    out, g = grads_of(lambda *x: run(macchiato, *x, backend=backend)[0], on_cuda(*args))
+    out_ref, g_ref = grads_of(lambda *x: run(R.macchiato, *x), args)
+    assert rel_err(out.cpu(), out_ref) < FWD
+    for x, xr in zip(g, g_ref):
+        assert rel_err(x.cpu(), xr) < GRAD
+
+
+@needs_fla
+@pytest.mark.parametrize("mixer", ["latte", "macchiato"])
+def test_model_train_step_same_on_both_backends(mixer):
+    from latte.models import LatteConfig, LatteForCausalLM
+    from latte.ops import set_backend
+
+    torch.manual_seed(8)
+    model = LatteForCausalLM(LatteConfig.tiny(mixer=mixer)).to(CUDA).eval()  # no dropout: the same function twice
+    ids = torch.randint(0, model.config.vocab_size, (2, 96), device=CUDA)
+    losses, grads = [], []
+    for name in ("torch", "fla"):
+        set_backend(name)
+        try:
+            model.zero_grad()
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+        finally:
+            set_backend(None)
+        losses.append(loss.item())
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert abs(losses[0] - losses[1]) < 1e-3 * abs(losses[0])
+    assert rel_err(grads[1].cpu(), grads[0].cpu()) < GRAD
+
+
+@pytest.mark.parametrize("mixer", ["latte", "macchiato"])
+def test_compiled_model_on_cuda_matches_eager(mixer):
+    """torch.compile of a model on the auto backend (fla's kernels are opaque
+    to the compiler: one graph break per Latte layer) gives eager's loss."""
+    from latte.models import LatteConfig, LatteForCausalLM
+
+    torch.manual_seed(9)
+    model = LatteForCausalLM(LatteConfig.tiny(mixer=mixer)).to(CUDA).eval()
+    for layer in model.modules():
+        if hasattr(layer, "backend"):
+            layer.backend = "auto"
+    ids = torch.randint(0, model.config.vocab_size, (2, 128), device=CUDA)
+    eager = model(ids, labels=ids).loss
+    compiled = torch.compile(model)(ids, labels=ids).loss
+    assert abs(eager.item() - compiled.item()) < 1e-3 * abs(eager.item())

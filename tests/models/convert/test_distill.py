@@ -1,0 +1,127 @@
+"""Up-training losses: layer records, layer-wise matching, end-to-end KL + LM,
+beta calibration (checked against a dense float64 computation)."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from latte.models.convert import ConversionConfig, convert
+from latte.models.convert.distill import (
+    calibrate_beta,
+    end_to_end_loss,
+    freeze_base,
+    layerwise_loss,
+    next_token_nll,
+    record_layers,
+)
+from tests.models.convert.families import VOCAB, build
+from tests.models.convert.test_equivalence import band_mask
+
+T = 40
+
+
+def ids(B=2, seed=1):
+    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def converted(family="llama", **kw):
+    return convert(build(family), ConversionConfig(**{"latents_per_head": 4, **kw}))
+
+
+def test_freeze_base_leaves_only_the_new_parameters_trainable():
+    model = converted(lora_rank=2)
+    trainable = freeze_base(model)
+    new = model.new_parameters()
+    assert {id(p) for p in trainable} == {id(p) for p in new.values()}
+    assert not model.base.model.embed_tokens.weight.requires_grad
+
+
+@pytest.mark.parametrize("family", ["gemma2", "qwen3"])
+def test_records_are_the_original_attention_calls(family):
+    model = converted(family, window_size=64)
+    x = ids()
+    records = record_layers(model, x)
+    assert len(records) == model.num_layers
+    with torch.no_grad():
+        for attn, rec in zip(model.converted, records):
+            band = band_mask(attn.spec.window or T)
+            with model.as_original():
+                y, _ = attn.original(rec.x, position_embeddings=rec.position_embeddings, attention_mask=band)
+            assert torch.allclose(y, rec.y, atol=1e-5)
+            # converted with window >= T and beta = -30: the same output
+            y_conv, _ = attn(rec.x, position_embeddings=rec.position_embeddings)
+            assert torch.allclose(y_conv, rec.y, atol=1e-4, rtol=1e-4)
+    loss, per_layer = layerwise_loss(model, records)
+    assert float(loss.detach()) < 1e-8 and len(per_layer) == model.num_layers
+
+
+def test_gradients_vanish_at_beta_minus_30_and_flow_after_calibration():
+    model = converted(window_size=8)
+    freeze_base(model)
+    records = record_layers(model, ids())
+    loss, _ = layerwise_loss(model, records)
+    assert float(loss.detach()) > 1e-3
+    loss.backward()
+    assert all(p.grad is None or not p.grad.any() for p in model.new_parameters().values())
+    model.zero_grad()
+    calibrate_beta(model, records)
+    loss, _ = layerwise_loss(model, records)
+    loss.backward()
+    grads = {n: p.grad for n, p in model.new_parameters().items()}
+    assert all(g is not None and g.abs().sum() > 0 for g in grads.values())
+
+
+def _dense_lost_mass_beta(attn, rec, W):
+    """beta that gives the latents exactly the mass outside the window, from
+    dense float64 scores: median_t log(sum_{s <= t - W} exp(e_ts)) - log L
+    (a = 0, so logsumexp(a) = log L)."""
+    q, k, _ = attn._qkv(rec.x, rec.position_embeddings)
+    q, k = q.double(), k.double().repeat_interleave(q.shape[2] // k.shape[2], 2)
+    e = torch.einsum("bthe,bshe->bhts", q, k) * attn.spec.scale
+    t = torch.arange(T)
+    outside = t[None, :] <= t[:, None] - W  # keys before the window
+    lost = torch.logsumexp(e.masked_fill(~outside, float("-inf")), -1)[:, :, W:]  # [B, H, T - W]
+    return lost.permute(0, 2, 1).flatten(0, 1).median(0).values - math.log(attn.latents_per_head)
+
+
+def test_calibration_to_the_lost_mass_matches_a_dense_computation():
+    W = 8
+    model = converted(window_size=W, qk_mixer="none")
+    with torch.no_grad():
+        for attn in model.converted:
+            attn.a_proj.weight.zero_()
+    records = record_layers(model, ids())
+    calibrate_beta(model, records)
+    for attn, rec in zip(model.converted, records):
+        ref = _dense_lost_mass_beta(attn, rec, W).float()
+        assert torch.allclose(attn.beta, ref, atol=1e-3), (attn.beta, ref)
+
+
+def test_calibration_to_a_fixed_latent_mass():
+    model = converted(window_size=8)
+    records = record_layers(model, ids())
+    calibrate_beta(model, records, latent_mass=0.2)
+    for attn, rec in zip(model.converted, records):
+        m = attn.log_masses(rec.x, rec.position_embeddings)
+        p = torch.sigmoid(m.latent + attn.beta - m.window).flatten(0, 1)  # [B * T, H]
+        # 0.2 is a median of every head's latent mass over the tokens
+        assert ((p <= 0.2 + 1e-5).float().mean(0) >= 0.5).all() and ((p >= 0.2 - 1e-5).float().mean(0) >= 0.5).all()
+        assert (p - 0.2).abs().min(0).values.max() < 1e-5
+    with pytest.raises(ValueError, match="latent_mass"):
+        calibrate_beta(model, records, latent_mass=1.5)
+
+
+def test_end_to_end_loss_is_kl_plus_lm():
+    original = build("gemma2")
+    x = ids()
+    model = convert(copy.deepcopy(original), ConversionConfig(window_size=64, latents_per_head=4))
+    loss, parts = end_to_end_loss(model, x)
+    assert parts["kl"] < 1e-6  # window >= T: the converted model is the original
+    with torch.no_grad():
+        assert parts["lm"] == pytest.approx(float(next_token_nll(original(x).logits, x)), rel=1e-5)
+    assert float(loss) == pytest.approx(parts["kl"] + parts["lm"], rel=1e-6)
+    short = convert(copy.deepcopy(original), ConversionConfig(window_size=4, latents_per_head=4))
+    _, parts = end_to_end_loss(short, x, lm_weight=0.0)
+    assert parts["kl"] > 1e-4
