@@ -1,9 +1,9 @@
-"""LatteAttention: the Latte layer (MATH.md 2, 3, 5).
+"""LatteAttention: the Latte layer (docs/math.md §2, §3, §5).
 
 Legend: B batch, T time, H heads, L latents per head (num_latents / H),
 D value width per head (dim / H).
 
-  u = qk_mixer(x)                      (order for the latent logits, MATH.md 5)
+  u = qk_mixer(x)                      (order for the latent logits, docs/math.md §5)
   a = u W_a, b = u W_b  [B, T, H, L]   (latent logits, no 1/sqrt(d) scale)
   v = x W_v             [B, T, H, D]
   y = (Latte(a, b, v) merged over heads) W_o, then dropout
@@ -104,7 +104,7 @@ class LatteAttention(nn.Module):
             y = latte_bidirectional(a, b, v, mask=mask)
             return self._out(y), None
         prev = None if state is None else state.attn
-        if T == 1:  # decoding: O(1) recurrent step (MATH.md 3.1)
+        if T == 1:  # decoding: O(1) recurrent step (docs/math.md §3.1)
             m = None if mask is None else mask[:, 0]
             y, attn = latte_causal_step(a[:, 0], b[:, 0], v[:, 0], prev, mask_t=m, backend=self.backend)
             y = y.unsqueeze(1)

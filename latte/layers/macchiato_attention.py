@@ -1,4 +1,4 @@
-"""MacchiatoAttention: sliding-window softmax + global latents (MATH.md 4).
+"""MacchiatoAttention: sliding-window softmax + global latents (docs/math.md §4).
 
 Legend: B batch, T time, H query heads, K key/value heads, L latents per head
 (num_latents / H), E head width (head_dim, for q, k and v).

@@ -1,4 +1,4 @@
-"""qk mixers: give the latent logits a sense of order (MATH.md 5).
+"""qk mixers: give the latent logits a sense of order (docs/math.md §5).
 
 Legend: B batch, T time, F feature width (the layer's dim), K conv kernel,
 G gate blocks (one per head), W width of a block (F / G).
@@ -98,7 +98,7 @@ class DepthwiseConv(nn.Module):
 
 
 class RGLRU(nn.Module):
-    """Real-Gated Linear Recurrent Unit (Griffin, De et al. 2024), MATH.md 5:
+    """Real-Gated Linear Recurrent Unit (Griffin, De et al. 2024), docs/math.md §5:
 
       r_t = sigmoid(W_r x_t + c_r),  i_t = sigmoid(W_i x_t + c_i)
       log alpha_t = -c r_t softplus(lam)          (c = 8)

@@ -1,5 +1,5 @@
 """Rotary position embedding (RoPE, Su et al. 2021) for the window branch of
-Macchiato and the softmax / sliding-window baselines (MATH.md 5), and the
+Macchiato and the softmax / sliding-window baselines (docs/math.md §5), and the
 positions it rotates by.
 
 Legend: B batch, T time, H heads, E head width (even).

@@ -1,4 +1,4 @@
-"""SlidingWindowAttention: the window-only baseline (SWA; MATH.md 4, l = 0).
+"""SlidingWindowAttention: the window-only baseline (SWA; docs/math.md §4, l = 0).
 
 Legend: B batch, T time, H query heads, K key/value heads, E head width
 (dim / H), W window size.

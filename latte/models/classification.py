@@ -1,5 +1,5 @@
 """`LatteForSequenceClassification`: a bidirectional encoder, pooling over
-real tokens, a linear head (the paper's Long Range Arena models, MATH.md 7)."""
+real tokens, a linear head (the paper's Long Range Arena models, docs/math.md §7)."""
 
 from __future__ import annotations
 

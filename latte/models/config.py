@@ -3,7 +3,7 @@
 Built directly (``LatteConfig(dim=256, ...)``), from a dict (`from_dict`, which
 also rejects unknown keys) or from JSON (`load_json`). Every problem is
 reported at once in one ValueError (`latte.config_io.ConfigError`) naming the
-field, the value received and what is allowed (STYLE.md habit 5).
+field, the value received and what is allowed (docs/design.md habit 5).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..layers import QK_MIXERS
 
 Mixer = Literal["latte", "macchiato", "softmax", "linear", "swa"]
 MIXERS: tuple[str, ...] = typing.get_args(Mixer)
-# Mixers with a bidirectional form (MATH.md 2); the window mixers are causal only.
+# Mixers with a bidirectional form (docs/math.md §2); the window mixers are causal only.
 BIDIRECTIONAL_MIXERS = ("latte", "softmax", "linear")
 LATENT_MIXERS = ("latte", "macchiato")
 
@@ -36,8 +36,8 @@ class LatteConfig:
     mixer: one name for every layer or a list with one name per layer
         ("latte" latent attention, "macchiato" window + latents, "softmax",
         "linear" attention, "swa" sliding-window softmax).
-    num_latents: L, the TOTAL latent count, split evenly over heads (MATH.md).
-    qk_mixer: how latent logits get order (MATH.md 5); None resolves to
+    num_latents: L, the TOTAL latent count, split evenly over heads (docs/math.md).
+    qk_mixer: how latent logits get order (docs/math.md §5); None resolves to
         "conv_rglru" for causal models and "none" for encoders (the RG-LRU is
         causal only).
     num_kv_heads: key/value heads of the softmax-style branches (softmax, swa,
@@ -123,7 +123,7 @@ class LatteConfig:
 
     @classmethod
     def paper_table6(cls, mixer: str | list[str] = "latte", **overrides: Any) -> "LatteConfig":
-        """The paper's language model (Table 6, MATH.md 6): 8 layers, 8 heads,
+        """The paper's language model (Table 6, docs/math.md §6): 8 layers, 8 heads,
         D 512, GELU feed-forward 2048, 256 latents (32 per head), window 128,
         conv kernel 3, dropout 0.1, learned positions, GPT-2 BPE vocabulary.
 

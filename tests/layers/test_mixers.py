@@ -37,7 +37,7 @@ def test_rglru_gates_are_block_diagonal():
 
 
 def rglru_reference(layer, x, h0=None, mask=None):
-    """The MATH.md 5 equations, one step at a time, float64."""
+    """The docs/math.md §5 equations, one step at a time, float64."""
     p = {k: v.detach().double() for k, v in layer.named_parameters()}
     B, T, Fw = x.shape
     xb = x.double().view(B, T, 3, 4)
