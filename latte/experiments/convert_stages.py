@@ -5,30 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from .results import Sweep
+from .results import Sweep, run_latte
 
 SHORT = 8192  # the original reads its other documents this far (its training context)
-
-
-def run_latte(args: list[str], log: Path, threads: int) -> None:
-    """`python -m latte ARGS` in a subprocess (output appended to `log`): a
-    killed experiment leaves the run resumable; a failure shows the log's end."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a") as f:
-        f.write(f"\n$ latte {' '.join(args)}\n")
-        f.flush()
-        rc = subprocess.run([sys.executable, "-m", "latte", *args], stdout=f, stderr=subprocess.STDOUT,
-                            env=env).returncode
-    if rc != 0:
-        raise RuntimeError(f"latte {' '.join(args[:3])} ... exited {rc}; end of {log}:\n{log.read_text()[-2000:]}")
 
 
 def run_dir(a, recipe: str) -> Path:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ from pathlib import Path
 import torch
 
 from .lm_report import curve_table, extrapolation_report, latents_report, variants_report
-from .results import Sweep, provenance, write_results
+from .results import Sweep, provenance, run_latte, write_results
 
 VARIANTS = {  # name -> (shipped config, mixer, qk_mixer)
     "softmax": ("mixers/softmax", "softmax", None),
@@ -53,21 +52,6 @@ QUICK_SET = ["data.source=pydoc", "data.vocab_size=320", "data.seq_len=32", "mod
              "model.num_heads=2", "model.num_latents=8", "model.window_size=8", "model.chunk_size=8",
              "train.steps=2", "optim.warmup_steps=1", "train.global_batch_size=4", "train.eval_batches=1",
              "train.save_every=0", "train.sample_tokens=0", "train.log_every=1"]
-
-
-def run_latte(args: list[str], log: Path, threads: int) -> None:
-    """`python -m latte ARGS` in a subprocess, output appended to `log`;
-    RuntimeError with the log's tail when it fails."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a") as f:
-        f.write(f"\n$ latte {' '.join(args)}\n")
-        f.flush()
-        rc = subprocess.run([sys.executable, "-m", "latte", *args], stdout=f, stderr=subprocess.STDOUT,
-                            env=env).returncode
-    if rc != 0:
-        tail = log.read_text()[-2000:]
-        raise RuntimeError(f"latte {' '.join(args[:3])} ... exited {rc}; end of {log}:\n{tail}")
 
 
 def train_args(name: str, seed: int, run_dir: Path, threads: int, sets: list[str]) -> list[str]:

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -198,3 +199,18 @@ def readme_body(markdown: str, out: Path, readme: Path) -> str:
     rel = Path(os.path.relpath(out, readme.parent)).as_posix()
     body = re.sub(r"\]\((?![a-z]+://|/|#)([^)]+)\)", lambda m: f"]({rel}/{m.group(1)})", markdown)
     return re.sub(r"^####? ", "# ", body, count=1)
+
+
+def run_latte(args: list[str], log: Path, threads: int) -> None:
+    """`python -m latte ARGS` in a subprocess with `threads` OpenMP threads,
+    its output appended to `log`. A killed experiment leaves the run folder
+    resumable; a failure raises RuntimeError with the end of the log."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        f.write(f"\n$ latte {' '.join(args)}\n")
+        f.flush()
+        rc = subprocess.run([sys.executable, "-m", "latte", *args], stdout=f, stderr=subprocess.STDOUT,
+                            env=env).returncode
+    if rc != 0:
+        raise RuntimeError(f"latte {' '.join(args[:3])} ... exited {rc}; end of {log}:\n{log.read_text()[-2000:]}")
