@@ -52,6 +52,7 @@ TARGET = 0.99  # early stop (Zoology)
 FAMILIES = {
     "softmax": ("softmax", None, None, None),
     "linear": ("linear", None, None, None),
+    "linear-conv": ("linear", "conv", None, None),
     "swa-16": ("swa", None, 16, None),
     "swa-32": ("swa", None, 32, None),
     "latte-none": ("latte", "none", None, 1.0),
@@ -96,7 +97,7 @@ def state_bytes(mixer: str, *, dim: int, seq_len: int, num_latents: int | None =
     attn = {"softmax": 2 * seq_len * dim, "linear": NUM_HEADS * dv * (dv + 1), "swa": window,
             "latte": (num_latents or 0) * (dv + 1), "macchiato": (num_latents or 0) * (dv + 1) + window}[mixer]
     qk = 0
-    if mixer in ("latte", "macchiato"):
+    if qk_mixer:
         qk = (conv_size - 1) * dim * ("conv" in qk_mixer) + dim * ("rglru" in qk_mixer)
     return {"state_bytes": 4 * (attn + qk), "attn_state_bytes": 4 * attn, "qk_mixer_state_bytes": 4 * qk}
 
@@ -127,7 +128,7 @@ def cells_for(settings, dims, families, latent_multiples, lrs) -> list[dict]:
 
 def model_config(cell: dict, vocab_size: int = VOCAB_SIZE) -> LatteConfig:
     mixer, qk, window, _ = FAMILIES[cell["model"]]
-    extra = {"qk_mixer": qk} if qk else {}
+    extra = {("linear_qk_mixer" if mixer == "linear" else "qk_mixer"): qk} if qk else {}
     return LatteConfig(vocab_size=vocab_size, dim=cell["dim"], num_layers=NUM_LAYERS, num_heads=NUM_HEADS,
                        num_latents=cell["num_latents"] or NUM_HEADS, mixer=mixer, window_size=window or 16,
                        mlp="none", dropout=0.0, max_position_embeddings=cell["seq_len"], **extra)

@@ -62,16 +62,17 @@ def _acc(r: dict) -> str:
 
 def equal_state_table(best: list[dict]) -> str:
     """Latte with num_latents = dim holds exactly linear attention's
-    attention state (L (dv + 1) = H dv (dv + 1)): the like-for-like pairs."""
+    attention state (L (dv + 1) = H dv (dv + 1)): the like-for-like pairs,
+    with the same qk mixer in front (none with none, conv with conv)."""
     by = {(r["seq_len"], r["num_kv_pairs"], r["dim"], r["model"], r["num_latents"]): r for r in best}
-    lines = ["| T, pairs | dim | attention state bytes | linear | latte-none | latte-conv | latte-conv_rglru |",
-             "|---|---|---|---|---|---|---|"]
-    for (T, P, dim, model, L), r in sorted(by.items()):
-        if model != "linear":
-            continue
-        accs = [by.get((T, P, dim, f"latte-{q}", dim)) for q in ("none", "conv", "conv_rglru")]
-        lines.append(f"| {T}, {P} | {dim} | {_bytes(r['attn_state_bytes'])} | {r['accuracy']:.3f} | " +
-                     " | ".join("" if a is None else _acc(a) for a in accs) + " |")
+    cols = ("linear", "latte-none", "linear-conv", "latte-conv", "latte-conv_rglru")
+    lines = ["| T, pairs | dim | attention state bytes | " + " | ".join(cols) + " |",
+             "|---|---|---|" + "---|" * len(cols)]
+    for T, P, dim in sorted({k[:3] for k in by if k[3] in ("linear", "linear-conv")}):
+        cells = [by.get((T, P, dim, m, None if m.startswith("linear") else dim)) for m in cols]
+        size = next(c for c in cells if c is not None)["attn_state_bytes"]
+        lines.append(f"| {T}, {P} | {dim} | {_bytes(size)} | " +
+                     " | ".join("" if c is None else _acc(c) for c in cells) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
@@ -181,7 +182,8 @@ def report(records: list[dict], out: Path, *, budget, pending: list[dict], scope
         + (f"\n\n{scope}" if scope else "") + _unfinished(pending),
         "## Accuracy per setting (best lr)",
         "State bytes per layer in float32: latte num_latents x (dv + 1) plus its qk mixer's state (conv: "
-        "2 dim, RG-LRU: dim floats); softmax the KV cache at T; linear H dk (dv + 1); swa the W - 1 cached "
+        "2 dim, RG-LRU: dim floats); softmax the KV cache at T; linear H dk (dv + 1), plus the conv's for "
+        "linear-conv; swa the W - 1 cached "
         "keys and values; macchiato latents + window cache + qk mixer.",
         accuracy_table(best),
     ]

@@ -40,6 +40,10 @@ class LatteConfig:
     qk_mixer: how latent logits get order (docs/math.md §5); None resolves to
         "conv_rglru" for causal models and "none" for encoders (the RG-LRU is
         causal only).
+    linear_qk_mixer: the same mixer in front of the q/k projections of
+        "linear" layers; "none" (default) is the original baseline, "conv"
+        the baseline with Latte-conv's short convolution (a like-for-like
+        recall comparison, docs/evaluation.md §4).
     num_kv_heads: key/value heads of the softmax-style branches (softmax, swa,
         the macchiato window); None means num_heads.
     mlp: "swiglu", "gelu", or "none" for attention-only blocks (no MLP and no
@@ -66,6 +70,7 @@ class LatteConfig:
     window_size: int = 128
     mix: Literal[MIXES] = "joint"  # ("joint", "gate"), defined by latte.ops.macchiato
     qk_mixer: Literal[QK_MIXERS] | None = None  # ("none", "conv", "rglru", "conv_rglru")
+    linear_qk_mixer: Literal[QK_MIXERS] = "none"
     conv_size: int = 3
     chunk_size: int = 64
     rope_theta: float = 10000.0
@@ -188,7 +193,7 @@ def read_json(path: str | os.PathLike) -> dict[str, Any]:
 _INT_FIELDS = ("vocab_size", "dim", "num_layers", "num_heads", "num_latents", "window_size",
                "conv_size", "chunk_size", "max_position_embeddings", "num_labels")
 _FLOAT_FIELDS = ("rope_theta", "mlp_ratio", "norm_eps", "dropout", "initializer_range")
-_CHOICES = {"mix": MIXES, "qk_mixer": QK_MIXERS,
+_CHOICES = {"mix": MIXES, "qk_mixer": QK_MIXERS, "linear_qk_mixer": QK_MIXERS,
             "mlp": ("swiglu", "gelu", "none"), "norm": ("rmsnorm", "layernorm"),
             "position_embedding": ("none", "learned", "sinusoidal"), "pooling": ("mean", "cls")}
 
@@ -247,6 +252,9 @@ def _check_ranges(cfg: LatteConfig, errs: ConfigErrors, bad: set[str]) -> None:
                    f"a divisor of num_heads ({cfg.num_heads})")
     if ok("causal", "qk_mixer") and cfg.causal is False and mixers & set(LATENT_MIXERS):
         errs.check(cfg.qk_mixer in ("none", "conv"), "qk_mixer", cfg.qk_mixer,
+                   "'none' or 'conv' with causal=False (the RG-LRU is causal only)")
+    if ok("causal", "linear_qk_mixer") and cfg.causal is False and "linear" in mixers:
+        errs.check(cfg.linear_qk_mixer in ("none", "conv"), "linear_qk_mixer", cfg.linear_qk_mixer,
                    "'none' or 'conv' with causal=False (the RG-LRU is causal only)")
     if ok("causal") and cfg.causal is False:
         causal_only = sorted(mixers - set(BIDIRECTIONAL_MIXERS))

@@ -46,7 +46,8 @@ def build_mixer(config: LatteConfig, kind: str) -> nn.Module:
         return SoftmaxAttention(c.dim, c.num_heads, num_kv_heads=c.num_kv_heads, causal=c.causal,
                                 rope_theta=c.rope_theta, dropout=c.dropout)
     if kind == "linear":
-        return LinearAttention(c.dim, c.num_heads, causal=c.causal, chunk_size=c.chunk_size, dropout=c.dropout)
+        return LinearAttention(c.dim, c.num_heads, causal=c.causal, chunk_size=c.chunk_size,
+                               qk_mixer=c.linear_qk_mixer, conv_size=c.conv_size, dropout=c.dropout)
     if kind == "swa":
         return SlidingWindowAttention(c.dim, c.num_heads, window_size=c.window_size, num_kv_heads=c.num_kv_heads,
                                       rope_theta=c.rope_theta, dropout=c.dropout)

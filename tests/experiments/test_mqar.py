@@ -26,7 +26,7 @@ def test_state_bytes_match_the_layers_decoding_state():
     """The formula per mixer against the float32 state each layer really
     keeps after T tokens."""
     T = 40
-    for model, L in (("softmax", None), ("linear", None), ("swa-16", None), ("latte-none", 16),
+    for model, L in (("softmax", None), ("linear", None), ("linear-conv", None), ("swa-16", None), ("latte-none", 16),
                      ("latte-conv", 16), ("latte-conv_rglru", 64), ("macchiato", 16)):
         cell = {"seq_len": T, "num_kv_pairs": 2, "model": model, "dim": 16, "num_latents": L, "lr": 1e-3}
         torch.manual_seed(0)
@@ -50,6 +50,21 @@ def test_cells_cover_every_family_and_trace_latte_over_latents():
     assert latte == [16, 64, 256]
     assert {c["model"] for c in cells} == set(M.FAMILIES)
     assert [c["num_latents"] for c in cells if c["model"] == "macchiato"] == [64]
+
+
+def test_equal_state_table_pairs_like_with_like():
+    from latte.experiments.mqar_report import equal_state_table
+
+    def rec(model, acc, L=None):
+        r = {"seq_len": 64, "num_kv_pairs": 4, "dim": 64, "model": model, "num_latents": L, "accuracy": acc}
+        return {**r, **M.state_bytes(M.FAMILIES[model][0], dim=64, seq_len=64, num_latents=L,
+                                     qk_mixer=M.FAMILIES[model][1])}
+
+    table = equal_state_table([rec("linear", 0.25), rec("linear-conv", 0.5), rec("latte-none", 0.26, 64),
+                               rec("latte-conv", 0.98, 64), rec("latte-conv", 0.1, 16)])
+    header, _, row = table.splitlines()
+    assert header.split(" | ")[3:] == ["linear", "latte-none", "linear-conv", "latte-conv", "latte-conv_rglru |"]
+    assert row == "| 64, 4 | 64 | 8.4K | 0.250 | 0.260 | 0.500 | 0.980 |  |"
 
 
 def test_best_lr_keeps_the_most_accurate_run():

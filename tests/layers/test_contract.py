@@ -38,6 +38,8 @@ LAYERS = {
     "softmax": lambda: SoftmaxAttention(DIM, HEADS),
     "softmax-gqa": lambda: SoftmaxAttention(DIM, HEADS, num_kv_heads=1, bias=True),
     "linear": lambda: LinearAttention(DIM, HEADS, chunk_size=4),
+    "linear-conv": lambda: LinearAttention(DIM, HEADS, chunk_size=4, qk_mixer="conv"),
+    "linear-conv_rglru": lambda: LinearAttention(DIM, HEADS, chunk_size=5, qk_mixer="conv_rglru", conv_size=4),
     "swa": lambda: SlidingWindowAttention(DIM, HEADS, window_size=4),
     "swa-gqa": lambda: SlidingWindowAttention(DIM, HEADS, window_size=6, num_kv_heads=1),
 }

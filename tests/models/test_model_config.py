@@ -40,6 +40,8 @@ def test_every_problem_reported_at_once_naming_field_value_allowed():
     (dict(mixer=["latte", "swa", "latte"], num_layers=2), "mixer", "list of num_layers (2)"),
     (dict(mixer="swa", causal=False), "mixer", "no bidirectional form of 'swa'"),
     (dict(mixer="latte", causal=False, qk_mixer="rglru"), "qk_mixer", "causal only"),
+    (dict(mixer="linear", causal=False, linear_qk_mixer="conv_rglru"), "linear_qk_mixer", "causal only"),
+    (dict(linear_qk_mixer="lstm"), "linear_qk_mixer", "'none', 'conv', 'rglru', 'conv_rglru'"),
     (dict(position_embedding="rotary"), "position_embedding", "'none', 'learned', 'sinusoidal'"),
     (dict(pooling="max"), "pooling", "'mean', 'cls'"),
     (dict(norm_eps=0), "norm_eps", "> 0"),
@@ -127,3 +129,21 @@ def test_mlp_none_builds_attention_only_blocks(mixer):
         out = plain(ids[:, :7], use_cache=True)
         step = plain(ids[:, 7:], state=out.state)
         assert torch.allclose(torch.cat([out.logits, step.logits], 1), plain(ids).logits, atol=1e-4)
+
+
+def test_linear_qk_mixer_defaults_to_the_original_baseline_and_builds_the_conv():
+    """The linear baseline has no qk mixer unless asked (old configs keep
+    their meaning); "conv" gives its q/k the conv of Latte's "conv" variant."""
+    import torch
+
+    from latte.models import LatteForCausalLM
+
+    assert LatteConfig(mixer="linear").linear_qk_mixer == "none"
+    torch.manual_seed(0)
+    plain = LatteForCausalLM(LatteConfig.tiny("linear"))
+    torch.manual_seed(0)
+    conv = LatteForCausalLM(LatteConfig.tiny("linear", linear_qk_mixer="conv"))
+    extra = set(dict(conv.named_parameters())) - set(dict(plain.named_parameters()))
+    assert extra and all(".mixer.conv." in name for name in extra)
+    ids = torch.randint(0, 64, (2, 12))
+    assert not torch.allclose(plain(ids).logits, conv(ids).logits)
