@@ -111,7 +111,10 @@ def eval_stage(a) -> list[dict]:
     trained = _open(run_dir(a, DEFAULT_RECIPE))
     docs = held_out_documents(trained, a.documents, a.max_context)
     contexts = a.contexts
-    cells = [{"model": m, "document": name} for m in ("converted", "swa", "original") for name, _ in docs]
+    # the cell names how far it reads, so a sweep to a longer context does
+    # not reuse a shorter one's per-token losses
+    cells = [{"model": m, "document": name, "max_context": a.max_context}
+             for m in ("converted", "swa", "original") for name, _ in docs]
     cells += [{"model": "original-decode", "document": f"context-{c}"} for c in contexts]
     rank = {name: i for i, (name, _) in enumerate(docs)}
     by_name = dict(docs)

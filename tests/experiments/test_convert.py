@@ -43,3 +43,7 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
     assert "Past 8K tokens: not measured here" in readme.read_text()
     run = json.loads((tmp_path / "out" / "convert" / "run.json").read_text())
     assert "reused finished cells" in run["budget"] and run["cells_wall_s"] > run["wall_s"]
+    # a document's cell names how far it was read: a longer --contexts reads it again
+    doc_cells = [p.name for p in (tmp_path / "runs" / "cells-eval" / "cells").glob("*.json")
+                 if "original-decode" not in p.name]
+    assert len(doc_cells) == 3 * 2 and all("max_context=128" in n for n in doc_cells)
