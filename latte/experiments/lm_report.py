@@ -38,9 +38,10 @@ def _recipe(records: list[dict], sets: list[str]) -> str:
             f"variant, which differ only in the token mixer{extra}. Validation perplexity on the whole "
             f"validation split ({r['val_tokens']:,} tokens of documents never seen in training); tokens/s of "
             "the training steps alone; wall time of the whole job (tokenizer, packing, validation "
-            "included). Each run used 1 thread on a 2-core machine shared with other jobs (load average "
+            "included). Each run used 1 thread of a 2-core machine (load average "
             f"{min(x['loadavg_start'] for x in records):.1f}-{max(x['loadavg_start'] for x in records):.1f} at "
-            "the runs' starts), so tokens/s and times compare only roughly.")
+            "the runs' starts; about 2 is two 1-thread jobs, such as two sweep workers, and more means "
+            "the cores were oversubscribed), so tokens/s and times compare only roughly.")
 
 
 def variants_report(records: list[dict], out: Path, **kw) -> tuple[list[dict], str, list[str]]:
@@ -103,7 +104,7 @@ def eval_cost(records: list[dict]) -> str:
     """The wall time of a stage's `latte eval` runs and the load they ran under."""
     loads = [r["loadavg_start"] for r in records]
     return (f"Evaluation wall time: {sum(r['seconds'] for r in records):,.0f} s over {len(records)} runs, 1 thread "
-            f"each, load average {min(loads):.1f}-{max(loads):.1f} at their starts (a shared machine).")
+            f"each, load average {min(loads):.1f}-{max(loads):.1f} at their starts (2 cores).")
 
 
 def _figure(path: Path, size: tuple):
@@ -232,6 +233,25 @@ def _flatten_latents(records: list[dict]) -> list[dict]:
     return flat
 
 
+def _latents_by_layer(flat: list[dict]) -> str:
+    """Effective latents per layer (mean and min over heads and seeds), and
+    Macchiato's window share per layer: where a collapse sits."""
+    layers = sorted({r["layer"] for r in flat})
+    lines = ["Effective latents by layer, mean (min) over heads and seeds; for Macchiato also the mean "
+             "p(window):", "", "| variant | " + " | ".join(f"layer {i}" for i in layers) + " |",
+             "|---|" + "---|" * len(layers)]
+    for v, rs in _by_variant(flat).items():
+        cells = []
+        for i in layers:
+            eff = [r["effective_latents"] for r in rs if r["layer"] == i]
+            pw = [r["p_window_mean"] for r in rs if r["layer"] == i and "p_window_mean" in r]
+            cells.append(f"{statistics.mean(eff):.1f} ({min(eff):.1f})" if eff else "-")
+            if pw:
+                cells[-1] += f"; p(window) {statistics.mean(pw):.2f}"
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def latents_report(records: list[dict], out: Path, *, runs: Path, **kw) -> tuple[list[dict], str, list[str]]:
     flat = _flatten_latents(records)
     out = Path(out)
@@ -260,6 +280,7 @@ def latents_report(records: list[dict], out: Path, *, runs: Path, **kw) -> tuple
              "number of latents exp(entropy), the fraction of latents whose average mass exceeds 1/(10 L), "
              "and for Macchiato the window's share p(window|t) of each token's attention (by position in the "
              "window). A collapsed layer would show effective latents near 1 and a small used fraction.",
-             "\n".join(lines), "Per head, in results.json; heat maps of the first seed below."]
+             "\n".join(lines), _latents_by_layer(flat),
+             "Per head, in results.json; heat maps of the first seed below."]
     parts.append(eval_cost(records))
     return flat, "\n\n".join(parts), images

@@ -57,3 +57,15 @@ def test_quick_run_all_stages_and_resume(tmp_path, capsys):
     md = (res / "lm_variants" / "results.md").read_text()
     assert "Not run (reduced CPU budget): macchiato seed 1" in md and "Seeds: 1 per variant" in md
     assert "| macchiato | 0 |" in md and "| finished |" in md  # the per-evaluation curve
+
+
+def test_latents_by_layer_shows_where_a_collapse_sits():
+    from latte.experiments.lm_report import _latents_by_layer
+
+    flat = [{"variant": "latte-none", "layer": layer, "head": h, "effective_latents": eff}
+            for layer, effs in ((0, (8.0, 6.0)), (1, (1.1, 1.3))) for h, eff in enumerate(effs)]
+    flat += [{"variant": "macchiato", "layer": 0, "head": 0, "effective_latents": 4.0, "p_window_mean": 0.9}]
+    table = _latents_by_layer(flat).splitlines()
+    assert table[2] == "| variant | layer 0 | layer 1 |"
+    assert "| latte-none | 7.0 (6.0) | 1.2 (1.1) |" in table
+    assert "| macchiato | 4.0 (4.0); p(window) 0.90 | - |" in table
