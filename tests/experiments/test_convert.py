@@ -47,3 +47,24 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
     doc_cells = [p.name for p in (tmp_path / "runs" / "cells-eval" / "cells").glob("*.json")
                  if "original-decode" not in p.name]
     assert len(doc_cells) == 3 * 2 and all("max_context=128" in n for n in doc_cells)
+
+
+def test_past_8k_compares_on_the_documents_the_original_read_that_far():
+    """The original reads one document to 16K and the other to 8K only; the
+    verdict past 8K must not mix in the converted model's second document."""
+    from latte.experiments.convert_report import eval_records, statements
+
+    def cell(model, doc, values):
+        return {"model": model, "document": doc, "wall_s": 1.0, "load": 0.0,
+                "nll": ",".join(f"{v:.1f}" for v in values)}
+
+    contexts = (4096, 8192, 16384)
+    cells = [cell("original", "a", [2.0] * 16384), cell("original", "b", [2.0] * 8192),
+             cell("converted", "a", [1.0] * 16393), cell("converted", "b", [1.0] * 8192 + [5.0] * 8201),
+             cell("swa", "a", [3.0] * 16393), cell("swa", "b", [3.0] * 16393)]
+    records = eval_records(cells, contexts)
+    conv = next(r for r in records if r["model"] == "converted" and r["context"] == 16384)
+    assert conv["documents"] == 2 and abs(conv["bucket_ppl"] - 20.0855) < 1e-3  # exp(3): both documents
+    assert conv["original_documents"] == 1 and abs(conv["bucket_ppl_original_documents"] - 2.71828) < 1e-4
+    text = statements(records, contexts)
+    assert "Past 8K tokens the converted model beats the original" in text and "on 1 document(s)" in text
