@@ -81,6 +81,7 @@ class ModelConfig:
     window_size: int = LatteConfig.window_size
     mix: Literal["joint", "gate"] = LatteConfig.mix
     qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] | None = LatteConfig.qk_mixer
+    linear_qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] = LatteConfig.linear_qk_mixer
     conv_size: int = LatteConfig.conv_size
     chunk_size: int = LatteConfig.chunk_size
     rope_theta: float = LatteConfig.rope_theta
