@@ -136,7 +136,29 @@ def recipe_table(rows: list[dict]) -> str:
     for r in rows:
         lines.append(f"| {r['recipe']} | `{r['overrides'] or '-'}` | {r['val_ppl']:.2f} | {r['train_tokens']:,} | "
                      f"{r['steps']} | {r['train_wall_s']:,.0f} | {_fmt(r.get('load_start'), '.1f')} |")
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + recipe_statement(rows)
+
+
+def recipe_statement(rows: list[dict]) -> str:
+    """Which recipe came out best, and whether the comparison is at equal
+    training tokens (a time budget can stop runs at different steps)."""
+    from .convert import DEFAULT_RECIPE
+
+    trained = [r for r in rows if not r["recipe"].startswith("none")]
+    if not trained:
+        return ""
+    best = min(trained, key=lambda r: r["val_ppl"])
+    tokens = {r["train_tokens"] for r in trained}
+    same = (f"Every recipe saw the same {tokens.pop():,} training tokens." if len(tokens) == 1 else
+            "**The recipes saw different numbers of training tokens** (the time budget stopped some runs "
+            "early), so this is not a like-for-like comparison.")
+    if len(trained) == 1:
+        return f"Only {best['recipe']} ran. {same}"
+    default = next((r for r in trained if r["recipe"] == DEFAULT_RECIPE), None)
+    verdict = (f"the default, {DEFAULT_RECIPE}, is the best here ({best['val_ppl']:.2f})" if best is default else
+               f"**{best['recipe']} is best here ({best['val_ppl']:.2f}), not the default {DEFAULT_RECIPE}"
+               + (f" ({default['val_ppl']:.2f})" if default else "") + "**")
+    return f"Lowest validation perplexity: {verdict}. {same}"
 
 
 def plot(records: list[dict], path: Path) -> None:
@@ -200,9 +222,10 @@ def budget_md(a, argv, trained: dict | None, cells_s: float = 0.0, wall_s: float
     if trained:
         parts.append(f"Up-training (recipe {trained['recipe']}): {trained['train_tokens']:,} tokens in "
                      f"{trained['steps']} steps, {trained['train_wall_s']:,.0f} s of training wall time, load "
-                     f"average {trained.get('load_start', float('nan')):.1f} at its start on 2 shared cores.")
+                     f"average {trained.get('load_start', float('nan')):.1f} at its start.")
     if missing or a.threads < 2:
-        parts.append(f"**Reduced CPU budget**: {a.threads} thread(s) on a machine shared with other jobs; "
+        parts.append(f"**Reduced CPU budget**: {a.threads} thread(s) per job (every cell records the load "
+                     "average at its start); "
                      + (f"contexts {', '.join(f'{c:,}' for c in missing)} were not evaluated (the original's "
                         "quadratic prefill and the converted model's pass through its cache do not fit this "
                         "budget); " if missing else "")

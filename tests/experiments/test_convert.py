@@ -68,3 +68,18 @@ def test_past_8k_compares_on_the_documents_the_original_read_that_far():
     assert conv["original_documents"] == 1 and abs(conv["bucket_ppl_original_documents"] - 2.71828) < 1e-4
     text = statements(records, contexts)
     assert "Past 8K tokens the converted model beats the original" in text and "on 1 document(s)" in text
+
+
+def test_recipe_statement_names_the_best_and_flags_unequal_budgets():
+    from latte.experiments.convert_report import recipe_statement
+
+    def row(recipe, ppl, tokens):
+        return {"recipe": recipe, "val_ppl": ppl, "train_tokens": tokens}
+
+    base = [row("none (swa)", 100.0, 0), row("none (original)", 50.0, 0)]
+    text = recipe_statement([row("end_to_end", 70.0, 512), row("layerwise", 80.0, 512), *base])
+    assert "the default, end_to_end, is the best here (70.00)" in text and "same 512 training tokens" in text
+    text = recipe_statement([row("end_to_end", 70.0, 512), row("kl_only", 65.0, 256), *base])
+    assert "kl_only is best here (65.00), not the default end_to_end (70.00)" in text
+    assert "different numbers of training tokens" in text
+    assert recipe_statement(base) == ""
