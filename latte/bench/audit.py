@@ -135,13 +135,8 @@ def markdown(res: dict) -> str:
 
 def plot(res: dict, path) -> bool:
     """max/min per op (no log-log sweep here: one bar per op)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"note: matplotlib is not installed (pip install 'latte[plot]'); skipped {path}")
+    plt = common.pyplot()
+    if plt is None:
         return False
     rows = res["results"]
     fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -149,9 +144,7 @@ def plot(res: dict, path) -> bool:
     ax.axvline(res["rule"], color="C3", ls="--", label=f"rule {res['rule']}")
     ax.set_xlabel("slowest / fastest input distribution")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(plt, fig, path)
     return True
 
 

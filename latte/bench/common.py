@@ -231,17 +231,35 @@ def md_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def plot_loglog(path: Path, panels: dict[str, dict[str, tuple[list, list]]], *,
-                xlabel: str, ylabel: str, title: str) -> bool:
-    """One log-log panel per key of `panels` ({panel: {label: (xs, ys)}}).
-    matplotlib is optional (extra "plot"): without it, print a note and return False."""
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None after a note on stderr
+    when the optional extra "plot" is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"note: matplotlib is not installed (pip install 'latte[plot]'); skipped {path}")
+        print("note: matplotlib is not installed (pip install 'latte[plot]'); no plot written", file=sys.stderr)
+        return None
+    return plt
+
+
+def save_figure(plt, fig, path, *, dpi: int = 120) -> Path:
+    """Lay out, write (creating the folder) and close a figure."""
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_loglog(path: Path, panels: dict[str, dict[str, tuple[list, list]]], *,
+                xlabel: str, ylabel: str, title: str) -> bool:
+    """One log-log panel per key of `panels` ({panel: {label: (xs, ys)}}).
+    matplotlib is optional (extra "plot"): without it, print a note and return False."""
+    plt = pyplot()
+    if plt is None:
         return False
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     labels = list(dict.fromkeys(k for series in panels.values() for k in series))
@@ -259,10 +277,7 @@ def plot_loglog(path: Path, panels: dict[str, dict[str, tuple[list, list]]], *,
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(plt, fig, path)
     return True
 
 

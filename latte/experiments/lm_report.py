@@ -9,7 +9,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from .results import pyplot
+from .results import pyplot, save_figure
 
 ORDER = ("softmax", "macchiato", "latte-conv_rglru", "latte-conv", "latte-none", "swa", "linear")
 
@@ -129,9 +129,7 @@ def _plot_variants(groups: dict, path: Path) -> bool:
     ax.set_ylabel("validation perplexity (bars: mean, dots: seeds)")
     lo = min(r["val_ppl"] for rs in groups.values() for r in rs)
     ax.set_ylim(lo * 0.9, None)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, path, dpi=110)
     return True
 
 
@@ -201,9 +199,7 @@ def _plot_extrapolation(means: dict, multiples: list[int], T: int, path: Path) -
     ax.set_ylabel("validation perplexity (mean over seeds)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, path, dpi=110)
     return True
 
 

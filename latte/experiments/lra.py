@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from latte.experiments.results import Sweep, provenance, write_results
+from latte.experiments.results import Sweep, provenance, pyplot, save_figure, write_results
 
 NAME = "lra"
 TASKS = ("listops", "pathfinder", "listops-short")
@@ -106,12 +106,8 @@ def generator_speed(task: str, quick: bool) -> dict:
 
 def example_grid(path: Path, data, count: int = 24) -> Path | None:
     """A grid of Pathfinder images with their labels (1 = the markers are on one path)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     count = min(count, len(data))
     cols = 6
@@ -123,10 +119,7 @@ def example_grid(path: Path, data, count: int = 24) -> Path | None:
             ax.imshow(np.asarray(data.inputs[0][i]).reshape(32, 32), cmap="gray", vmin=0, vmax=255)
             ax.set_title(f"{'same' if data.labels[i] else 'different'} ({data.labels[i]})", fontsize=8)
     fig.suptitle("Pathfinder-32 (contour length 14): markers on the same path (1) or not (0)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path, dpi=100)
 
 
 # --------------------------------------------------------------------------- training
@@ -173,12 +166,8 @@ def run_training(task: str, mixer: str, work: Path, extra: list[str]) -> dict:
 def curves(path: Path, work: Path, records: list[dict]) -> Path | None:
     """Validation accuracy and training loss against training examples seen,
     one column per task, one line per mixer."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     from latte.train.metrics import read_csv
 
@@ -213,10 +202,7 @@ def curves(path: Path, work: Path, records: list[dict]) -> Path | None:
             ax.set_xlabel("training examples seen")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path, dpi=100)
 
 
 def _run_dir(record: dict, work: Path) -> Path:

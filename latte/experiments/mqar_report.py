@@ -6,7 +6,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from .results import pyplot
+from .results import pyplot, save_figure
 
 MODEL_KEY = ("model", "dim", "num_latents")
 
@@ -102,9 +102,7 @@ def plot(best: list[dict], path: Path) -> bool:
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, loc="lower right")
     fig.suptitle("circles: dim 64, squares: dim 128; latte lines: num_latents = dim/4, dim, 4 dim", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, path, dpi=110)
     return True
 
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..bench.common import machine_info, update_readme
+from ..bench.common import machine_info, pyplot, save_figure, update_readme  # noqa: F401 (re-exported)
 from ..config_io import atomic_write
 
 
@@ -95,20 +95,6 @@ def _progress(items: list, desc: str):
     except ImportError:  # the progress bar is optional (extra "train")
         return items
     return tqdm(items, desc=desc, unit="cell", dynamic_ncols=True, file=sys.stderr)
-
-
-def pyplot():
-    """matplotlib.pyplot with the Agg backend, or None (a note is printed)
-    when the optional extra "plot" is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("note: matplotlib is not installed (pip install 'latte[plot]'); no plot written", file=sys.stderr)
-        return None
-    return plt
 
 
 class StepClock:

@@ -37,7 +37,8 @@ def _check_files(tmp_path, name, capsys):
     if HAS_MPL:
         assert (tmp_path / f"{name}.png").stat().st_size > 0
     else:
-        assert "matplotlib is not installed" in capsys.readouterr().out
+        captured = capsys.readouterr()
+        assert "matplotlib is not installed" in captured.out + captured.err
     return res
 
 
