@@ -5,6 +5,8 @@ bucket, decode latency and decoding-state size against a KV cache.
   original   the pretrained model with full attention: one pass over the
              document (SDPA, no cache: memory linear in T), the LM head
              applied in chunks
+  window     the pretrained model under an explicit sliding-window mask,
+             optionally keeping the first tokens visible (attention sinks)
   converted  a ConvertedForCausalLM (also "swa", before up-training): the
              document fed in chunks through its constant-size cache; at each
              context boundary a few decode steps are timed on a copy of the
@@ -58,6 +60,34 @@ def original_nll(converted, ids: torch.Tensor) -> DocumentEval:
     with converted.as_original() as base:
         hidden = base.model(input_ids=ids[None], use_cache=False).last_hidden_state[0]
         nll = _head_nll(base, hidden[:-1], ids[1:])
+    return DocumentEval(nll, time.perf_counter() - t0)
+
+
+@torch.no_grad()
+def original_window_nll(converted, ids: torch.Tensor, *, window: int, sinks: int = 0) -> DocumentEval:
+    """Per-token NLL of the pretrained model on ids [T] when every token sees
+    only the last `window` tokens (itself included) and the document's first
+    `sinks` tokens: with sinks = 0 this is the converted model before
+    up-training (beta = -30), computed from an explicit [T, T] mask instead
+    of the window cache; sinks > 0 asks how much of the sliding window's loss
+    comes from dropping the first tokens, which pretrained models use as
+    attention sinks. The mask replaces the model's own masks in every layer,
+    native sliding windows (Mistral, Qwen2, Gemma's local layers) included,
+    as conversion does. Quadratic memory: a diagnostic for a few thousand
+    tokens."""
+    if window < 1 or sinks < 0:
+        raise ValueError(f"original_window_nll: window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+    t0 = time.perf_counter()
+    pos = torch.arange(ids.shape[0])
+    back = pos[:, None] - pos[None, :]  # query minus key position
+    allowed = (back >= 0) & ((back < window) | (pos[None, :] < sinks))
+    with converted.as_original() as base:
+        # additive float mask: eager attention adds a 4D mask to the scores
+        # (a boolean one would be added as 0/1), SDPA accepts either
+        dtype = next(base.parameters()).dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+        hidden = base.model(input_ids=ids[None], attention_mask=mask[None, None], use_cache=False)
+        nll = _head_nll(base, hidden.last_hidden_state[0][:-1], ids[1:])
     return DocumentEval(nll, time.perf_counter() - t0)
 
 

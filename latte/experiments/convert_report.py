@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..bench.common import update_readme
 from .convert_stages import SHORT, nll_of
-from .results import provenance, readme_body, write_results
+from .results import provenance, pyplot, readme_body, save_figure, write_results
 
 MODELS = ("original", "swa", "converted")
 
@@ -130,6 +130,48 @@ def statements(records: list[dict], contexts) -> str:
     return "\n\n".join(out)
 
 
+def sink_records(cells: list[dict], contexts) -> list[dict]:
+    """One record per (sinks, context) of the sinks stage: perplexity of the
+    original under the window mask with the first `sinks` tokens visible."""
+    from latte.eval.long_context import perplexities
+
+    out = []
+    for k in sorted({c["sinks"] for c in cells}):
+        mine = [c for c in cells if c["sinks"] == k]
+        wall, load = sum(c["wall_s"] for c in mine), max(c["load"] for c in mine)
+        for row in perplexities([nll_of(c) for c in mine], contexts):
+            out.append({"model": f"swa-mask-sinks{k}", "sinks": k, "window": mine[0]["window"], **row,
+                        "wall_s": round(wall, 1), "max_load": load})
+    return out
+
+
+def sink_table(records: list[dict], sinks: list[dict], contexts) -> str:
+    """The window's loss with and without the first tokens, next to the
+    original, the cached sliding-window model and the converted model."""
+    ks = sorted({r["sinks"] for r in sinks})
+    if not ks:
+        return ""
+    window = sinks[0]["window"]
+    shown = [c for c in contexts if any(r["context"] == c for r in sinks)]
+    head = " | ".join(f"window + {k} first token{'s' if k != 1 else ''}" if k else "window (mask)" for k in ks)
+    lines = [f"Where the sliding window loses: the original's weights with every token seeing only the last "
+             f"{window} tokens, and the document's first k tokens kept visible as attention sinks (an explicit "
+             f"mask, `latte.eval.long_context.original_window_nll`; \"window (mask)\" is the swa model computed "
+             "another way). Perplexity over the first C tokens of the same held-out plays:", "",
+             f"| context C | original | {head} | swa (cache) | converted |",
+             "|---|---|" + "---|" * len(ks) + "---|---|"]
+    for c in shown:
+        cols = [_fmt(_get(sinks, f"swa-mask-sinks{k}", c, "ppl")) for k in ks]
+        lines.append(f"| {c:,} | {_fmt(_get(records, 'original', c, 'ppl'))} | {' | '.join(cols)} | "
+                     f"{_fmt(_get(records, 'swa', c, 'ppl'))} | {_fmt(_get(records, 'converted', c, 'ppl'))} |")
+    c0, orig = shown[0], _get(records, "original", shown[0], "ppl")
+    if orig and 0 in ks and max(ks) > 0:
+        base, best = _get(sinks, "swa-mask-sinks0", c0, "ppl"), _get(sinks, f"swa-mask-sinks{max(ks)}", c0, "ppl")
+        lines += ["", f"At {c0:,} tokens the window alone is {base / orig:.2f}x the original's perplexity; with the "
+                  f"first {max(ks)} tokens kept visible it is {best / orig:.2f}x."]
+    return "\n".join(lines)
+
+
 def recipe_table(rows: list[dict]) -> str:
     lines = ["| recipe | overrides | validation ppl | training tokens | steps | training wall s | load at start |",
              "|---|---|---|---|---|---|---|"]
@@ -162,12 +204,8 @@ def recipe_statement(rows: list[dict]) -> str:
 
 
 def plot(records: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # the plot extra is optional
+    plt = pyplot()
+    if plt is None:  # the plot extra is optional
         return
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for model, color in zip(MODELS, ("C0", "C1", "C2")):  # one colour per model in both panels
@@ -185,9 +223,7 @@ def plot(records: list[dict], path: Path) -> None:
     for ax in (ax1, ax2):
         ax.legend()
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(plt, fig, path)
 
 
 def sample_md(sample: dict) -> str:
@@ -233,13 +269,13 @@ def budget_md(a, argv, trained: dict | None, cells_s: float = 0.0, wall_s: float
     return " ".join(parts)
 
 
-def report(a, argv, started, recipe_rows, cells, sample) -> None:
+def report(a, argv, started, recipe_rows, cells, sample, sinks=None) -> None:
     from .convert import DEFAULT_RECIPE
 
     out = Path(a.out)
     trained = next((r for r in recipe_rows or [] if r["recipe"] == DEFAULT_RECIPE), None)
     run = provenance("convert", argv, started, threads=a.threads)
-    run["cells_wall_s"] = round(cells_wall_s(recipe_rows, cells, sample), 1)
+    run["cells_wall_s"] = round(cells_wall_s(recipe_rows, [*(cells or []), *(sinks or [])], sample), 1)
     run["budget"] = budget = budget_md(a, argv, trained, run["cells_wall_s"], run["wall_s"])
     if recipe_rows:
         write_results(out / "convert-recipes", "convert-recipes", recipe_rows,
@@ -251,6 +287,10 @@ def report(a, argv, started, recipe_rows, cells, sample) -> None:
             records = [{**r, "train_tokens": trained["train_tokens"], "train_wall_s": trained["train_wall_s"]}
                        for r in records]
         md = (budget + "\n\n" if budget else "") + eval_tables(records, contexts)
+        if sinks:
+            extra = sink_records(sinks, contexts)
+            md += "\n\n" + sink_table(records, extra, contexts)
+            records = records + extra
         md += "\n\n" + sample_md(sample) if sample else ""
         md += "\n\n![perplexity and decode latency](convert.png)\n"
         write_results(out / "convert", "convert", records, md, run)

@@ -163,6 +163,36 @@ def nll_of(record: dict) -> torch.Tensor:
     return torch.tensor([float(x) for x in record["nll"].split(",")], dtype=torch.float64)
 
 
+# --------------------------------------------------------------------------- attention sinks
+
+SINKS = (0, 1, 4)  # first tokens kept visible next to the window
+
+
+def sinks_stage(a) -> list[dict]:
+    """Per held-out document and number of sinks: the original's per-token
+    loss under the window mask (docs/conversion.md §7)."""
+    from .convert import DEFAULT_RECIPE
+
+    trained = _open(run_dir(a, DEFAULT_RECIPE))
+    docs = dict(held_out_documents(trained, a.documents, a.sink_context))
+    cells = [{"model": "swa-mask", "sinks": k, "document": name, "max_context": a.sink_context}
+             for k in SINKS for name in docs]
+
+    def cell_fn(cell):
+        from latte.eval.long_context import original_window_nll
+
+        model, load0 = trained.model.model, os.getloadavg()[0]
+        window = model.converted[0].window_size
+        res = original_window_nll(model, docs[cell["document"]][: a.sink_context + 1], window=window,
+                                  sinks=cell["sinks"])
+        return {"window": window, "tokens": int(res.nll.shape[0]), "wall_s": round(res.wall_s, 1),
+                "load": round(load0, 2), "nll": ",".join(f"{x:.5f}" for x in res.nll.tolist())}
+
+    sweep = Sweep(Path(a.runs) / "cells-sinks", cells)
+    sweep.run(cell_fn, desc="sinks")
+    return sweep.records()
+
+
 # --------------------------------------------------------------------------- sample
 
 def sample_stage(a) -> dict:

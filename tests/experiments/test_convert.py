@@ -1,6 +1,7 @@
 """`latte experiment convert --quick`: every stage (a recipe run through
 `latte convert`, the baselines, long-context evaluation of the original, the
-sliding-window and the converted model, decode timing, the long sample) on a
+sliding-window and the converted model, decode timing, the original under a window mask with attention sinks, the
+long sample) on a
 tiny stand-in model; results files and a rerun that resumes."""
 
 import json
@@ -19,8 +20,14 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
             "--readme", str(readme)]
     assert main(args) == 0
     records = json.loads((tmp_path / "out" / "convert" / "results.json").read_text())
+    sinks = [r for r in records if r["model"].startswith("swa-mask-sinks")]
+    records = [r for r in records if r not in sinks]
     assert {r["model"] for r in records} == {"original", "swa", "converted"}
     assert {r["context"] for r in records} == {64, 128}
+    # the sinks stage: the window mask without sinks is the swa model, computed another way
+    assert {(r["sinks"], r["context"]) for r in sinks} == {(0, 64), (1, 64), (4, 64)}
+    swa64 = next(r for r in records if r["model"] == "swa" and r["context"] == 64)
+    assert abs(next(r for r in sinks if r["sinks"] == 0)["ppl"] / swa64["ppl"] - 1) < 1e-4
     for r in records:
         assert r["ppl"] > 1 and r["bucket_ppl"] > 1 and r["tokens"] > 0 and r["wall_s"] >= 0
         assert r["train_tokens"] > 0 and r["train_wall_s"] > 0  # what the converted model cost
@@ -33,6 +40,7 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
     assert recipes[0]["train_tokens"] > 0 and (tmp_path / "out" / "convert" / "convert.png").is_file()
     text = readme.read_text()
     assert "Perplexity over the first C tokens" in text and "| end_to_end |" in text
+    assert "window + 4 first tokens" in text
     assert "](out/convert/convert.png)" in text  # the plot's link works from the README
     # contexts below the protocol's are said to be missing, with the full command
     assert "contexts 1,024, 2,048" in text and "Reduced CPU budget" in text

@@ -1,0 +1,34 @@
+"""The masked sliding-window diagnostic of latte.eval.long_context against
+the converted model's own window cache (before up-training, beta = -30) and
+against the original's full attention."""
+
+import pytest
+import torch
+
+from latte.eval.long_context import converted_nll, original_nll, original_window_nll
+from tests.models.convert.families import FAMILIES
+from tests.models.convert.test_decode_and_io import W, ids, trained_like
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_window_mask_equals_the_converted_model_before_up_training(family):
+    model = trained_like(family)
+    with torch.no_grad():
+        for attn in model.converted:
+            attn.beta.fill_(-30.0)
+    x = ids(B=1, T=40)[0]
+    cached = converted_nll(model, x, contexts=(), chunk=16).nll
+    masked = original_window_nll(model, x, window=W).nll
+    assert masked.shape == cached.shape == (39,)
+    assert (masked - cached).abs().max() < 1e-4
+    # keeping the first tokens visible changes the later tokens' losses only
+    sink = original_window_nll(model, x, window=W, sinks=2).nll
+    assert (sink[:W] - masked[:W]).abs().max() < 1e-5 and (sink[W:] - masked[W:]).abs().max() > 1e-4
+    if family == "llama":  # no native sliding window: a window as long as the document is full attention
+        assert (original_window_nll(model, x, window=40).nll - original_nll(model, x).nll).abs().max() < 1e-4
+
+
+def test_window_arguments_are_checked():
+    model = trained_like("llama")
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        original_window_nll(model, ids(B=1)[0], window=0)
