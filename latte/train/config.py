@@ -85,7 +85,7 @@ class ModelConfig:
     conv_size: int = LatteConfig.conv_size
     chunk_size: int = LatteConfig.chunk_size
     rope_theta: float = LatteConfig.rope_theta
-    mlp: Literal["swiglu", "gelu"] = LatteConfig.mlp
+    mlp: Literal["swiglu", "gelu", "none"] = LatteConfig.mlp
     mlp_ratio: float = LatteConfig.mlp_ratio
     ffn_dim: int | None = LatteConfig.ffn_dim
     norm: Literal["rmsnorm", "layernorm"] = LatteConfig.norm

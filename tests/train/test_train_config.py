@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,11 @@ def test_model_config_mirrors_latte_config():
     defaults = {f.name: f.default for f in dataclasses.fields(LatteConfig)}
     assert all(f.default == defaults[f.name] for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size")
     assert ModelConfig().to_latte_config(300) == LatteConfig(vocab_size=300)
+    # the same allowed values wherever both sides spell them out
+    hints, latte_hints = typing.get_type_hints(ModelConfig), typing.get_type_hints(LatteConfig)
+    for name, hint in hints.items():
+        if typing.get_origin(hint) is typing.Literal and typing.get_origin(latte_hints.get(name)) is typing.Literal:
+            assert set(typing.get_args(hint)) == set(typing.get_args(latte_hints[name])), name
 
 
 def test_non_finite_numbers_are_refused_in_any_section():
