@@ -30,7 +30,9 @@ def recipes_stage(a) -> list[dict]:
         raise ValueError(f"--recipes: unknown {bad}" if bad else f"--recipes must include {DEFAULT_RECIPE!r}")
     cells = [{"recipe": r} for r in sorted(names, key=lambda r: r != DEFAULT_RECIPE)]
     cells += [{"recipe": "none (swa)"}, {"recipe": "none (original)"}]
-    return Sweep(Path(a.runs) / "cells-recipes", cells).run(lambda c: _recipe_cell(c, a), desc="recipes")
+    rows = Sweep(Path(a.runs) / "cells-recipes", cells).run(lambda c: _recipe_cell(c, a), desc="recipes")
+    # a recipe's overrides as defined now (a cell keeps the string it ran with)
+    return [{**r, "overrides": " ".join(RECIPES[r["recipe"]])} if r["recipe"] in RECIPES else r for r in rows]
 
 
 def _recipe_cell(cell: dict, a) -> dict:
@@ -54,7 +56,7 @@ def _recipe_cell(cell: dict, a) -> dict:
 @torch.no_grad()
 def _baseline_ppl(run: Path, *, original: bool) -> dict:
     """Validation perplexity (the trainer's windows) of the converted model
-    before up-training (beta = -30: exactly the sliding-window model) or of
+    before up-training (as_sliding_window: beta = -30, no LoRA) or of
     the original."""
     from latte.train.runs import open_run
     from latte.train.validation import nll_sums, summarize
@@ -62,15 +64,10 @@ def _baseline_ppl(run: Path, *, original: bool) -> dict:
     trained = open_run(run)
     model = trained.model.model  # Distiller -> the converted model
     t0 = time.perf_counter()
-    for attn in model.converted:
-        attn.beta.fill_(-30.0)
     task = trained.task
     windows = _val_windows(trained)
-    if original:
-        with model.as_original() as base:
-            total, count = nll_sums(base, windows, batch_size=1)
-    else:
-        total, count = nll_sums(model, windows, batch_size=1)
+    with (model.as_original() if original else model.as_sliding_window()) as m:
+        total, count = nll_sums(m, windows, batch_size=1)
     m = summarize(total, int(count), time.perf_counter() - t0)
     del task
     return {"val_ppl": m["ppl"], "val_tokens": m["tokens"], "train_tokens": 0, "steps": 0,
@@ -113,7 +110,8 @@ def eval_stage(a) -> list[dict]:
     contexts = a.contexts
     # the cell names how far it reads, so a sweep to a longer context does
     # not reuse a shorter one's per-token losses
-    cells = [{"model": m, "document": name, "max_context": a.max_context}
+    cells = [{"model": m, "document": name, "max_context": a.max_context,
+              **({"recipe": DEFAULT_RECIPE} if m == "converted" else {})}  # swa and original: any recipe's run
              for m in ("converted", "swa", "original") for name, _ in docs]
     cells += [{"model": "original-decode", "document": f"context-{c}"} for c in contexts]
     rank = {name: i for i, (name, _) in enumerate(docs)}
@@ -141,16 +139,11 @@ def _eval_cell(cell, trained, docs, rank, contexts, a) -> dict:
     if cell["model"] == "original":
         limit = a.max_context if rank[cell["document"]] < a.original_full_documents else min(SHORT, a.max_context)
         res = original_nll(model, ids[: limit + 1])
-    else:
-        betas = [attn.beta.detach().clone() for attn in model.converted]
-        if cell["model"] == "swa":
-            for attn in model.converted:
-                attn.beta.data.fill_(-30.0)
-        try:
+    elif cell["model"] == "swa":
+        with model.as_sliding_window():
             res = converted_nll(model, ids, contexts=contexts, decode_steps=DECODE_STEPS)
-        finally:
-            for attn, b in zip(model.converted, betas):
-                attn.beta.data.copy_(b)
+    else:
+        res = converted_nll(model, ids, contexts=contexts, decode_steps=DECODE_STEPS)
     record = {"tokens": int(res.nll.shape[0]), "wall_s": round(res.wall_s, 1), "load": round(load0, 2),
               "nll": ",".join(f"{x:.5f}" for x in res.nll.tolist())}
     for c, d in res.decode.items():
@@ -196,7 +189,9 @@ def sinks_stage(a) -> list[dict]:
 # --------------------------------------------------------------------------- sample
 
 def sample_stage(a) -> dict:
-    cells = [{"sample": "long-context", "context": a.sample_context}]
+    from .convert import DEFAULT_RECIPE
+
+    cells = [{"sample": "long-context", "context": a.sample_context, "recipe": DEFAULT_RECIPE}]
     return Sweep(Path(a.runs) / "cells-sample", cells).run(lambda c: _sample_cell(c, a), desc="sample")[0]
 
 

@@ -32,3 +32,14 @@ def test_window_arguments_are_checked():
     model = trained_like("llama")
     with pytest.raises(ValueError, match="window must be >= 1"):
         original_window_nll(model, ids(B=1)[0], window=0)
+
+
+def test_as_sliding_window_switches_off_lora_and_the_latents():
+    model = trained_like("llama", lora_rank=2)  # LoRA B non-zero: the adapters change q/k/v/o
+    x = ids(B=1, T=40)[0]
+    before = converted_nll(model, x, contexts=(), chunk=16).nll
+    with model.as_sliding_window():
+        swa = converted_nll(model, x, contexts=(), chunk=16).nll
+    assert (swa - original_window_nll(model, x, window=W).nll).abs().max() < 1e-4
+    assert (converted_nll(model, x, contexts=(), chunk=16).nll - before).abs().max() == 0  # restored
+    assert (swa - before).abs().max() > 1e-3

@@ -16,7 +16,7 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
     readme = tmp_path / "README.md"
     readme.write_text("x\n<!-- results:convert:start -->\n<!-- results:convert:end -->\n"
                       "<!-- results:convert-recipes:start -->\n<!-- results:convert-recipes:end -->\n")
-    args = ["--quick", "--recipes", "end_to_end", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
+    args = ["--quick", "--recipes", "end_to_end+lora8", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
             "--readme", str(readme)]
     assert main(args) == 0
     records = json.loads((tmp_path / "out" / "convert" / "results.json").read_text())
@@ -36,10 +36,10 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
     orig = sorted((r["context"], r["state_bytes"]) for r in records if r["model"] == "original")
     assert orig[1][1] == 2 * orig[0][1]  # the KV cache grows with it
     recipes = json.loads((tmp_path / "out" / "convert-recipes" / "results.json").read_text())
-    assert [r["recipe"] for r in recipes] == ["end_to_end", "none (swa)", "none (original)"]
+    assert [r["recipe"] for r in recipes] == ["end_to_end+lora8", "none (swa)", "none (original)"]
     assert recipes[0]["train_tokens"] > 0 and (tmp_path / "out" / "convert" / "convert.png").is_file()
     text = readme.read_text()
-    assert "Perplexity over the first C tokens" in text and "| end_to_end |" in text
+    assert "Perplexity over the first C tokens" in text and "| end_to_end+lora8 |" in text
     assert "window + 4 first tokens" in text
     assert "](out/convert/convert.png)" in text  # the plot's link works from the README
     # contexts below the protocol's are said to be missing, with the full command
@@ -79,15 +79,16 @@ def test_past_8k_compares_on_the_documents_the_original_read_that_far():
 
 
 def test_recipe_statement_names_the_best_and_flags_unequal_budgets():
+    from latte.experiments.convert import DEFAULT_RECIPE as D
     from latte.experiments.convert_report import recipe_statement
 
     def row(recipe, ppl, tokens):
         return {"recipe": recipe, "val_ppl": ppl, "train_tokens": tokens}
 
     base = [row("none (swa)", 100.0, 0), row("none (original)", 50.0, 0)]
-    text = recipe_statement([row("end_to_end", 70.0, 512), row("layerwise", 80.0, 512), *base])
-    assert "the default, end_to_end, is the best here (70.00)" in text and "same 512 training tokens" in text
-    text = recipe_statement([row("end_to_end", 70.0, 512), row("kl_only", 65.0, 256), *base])
-    assert "kl_only is best here (65.00), not the default end_to_end (70.00)" in text
+    text = recipe_statement([row(D, 70.0, 512), row("layerwise", 80.0, 512), *base])
+    assert f"the default, {D}, is the best here (70.00)" in text and "same 512 training tokens" in text
+    text = recipe_statement([row(D, 70.0, 512), row("kl_only", 65.0, 256), *base])
+    assert f"kl_only is best here (65.00), not the default {D} (70.00)" in text
     assert "different numbers of training tokens" in text
     assert recipe_statement(base) == ""

@@ -36,12 +36,12 @@ def base(tmp_path_factory):
     return root / "base", tok_path, corpus
 
 
-def config(base, run_dir, objective="end_to_end", **train_fields) -> ConvertRunConfig:
+def config(base, run_dir, objective="end_to_end", lora_rank=0, **train_fields) -> ConvertRunConfig:
     folder, tok, corpus = base
     data = {"task": "convert", "base": {"path": str(folder)},
             "data": {"source": str(corpus), "val_fraction": 0.2, "tokenizer": str(tok), "seq_len": 32,
                      "cache_dir": str(run_dir.parent / "cache")},
-            "conversion": {"window_size": 8, "latents_per_head": 4, "chunk_size": 8},
+            "conversion": {"window_size": 8, "latents_per_head": 4, "chunk_size": 8, "lora_rank": lora_rank},
             "distill": {"objective": objective},
             "optim": {"lr": 1e-2, "warmup_steps": 1, "weight_decay": 0.0},
             "train": {"steps": 6, "global_batch_size": 2, "eval_every": 3, "eval_batches": 2, "save_every": 3,
@@ -76,12 +76,13 @@ def test_up_training_trains_only_the_new_parameters_and_exports(base, tmp_path):
     assert json.loads((run / "summary.json").read_text())["val_ppl"] == summary["val_ppl"]
 
 
-@pytest.mark.parametrize("objective", ["end_to_end", "layerwise"])
-def test_up_training_resumes_bitwise(base, tmp_path, objective):
-    train(config(base, tmp_path / "straight", objective))
-    train(config(base, tmp_path / "cut", objective, time_budget_minutes=1e-9))  # stops after step 1
+@pytest.mark.parametrize("objective,lora_rank", [("end_to_end", 0), ("layerwise", 0), ("end_to_end", 2)])
+def test_up_training_resumes_bitwise(base, tmp_path, objective, lora_rank):
+    """LoRA (the shipped SmolLM2 recipe) included: its adapters are in the checkpoint."""
+    train(config(base, tmp_path / "straight", objective, lora_rank))
+    train(config(base, tmp_path / "cut", objective, lora_rank, time_budget_minutes=1e-9))  # stops after step 1
     assert [s for s, _ in losses(tmp_path / "cut")] == [1]
-    train(config(base, tmp_path / "cut", objective))
+    train(config(base, tmp_path / "cut", objective, lora_rank))
     assert losses(tmp_path / "cut") == losses(tmp_path / "straight")
 
 

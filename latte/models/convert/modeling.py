@@ -153,6 +153,24 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
                 layer.self_attn = attn
             self.base.config._attn_implementation = ATTN_IMPLEMENTATION
 
+    @contextlib.contextmanager
+    def as_sliding_window(self):
+        """Within the block the model is the sliding-window version of the
+        original, as converted before up-training: every beta at -30 (no
+        latent mass) and LoRA adapters, if any, switched off. Restored after."""
+        saved = [(attn.beta.detach().clone(), attn.lora) for attn in self.converted]
+        try:
+            with torch.no_grad():
+                for attn in self.converted:
+                    attn.beta.fill_(-30.0)
+                    attn.lora = None
+            yield self
+        finally:
+            with torch.no_grad():
+                for attn, (beta, lora) in zip(self.converted, saved):
+                    attn.beta.copy_(beta)
+                    attn.lora = lora
+
     def save_pretrained(self, save_directory, *, self_contained: bool | None = None, **kwargs: Any) -> None:
         """See latte.models.convert.io.save_converted (only the new parameters
         when the model keeps a reference to its base weights)."""
