@@ -166,9 +166,10 @@ def sink_table(records: list[dict], sinks: list[dict], contexts) -> str:
                      f"{_fmt(_get(records, 'swa', c, 'ppl'))} | {_fmt(_get(records, 'converted', c, 'ppl'))} |")
     c0, orig = shown[0], _get(records, "original", shown[0], "ppl")
     if orig and 0 in ks and max(ks) > 0:
-        base, best = _get(sinks, "swa-mask-sinks0", c0, "ppl"), _get(sinks, f"swa-mask-sinks{max(ks)}", c0, "ppl")
-        lines += ["", f"At {c0:,} tokens the window alone is {base / orig:.2f}x the original's perplexity; with the "
-                  f"first {max(ks)} tokens kept visible it is {best / orig:.2f}x."]
+        ratio = {k: _get(sinks, f"swa-mask-sinks{k}", c0, "ppl") / orig for k in ks}
+        kept = ", ".join(f"{ratio[k]:.2f}x with the first {k} token{'s' if k != 1 else ''} kept visible"
+                         for k in ks if k)
+        lines += ["", f"At {c0:,} tokens the window alone is {ratio[0]:.2f}x the original's perplexity; {kept}."]
     return "\n".join(lines)
 
 
