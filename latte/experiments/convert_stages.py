@@ -163,7 +163,7 @@ SINKS = (0, 1, 4)  # first tokens kept visible next to the window
 
 def sinks_stage(a) -> list[dict]:
     """Per held-out document and number of sinks: the original's per-token
-    loss under the window mask (docs/conversion.md §7)."""
+    loss under the window mask (docs/conversion.md §6)."""
     from .convert import DEFAULT_RECIPE
 
     trained = _open(run_dir(a, DEFAULT_RECIPE))
