@@ -18,6 +18,11 @@ from latte.layers import QK_MIXERS
 MIXES = ("joint", "gate")
 
 
+# beta at which the latents carry exactly zero weight in float32: the converted
+# model is then exactly the sliding-window version of the original
+PURE_WINDOW_BETA = -30.0
+
+
 @dataclass
 class ConversionConfig:
     """How every attention becomes Macchiato (docs/conversion.md §1).
@@ -38,7 +43,7 @@ class ConversionConfig:
     qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] = "conv"
     conv_size: int = 4
     mix: Literal["joint", "gate"] = "joint"
-    beta_init: float = -30.0
+    beta_init: float = PURE_WINDOW_BETA
     chunk_size: int = 64
     lora_rank: int = 0
     lora_alpha: float = 16.0

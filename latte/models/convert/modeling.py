@@ -32,7 +32,7 @@ from latte.models.weights import check_state, load_weights, read_weights
 
 from .attention import ConvertedAttention
 from .cache import MacchiatoCache
-from .config import ConversionConfig, ConvertedConfig
+from .config import PURE_WINDOW_BETA, ConversionConfig, ConvertedConfig
 from .families import attention_spec, check_supported, decoder_layers
 from .io import CONFIG_NAME, WEIGHTS_NAME, base_reference, load_base, save_converted
 
@@ -156,13 +156,14 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
     @contextlib.contextmanager
     def as_sliding_window(self):
         """Within the block the model is the sliding-window version of the
-        original, as converted before up-training: every beta at -30 (no
-        latent mass) and LoRA adapters, if any, switched off. Restored after."""
+        original (as converted with the default beta_init, before
+        up-training): every beta at PURE_WINDOW_BETA (no latent mass) and
+        LoRA adapters, if any, switched off. Restored after."""
         saved = [(attn.beta.detach().clone(), attn.lora) for attn in self.converted]
         try:
             with torch.no_grad():
                 for attn in self.converted:
-                    attn.beta.fill_(-30.0)
+                    attn.beta.fill_(PURE_WINDOW_BETA)
                     attn.lora = None
             yield self
         finally:
