@@ -107,18 +107,17 @@ def eval_cost(records: list[dict]) -> str:
             f"each, load average {min(loads):.1f}-{max(loads):.1f} at their starts (2 cores).")
 
 
-def _figure(path: Path, size: tuple):
-    """(pyplot, figure, axes) for a PNG at path, or (None, None, None) without matplotlib."""
+def _figure(size: tuple):
+    """(pyplot, figure, axes), or (None, None, None) without matplotlib."""
     plt = pyplot()
     if plt is None:
         return None, None, None
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=size)
     return plt, fig, ax
 
 
 def _plot_variants(groups: dict, path: Path) -> bool:
-    plt, fig, ax = _figure(path, (7, 3.8))
+    plt, fig, ax = _figure((7, 3.8))
     if plt is None:
         return False
     for i, (v, rs) in enumerate(groups.items()):
@@ -187,7 +186,7 @@ def extrapolation_report(records: list[dict], out: Path, **kw) -> tuple[list[dic
 
 
 def _plot_extrapolation(means: dict, multiples: list[int], T: int, path: Path) -> bool:
-    plt, fig, ax = _figure(path, (6.5, 4))
+    plt, fig, ax = _figure((6.5, 4))
     if plt is None:
         return False
     for i, (v, by_m) in enumerate(means.items()):
