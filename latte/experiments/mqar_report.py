@@ -76,6 +76,19 @@ def equal_state_table(best: list[dict]) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def _byte_ticks(ax) -> None:
+    """Label a log axis of byte counts at 1K, 2K, 4K, ... inside its current
+    limits (matplotlib's default minor labels, "2x10^3 3x10^3 ...", overlap
+    on a narrow panel)."""
+    from matplotlib.ticker import NullFormatter
+    lo, hi = ax.get_xlim()
+    ticks = [1000 * 2**k for k in range(24) if lo <= 1000 * 2**k <= hi]
+    if ticks:
+        ax.set_xticks(ticks, [_bytes(t).replace(".0K", "K") for t in ticks])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlim(lo, hi)
+
+
 def plot(best: list[dict], path: Path) -> bool:
     """Accuracy vs state bytes per layer, one panel per (T, pairs), one line
     per model family and width (Zoology's figure)."""
@@ -95,6 +108,7 @@ def plot(best: list[dict], path: Path) -> bool:
                     ax.plot(*zip(*pts), marker=marker, ms=5, color=color[m], lw=1,
                             label=m if dim == min(r["dim"] for r in best) else None)
         ax.set_xscale("log")
+        _byte_ticks(ax)
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"MQAR T={T}, {P} key-value pairs")
         ax.set_xlabel("state bytes per layer (float32)")
