@@ -66,8 +66,8 @@ def _baseline_ppl(run: Path, *, original: bool) -> dict:
     t0 = time.perf_counter()
     task = trained.task
     windows = _val_windows(trained)
-    with (model.as_original() if original else model.as_sliding_window()) as m:
-        total, count = nll_sums(m, windows, batch_size=1)
+    with (model.as_original() if original else model.as_sliding_window()) as scored:
+        total, count = nll_sums(scored, windows, batch_size=1)
     m = summarize(total, int(count), time.perf_counter() - t0)
     del task
     return {"val_ppl": m["ppl"], "val_tokens": m["tokens"], "train_tokens": 0, "steps": 0,
