@@ -291,7 +291,8 @@ def main(argv: list[str]) -> int:
     if not records:
         print("mqar: no finished cells to report", file=sys.stderr)
         return 1
-    tables, images = report(records, out, budget=budget, pending=sweep.pending(), scope=_scope(a))
+    tables, images = report(records, out, budget=budget, pending=sweep.pending(),
+                            planned=sweep.cells, scope=_scope(a))
     # named after the folder: results/NAME/ fills the README section results:NAME
     write_results(out, out.name, flat_records(records), tables, provenance(NAME, argv, started, threads=a.threads),
                   readme=a.readme, images=images)

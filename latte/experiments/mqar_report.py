@@ -163,16 +163,58 @@ def step_time_table(records: list[dict], eval_every: int) -> str:
             "The full series, with the test accuracy at each evaluation, are in step_times.json.\n\n" + "\n".join(lines))
 
 
-def _unfinished(pending: list[dict]) -> str:
-    """The cells of the command's plan with no finished record, by name."""
+def lr_table(records: list[dict]) -> str:
+    """Accuracy at each learning rate, for the runs tried at more than one
+    (the best-lr tables hide how much the choice mattered)."""
+    groups = defaultdict(dict)
+    for r in records:
+        groups[(r["seq_len"], r["num_kv_pairs"], r["dim"], _label(r))][r["lr"]] = r
+    multi = {k: v for k, v in groups.items() if len(v) > 1}
+    if not multi:
+        return ""
+    lrs = sorted({lr for v in multi.values() for lr in v}, reverse=True)
+    lines = ["| T, pairs | dim | model | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |",
+             "|---|---|---|" + "---|" * len(lrs)]
+    for (T, P, dim, label) in sorted(multi):
+        runs = multi[(T, P, dim, label)]
+        lines.append(f"| {T}, {P} | {dim} | {label} | " +
+                     " | ".join(_acc(runs[lr]) if lr in runs else "" for lr in lrs) + " |")
+    return "\n".join(lines)
+
+
+def _unfinished(pending: list[dict], planned: list[dict]) -> str:
+    """The cells of the command's plan with no finished record, in the plan's
+    order, by width and lr, then setting; a group none of whose runs finished
+    is given by its count."""
     if not pending:
         return ""
-    names = [f"{c['model']}{' L=' + str(c['num_latents']) if c['num_latents'] else ''} (T={c['seq_len']}, "
-             f"{c['num_kv_pairs']} pairs, dim {c['dim']}, lr {c['lr']:g})" for c in pending]
-    return f"\n\n**Not finished ({len(pending)} runs of this plan): {'; '.join(names)}.**"
+
+    def group(cells: list[dict], key) -> dict:
+        out = defaultdict(list)
+        for c in cells:
+            out[key(c)].append(c)
+        return out
+
+    by_run = (lambda c: (c["dim"], c["lr"]), lambda c: (c["seq_len"], c["num_kv_pairs"]))
+    todo, plan = group(pending, by_run[0]), group(planned, by_run[0])
+    parts = []
+    for (dim, lr), cells in todo.items():
+        if len(cells) == len(plan[(dim, lr)]):
+            parts.append(f"dim {dim}, lr {lr:g}: all {len(cells)} runs")
+            continue
+        settings = []
+        plan_s = group(plan[(dim, lr)], by_run[1])
+        for (T, P), cs in group(cells, by_run[1]).items():
+            names = ", ".join(c["model"] + (f" L={c['num_latents']}" if c["num_latents"] not in (None, c["dim"])
+                                             else "") for c in cs)
+            settings.append(f"T={T}: all {len(cs)} runs" if len(cs) == len(plan_s[(T, P)]) else f"T={T}: {names}")
+        parts.append(f"dim {dim}, lr {lr:g}: " + "; ".join(settings))
+    return (f"\n\n**Not finished: {len(pending)} of the {len(planned)} runs of this plan** (Latte without L= "
+            "has num_latents = dim): " + ". ".join(parts) + ".")
 
 
-def report(records: list[dict], out: Path, *, budget, pending: list[dict], scope: str = "") -> tuple[str, list[str]]:
+def report(records: list[dict], out: Path, *, budget, pending: list[dict], planned: list[dict] | None = None,
+           scope: str = "") -> tuple[str, list[str]]:
     """(markdown tables, names of the PNGs written in out). `scope`: a
     sentence saying what part of the full protocol ran (empty: all of it)."""
     best = best_lr(records)
@@ -188,10 +230,11 @@ def report(records: list[dict], out: Path, *, budget, pending: list[dict], scope
         f"power law a = 0.01; 2 attention-only layers, 2 heads; training examples {train}, "
         f"{budget.test_examples:,} test examples (a disjoint seed stream), batch {budget.batch_size}, "
         f"up to {budget.epochs} epochs, early stop at accuracy 0.99; AdamW wd 0.1, warm-up + cosine; "
-        f"best of lr in {{{', '.join(f'{x:g}' for x in budget.lrs)}}} on the test accuracy. "
+        f"best of lr in {{{', '.join(f'{x:g}' for x in budget.lrs)}}} on the test accuracy (of the lrs that ran: "
+        "each accuracy names its lr). "
         f"{len(records)} runs, {total_s / 3600:.1f} h of training in total; load average "
         f"{min(loads):.1f}-{max(loads):.1f} at the runs' starts (a machine shared with other jobs)."
-        + (f"\n\n{scope}" if scope else "") + _unfinished(pending),
+        + (f"\n\n{scope}" if scope else "") + _unfinished(pending, planned if planned is not None else pending),
         "## Accuracy per setting (best lr)",
         "State bytes per layer in float32: latte num_latents x (dv + 1) plus its qk mixer's state (conv: "
         "2 dim, RG-LRU: dim floats); softmax the KV cache at T; linear H dk (dv + 1), plus the conv's for "
@@ -202,6 +245,9 @@ def report(records: list[dict], out: Path, *, budget, pending: list[dict], scope
     eq = equal_state_table(best)
     if eq:
         parts += ["## Latte against linear attention at equal attention state (num_latents = dim)", eq]
+    by_lr = lr_table(records)
+    if by_lr:
+        parts += ["## Accuracy at each learning rate (the runs tried at more than one)", by_lr]
     steps = step_time_table(records, budget.eval_every)
     if steps:
         parts += ["## Step time through training", steps]

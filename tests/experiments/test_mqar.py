@@ -75,6 +75,34 @@ def test_best_lr_keeps_the_most_accurate_run():
     assert sorted((r["dim"], r["lr"]) for r in best) == [(64, 3e-3), (128, 1e-3)]
 
 
+def test_lr_table_shows_every_lr_where_more_than_one_ran():
+    from latte.experiments.mqar_report import lr_table
+
+    base = {"seq_len": 256, "num_kv_pairs": 16, "model": "linear-conv", "mixer": "linear", "dim": 64,
+            "num_latents": None}
+    one = {**base, "model": "softmax", "mixer": "softmax", "lr": 3e-3, "accuracy": 0.99}
+    assert lr_table([{**base, "lr": 3e-3, "accuracy": 0.79}, one]) == ""
+    table = lr_table([{**base, "lr": 3e-3, "accuracy": 0.79}, {**base, "lr": 1e-3, "accuracy": 0.5,
+                                                               "incomplete": True, "steps": 9, "planned_steps": 10},
+                      one, {**one, "seq_len": 64, "num_kv_pairs": 4, "lr": 1e-3, "accuracy": 0.98}])
+    head, _, *rows = table.splitlines()
+    assert head == "| T, pairs | dim | model | lr 0.003 | lr 0.001 |"
+    assert rows == ["| 256, 16 | 64 | linear-conv | 0.790 | 0.500 (stopped at step 9 of 10) |"]
+
+
+def test_unfinished_cells_are_grouped_by_width_lr_and_setting():
+    from latte.experiments.mqar_report import _unfinished
+
+    cells = M.cells_for(((64, 4), (128, 8)), (64, 128), ("linear", "latte-conv"), (1.0, 0.25), (3e-3,))
+    dim64 = [c for c in cells if c["dim"] == 64]
+    pending = [c for c in cells if c is not dim64[0]]
+    text = _unfinished(pending, cells)
+    assert text.startswith("\n\n**Not finished: 11 of the 12 runs of this plan**")
+    assert text.endswith(": dim 64, lr 0.003: T=64: latte-conv, latte-conv L=16; T=128: all 3 runs. "
+                         "dim 128, lr 0.003: all 6 runs.")
+    assert _unfinished([], cells) == ""
+
+
 @pytest.mark.slow
 def test_harness_learns_recall_with_softmax_attention():
     """The harness must be able to learn MQAR at all: softmax attention on a
