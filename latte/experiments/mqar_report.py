@@ -202,16 +202,21 @@ def _unfinished(pending: list[dict], planned: list[dict]) -> str:
             out[key(c)].append(c)
         return out
 
-    by_run = (lambda c: (c["dim"], c["lr"]), lambda c: (c["seq_len"], c["num_kv_pairs"]))
-    todo, plan = group(pending, by_run[0]), group(planned, by_run[0])
+    def width_lr(c: dict) -> tuple:
+        return c["dim"], c["lr"]
+
+    def setting(c: dict) -> tuple:
+        return c["seq_len"], c["num_kv_pairs"]
+
+    todo, plan = group(pending, width_lr), group(planned, width_lr)
     parts = []
     for (dim, lr), cells in todo.items():
         if len(cells) == len(plan[(dim, lr)]):
             parts.append(f"dim {dim}, lr {lr:g}: all {len(cells)} runs")
             continue
         settings = []
-        plan_s = group(plan[(dim, lr)], by_run[1])
-        for (T, P), cs in group(cells, by_run[1]).items():
+        plan_s = group(plan[(dim, lr)], setting)
+        for (T, P), cs in group(cells, setting).items():
             names = ", ".join(c["model"] + (f" L={c['num_latents']}" if c["num_latents"] not in (None, c["dim"])
                                              else "") for c in cs)
             settings.append(f"T={T}: all {len(cs)} runs" if len(cs) == len(plan_s[(T, P)]) else f"T={T}: {names}")
