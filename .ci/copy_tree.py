@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 dst = Path(sys.argv[1])
-listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                        capture_output=True, check=True).stdout.split(b"\0")
+listed = subprocess.run(
+    ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], capture_output=True, check=True
+).stdout.split(b"\0")
 for name in filter(None, listed):
     path = Path(name.decode())
     if path.is_file():  # tracked files deleted from the working tree are listed too

@@ -36,10 +36,21 @@ _SUBPACKAGES = ("ops", "layers", "models", "data", "train", "eval", "bench", "ex
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:  # for IDEs and type checkers; at run time __getattr__ imports on demand
-    from latte.layers import (LatteAttention, LinearAttention, MacchiatoAttention, SlidingWindowAttention,
-                              SoftmaxAttention)
-    from latte.models import (LatteCache, LatteConfig, LatteForCausalLM, LatteForSequenceClassification,
-                              LatteModel, from_pretrained)
+    from latte.layers import (
+        LatteAttention,
+        LinearAttention,
+        MacchiatoAttention,
+        SlidingWindowAttention,
+        SoftmaxAttention,
+    )
+    from latte.models import (
+        LatteCache,
+        LatteConfig,
+        LatteForCausalLM,
+        LatteForSequenceClassification,
+        LatteModel,
+        from_pretrained,
+    )
 
 
 def __getattr__(name: str) -> Any:

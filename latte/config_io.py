@@ -34,8 +34,15 @@ from typing import Any, Literal, Union
 import yaml
 
 __all__ = [
-    "ConfigError", "ConfigErrors", "build", "load_yaml", "parse_overrides",
-    "merge", "to_dict", "save_yaml", "atomic_write",
+    "ConfigError",
+    "ConfigErrors",
+    "build",
+    "load_yaml",
+    "parse_overrides",
+    "merge",
+    "to_dict",
+    "save_yaml",
+    "atomic_write",
 ]
 
 
@@ -83,6 +90,7 @@ class ConfigErrors:
 
 
 # --------------------------------------------------------------------------- build
+
 
 def _describe(tp: Any) -> str:
     """Human description of an annotation, used in 'expected ...'."""
@@ -145,8 +153,10 @@ def _check(value: Any, tp: Any, path: str, errors: list) -> Any:
             return value
         if not args:
             return dict(value)
-        return {_check(k, args[0], f"{path}[{k!r}]", errors):
-                _check(v, args[1], f"{path}[{k!r}]", errors) for k, v in value.items()}
+        return {
+            _check(k, args[0], f"{path}[{k!r}]", errors): _check(v, args[1], f"{path}[{k!r}]", errors)
+            for k, v in value.items()
+        }
     ok = _scalar_ok(value, tp)
     if not ok:
         errors.append(bad)
@@ -237,6 +247,7 @@ def build(cls: type, data: dict, *, where: str = "config") -> Any:
 
 # --------------------------------------------------------------------------- YAML
 
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader with YAML 1.2 scalars (below) that refuses duplicate keys."""
 
@@ -245,8 +256,7 @@ class _Loader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -257,19 +267,22 @@ class _Loader(yaml.SafeLoader):
 # (1.1 reads octal, base-60 and dates).
 _TAG = "tag:yaml.org,2002:"
 _Loader.yaml_implicit_resolvers = {
-    k: [(tag, rx) for tag, rx in v if tag[len(_TAG):] not in ("bool", "int", "float", "timestamp")]
+    k: [(tag, rx) for tag, rx in v if tag[len(_TAG) :] not in ("bool", "int", "float", "timestamp")]
     for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+_Loader.add_implicit_resolver(_TAG + "bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 _Loader.add_implicit_resolver(
-    _TAG + "bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-_Loader.add_implicit_resolver(
-    _TAG + "int", re.compile(r"^[-+]?(?:0|[1-9][0-9_]*|0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
+    _TAG + "int", re.compile(r"^[-+]?(?:0|[1-9][0-9_]*|0x[0-9a-fA-F_]+)$"), list("-+0123456789")
+)
 _Loader.add_implicit_resolver(
     _TAG + "float",
-    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?"
-               r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
-               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-    list("-+0123456789."))
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -393,6 +406,5 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
 
 def save_yaml(obj: Any, path: str | os.PathLike) -> None:
     """Writes a dataclass or dict as YAML, atomically (see `atomic_write`)."""
-    text = yaml.dump(to_dict(obj), Dumper=_Dumper, sort_keys=False, default_flow_style=False,
-                     allow_unicode=True)
+    text = yaml.dump(to_dict(obj), Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
     atomic_write(path, text)

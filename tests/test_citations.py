@@ -15,8 +15,17 @@ ROOT = Path(__file__).resolve().parents[1]
 # Paths that point outside a checkout of the repository (machine paths, the
 # shared notes the project was bootstrapped from). Split so that this file
 # does not match itself.
-OUTSIDE = [re.compile(p) for p in (re.escape("/wo" + "rk/"), re.escape("../sha" + "red"), "shared/" + "spec",
-                                   "shared/" + "seeds", re.escape("/ho" + "me/"), re.escape("/Us" + "ers/"))]
+OUTSIDE = [
+    re.compile(p)
+    for p in (
+        re.escape("/wo" + "rk/"),
+        re.escape("../sha" + "red"),
+        "shared/" + "spec",
+        "shared/" + "seeds",
+        re.escape("/ho" + "me/"),
+        re.escape("/Us" + "ers/"),
+    )
+]
 # Upper-case document names (like README.md): each must be a file of the repository.
 DOC_NAME = re.compile(r"(?<![\w/.-])([A-Z][A-Z0-9_]*(?:-[A-Z0-9_]+)*\.md)\b")
 PLACEHOLDERS = {"NAME.md"}  # "NAME.json, NAME.md and NAME.png": a file-name pattern, not a citation
@@ -112,10 +121,15 @@ def test_code_locations_named_in_the_docs_exist():
     for path in sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]:
         found += location_problems(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
     assert found == []
-    assert location_problems("`latte/ops/causal.py: latte_causal`, `tests/ops/test_causal.py::nope`, "
-                             "`test_forward_matches_reference`, `test_nope`, latte/gone.py", "x") == [
-        "x:1: tests/ops/test_causal.py has no nope", "x:1: tests/ops/test_causal.py has no test_nope",
-        "x:1: names latte/gone.py, which does not exist"]
+    assert location_problems(
+        "`latte/ops/causal.py: latte_causal`, `tests/ops/test_causal.py::nope`, "
+        "`test_forward_matches_reference`, `test_nope`, latte/gone.py",
+        "x",
+    ) == [
+        "x:1: tests/ops/test_causal.py has no nope",
+        "x:1: tests/ops/test_causal.py has no test_nope",
+        "x:1: names latte/gone.py, which does not exist",
+    ]
 
 
 def test_code_and_tests_cite_only_documents_in_the_repo():

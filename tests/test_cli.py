@@ -20,7 +20,9 @@ def trained_run(tmp_path_factory):
 
 def test_train_args_split():
     assert _split_train_args(["--config", "a.yaml", "--train.steps=3", "--resume", "auto", "--model.dim", "8"]) == (
-        "a.yaml", ["--train.steps=3", "--train.resume=auto", "--model.dim", "8"])
+        "a.yaml",
+        ["--train.steps=3", "--train.resume=auto", "--model.dim", "8"],
+    )
     assert _split_train_args(["--config=b.yaml"]) == ("b.yaml", [])
 
 
@@ -30,14 +32,16 @@ def test_train_wrote_a_checkpoint(trained_run):
 
 
 def test_generate_streams_a_continuation(trained_run, capsys):
-    assert main(["generate", "--run", str(trained_run), "--prompt", "The ", "--max-new-tokens", "12",
-                 "--seed", "1"]) == 0
+    assert (
+        main(["generate", "--run", str(trained_run), "--prompt", "The ", "--max-new-tokens", "12", "--seed", "1"]) == 0
+    )
     out = capsys.readouterr()
     assert out.out.startswith("The ") and len(out.out) > len("The \n")
     assert "step-00000004" in out.err
     # same seed, same text
-    assert main(["generate", "--run", str(trained_run), "--prompt", "The ", "--max-new-tokens", "12",
-                 "--seed", "1"]) == 0
+    assert (
+        main(["generate", "--run", str(trained_run), "--prompt", "The ", "--max-new-tokens", "12", "--seed", "1"]) == 0
+    )
     assert capsys.readouterr().out == out.out
 
 
@@ -48,7 +52,7 @@ def test_streaming_equals_model_generate(trained_run):
     t = open_run(trained_run)
     ids = t.tokenizer.encode("def f")
     streamed = list(stream_tokens(t.model, ids, 10, temperature=0))
-    ref = t.model.generate(torch.tensor([ids]), 10, temperature=0)[0, len(ids):].tolist()
+    ref = t.model.generate(torch.tensor([ids]), 10, temperature=0)[0, len(ids) :].tolist()
     assert streamed == ref
     d = IncrementalDecoder(t.tokenizer)
     assert "".join(d.push(i) for i in streamed) + d.flush() == t.tokenizer.decode(streamed)
@@ -114,8 +118,14 @@ def test_bench_dispatches_lazily(monkeypatch, capsys):
 
 
 def test_python_dash_m_latte():
-    proc = subprocess.run([sys.executable, "-m", "latte", "--help"], cwd=REPO, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "latte", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
     assert proc.returncode == 0 and "torchrun" in proc.stdout
 
 
@@ -134,9 +144,22 @@ def test_bench_command_runs_and_updates_a_readme_section(tmp_path):
 
 # --------------------------------------------------------------------------- arguments (issue 10, items 8-9)
 
-@pytest.mark.parametrize("args", [["--top-p", "0"], ["--top-p", "-0.5"], ["--top-p", "2"], ["--top-p", "nan"],
-                                  ["--top-k", "-5"], ["--temperature", "nan"], ["--temperature", "-1"],
-                                  ["--temperature", "inf"], ["--max-new-tokens", "-3"], ["--top-k", "x"]])
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--top-p", "0"],
+        ["--top-p", "-0.5"],
+        ["--top-p", "2"],
+        ["--top-p", "nan"],
+        ["--top-k", "-5"],
+        ["--temperature", "nan"],
+        ["--temperature", "-1"],
+        ["--temperature", "inf"],
+        ["--max-new-tokens", "-3"],
+        ["--top-k", "x"],
+    ],
+)
 def test_generate_refuses_bad_arguments_before_printing_anything(trained_run, capsys, args):
     assert main(["generate", "--run", str(trained_run), "--prompt", "The ", *args]) == 2
     out = capsys.readouterr()
@@ -144,8 +167,26 @@ def test_generate_refuses_bad_arguments_before_printing_anything(trained_run, ca
 
 
 def test_generate_accepts_the_edges_of_the_ranges(trained_run, capsys):
-    assert main(["generate", "--run", str(trained_run), "--prompt", "The ", "--top-p", "1", "--top-k", "0",
-                 "--temperature", "0", "--max-new-tokens", "0"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--run",
+                str(trained_run),
+                "--prompt",
+                "The ",
+                "--top-p",
+                "1",
+                "--top-k",
+                "0",
+                "--temperature",
+                "0",
+                "--max-new-tokens",
+                "0",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == "The \n"
 
 

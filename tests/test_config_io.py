@@ -10,8 +10,7 @@ from typing import Literal, Optional
 
 import pytest
 
-from latte.config_io import (ConfigError, ConfigErrors, build, load_yaml, merge,
-                             parse_overrides, save_yaml, to_dict)
+from latte.config_io import ConfigError, ConfigErrors, build, load_yaml, merge, parse_overrides, save_yaml, to_dict
 
 
 @dataclass
@@ -24,8 +23,7 @@ class Model:
     def __post_init__(self):
         errs = ConfigErrors(type(self).__name__)
         if errs.check(self.num_heads >= 1, "num_heads", self.num_heads, ">= 1"):
-            errs.check(self.dim % self.num_heads == 0, "dim", self.dim,
-                       f"a multiple of num_heads ({self.num_heads})")
+            errs.check(self.dim % self.num_heads == 0, "dim", self.dim, f"a multiple of num_heads ({self.num_heads})")
         errs.check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "in [0, 1)")
         errs.raise_if_any()
 
@@ -66,21 +64,24 @@ def test_defaults_and_conversion():
     assert run.head == Model(dim=32, num_heads=4)
 
 
-@pytest.mark.parametrize("data, line", [
-    ({"model": {"num_heads": "eight"}}, "model.num_heads: got 'eight' (str), expected int"),
-    ({"model": {"num_heads": 8.0}}, "model.num_heads: got 8.0 (float), expected int"),
-    ({"model": {"tie_embeddings": 1}}, "model.tie_embeddings: got 1 (int), expected bool"),
-    ({"model": {"dim": True}}, "model.dim: got True (bool), expected int"),
-    ({"train": {"lr": "1e-3"}}, "train.lr: got '1e-3' (str), expected float"),
-    ({"train": {"decay": "cos"}}, "train.decay: got 'cos' (str), expected one of 'linear', 'cosine'"),
-    ({"train": {"betas": [0.9]}}, "train.betas: got [0.9] (list), expected list of 2 items (float, float)"),
-    ({"train": {"seed": "x"}}, "train.seed: got 'x' (str), expected int or None"),
-    ({"train": {"eval_every": 1.5}}, "train.eval_every: got 1.5 (float), expected int or None"),
-    ({"train": {"tags": ["a", 2]}}, "train.tags[1]: got 2 (int), expected str"),
-    ({"train": 3}, "train: got 3 (int), expected mapping for Train"),
-    ({"head": {"dim": "x"}}, "head.dim: got 'x' (str), expected int"),
-    ({"model": {"num_heads": 0}}, "model.num_heads: got 0 (int), expected >= 1"),
-])
+@pytest.mark.parametrize(
+    "data, line",
+    [
+        ({"model": {"num_heads": "eight"}}, "model.num_heads: got 'eight' (str), expected int"),
+        ({"model": {"num_heads": 8.0}}, "model.num_heads: got 8.0 (float), expected int"),
+        ({"model": {"tie_embeddings": 1}}, "model.tie_embeddings: got 1 (int), expected bool"),
+        ({"model": {"dim": True}}, "model.dim: got True (bool), expected int"),
+        ({"train": {"lr": "1e-3"}}, "train.lr: got '1e-3' (str), expected float"),
+        ({"train": {"decay": "cos"}}, "train.decay: got 'cos' (str), expected one of 'linear', 'cosine'"),
+        ({"train": {"betas": [0.9]}}, "train.betas: got [0.9] (list), expected list of 2 items (float, float)"),
+        ({"train": {"seed": "x"}}, "train.seed: got 'x' (str), expected int or None"),
+        ({"train": {"eval_every": 1.5}}, "train.eval_every: got 1.5 (float), expected int or None"),
+        ({"train": {"tags": ["a", 2]}}, "train.tags[1]: got 2 (int), expected str"),
+        ({"train": 3}, "train: got 3 (int), expected mapping for Train"),
+        ({"head": {"dim": "x"}}, "head.dim: got 'x' (str), expected int"),
+        ({"model": {"num_heads": 0}}, "model.num_heads: got 0 (int), expected >= 1"),
+    ],
+)
 def test_each_error_kind(data, line):
     with pytest.raises(ValueError) as excinfo:
         build(Run, data)
@@ -101,8 +102,11 @@ def test_missing_required_field():
 
 
 def test_all_problems_reported_at_once_with_where():
-    data = {"model": {"num_heads": "eight", "dropout": 2.0, "dimm": 3},
-            "train": {"lr": None, "decay": "step"}, "extra": 1}
+    data = {
+        "model": {"num_heads": "eight", "dropout": 2.0, "dimm": 3},
+        "train": {"lr": None, "decay": "step"},
+        "extra": 1,
+    }
     with pytest.raises(ConfigError) as excinfo:
         build(Run, data, where="configs/tiny.yaml")
     msg = str(excinfo.value)
@@ -131,22 +135,34 @@ def test_direct_construction_validates_too():
 
 
 def test_parse_overrides_types_values_like_yaml():
-    args = ["--model.num_heads=4", "model.dropout=1e-1", "--train.lr", "1e-3", "--train.seed=null",
-            "--model.tie_embeddings=false", "--train.tags=[a, b]", "train.name=no", "--train.decay=cosine"]
+    args = [
+        "--model.num_heads=4",
+        "model.dropout=1e-1",
+        "--train.lr",
+        "1e-3",
+        "--train.seed=null",
+        "--model.tie_embeddings=false",
+        "--train.tags=[a, b]",
+        "train.name=no",
+        "--train.decay=cosine",
+    ]
     assert parse_overrides(args) == {
         "model": {"num_heads": 4, "dropout": 0.1, "tie_embeddings": False},
         "train": {"lr": 1e-3, "seed": None, "tags": ["a", "b"], "name": "no", "decay": "cosine"},
     }
 
 
-@pytest.mark.parametrize("args, match", [
-    (["--train.lr"], "missing value"),
-    (["--train.lr", "--train.seed=1"], "missing value"),
-    (["train.lr"], "expected key=value"),
-    (["--train..lr=1"], "not a dotted field name"),
-    (["--train=1", "--train.lr=2"], "already given a value"),
-    (["--x=[1, 2"], "invalid YAML"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["--train.lr"], "missing value"),
+        (["--train.lr", "--train.seed=1"], "missing value"),
+        (["train.lr"], "expected key=value"),
+        (["--train..lr=1"], "not a dotted field name"),
+        (["--train=1", "--train.lr=2"], "already given a value"),
+        (["--x=[1, 2"], "invalid YAML"),
+    ],
+)
 def test_parse_overrides_errors(args, match):
     with pytest.raises(ValueError, match=match):
         parse_overrides(args)
@@ -186,9 +202,11 @@ def test_load_yaml_errors_name_file_and_line(tmp_path):
 
 
 def test_round_trip(tmp_path):
-    run = Run(model=Model(dim=48, num_heads=6, dropout=0.1),
-              train=Train(lr=3e-4, betas=(0.9, 0.99), seed=0, tags=["no", "1e-3", "010"], name="1:30"),
-              head=Model(dim=16, num_heads=2))
+    run = Run(
+        model=Model(dim=48, num_heads=6, dropout=0.1),
+        train=Train(lr=3e-4, betas=(0.9, 0.99), seed=0, tags=["no", "1e-3", "010"], name="1:30"),
+        head=Model(dim=16, num_heads=2),
+    )
     path = tmp_path / "sub" / "config.yaml"
     path.parent.mkdir()
     save_yaml(run, path)

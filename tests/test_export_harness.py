@@ -63,8 +63,13 @@ def test_padding_generate_and_pipeline_stop_at_end_of_document(loaded):
     model, tokenizer, trained = loaded
     batch = tokenizer(["The", "A longer prompt for the model"], padding=True, return_tensors="pt")
     assert batch["attention_mask"][0, 0] == 0  # left padding
-    ours = trained.model.generate(batch["input_ids"], 6, temperature=0, attention_mask=batch["attention_mask"],
-                                  eos_token_id=tokenizer.eos_token_id)
+    ours = trained.model.generate(
+        batch["input_ids"],
+        6,
+        temperature=0,
+        attention_mask=batch["attention_mask"],
+        eos_token_id=tokenizer.eos_token_id,
+    )
     theirs = model.generate(**batch, max_new_tokens=6, do_sample=False)
     assert torch.equal(theirs, ours)
     # Make the end-of-document token the greedy choice after this prompt: HF
@@ -132,8 +137,10 @@ def test_harness_scores_like_the_native_model(exported, loaded, tmp_path, monkey
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     _, _, trained = loaded
-    mc = [{"question": "def f(x):\n", "choices": ["    return x", " import os", "class A"], "answer": 0},
-          {"question": "The value of", "choices": [" the", " x", " None"], "answer": 2}]
+    mc = [
+        {"question": "def f(x):\n", "choices": ["    return x", " import os", "class A"], "answer": 0},
+        {"question": "The value of", "choices": [" the", " x", " None"], "answer": 2},
+    ]
     gen = [{"prompt": "def ", "target": "f"}, {"prompt": "Return the", "target": " value"}]
     (tmp_path / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mc))
     (tmp_path / "gen.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gen))
@@ -141,9 +148,30 @@ def test_harness_scores_like_the_native_model(exported, loaded, tmp_path, monkey
     tasks.mkdir()
     for i, part in enumerate(TASKS.format(data=tmp_path).split("---\n")):
         (tasks / f"task{i}.yaml").write_text(part)
-    assert main(["harness", "run", "--model", "latte", "--model_args", f"pretrained={exported / 'hf'}",
-                 "--include_path", str(tasks), "--tasks", "latte_tiny_mc,latte_tiny_gen", "--device", "cpu",
-                 "--batch_size", "1", "--output_path", str(tmp_path / "out"), "--log_samples"]) == 0
+    assert (
+        main(
+            [
+                "harness",
+                "run",
+                "--model",
+                "latte",
+                "--model_args",
+                f"pretrained={exported / 'hf'}",
+                "--include_path",
+                str(tasks),
+                "--tasks",
+                "latte_tiny_mc,latte_tiny_gen",
+                "--device",
+                "cpu",
+                "--batch_size",
+                "1",
+                "--output_path",
+                str(tmp_path / "out"),
+                "--log_samples",
+            ]
+        )
+        == 0
+    )
     samples = {}
     for path in (tmp_path / "out").rglob("samples_*.jsonl"):
         name = path.name.split("_2")[0].removeprefix("samples_")
@@ -157,7 +185,7 @@ def test_harness_scores_like_the_native_model(exported, loaded, tmp_path, monkey
     for s in samples["latte_tiny_gen"]:
         prompt = gen[s["doc_id"]]["prompt"]
         ids = torch.tensor([trained.tokenizer.encode(prompt)])
-        new = trained.model.generate(ids, 8, temperature=0, eos_token_id=trained.tokenizer.eos_id)[0, ids.shape[1]:]
+        new = trained.model.generate(ids, 8, temperature=0, eos_token_id=trained.tokenizer.eos_id)[0, ids.shape[1] :]
         text = trained.tokenizer.decode([t for t in new.tolist() if t != trained.tokenizer.eos_id])
         assert s["resps"][0][0] == text.split("\n\n")[0]
 

@@ -58,8 +58,11 @@ def imports() -> dict[str, set[str]]:
                     target = node.module or ""
                 if target.startswith("latte"):
                     targets.add(target)
-                    targets |= {f"{target}.{a.name}" for a in node.names
-                                if (ROOT.parent / f"{target}.{a.name}".replace(".", "/")).with_suffix(".py").exists()}
+                    targets |= {
+                        f"{target}.{a.name}"
+                        for a in node.names
+                        if (ROOT.parent / f"{target}.{a.name}".replace(".", "/")).with_suffix(".py").exists()
+                    }
         found[module] = targets
     return found
 
@@ -91,13 +94,16 @@ def test_train_does_not_import_eval():
 
 @pytest.mark.parametrize("package", ["ops", "layers", "models"])
 def test_no_import_cycle_inside_a_package(package):
-    graph = {m: {t for t in ts if t.startswith(f"latte.{package}.")}
-             for m, ts in imports().items() if m.startswith(f"latte.{package}.")}
+    graph = {
+        m: {t for t in ts if t.startswith(f"latte.{package}.")}
+        for m, ts in imports().items()
+        if m.startswith(f"latte.{package}.")
+    }
     state: dict[str, int] = {}
 
     def visit(m, path):
         if state.get(m) == 1:
-            raise AssertionError("import cycle: " + " -> ".join(path[path.index(m):] + [m]))
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(m) :] + [m]))
         if state.get(m) == 2:
             return
         state[m] = 1
@@ -112,13 +118,23 @@ def test_no_import_cycle_inside_a_package(package):
 def test_top_level_names_are_lazy_and_complete():
     """`import latte` does not import torch (the CLI starts fast); the
     names a user reaches for are one attribute away."""
-    code = ("import sys, latte; assert 'torch' not in sys.modules, 'torch imported'; "
-            "assert latte.LatteForCausalLM.__module__ == 'latte.models.causal_lm'; "
-            "assert 'torch' in sys.modules; print(sorted(latte.__all__))")
+    code = (
+        "import sys, latte; assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert latte.LatteForCausalLM.__module__ == 'latte.models.causal_lm'; "
+        "assert 'torch' in sys.modules; print(sorted(latte.__all__))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    for name in ("LatteConfig", "LatteForCausalLM", "LatteForSequenceClassification", "LatteAttention",
-                 "MacchiatoAttention", "SoftmaxAttention", "SlidingWindowAttention", "LinearAttention"):
+    for name in (
+        "LatteConfig",
+        "LatteForCausalLM",
+        "LatteForSequenceClassification",
+        "LatteAttention",
+        "MacchiatoAttention",
+        "SoftmaxAttention",
+        "SlidingWindowAttention",
+        "LinearAttention",
+    ):
         assert name in out.stdout
         assert getattr(latte, name) is getattr(__import__(latte._EXPORTS[name], fromlist=[name]), name)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):

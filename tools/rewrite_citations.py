@@ -30,8 +30,7 @@ SKIP_DIRS = {"__pycache__", ".git", ".pytest_cache", "runs"}
 # The old note names, each with the docs/ page that replaces it. Written in
 # pieces so that this file is not itself a citation of them.
 MATH, STYLE, EVAL, RELIABILITY = ("MATH", "STYLE", "EVAL", "RELIABILITY")
-TARGET = {MATH: "docs/math.md", STYLE: "docs/design.md", EVAL: "docs/evaluation.md",
-          RELIABILITY: "docs/reliability.md"}
+TARGET = {MATH: "docs/math.md", STYLE: "docs/design.md", EVAL: "docs/evaluation.md", RELIABILITY: "docs/reliability.md"}
 # An optional path in front of a name (the notes lived in a folder named
 # "spec" inside a "shared" folder beside the checkout).
 PREFIX = r"(?:[\w./~-]*shared/" + "spec/)?"

@@ -88,9 +88,18 @@ def time_interleaved(fns: dict, *, repeats: int = 5, warmup: int = 1) -> dict:
             fn()
             times[name].append((time.perf_counter() - t0) * 1e3)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {name: {"median_ms": statistics.median(ts), "min_ms": min(ts), "repeats": repeats, "warmup": warmup,
-                   "times_ms": [round(t, 4) for t in ts], "loadavg_1min": load, "interleaved": True}
-            for name, ts in times.items()}
+    return {
+        name: {
+            "median_ms": statistics.median(ts),
+            "min_ms": min(ts),
+            "repeats": repeats,
+            "warmup": warmup,
+            "times_ms": [round(t, 4) for t in ts],
+            "loadavg_1min": load,
+            "interleaved": True,
+        }
+        for name, ts in times.items()
+    }
 
 
 def skipped(reason: str) -> dict:
@@ -152,6 +161,7 @@ def machine_info() -> dict:
 
 # ---- peak memory ---------------------------------------------------------------
 
+
 def _status_kb(key: str) -> int:
     m = re.search(key + r":\s+(\d+)", Path("/proc/self/status").read_text())
     return int(m.group(1))
@@ -177,8 +187,9 @@ def _worker() -> None:
         gc.collect()
 
 
-def memory_points(target: str, points: list[dict], threads: int, *, shrink: tuple[str, ...] = ("T",),
-                  timeout_s: float = 1800) -> list[dict]:
+def memory_points(
+    target: str, points: list[dict], threads: int, *, shrink: tuple[str, ...] = ("T",), timeout_s: float = 1800
+) -> list[dict]:
     """Peak extra resident memory (MiB) of one call per point, in a fresh
     process (see the module docstring). `target` is "module:function"; the
     function takes a point's keys and returns a zero-argument callable; the
@@ -193,7 +204,7 @@ def memory_points(target: str, points: list[dict], threads: int, *, shrink: tupl
     cmd = [sys.executable, "-c", "from latte.bench.common import _worker; _worker()"]
     results: list[dict] = []
     while len(results) < len(points):
-        todo = points[len(results):]
+        todo = points[len(results) :]
         job = json.dumps({"target": target, "points": todo, "threads": threads, "shrink": list(shrink)})
         try:
             proc = subprocess.run(cmd, input=job, capture_output=True, text=True, env=env, timeout=timeout_s)
@@ -210,6 +221,7 @@ def memory_points(target: str, points: list[dict], threads: int, *, shrink: tupl
 
 
 # ---- output --------------------------------------------------------------------
+
 
 def write_json(path: Path, obj: dict) -> None:
     path = Path(path)
@@ -254,8 +266,9 @@ def save_figure(plt, fig, path, *, dpi: int = 120) -> Path:
     return Path(path)
 
 
-def plot_loglog(path: Path, panels: dict[str, dict[str, tuple[list, list]]], *,
-                xlabel: str, ylabel: str, title: str) -> bool:
+def plot_loglog(
+    path: Path, panels: dict[str, dict[str, tuple[list, list]]], *, xlabel: str, ylabel: str, title: str
+) -> bool:
     """One log-log panel per key of `panels` ({panel: {label: (xs, ys)}}).
     matplotlib is optional (extra "plot"): without it, print a note and return False."""
     plt = pyplot()
@@ -267,8 +280,9 @@ def plot_loglog(path: Path, panels: dict[str, dict[str, tuple[list, list]]], *,
     for ax, (name, series) in zip(axes[0], panels.items()):
         for label, (xs, ys) in series.items():
             if xs:
-                ax.plot(xs, ys, marker="o", ms=3, label=label, color=color[label],
-                        ls="--" if label.startswith("(") else "-")
+                ax.plot(
+                    xs, ys, marker="o", ms=3, label=label, color=color[label], ls="--" if label.startswith("(") else "-"
+                )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel(xlabel)
@@ -287,8 +301,12 @@ def add_common_args(p, *, repeats: int = 5) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up calls per point")
     p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help="output folder (default bench-results/)")
     p.add_argument("--quick", action="store_true", help="tiny sizes for CI and tests")
-    p.add_argument("--readme", type=Path, default=None,
-                   help="also replace this benchmark's section of a README (between its bench markers)")
+    p.add_argument(
+        "--readme",
+        type=Path,
+        default=None,
+        help="also replace this benchmark's section of a README (between its bench markers)",
+    )
 
 
 def update_readme(path: Path, name: str, markdown: str, image: str | None = None, *, kind: str = "bench") -> None:

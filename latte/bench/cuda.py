@@ -45,8 +45,9 @@ def make_inputs(provider: str, T: int, dtype, B: int = 1, seed: int = 0):
 
     if provider in ("latte", "latte-fla"):
         backend = "fla" if provider == "latte-fla" else "torch"
-        return [r(B, T, H, L), r(B, T, H, L), r(B, T, H, D)], \
-            lambda a, b, v: latte_causal(a, b, v, chunk_size=P.CHUNK, backend=backend)[0]
+        return [r(B, T, H, L), r(B, T, H, L), r(B, T, H, D)], lambda a, b, v: latte_causal(
+            a, b, v, chunk_size=P.CHUNK, backend=backend
+        )[0]
     if provider == "fla-gla":
         from fla.ops.gla import chunk_gla
 
@@ -55,12 +56,17 @@ def make_inputs(provider: str, T: int, dtype, B: int = 1, seed: int = 0):
         return [q, k, r(B, T, H, D), log_decay], lambda q, k, v, g_: chunk_gla(q, k, v, g_, scale=1.0)[0]
     if provider in ("macchiato", "macchiato-fla"):
         backend = "fla" if provider == "macchiato-fla" else "torch"
-        return [r(B, T, H, L), r(B, T, H, L), r(B, T, H, D), r(B, T, H, D), r(B, T, H, D)], \
-            lambda a, b, v, q, k: macchiato(a, b, v, q, k, window_size=P.WINDOW, chunk_size=P.CHUNK,
-                                            backend=backend)[0]
+        return [
+            r(B, T, H, L),
+            r(B, T, H, L),
+            r(B, T, H, D),
+            r(B, T, H, D),
+            r(B, T, H, D),
+        ], lambda a, b, v, q, k: macchiato(a, b, v, q, k, window_size=P.WINDOW, chunk_size=P.CHUNK, backend=backend)[0]
     if provider == "sdpa":
-        return [r(B, H, T, D), r(B, H, T, D), r(B, H, T, D)], \
-            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return [r(B, H, T, D), r(B, H, T, D), r(B, H, T, D)], lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, is_causal=True
+        )
     raise ValueError(f"provider: expected one of {PROVIDERS}, got {provider!r}")
 
 
@@ -93,17 +99,40 @@ def run_ops(args) -> dict:
         for mode in MODES:
             for p, t in _point(args.providers, T, mode, args).items():
                 results.append({"provider": p, "T": T, "mode": mode, **t})
-                print(f"  {p:14s} T={T:6d} {mode:7s} " + (f"skipped: {t['reason']}" if t.get("skipped")
-                      else f"{t['median_ms']:9.3f} ms {common.fmt(t['peak_mb'])} MiB"), flush=True)
+                print(
+                    f"  {p:14s} T={T:6d} {mode:7s} "
+                    + (
+                        f"skipped: {t['reason']}"
+                        if t.get("skipped")
+                        else f"{t['median_ms']:9.3f} ms {common.fmt(t['peak_mb'])} MiB"
+                    ),
+                    flush=True,
+                )
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    return {"benchmark": "ops-cuda", "machine": info,
-            "config": {"device": DEVICE, "dtype": args.dtype, "quick": args.quick, "repeats": args.repeats,
-                       "warmup": args.warmup, "providers": args.providers, "T": Ts,
-                       "shapes": {"B": 1, "H": P.HEADS, "Lh": P.LATENTS // P.HEADS, "Dv": P.DV,
-                                  "chunk_size": P.CHUNK, "window_size": P.WINDOW},
-                       "timing": "wall clock with torch.cuda.synchronize after each call; providers interleaved",
-                       "memory": "torch.cuda.max_memory_allocated over one call minus memory allocated before it"},
-            "results": results}
+    return {
+        "benchmark": "ops-cuda",
+        "machine": info,
+        "config": {
+            "device": DEVICE,
+            "dtype": args.dtype,
+            "quick": args.quick,
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "providers": args.providers,
+            "T": Ts,
+            "shapes": {
+                "B": 1,
+                "H": P.HEADS,
+                "Lh": P.LATENTS // P.HEADS,
+                "Dv": P.DV,
+                "chunk_size": P.CHUNK,
+                "window_size": P.WINDOW,
+            },
+            "timing": "wall clock with torch.cuda.synchronize after each call; providers interleaved",
+            "memory": "torch.cuda.max_memory_allocated over one call minus memory allocated before it",
+        },
+        "results": results,
+    }
 
 
 def markdown_ops(res: dict) -> str:
@@ -114,15 +143,22 @@ def markdown_ops(res: dict) -> str:
         r = cell.get((p, T, mode))
         return "-" if r is None else "skip" if r.get("skipped") else r[key]
 
-    out = [f"# latte bench ops --device cuda{' (quick)' if cfg['quick'] else ''}", "",
-           f"{m.get('gpu', m['cpu_model'])}, CUDA {m.get('cuda')}, torch {m['torch']}, fla-core {m.get('fla_core')}, "
-           f"triton {m.get('triton')}, {cfg['dtype']}, B=1 H=8 Lh=32 dv=64 W=128; median of {cfg['repeats']} "
-           f"synchronised calls, providers interleaved. TRITON_F32_DEFAULT={m.get('TRITON_F32_DEFAULT')}."]
+    out = [
+        f"# latte bench ops --device cuda{' (quick)' if cfg['quick'] else ''}",
+        "",
+        f"{m.get('gpu', m['cpu_model'])}, CUDA {m.get('cuda')}, torch {m['torch']}, fla-core {m.get('fla_core')}, "
+        f"triton {m.get('triton')}, {cfg['dtype']}, B=1 H=8 Lh=32 dv=64 W=128; median of {cfg['repeats']} "
+        f"synchronised calls, providers interleaved. TRITON_F32_DEFAULT={m.get('TRITON_F32_DEFAULT')}.",
+    ]
     for mode in MODES:
         for title, key in (("median ms", "median_ms"), ("peak extra MiB", "peak_mb")):
             rows = [[str(T)] + [val(p, T, mode, key) for p in cfg["providers"]] for T in cfg["T"]]
-            out += ["", f"## {'forward' if mode == 'fwd' else 'forward+backward'}: {title}", "",
-                    common.md_table(["T"] + list(cfg["providers"]), rows)]
+            out += [
+                "",
+                f"## {'forward' if mode == 'fwd' else 'forward+backward'}: {title}",
+                "",
+                common.md_table(["T"] + list(cfg["providers"]), rows),
+            ]
     skips = sorted({f"- {r['provider']}: {r['reason']}" for r in res["results"] if r.get("skipped")})
     return "\n".join(out + ([""] + skips if skips else [])) + "\n"
 
@@ -131,12 +167,23 @@ def plot_ops(res: dict, path) -> bool:
     panels = {}
     for mode in MODES:
         panels["forward" if mode == "fwd" else "forward+backward"] = {
-            p: ([r["T"] for r in res["results"] if (r["provider"], r["mode"]) == (p, mode) and not r.get("skipped")],
-                [r["median_ms"] for r in res["results"] if (r["provider"], r["mode"]) == (p, mode)
-                 and not r.get("skipped")])
-            for p in res["config"]["providers"]}
-    return common.plot_loglog(path, panels, xlabel="T (tokens)", ylabel="median time (ms)",
-                              title=f"latte bench ops --device cuda: {res['machine'].get('gpu')}")
+            p: (
+                [r["T"] for r in res["results"] if (r["provider"], r["mode"]) == (p, mode) and not r.get("skipped")],
+                [
+                    r["median_ms"]
+                    for r in res["results"]
+                    if (r["provider"], r["mode"]) == (p, mode) and not r.get("skipped")
+                ],
+            )
+            for p in res["config"]["providers"]
+        }
+    return common.plot_loglog(
+        path,
+        panels,
+        xlabel="T (tokens)",
+        ylabel="median time (ms)",
+        title=f"latte bench ops --device cuda: {res['machine'].get('gpu')}",
+    )
 
 
 def main_ops(args) -> dict:

@@ -41,17 +41,24 @@ def parse_args(argv=None):
     p.add_argument("--contexts", default=None, help="comma-separated context lengths (default 1K,4K,16K,64K)")
     p.add_argument("--tokens", type=int, default=None, help="decoded tokens timed per context (default 64)")
     p.add_argument("--prefill-chunk", type=int, default=1024, help="tokens per prefill forward")
-    p.add_argument("--prefill-cap", type=float, default=300.0,
-                   help="skip a context whose prefill would take longer than this (s)")
+    p.add_argument(
+        "--prefill-cap", type=float, default=300.0, help="skip a context whose prefill would take longer than this (s)"
+    )
     add_device_args(p)
-    p.add_argument("--backends", default=None,
-                   help="latte.ops backends for the latte and macchiato mixers (default: torch on CPU, torch,fla on CUDA)")
+    p.add_argument(
+        "--backends",
+        default=None,
+        help="latte.ops backends for the latte and macchiato mixers (default: torch on CPU, torch,fla on CUDA)",
+    )
     args = p.parse_args(argv)
     resolve_device_args(p, args, cpu_dtypes=("float32",))
     args.backends = (args.backends or ("torch" if args.device == "cpu" else "torch,fla")).split(",")
     args.mixers = [m for m in args.mixers.split(",") if m]
-    args.contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else (
-        QUICK_CONTEXTS if args.quick else FULL_CONTEXTS)
+    args.contexts = (
+        [int(c) for c in args.contexts.split(",")]
+        if args.contexts
+        else (QUICK_CONTEXTS if args.quick else FULL_CONTEXTS)
+    )
     args.tokens = args.tokens or (8 if args.quick else 64)
     if args.tokens < 5:
         p.error(f"--tokens: expected >= 5, got {args.tokens}")
@@ -106,9 +113,13 @@ def bench_mixer(mixer: str, args, rows: list[dict], backend: str = "torch") -> N
             growth = (seen + ctx) / 2 / last_avg if quadratic else 1.0  # mean context ratio
             pred = per_token_prefill * growth * new
             if pred > args.prefill_cap:
-                recs[ctx] = {**rec, **common.skipped(
-                    f"prefill {seen}->{ctx} predicted {pred:.0f} s > {args.prefill_cap:g} s cap"
-                    + (" (KV-cache attention: per-token cost grows with the context)" if quadratic else ""))}
+                recs[ctx] = {
+                    **rec,
+                    **common.skipped(
+                        f"prefill {seen}->{ctx} predicted {pred:.0f} s > {args.prefill_cap:g} s cap"
+                        + (" (KV-cache attention: per-token cost grows with the context)" if quadratic else "")
+                    ),
+                }
                 break  # longer contexts cost even more
         t0 = time.perf_counter()
         while seen < ctx:  # prefill through the state, chunk by chunk
@@ -122,8 +133,11 @@ def bench_mixer(mixer: str, args, rows: list[dict], backend: str = "torch") -> N
             per_token_prefill, last_avg = prefill_s / new, (ctx - new + ctx) / 2
         saved[ctx] = state
         recs[ctx] = {**rec, "prefill_s": prefill_s, "prefill_tokens": new, "state_bytes": state_nbytes(state)}
-        print(f"  {label:10s} ctx={ctx:6d} prefilled in {prefill_s:.1f} s, state "
-              f"{recs[ctx]['state_bytes'] / 2**20:8.2f} MiB", flush=True)
+        print(
+            f"  {label:10s} ctx={ctx:6d} prefilled in {prefill_s:.1f} s, state "
+            f"{recs[ctx]['state_bytes'] / 2**20:8.2f} MiB",
+            flush=True,
+        )
     tok = torch.randint(0, cfg.vocab_size, (1, 1), generator=gen).to(dev)
     times = {ctx: [] for ctx in saved}
     for i in range(args.tokens + WARMUP_TOKENS):
@@ -137,12 +151,21 @@ def bench_mixer(mixer: str, args, rows: list[dict], backend: str = "torch") -> N
             if i >= WARMUP_TOKENS:
                 times[ctx].append((time.perf_counter() - t0) * 1e3)
     for ctx, ts in times.items():
-        recs[ctx].update({"median_ms": statistics.median(ts), "min_ms": min(ts), "tokens": len(ts),
-                          "times_ms": [round(t, 3) for t in ts]})
+        recs[ctx].update(
+            {
+                "median_ms": statistics.median(ts),
+                "min_ms": min(ts),
+                "tokens": len(ts),
+                "times_ms": [round(t, 3) for t in ts],
+            }
+        )
         print(f"  {label:10s} ctx={ctx:6d} {recs[ctx]['median_ms']:8.2f} ms/token", flush=True)
     rows += list(recs.values())
-    rows += [{"mixer": label, "context": c, **common.skipped("a shorter context was already skipped")}
-             for c in args.contexts if c not in recs]
+    rows += [
+        {"mixer": label, "context": c, **common.skipped("a shorter context was already skipped")}
+        for c in args.contexts
+        if c not in recs
+    ]
 
 
 def run(args) -> dict:
@@ -166,17 +189,28 @@ def run(args) -> dict:
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     cfg = make_config(args.mixers[0], args.quick, max_len(args)) if args.mixers else None
     return {
-        "benchmark": "decode", "machine": info,
+        "benchmark": "decode",
+        "machine": info,
         "config": {
-            "threads": args.threads, "device": args.device, "dtype": args.dtype, "quick": args.quick,
-            "contexts": args.contexts, "tokens": args.tokens, "warmup_tokens": WARMUP_TOKENS,
-            "prefill_chunk": args.prefill_chunk, "prefill_cap_s": args.prefill_cap, "batch": 1,
-            "mixers": list(status), "backends": args.backends,
+            "threads": args.threads,
+            "device": args.device,
+            "dtype": args.dtype,
+            "quick": args.quick,
+            "contexts": args.contexts,
+            "tokens": args.tokens,
+            "warmup_tokens": WARMUP_TOKENS,
+            "prefill_chunk": args.prefill_chunk,
+            "prefill_cap_s": args.prefill_cap,
+            "batch": 1,
+            "mixers": list(status),
+            "backends": args.backends,
             "model": cfg.to_dict() if cfg is not None else None,
             "timing": "wall clock of one LatteForCausalLM.forward of 1 token with use_cache from the state "
-                      "saved at each context (greedy next token); contexts interleaved round by round",
+            "saved at each context (greedy next token); contexts interleaved round by round",
         },
-        "mixers": status, "results": rows, "ratios": ratios(rows),
+        "mixers": status,
+        "results": rows,
+        "ratios": ratios(rows),
     }
 
 
@@ -193,7 +227,9 @@ def ratios(rows) -> dict:
         for key in ("median_ms", "state_bytes"):
             out[f"softmax/{other} {key}"] = {
                 str(c): ok[("softmax", c)][key] / ok[(other, c)][key]
-                for (m, c) in ok if m == "softmax" and (other, c) in ok}
+                for (m, c) in ok
+                if m == "softmax" and (other, c) in ok
+            }
     return out
 
 
@@ -207,17 +243,26 @@ def markdown(res: dict) -> str:
         return "skip" if r is None or r.get("skipped") else r[key] * scale
 
     ratio = res["ratios"].get("softmax/latte median_ms", {})
-    hdr = (["context"] + [f"{mx} ms/token" for mx in mixers] + ["softmax/latte"]
-           + [f"{mx} state KiB" for mx in mixers])
-    rows = [[str(c)] + [val(mx, c, "median_ms") for mx in mixers] + [ratio.get(str(c), "-")]
-            + [val(mx, c, "state_bytes", 1 / 1024) for mx in mixers] for c in ctxs]
+    hdr = ["context"] + [f"{mx} ms/token" for mx in mixers] + ["softmax/latte"] + [f"{mx} state KiB" for mx in mixers]
+    rows = [
+        [str(c)]
+        + [val(mx, c, "median_ms") for mx in mixers]
+        + [ratio.get(str(c), "-")]
+        + [val(mx, c, "state_bytes", 1 / 1024) for mx in mixers]
+        for c in ctxs
+    ]
     flat = ", ".join(f"{mx} {v:.2f}x" for mx, v in res["ratios"]["longest/shortest median_ms"].items())
-    out = [f"# latte bench decode ({'quick, tiny model' if res['config']['quick'] else 'Table 6 preset'})", "",
-           f"{m.get('gpu') or m['cpu_model'] + ', ' + str(m['threads']) + ' threads'}, torch {m['torch']}, "
-           f"{res['config'].get('dtype', 'float32')}, batch 1; median of "
-           f"{res['config']['tokens']} one-token steps from the state at each context, contexts interleaved "
-           f"round by round. Latency at the longest over the shortest "
-           f"measured context: {flat}.", "", common.md_table(hdr, rows)]
+    out = [
+        f"# latte bench decode ({'quick, tiny model' if res['config']['quick'] else 'Table 6 preset'})",
+        "",
+        f"{m.get('gpu') or m['cpu_model'] + ', ' + str(m['threads']) + ' threads'}, torch {m['torch']}, "
+        f"{res['config'].get('dtype', 'float32')}, batch 1; median of "
+        f"{res['config']['tokens']} one-token steps from the state at each context, contexts interleaved "
+        f"round by round. Latency at the longest over the shortest "
+        f"measured context: {flat}.",
+        "",
+        common.md_table(hdr, rows),
+    ]
     skips = [f"- {r['mixer']} @ {r['context']}: {r['reason']}" for r in res["results"] if r.get("skipped")]
     return "\n".join(out + ([""] + skips if skips else [])) + "\n"
 
@@ -229,8 +274,9 @@ def plot(res: dict, path) -> bool:
         series[mx] = ([c for c, _ in pts], [v for _, v in pts])
     m = res["machine"]
     title = f"latte bench decode: {m.get('gpu') or m['cpu_model'] + ', ' + str(m['threads']) + ' threads'}"
-    return common.plot_loglog(path, {"per-token decode latency": series}, xlabel="context (tokens)",
-                              ylabel="median ms / token", title=title)
+    return common.plot_loglog(
+        path, {"per-token decode latency": series}, xlabel="context (tokens)", ylabel="median ms / token", title=title
+    )
 
 
 def main(argv=None) -> dict:

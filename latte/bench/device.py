@@ -20,9 +20,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def add_device_args(p) -> None:
     p.add_argument("--device", choices=DEVICES, default="cpu", help="where to run (default cpu)")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default=None,
-                   help="inputs (ops) or autocast (train) dtype: float32 on CPU (the only choice there), "
-                        "bfloat16 by default on CUDA (what SDPA's flash kernel takes)")
+    p.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        default=None,
+        help="inputs (ops) or autocast (train) dtype: float32 on CPU (the only choice there), "
+        "bfloat16 by default on CUDA (what SDPA's flash kernel takes)",
+    )
 
 
 def resolve_device_args(p, args, *, cpu_dtypes=("float32",)) -> None:
@@ -68,9 +72,14 @@ def device_info(device: str) -> dict:
     from latte.ops.backend import fla_missing
 
     props = torch.cuda.get_device_properties(0)
-    info = {"device": "cuda", "gpu": props.name, "gpu_memory_gb": round(props.total_memory / 2**30, 1),
-            "cuda": torch.version.cuda, "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-            "fla": fla_missing() or "ok"}
+    info = {
+        "device": "cuda",
+        "gpu": props.name,
+        "gpu_memory_gb": round(props.total_memory / 2**30, 1),
+        "cuda": torch.version.cuda,
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "fla": fla_missing() or "ok",
+    }
     try:
         import triton
 

@@ -30,8 +30,11 @@ def causal_call(shape, dist):
     from latte.ops import latte_causal
 
     B, T, H, L, D = shape
-    args = [seeded_randn(B, T, H, L, seed=1), dists.logits(seeded_randn(B, T, H, L, seed=2), dist),
-            seeded_randn(B, T, H, D, seed=3)]
+    args = [
+        seeded_randn(B, T, H, L, seed=1),
+        dists.logits(seeded_randn(B, T, H, L, seed=2), dist),
+        seeded_randn(B, T, H, D, seed=3),
+    ]
     return as_call(lambda a, b, v: latte_causal(a, b, v)[0], args, "fwdbwd")
 
 
@@ -39,8 +42,9 @@ def causal_table(args) -> list[dict]:
     """latte_causal forward+backward by key-logit distribution at CAUSAL_SHAPES."""
     rows = []
     for name, shape in (QUICK_CAUSAL_SHAPES if args.quick else CAUSAL_SHAPES).items():
-        t = common.time_interleaved({d: causal_call(shape, d) for d in CAUSAL_DISTS},
-                                    repeats=args.repeats, warmup=args.warmup)
+        t = common.time_interleaved(
+            {d: causal_call(shape, d) for d in CAUSAL_DISTS}, repeats=args.repeats, warmup=args.warmup
+        )
         rows.append(timing_row(name, t))
         print(f"  latte_causal {name}: " + timing_line(rows[-1]), flush=True)
     return rows
@@ -48,11 +52,17 @@ def causal_table(args) -> list[dict]:
 
 def causal_markdown(rows: list[dict]) -> list[str]:
     hdr = ["shape"] + [f"b {d}" for d in CAUSAL_DISTS] + ["max/min"]
-    return ["", "## latte_causal forward+backward by key-logit distribution (median ms)", "",
-            "Key logits b ~ N(0, std^2); query logits and values N(0, 1); default chunk_size. "
-            "The distributions of a row are timed in interleaved rounds.", "",
-            common.md_table(hdr, [[r["name"]] + [r["median_ms"][d] for d in CAUSAL_DISTS]
-                                  + [f"{r['max_over_min']:.2f}"] for r in rows])]
+    return [
+        "",
+        "## latte_causal forward+backward by key-logit distribution (median ms)",
+        "",
+        "Key logits b ~ N(0, std^2); query logits and values N(0, 1); default chunk_size. "
+        "The distributions of a row are timed in interleaved rounds.",
+        "",
+        common.md_table(
+            hdr, [[r["name"]] + [r["median_ms"][d] for d in CAUSAL_DISTS] + [f"{r['max_over_min']:.2f}"] for r in rows]
+        ),
+    ]
 
 
 # A research-sweep model's attention (2 heads, 32 latents and 32 channels per head)
@@ -70,8 +80,10 @@ def sweep_shape(args) -> list[dict]:
         fns = {(p, d): P.build(p, T, mode, B=B, dist=d, **shape) for p in SWEEP_PROVIDERS for d in args.dists}
         times = common.time_interleaved(fns, repeats=args.repeats, warmup=args.warmup)
         rows += [{"provider": p, "dist": d, "mode": mode, "B": B, "T": T, **shape, **t} for (p, d), t in times.items()]
-        print(f"  sweep shape {mode}: " + " ".join(f"{p}/{d} {t['median_ms']:.1f}" for (p, d), t in times.items()),
-              flush=True)
+        print(
+            f"  sweep shape {mode}: " + " ".join(f"{p}/{d} {t['median_ms']:.1f}" for (p, d), t in times.items()),
+            flush=True,
+        )
     return rows
 
 
@@ -83,5 +95,10 @@ def sweep_shape_table(res: dict) -> list[str]:
     med = {(r["provider"], r["dist"], r["mode"]): r["median_ms"] for r in rows}
     hdr = ["mode"] + [f"{p} {d}" for p in SWEEP_PROVIDERS for d in ds]
     body = [[MODE_NAME[m]] + [med[(p, d, m)] for p in SWEEP_PROVIDERS for d in ds] for m in MODES]
-    return ["", f"## A research-sweep model's attention: B={r0['B']} T={r0['T']} H={r0['heads']} "
-                f"Lh={r0['latents']} Dv=E={r0['dv']} (median ms)", "", common.md_table(hdr, body)]
+    return [
+        "",
+        f"## A research-sweep model's attention: B={r0['B']} T={r0['T']} H={r0['heads']} "
+        f"Lh={r0['latents']} Dv=E={r0['dv']} (median ms)",
+        "",
+        common.md_table(hdr, body),
+    ]

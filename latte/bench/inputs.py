@@ -52,6 +52,6 @@ def mask(name: str, B: int, T: int, device=None) -> torch.Tensor | None:
     if name != "padding":
         return None
     m = torch.ones(B, T, dtype=torch.bool, device=device)
-    m[:, T - T // 4:] = False
+    m[:, T - T // 4 :] = False
     m[::2] = False  # whole rows of padding (with B = 1: all of it)
     return m

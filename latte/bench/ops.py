@@ -45,13 +45,19 @@ def parse_args(argv=None):
     p.add_argument("--recurrent-max-t", type=int, default=2048, help="longest T for latte-recurrent")
     p.add_argument("--rglru-t", type=int, default=None, help="T of the linear_recurrence comparison (4096)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory worker")
-    p.add_argument("--dists", default="std1,std10",
-                   help=f"input distributions of the key logits, side by side (first: the main tables); "
-                        f"allowed {list(dists.DISTRIBUTIONS[:-1])}")
+    p.add_argument(
+        "--dists",
+        default="std1,std10",
+        help=f"input distributions of the key logits, side by side (first: the main tables); "
+        f"allowed {list(dists.DISTRIBUTIONS[:-1])}",
+    )
     p.add_argument("--no-sweep", action="store_true", help="skip the T sweep (run only the tables by distribution)")
-    p.add_argument("--no-causal-table", action="store_true",
-                   help="skip the tables at fixed shapes: latte_causal by key-logit distribution at three "
-                        "shapes, every provider at a research-sweep model's shape")
+    p.add_argument(
+        "--no-causal-table",
+        action="store_true",
+        help="skip the tables at fixed shapes: latte_causal by key-logit distribution at three "
+        "shapes, every provider at a research-sweep model's shape",
+    )
     args = p.parse_args(argv)
     resolve_device_args(p, args)
     args.dists = [x for x in args.dists.split(",") if x]
@@ -114,7 +120,7 @@ def _measure_together(ps, T, mode, args, ceiling) -> dict:
     std1) come from the same moments. Keys: (provider, dist)."""
     fns, out = {}, {}
     for p in ps:
-        for d in (args.dists if p in DIST_PROVIDERS else args.dists[:1]):
+        for d in args.dists if p in DIST_PROVIDERS else args.dists[:1]:
             try:
                 fns[(p, d)] = P.build(p, T, mode, dist=d)
             except RuntimeError as e:  # linear attention not written yet
@@ -137,8 +143,11 @@ def sweep(args, ceiling: float) -> tuple[list[dict], dict]:
         if dist == first:
             last[(p, mode)] = (T, t.get("median_ms"))
         results.append({"provider": p, "T": T, "mode": mode, "dist": dist, **t})
-        print(f"  {p:16s} {dist:7s} T={T:6d} {mode:7s} " + (
-            f"skipped: {t['reason']}" if t.get("skipped") else f"{t['median_ms']:10.2f} ms"), flush=True)
+        print(
+            f"  {p:16s} {dist:7s} T={T:6d} {mode:7s} "
+            + (f"skipped: {t['reason']}" if t.get("skipped") else f"{t['median_ms']:10.2f} ms"),
+            flush=True,
+        )
 
     for T in sorted({t for ts in plan.values() for t in ts}):
         for mode in MODES:
@@ -222,19 +231,26 @@ def rglru_share(x, args) -> dict:
         layer.mixer.rglru(xs)[0].sum().backward()
 
     t = common.time_interleaved({"layer": whole, "rglru": mixer}, repeats=args.repeats, warmup=args.warmup)
-    return {"layer_fwdbwd": t["layer"], "rglru_fwdbwd": t["rglru"],
-            "share": t["rglru"]["median_ms"] / t["layer"]["median_ms"]}
+    return {
+        "layer_fwdbwd": t["layer"],
+        "rglru_fwdbwd": t["rglru"],
+        "share": t["rglru"]["median_ms"] / t["layer"]["median_ms"],
+    }
 
 
 def ratios(results, dist) -> dict:
-    med = {(r["provider"], r["T"], r["mode"]): r["median_ms"] for r in results
-           if not r.get("skipped") and r["dist"] == dist}
+    med = {
+        (r["provider"], r["T"], r["mode"]): r["median_ms"]
+        for r in results
+        if not r.get("skipped") and r["dist"] == dist
+    }
     out = {}
     for num, den in (("sdpa", "latte"), ("latte", "proj")):
         for mode in MODES:
             out[f"{num}/{den} {mode}"] = {
                 str(T): med[(num, T, mode)] / med[(den, T, mode)]
-                for (p, T, m) in med if p == num and m == mode and (den, T, mode) in med
+                for (p, T, m) in med
+                if p == num and m == mode and (den, T, mode) in med
             }
     return out
 
@@ -256,12 +272,27 @@ def run(args) -> dict:
         "benchmark": "ops",
         "machine": info,
         "config": {
-            "threads": args.threads, "dtype": "float32", "quick": args.quick,
-            "repeats": args.repeats, "warmup": args.warmup, "time_cap_s": args.time_cap,
-            "naive_mem_cap_gb": args.naive_mem_cap_gb, "recurrent_max_t": args.recurrent_max_t,
-            "dists": args.dists, "dist_providers": list(DIST_PROVIDERS),
-            "shapes": {"B": 1, "D": P.MODEL_DIM, "H": P.HEADS, "L": P.LATENTS, "Lh": P.LATENTS // P.HEADS,
-                       "Dv": P.DV, "E": P.DV, "chunk_size": P.CHUNK, "window_size": P.WINDOW},
+            "threads": args.threads,
+            "dtype": "float32",
+            "quick": args.quick,
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "time_cap_s": args.time_cap,
+            "naive_mem_cap_gb": args.naive_mem_cap_gb,
+            "recurrent_max_t": args.recurrent_max_t,
+            "dists": args.dists,
+            "dist_providers": list(DIST_PROVIDERS),
+            "shapes": {
+                "B": 1,
+                "D": P.MODEL_DIM,
+                "H": P.HEADS,
+                "L": P.LATENTS,
+                "Lh": P.LATENTS // P.HEADS,
+                "Dv": P.DV,
+                "E": P.DV,
+                "chunk_size": P.CHUNK,
+                "window_size": P.WINDOW,
+            },
             "T": schedule(args),
             "timing": "wall clock; fwd under torch.no_grad; fwdbwd = forward + autograd.grad of all inputs",
             "memory": common.__doc__.split("- peak memory: ")[1].split("- threads")[0].strip(),
@@ -318,14 +349,20 @@ def markdown(res: dict) -> str:
     rs = [r for r in res["results"] if r["dist"] == res["config"]["dists"][0]]
     provs = list(res["config"]["T"])
     Ts = sorted({r["T"] for r in rs})
-    out = [f"# latte bench ops ({'quick' if res['config']['quick'] else 'full'})", "",
-           f"{m['cpu_model']}, {m['usable_cores']} cores, torch {m['torch']}, {m['threads']} threads, fp32, "
-           f"B=1 D=512 H=8 L=256 (Lh=32) dv=64, key logits {res['config']['dists'][0]} "
-           f"(other distributions below). Matmul ceiling {c['gflops_median']:.1f} GFLOP/s "
-           f"({c['shape'][0]}^3 fp32, median). Median of {res['config']['repeats']} repeats; load avg "
-           f"{_load(m, 'loadavg_start')} -> {_load(m, 'loadavg_end')} (other processes on the cores)."]
-    tables = [("median ms", "median_ms", True), ("achieved GFLOP/s", "gflops", False),
-              ("peak extra MiB", "peak_mb", False)]
+    out = [
+        f"# latte bench ops ({'quick' if res['config']['quick'] else 'full'})",
+        "",
+        f"{m['cpu_model']}, {m['usable_cores']} cores, torch {m['torch']}, {m['threads']} threads, fp32, "
+        f"B=1 D=512 H=8 L=256 (Lh=32) dv=64, key logits {res['config']['dists'][0]} "
+        f"(other distributions below). Matmul ceiling {c['gflops_median']:.1f} GFLOP/s "
+        f"({c['shape'][0]}^3 fp32, median). Median of {res['config']['repeats']} repeats; load avg "
+        f"{_load(m, 'loadavg_start')} -> {_load(m, 'loadavg_end')} (other processes on the cores).",
+    ]
+    tables = [
+        ("median ms", "median_ms", True),
+        ("achieved GFLOP/s", "gflops", False),
+        ("peak extra MiB", "peak_mb", False),
+    ]
     for mode in MODES:
         for title, key, with_ratio in tables:
             hdr = ["T"] + provs + (["sdpa/latte", "latte/proj"] if with_ratio else [])
@@ -348,14 +385,20 @@ def markdown(res: dict) -> str:
         out += ["", "Skipped (first T per provider and mode; every longer T is skipped too):"]
         out += [f"- {p} {mode} from T={r['T']}: {r['reason']}" for (p, mode), r in first_skip.items()]
     g = res["rglru"]
-    out += ["", f"linear_recurrence at T={g['T']} x {g['features']}: per-step loop / chunked scan = "
-            f"{g['loop_over_chunked_fwd']:.1f}x forward, {g['loop_over_chunked_fwdbwd']:.1f}x forward+backward "
-            f"(chunked {g['chunked_fwd']['median_ms']:.2f} / {g['chunked_fwdbwd']['median_ms']:.2f} ms)."]
+    out += [
+        "",
+        f"linear_recurrence at T={g['T']} x {g['features']}: per-step loop / chunked scan = "
+        f"{g['loop_over_chunked_fwd']:.1f}x forward, {g['loop_over_chunked_fwdbwd']:.1f}x forward+backward "
+        f"(chunked {g['chunked_fwd']['median_ms']:.2f} / {g['chunked_fwdbwd']['median_ms']:.2f} ms).",
+    ]
     if "layer" in g:
         lay = g["layer"]
-        out += ["", f"RG-LRU mixer (gates + scan) forward+backward: {lay['rglru_fwdbwd']['median_ms']:.1f} ms, "
-                f"{lay['share']:.0%} of the whole LatteAttention layer (qk_mixer conv_rglru, "
-                f"{lay['layer_fwdbwd']['median_ms']:.1f} ms) at T={g['T']}."]
+        out += [
+            "",
+            f"RG-LRU mixer (gates + scan) forward+backward: {lay['rglru_fwdbwd']['median_ms']:.1f} ms, "
+            f"{lay['share']:.0%} of the whole LatteAttention layer (qk_mixer conv_rglru, "
+            f"{lay['layer_fwdbwd']['median_ms']:.1f} ms) at T={g['T']}.",
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -364,13 +407,24 @@ def plot(res: dict, path) -> bool:
     for mode in MODES:
         series = {}
         for p in res["config"]["T"]:
-            pts = [(r["T"], r["median_ms"]) for r in res["results"] if r["provider"] == p and r["mode"] == mode
-                   and r["dist"] == res["config"]["dists"][0] and not r.get("skipped")]
+            pts = [
+                (r["T"], r["median_ms"])
+                for r in res["results"]
+                if r["provider"] == p
+                and r["mode"] == mode
+                and r["dist"] == res["config"]["dists"][0]
+                and not r.get("skipped")
+            ]
             series["(projections)" if p == "proj" else p] = ([t for t, _ in pts], [v for _, v in pts])
         panels[MODE_NAME[mode]] = series
     m = res["machine"]
-    return common.plot_loglog(path, panels, xlabel="T (tokens)", ylabel="median time (ms)",
-                              title=f"latte bench ops: {m['cpu_model']}, {m['threads']} threads, torch {m['torch']}")
+    return common.plot_loglog(
+        path,
+        panels,
+        xlabel="T (tokens)",
+        ylabel="median time (ms)",
+        title=f"latte bench ops: {m['cpu_model']}, {m['threads']} threads, torch {m['torch']}",
+    )
 
 
 def main(argv=None) -> dict:

@@ -102,8 +102,16 @@ def _naive(q, k, v):
     return torch.softmax(s, -1) @ v
 
 
-def make_inputs(provider: str, T: int, B: int = 1, seed: int = 0, dist: str = "std1",
-                heads: int = HEADS, latents: int = LATENTS // HEADS, dv: int = DV) -> tuple[list[torch.Tensor], callable]:
+def make_inputs(
+    provider: str,
+    T: int,
+    B: int = 1,
+    seed: int = 0,
+    dist: str = "std1",
+    heads: int = HEADS,
+    latents: int = LATENTS // HEADS,
+    dv: int = DV,
+) -> tuple[list[torch.Tensor], callable]:
     """(inputs, fn) with fn(*inputs) -> output tensor. `dist` (latte.bench.inputs)
     shapes the key-side logits: b for the Latte providers, k for the softmax
     and linear ones (Macchiato: both); the rest stays standard normal.
@@ -127,13 +135,16 @@ def make_inputs(provider: str, T: int, B: int = 1, seed: int = 0, dist: str = "s
         }[provider]
         return [r(B, T, H, L), key(B, T, H, L), r(B, T, H, D)], fn
     if provider == "macchiato":
+
         def fn(a, b, v, q, k):
             return macchiato(a, b, v, q, k, window_size=WINDOW, chunk_size=CHUNK)[0]
 
         return [r(B, T, H, L), key(B, T, H, L), r(B, T, H, D), r(B, T, H, D), key(B, T, H, D)], fn
     if provider in ("sdpa", "naive-softmax"):
-        fn = _naive if provider == "naive-softmax" else (
-            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        fn = (
+            _naive
+            if provider == "naive-softmax"
+            else (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
         )
         return [r(B, H, T, D), key(B, H, T, D), r(B, H, T, D)], fn  # [B, H, T, E]
     if provider == "linear":
@@ -159,6 +170,7 @@ def build(provider: str, T: int, mode: str, B: int = 1, dist: str = "std1", **sh
 def as_call(fn, args: list[torch.Tensor], mode: str):
     """fn(*args) as a zero-argument forward or forward+backward call."""
     if mode == "fwd":
+
         def call():
             with torch.no_grad():
                 return fn(*args)

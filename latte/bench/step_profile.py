@@ -30,9 +30,14 @@ def profile_step(step, steps: int = 3, top: int = TOP) -> dict:
     self_ms = sum(e.self_cpu_time_total for e in events) / 1e3 / steps
     ranked = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
     return {
-        "steps": steps, "wall_ms_per_step": wall_ms, "aten_calls_per_step": calls, "aten_self_ms_per_step": self_ms,
-        "top": [{"op": e.key, "calls_per_step": e.count / steps, "self_ms_per_step": e.self_cpu_time_total / 1e3 / steps}
-                for e in ranked],
+        "steps": steps,
+        "wall_ms_per_step": wall_ms,
+        "aten_calls_per_step": calls,
+        "aten_self_ms_per_step": self_ms,
+        "top": [
+            {"op": e.key, "calls_per_step": e.count / steps, "self_ms_per_step": e.self_cpu_time_total / 1e3 / steps}
+            for e in ranked
+        ],
     }
 
 
@@ -40,10 +45,17 @@ def markdown(profiles: dict, seq: int) -> list[str]:
     """A summary table (op count and time per variant) and each variant's top ops."""
     if not profiles:
         return []
-    out = ["", f"## Profile of one step at seq {seq} (torch.profiler, CPU; profiling overhead included)", "",
-           "| variant | profiled ms / step | aten op calls / step | aten self ms / step | "
-           "top ops by self time (ms / step, calls) |", "|---|---|---|---|---|"]
+    out = [
+        "",
+        f"## Profile of one step at seq {seq} (torch.profiler, CPU; profiling overhead included)",
+        "",
+        "| variant | profiled ms / step | aten op calls / step | aten self ms / step | "
+        "top ops by self time (ms / step, calls) |",
+        "|---|---|---|---|---|",
+    ]
     for label, p in profiles.items():
         tops = "; ".join(f"{t['op'][6:]} {t['self_ms_per_step']:.1f} ({t['calls_per_step']:.0f})" for t in p["top"][:5])
-        out.append(f"| {label} | {p['wall_ms_per_step']:.1f} | {p['aten_calls_per_step']:.0f} | {p['aten_self_ms_per_step']:.1f} | {tops} |")
+        out.append(
+            f"| {label} | {p['wall_ms_per_step']:.1f} | {p['aten_calls_per_step']:.0f} | {p['aten_self_ms_per_step']:.1f} | {tops} |"
+        )
     return out

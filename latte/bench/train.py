@@ -42,24 +42,43 @@ PRESETS = ("table6", "sweep")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="latte bench train", description=__doc__.split("\n\n")[0])
     common.add_common_args(p)
-    p.add_argument("--mixers", default=",".join(MIXERS),
-                   help="comma-separated LatteConfig mixers, each optionally with its qk mixer (latte:none)")
+    p.add_argument(
+        "--mixers",
+        default=",".join(MIXERS),
+        help="comma-separated LatteConfig mixers, each optionally with its qk mixer (latte:none)",
+    )
     p.add_argument("--seqs", default=None, help="comma-separated sequence lengths (default 512,4096)")
     p.add_argument("--tokens-per-step", type=int, default=None, help="batch = this // sequence (default 4096)")
-    p.add_argument("--dists", default="std1,std10",
-                   help="key-logit distributions of the latent mixers, side by side (std<N>: the key projection "
-                        "scaled so that the key logits have std N on the batch, as in a trained model)")
-    p.add_argument("--merge", action="store_true",
-                   help="keep the other sequence lengths of an earlier train.json in --out (a full run split "
-                        "into shorter ones, e.g. one quiet window per sequence length)")
-    p.add_argument("--preset", choices=PRESETS, default="table6",
-                   help="model size: the paper's Table 6 (default) or the research-sweep size (T 64, batch 64)")
+    p.add_argument(
+        "--dists",
+        default="std1,std10",
+        help="key-logit distributions of the latent mixers, side by side (std<N>: the key projection "
+        "scaled so that the key logits have std N on the batch, as in a trained model)",
+    )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other sequence lengths of an earlier train.json in --out (a full run split "
+        "into shorter ones, e.g. one quiet window per sequence length)",
+    )
+    p.add_argument(
+        "--preset",
+        choices=PRESETS,
+        default="table6",
+        help="model size: the paper's Table 6 (default) or the research-sweep size (T 64, batch 64)",
+    )
     p.add_argument("--compile", action="store_true", help="also time every variant under torch.compile(model)")
-    p.add_argument("--profile", action="store_true",
-                   help="after timing, profile a few steps of every eager variant (op counts, top ops)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after timing, profile a few steps of every eager variant (op counts, top ops)",
+    )
     add_device_args(p)
-    p.add_argument("--backends", default=None,
-                   help="latte.ops backends for the latte and macchiato mixers (default: torch on CPU, torch,fla on CUDA)")
+    p.add_argument(
+        "--backends",
+        default=None,
+        help="latte.ops backends for the latte and macchiato mixers (default: torch on CPU, torch,fla on CUDA)",
+    )
     args = p.parse_args(argv)
     resolve_device_args(p, args)
     args.dists = [d for d in args.dists.split(",") if d]
@@ -82,8 +101,17 @@ def make_config(spec: str, quick: bool, seq: int, preset: str = "table6"):
     if quick:
         return LatteConfig.tiny(mixer=mixer, max_position_embeddings=max(4096, seq), **extra)
     if preset == "sweep":
-        return LatteConfig(vocab_size=8192, dim=64, num_layers=2, num_heads=2, num_latents=64, window_size=16,
-                           mixer=mixer, max_position_embeddings=max(64, seq), **extra)
+        return LatteConfig(
+            vocab_size=8192,
+            dim=64,
+            num_layers=2,
+            num_heads=2,
+            num_latents=64,
+            window_size=16,
+            mixer=mixer,
+            max_position_embeddings=max(64, seq),
+            **extra,
+        )
     # learned positions sized to the sequence (the table's 512 covers only the shorter one)
     return LatteConfig.paper_table6(mixer=mixer, max_position_embeddings=max(512, seq), **extra)
 
@@ -98,7 +126,9 @@ def sharpen_key_logits(model, ids, std: float) -> None:
     model.eval()
     for m in layers:
         seen = []
-        hook = m.b_proj.register_forward_hook(lambda mod, inp, out: seen.append(out.detach().std()))  # -> None: output kept
+        hook = m.b_proj.register_forward_hook(
+            lambda mod, inp, out: seen.append(out.detach().std())
+        )  # -> None: output kept
         with torch.no_grad():
             model(ids)
             hook.remove()
@@ -149,26 +179,42 @@ def build_point(spec: str, seq: int, args, dist: str = "std1", backend: str = "t
             y, _ = layer_fwd(x)
         y.float().sum().backward()
 
-    return {"mixer": spec, "dist": dist, "backend": backend, "compiled": compiled,
-            "label": label_of(spec, dist, args.dists, backend, compiled),
-            "seq": seq, "batch": batch, "tokens_per_step": batch * seq,
-            "num_layers": cfg.num_layers, "params": sum(p.numel() for p in model.parameters()),
-            "step": synced(step, dev), "attention": synced(attention, dev)}
+    return {
+        "mixer": spec,
+        "dist": dist,
+        "backend": backend,
+        "compiled": compiled,
+        "label": label_of(spec, dist, args.dists, backend, compiled),
+        "seq": seq,
+        "batch": batch,
+        "tokens_per_step": batch * seq,
+        "num_layers": cfg.num_layers,
+        "params": sum(p.numel() for p in model.parameters()),
+        "step": synced(step, dev),
+        "attention": synced(attention, dev),
+    }
 
 
 def label_of(spec: str, dist: str, all_dists: list[str], backend: str = "torch", compiled: bool = False) -> str:
-    return (spec + ("" if backend == "torch" else f"[{backend}]") + ("" if dist == all_dists[0] else f" (b {dist})")
-            + (" compiled" if compiled else ""))
+    return (
+        spec
+        + ("" if backend == "torch" else f"[{backend}]")
+        + ("" if dist == all_dists[0] else f" (b {dist})")
+        + (" compiled" if compiled else "")
+    )
 
 
 def variants(args) -> list[tuple[str, str, str, bool]]:
     """(mixer spec, dist, backend, compiled): every mixer on the first
     distribution and the torch backend, the latent ones on all of them."""
     latent = lambda spec: spec.partition(":")[0] in LATENT  # noqa: E731
-    return [(m, d, b, c) for m in args.mixers
-            for d in (args.dists if latent(m) else args.dists[:1])
-            for b in (args.backends if latent(m) else ["torch"])
-            for c in ((False, True) if args.compile else (False,))]
+    return [
+        (m, d, b, c)
+        for m in args.mixers
+        for d in (args.dists if latent(m) else args.dists[:1])
+        for b in (args.backends if latent(m) else ["torch"])
+        for c in ((False, True) if args.compile else (False,))
+    ]
 
 
 def _first_calls(point: dict) -> float:
@@ -192,26 +238,40 @@ def bench_seq(seq: int, args) -> list[dict]:
                 compile_s[name] = first_s
             points[name] = point
         except (ImportError, ValueError, RuntimeError) as e:  # model code missing, OOM, backend unusable
-            rows.append({"mixer": spec, "dist": dist, "label": name, "seq": seq,
-                         **common.skipped(f"unavailable: {type(e).__name__}: {e}")})
-    steps = common.time_interleaved({m: p["step"] for m, p in points.items()},
-                                    repeats=args.repeats, warmup=args.warmup)
-    layers = common.time_interleaved({m: p["attention"] for m, p in points.items()},
-                                     repeats=args.repeats, warmup=args.warmup)
+            rows.append(
+                {
+                    "mixer": spec,
+                    "dist": dist,
+                    "label": name,
+                    "seq": seq,
+                    **common.skipped(f"unavailable: {type(e).__name__}: {e}"),
+                }
+            )
+    steps = common.time_interleaved({m: p["step"] for m, p in points.items()}, repeats=args.repeats, warmup=args.warmup)
+    layers = common.time_interleaved(
+        {m: p["attention"] for m, p in points.items()}, repeats=args.repeats, warmup=args.warmup
+    )
     profiles = {m: profile_step(p["step"]) for m, p in points.items() if args.profile and not p["compiled"]}
     for m, p in points.items():
         t = steps[m]
         attn_ms = layers[m]["median_ms"] * p["num_layers"]
-        rows.append({
-            **{k: v for k, v in p.items() if k not in ("step", "attention")}, **t,
-            "tokens_per_s": p["tokens_per_step"] / (t["median_ms"] / 1e3),
-            "attention_layer_ms": layers[m]["median_ms"], "attention_ms": attn_ms,
-            "attention_share": attn_ms / t["median_ms"],
-            **({"compile_s": compile_s[m]} if m in compile_s else {}),
-            **({"profile": profiles[m]} if m in profiles else {}),
-        })
-        print(f"  {m:28s} seq={seq:5d} batch={p['batch']:3d} {t['median_ms'] / 1e3:7.3f} s/step "
-              f"{rows[-1]['tokens_per_s']:9.0f} tok/s  attention layers {attn_ms / 1e3:6.3f} s", flush=True)
+        rows.append(
+            {
+                **{k: v for k, v in p.items() if k not in ("step", "attention")},
+                **t,
+                "tokens_per_s": p["tokens_per_step"] / (t["median_ms"] / 1e3),
+                "attention_layer_ms": layers[m]["median_ms"],
+                "attention_ms": attn_ms,
+                "attention_share": attn_ms / t["median_ms"],
+                **({"compile_s": compile_s[m]} if m in compile_s else {}),
+                **({"profile": profiles[m]} if m in profiles else {}),
+            }
+        )
+        print(
+            f"  {m:28s} seq={seq:5d} batch={p['batch']:3d} {t['median_ms'] / 1e3:7.3f} s/step "
+            f"{rows[-1]['tokens_per_s']:9.0f} tok/s  attention layers {attn_ms / 1e3:6.3f} s",
+            flush=True,
+        )
     points.clear()
     return rows
 
@@ -240,19 +300,32 @@ def run(args) -> dict:
     status = {m: next((r["reason"] for r in rows if r["label"] == m and r.get("skipped")), "ok") for m in labels}
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return {
-        "benchmark": "train", "machine": info,
+        "benchmark": "train",
+        "machine": info,
         "config": {
-            "threads": args.threads, "device": args.device, "dtype": args.dtype, "quick": args.quick,
-            "preset": args.preset, "compile": args.compile, "profile": args.profile, "seqs": args.seqs, "mixers": args.mixers,
-            "dists": args.dists, "backends": args.backends, "variants": labels,
+            "threads": args.threads,
+            "device": args.device,
+            "dtype": args.dtype,
+            "quick": args.quick,
+            "preset": args.preset,
+            "compile": args.compile,
+            "profile": args.profile,
+            "seqs": args.seqs,
+            "mixers": args.mixers,
+            "dists": args.dists,
+            "backends": args.backends,
+            "variants": labels,
             "key_logits": "std<N>: every latent layer's b_proj scaled so its key logits have std N on the batch",
-            "tokens_per_step": args.tokens_per_step, "repeats": args.repeats,
-            "warmup": args.warmup, "optimizer": "AdamW(lr=5e-4, weight_decay=0.01)",
+            "tokens_per_step": args.tokens_per_step,
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "optimizer": "AdamW(lr=5e-4, weight_decay=0.01)",
             "model": _model_dict(args),
             "timing": "wall clock of zero_grad + forward(labels) + backward + AdamW.step; mixers "
-                      "interleaved round by round; attention = first mixer layer fwd+bwd x num_layers",
+            "interleaved round by round; attention = first mixer layer fwd+bwd x num_layers",
         },
-        "mixers": status, "results": rows,
+        "mixers": status,
+        "results": rows,
     }
 
 

@@ -34,12 +34,17 @@ def _ratio_table(ratios: dict, seqs: list, labels: list) -> list[str]:
     for m in labels:
         row = [m] + [ratios["over_softmax"].get(str(s), {}).get(m, "-") for s in seqs]
         if ratios["eager_over_compiled"]:
-            row += ["" if m.endswith(_COMPILED) else ratios["eager_over_compiled"].get(str(s), {}).get(m, "-")
-                    for s in seqs]
+            row += [
+                "" if m.endswith(_COMPILED) else ratios["eager_over_compiled"].get(str(s), {}).get(m, "-") for s in seqs
+            ]
         rows.append(row)
-    return ["", "Ratios from the same run (step time over softmax's, eager with eager and compiled with "
-            "compiled; eager over compiled step time per mixer):", "",
-            common.md_table(hdr, [[c if isinstance(c, str) else f"{c:.2f}" for c in r] for r in rows])]
+    return [
+        "",
+        "Ratios from the same run (step time over softmax's, eager with eager and compiled with "
+        "compiled; eager over compiled step time per mixer):",
+        "",
+        common.md_table(hdr, [[c if isinstance(c, str) else f"{c:.2f}" for c in r] for r in rows]),
+    ]
 
 
 def _ratio_notes(cell: dict, seqs: list, mixer: str = "macchiato", base: str = "softmax") -> list[str]:
@@ -51,10 +56,12 @@ def _ratio_notes(cell: dict, seqs: list, mixer: str = "macchiato", base: str = "
         if not a or not b or a.get("skipped") or b.get("skipped"):
             continue
         rest = max(a["median_ms"] - a["attention_ms"], 1e-9)
-        notes.append(f"- seq {s}: {mixer} / {base} tokens/s = {b['median_ms'] / a['median_ms']:.2f}x. "
-                     f"Attention layers are {a['attention_share']:.0%} of the {mixer} step and "
-                     f"{b['attention_share']:.0%} of the {base} step; with zero-cost attention layers "
-                     f"{mixer} could reach at most {b['median_ms'] / rest:.2f}x.")
+        notes.append(
+            f"- seq {s}: {mixer} / {base} tokens/s = {b['median_ms'] / a['median_ms']:.2f}x. "
+            f"Attention layers are {a['attention_share']:.0%} of the {mixer} step and "
+            f"{b['attention_share']:.0%} of the {base} step; with zero-cost attention layers "
+            f"{mixer} could reach at most {b['median_ms'] / rest:.2f}x."
+        )
     return notes
 
 
@@ -65,8 +72,12 @@ def where(machine: dict) -> str:
 def output_name(cfg: dict) -> str:
     """train, train-sweep (--preset sweep), then -compiled (--compile), -cuda
     (on a GPU): the names of the files and of the README section."""
-    return "train" + ("-sweep" if cfg.get("preset") == "sweep" else "") + ("-compiled" if cfg.get("compile") else "") \
+    return (
+        "train"
+        + ("-sweep" if cfg.get("preset") == "sweep" else "")
+        + ("-compiled" if cfg.get("compile") else "")
         + ("" if cfg.get("device", "cpu") == "cpu" else f"-{cfg['device']}")
+    )
 
 
 def _size(cfg: dict) -> str:
@@ -85,27 +96,38 @@ def markdown(res: dict) -> str:
         row = [mx, f"{ok[0]['params'] / 1e6:.3f}" if ok else "-"]
         for s in cfg["seqs"]:
             r = cell.get((mx, s))
-            row.append("skip" if r is None or r.get("skipped") else
-                       f"{r['batch']} / {r['median_ms'] / 1e3:.3f} / {r['tokens_per_s']:,.0f} / "
-                       f"{r.get('attention_share', float('nan')):.0%}")
+            row.append(
+                "skip"
+                if r is None or r.get("skipped")
+                else f"{r['batch']} / {r['median_ms'] / 1e3:.3f} / {r['tokens_per_s']:,.0f} / "
+                f"{r.get('attention_share', float('nan')):.0%}"
+            )
         rows.append(row)
     load = m.get("loadavg_start")
-    out = [f"# latte bench train ({_size(cfg)})", "",
-           f"{where(m)}, torch {m['torch']}, {cfg.get('dtype', 'float32')}; one AdamW step (fused LM "
-           f"head + loss), median of {cfg['repeats']} steps, mixers interleaved round by round. Attention "
-           f"share = forward+backward of one mixer layer alone x layers / step time. \"(b stdN)\": the latent "
-           f"layers' key projections scaled so their key logits have std N, as in a trained model."
-           + (f" Load average {load[0]:.1f} at the start." if load else ""), "",
-           common.md_table(hdr, rows)]
+    out = [
+        f"# latte bench train ({_size(cfg)})",
+        "",
+        f"{where(m)}, torch {m['torch']}, {cfg.get('dtype', 'float32')}; one AdamW step (fused LM "
+        f"head + loss), median of {cfg['repeats']} steps, mixers interleaved round by round. Attention "
+        f'share = forward+backward of one mixer layer alone x layers / step time. "(b stdN)": the latent '
+        f"layers' key projections scaled so their key logits have std N, as in a trained model."
+        + (f" Load average {load[0]:.1f} at the start." if load else ""),
+        "",
+        common.md_table(hdr, rows),
+    ]
     if res.get("merged"):
         pm = res["merged"]["machine"]
-        out += ["", f"Sequence length(s) {res['merged']['seqs']} from an earlier run ({pm['time_utc']}, load avg "
-                    f"{pm['loadavg_start'][0]:.1f} at its start); the rest from this one ({m['time_utc']})."]
+        out += [
+            "",
+            f"Sequence length(s) {res['merged']['seqs']} from an earlier run ({pm['time_utc']}, load avg "
+            f"{pm['loadavg_start'][0]:.1f} at its start); the rest from this one ({m['time_utc']}).",
+        ]
     out += _ratio_table(res.get("ratios") or step_ratios(res), cfg["seqs"], cfg["variants"])
     notes = _ratio_notes(cell, cfg["seqs"])
     for seq in cfg["seqs"]:
-        out += step_profile.markdown({r["label"]: r["profile"] for r in res["results"]
-                                      if r["seq"] == seq and r.get("profile")}, seq)
+        out += step_profile.markdown(
+            {r["label"]: r["profile"] for r in res["results"] if r["seq"] == seq and r.get("profile")}, seq
+        )
     skips = [f"- {r['label']} @ {r['seq']}: {r['reason']}" for r in res["results"] if r.get("skipped")]
     return "\n".join(out + ([""] + notes if notes else []) + ([""] + skips if skips else [])) + "\n"
 
@@ -116,5 +138,10 @@ def plot(res: dict, path) -> bool:
         pts = [(r["seq"], r["tokens_per_s"]) for r in res["results"] if r["label"] == mx and not r.get("skipped")]
         series[mx] = ([s for s, _ in pts], [v for _, v in pts])
     m = res["machine"]
-    return common.plot_loglog(path, {"training throughput": series}, xlabel="sequence length",
-                              ylabel="tokens / s", title=f"latte bench train: {where(m)}")
+    return common.plot_loglog(
+        path,
+        {"training throughput": series},
+        xlabel="sequence length",
+        ylabel="tokens / s",
+        title=f"latte bench train: {where(m)}",
+    )

@@ -55,7 +55,7 @@ def make(provider: str, T: int, mode: str, args):
     from latte.ops.flex_window import flex_window, window_block_mask
     from latte.ops.sliding_window import window_blocked
 
-    scale = E ** -0.5
+    scale = E**-0.5
     compile_s = None
     if provider == "tiles":
         inputs, fn = _qkv(T, args), lambda q, k, v: window_blocked(q, k, v, W, scale, None, None)[:2]
@@ -101,38 +101,75 @@ def run(args) -> dict:
             fns, compile_s, raw = {}, {}, {}
             for p in providers:
                 if p == "flex" and mode == "fwdbwd" and args.device == "cpu":
-                    rows.append({"provider": p, "T": T, "mode": mode, **common.skipped(
-                        "unavailable: flex_attention has no backward on CPU (torch 2.13)")})
+                    rows.append(
+                        {
+                            "provider": p,
+                            "T": T,
+                            "mode": mode,
+                            **common.skipped("unavailable: flex_attention has no backward on CPU (torch 2.13)"),
+                        }
+                    )
                     continue
                 fns[p], compile_s[p], raw[p] = make(p, T, mode, args)
             times = common.time_interleaved(fns, repeats=args.repeats, warmup=args.warmup)
             diff = _max_diff(raw) if mode == "fwd" else None
             for p, t in times.items():
-                rows.append({"provider": p, "T": T, "mode": mode, **t, "compile_s": compile_s[p],
-                             **({"max_abs_diff_vs_tiles": diff} if p == "flex" and diff is not None else {})})
+                rows.append(
+                    {
+                        "provider": p,
+                        "T": T,
+                        "mode": mode,
+                        **t,
+                        "compile_s": compile_s[p],
+                        **({"max_abs_diff_vs_tiles": diff} if p == "flex" and diff is not None else {}),
+                    }
+                )
                 print(f"  {p:6s} T={T:6d} {mode:7s} {t['median_ms']:9.2f} ms", flush=True)
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    return {"benchmark": "window", "machine": info,
-            "config": {"device": args.device, "dtype": args.dtype, "threads": args.threads, "quick": args.quick,
-                       "B": B, "H": H, "E": E, "window_size": W, "seqs": args.seqs, "repeats": args.repeats,
-                       "warmup": args.warmup, "providers": providers,
-                       "flex_cpu": "compiled, forward only, no log-normaliser (what torch 2.13 supports on CPU)"},
-            "results": rows}
+    return {
+        "benchmark": "window",
+        "machine": info,
+        "config": {
+            "device": args.device,
+            "dtype": args.dtype,
+            "threads": args.threads,
+            "quick": args.quick,
+            "B": B,
+            "H": H,
+            "E": E,
+            "window_size": W,
+            "seqs": args.seqs,
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "providers": providers,
+            "flex_cpu": "compiled, forward only, no log-normaliser (what torch 2.13 supports on CPU)",
+        },
+        "results": rows,
+    }
 
 
 def markdown(res: dict) -> str:
     m, cfg = res["machine"], res["config"]
     cell = {(r["provider"], r["T"], r["mode"]): r for r in res["results"]}
     where = m.get("gpu") or f"{m['cpu_model']}, {m['threads']} threads"
-    out = [f"# latte bench window ({cfg['device']}{', quick' if cfg['quick'] else ''})", "",
-           f"{where}, torch {m['torch']}, {cfg['dtype']}, B={cfg['B']} H={cfg['H']} E={cfg['E']} "
-           f"W={cfg['window_size']}; median ms of {cfg['repeats']} calls, providers interleaved; load avg "
-           f"{m['loadavg_start'][0]:.1f} -> {m['loadavg_end'][0]:.1f}."]
+    out = [
+        f"# latte bench window ({cfg['device']}{', quick' if cfg['quick'] else ''})",
+        "",
+        f"{where}, torch {m['torch']}, {cfg['dtype']}, B={cfg['B']} H={cfg['H']} E={cfg['E']} "
+        f"W={cfg['window_size']}; median ms of {cfg['repeats']} calls, providers interleaved; load avg "
+        f"{m['loadavg_start'][0]:.1f} -> {m['loadavg_end'][0]:.1f}.",
+    ]
     if cfg["device"] == "cpu":
-        out += ["", "On CPU flex is compiled flex_attention forward **without** the log-normaliser (torch 2.13 "
-                "offers no other compiled CPU form); tiles computes it as well."]
-    out += ["", "flex compile s: the first call of each shape (inductor's on-disk cache may already hold "
-            "the kernel from an earlier run)."]
+        out += [
+            "",
+            "On CPU flex is compiled flex_attention forward **without** the log-normaliser (torch 2.13 "
+            "offers no other compiled CPU form); tiles computes it as well.",
+        ]
+    out += [
+        "",
+        "flex compile s: the first call of each shape (inductor's on-disk cache may already hold "
+        "the kernel from an earlier run).",
+    ]
     for mode in MODES:
         provs = [p for p in cfg["providers"] if any(k[0] == p and k[2] == mode for k in cell)]
         hdr = ["T"] + provs + ["tiles/flex", "flex compile s", "max abs(flex - tiles)"]
@@ -142,11 +179,21 @@ def markdown(res: dict) -> str:
             med = {p: None if get(p).get("skipped") else get(p).get("median_ms") for p in provs}
             ratio = med["tiles"] / med["flex"] if med.get("flex") and med.get("tiles") else None
             flex = get("flex")
-            rows.append([str(T)] + [med[p] if med[p] is not None else "n/a" for p in provs]
-                        + [ratio, flex.get("compile_s"), f"{flex['max_abs_diff_vs_tiles']:.1e}"
-                           if flex.get("max_abs_diff_vs_tiles") is not None else "-"])
-        out += ["", f"## {'forward' if mode == 'fwd' else 'forward+backward'}: median ms", "",
-                common.md_table(hdr, rows)]
+            rows.append(
+                [str(T)]
+                + [med[p] if med[p] is not None else "n/a" for p in provs]
+                + [
+                    ratio,
+                    flex.get("compile_s"),
+                    f"{flex['max_abs_diff_vs_tiles']:.1e}" if flex.get("max_abs_diff_vs_tiles") is not None else "-",
+                ]
+            )
+        out += [
+            "",
+            f"## {'forward' if mode == 'fwd' else 'forward+backward'}: median ms",
+            "",
+            common.md_table(hdr, rows),
+        ]
     skips = {r["reason"] for r in res["results"] if r.get("skipped")}
     out += [""] + [f"- {s}" for s in sorted(skips)] if skips else []
     return "\n".join(out) + "\n"
@@ -157,13 +204,21 @@ def plot(res: dict, path) -> bool:
     for mode in MODES:
         series = {}
         for p in res["config"]["providers"]:
-            pts = [(r["T"], r["median_ms"]) for r in res["results"]
-                   if r["provider"] == p and r["mode"] == mode and not r.get("skipped")]
+            pts = [
+                (r["T"], r["median_ms"])
+                for r in res["results"]
+                if r["provider"] == p and r["mode"] == mode and not r.get("skipped")
+            ]
             if pts:
                 series[p] = ([t for t, _ in pts], [v for _, v in pts])
         panels["forward" if mode == "fwd" else "forward+backward"] = series
-    return common.plot_loglog(path, panels, xlabel="T (tokens)", ylabel="median time (ms)",
-                              title=f"latte bench window ({res['config']['device']})")
+    return common.plot_loglog(
+        path,
+        panels,
+        xlabel="T (tokens)",
+        ylabel="median time (ms)",
+        title=f"latte bench window ({res['config']['device']})",
+    )
 
 
 def main(argv=None) -> dict:

@@ -42,8 +42,10 @@ class Sequences:
         if self.tokens.ndim != 1 or o.ndim != 1 or len(o) < 1:
             raise ValueError(f"Sequences: expected 1-D tokens and offsets, got shapes {self.tokens.shape}, {o.shape}")
         if o[0] != 0 or o[-1] != len(self.tokens) or (len(o) > 1 and bool((np.diff(o) < 0).any())):
-            raise ValueError(f"Sequences: offsets must rise from 0 to len(tokens)={len(self.tokens)}, "
-                             f"got {o[:3].tolist()}...{o[-1:].tolist()}")
+            raise ValueError(
+                f"Sequences: offsets must rise from 0 to len(tokens)={len(self.tokens)}, "
+                f"got {o[:3].tolist()}...{o[-1:].tolist()}"
+            )
 
     @classmethod
     def from_list(cls, seqs: Iterable[Sequence[int]], *, vocab_size: int) -> "Sequences":
@@ -58,7 +60,7 @@ class Sequences:
         return len(self.offsets) - 1
 
     def __getitem__(self, i: int) -> np.ndarray:
-        return self.tokens[self.offsets[i]: self.offsets[i + 1]]
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]]
 
     @property
     def lengths(self) -> np.ndarray:
@@ -82,19 +84,30 @@ class ClassificationData:
     shuffling per (seed, epoch), same single-integer resume state.
     """
 
-    def __init__(self, inputs: Sequences | tuple[Sequences, Sequences], labels, *, num_classes: int,
-                 vocab_size: int, pad_id: int = 0, cls_id: int | None = None):
+    def __init__(
+        self,
+        inputs: Sequences | tuple[Sequences, Sequences],
+        labels,
+        *,
+        num_classes: int,
+        vocab_size: int,
+        pad_id: int = 0,
+        cls_id: int | None = None,
+    ):
         pair = isinstance(inputs, tuple)
         self.inputs: tuple[Sequences, ...] = inputs if pair else (inputs,)
         self.labels = np.asarray(labels, dtype=np.int64)
         self.num_classes, self.vocab_size = num_classes, vocab_size
         self.pad_id, self.cls_id = pad_id, cls_id
         if len(self.inputs) not in (1, 2) or any(len(s) != len(self.labels) for s in self.inputs):
-            raise ValueError(f"ClassificationData: {len(self.labels)} labels but inputs of "
-                             f"{[len(s) for s in self.inputs]} sequences")
+            raise ValueError(
+                f"ClassificationData: {len(self.labels)} labels but inputs of {[len(s) for s in self.inputs]} sequences"
+            )
         if len(self.labels) and (self.labels.min() < 0 or self.labels.max() >= num_classes):
-            raise ValueError(f"ClassificationData: labels must be in [0, {num_classes - 1}], "
-                             f"got [{self.labels.min()}, {self.labels.max()}]")
+            raise ValueError(
+                f"ClassificationData: labels must be in [0, {num_classes - 1}], "
+                f"got [{self.labels.min()}, {self.labels.max()}]"
+            )
         for s in self.inputs:
             if len(s) and int(s.lengths.min()) == 0 and cls_id is None:
                 raise ValueError("ClassificationData: an empty sequence needs cls_id (a model needs >= 1 token)")
@@ -138,7 +151,7 @@ class ClassificationData:
         for b, r in enumerate(rows):
             if extra:
                 ids[b, 0] = self.cls_id
-            ids[b, extra: extra + len(r)] = r
+            ids[b, extra : extra + len(r)] = r
             mask[b, : extra + len(r)] = True
         return torch.from_numpy(ids), torch.from_numpy(mask)
 
@@ -150,8 +163,14 @@ class ClassificationData:
         np.save(folder / f"{split}.labels.npy", self.labels)
         for k, s in enumerate(self.inputs):
             s.save(folder / (split if k == 0 else f"{split}.2"))
-        meta = {"num_classes": self.num_classes, "vocab_size": self.vocab_size, "pad_id": self.pad_id,
-                "cls_id": self.cls_id, "pair": self.is_pair, "examples": len(self)}
+        meta = {
+            "num_classes": self.num_classes,
+            "vocab_size": self.vocab_size,
+            "pad_id": self.pad_id,
+            "cls_id": self.cls_id,
+            "pair": self.is_pair,
+            "examples": len(self),
+        }
         atomic_write(folder / f"{split}.json", json.dumps(meta, indent=1) + "\n")
 
     @classmethod
@@ -160,14 +179,25 @@ class ClassificationData:
         meta = json.loads((folder / f"{split}.json").read_text())
         first = Sequences.load(folder / split)
         inputs = (first, Sequences.load(folder / f"{split}.2")) if meta["pair"] else first
-        return cls(inputs, np.load(folder / f"{split}.labels.npy"), num_classes=meta["num_classes"],
-                   vocab_size=meta["vocab_size"], pad_id=meta["pad_id"], cls_id=meta["cls_id"])
+        return cls(
+            inputs,
+            np.load(folder / f"{split}.labels.npy"),
+            num_classes=meta["num_classes"],
+            vocab_size=meta["vocab_size"],
+            pad_id=meta["pad_id"],
+            cls_id=meta["cls_id"],
+        )
 
     def with_cls(self, cls_id: int | None) -> "ClassificationData":
         """The same examples with (or without) a classification token."""
-        return ClassificationData(self.inputs if self.is_pair else self.inputs[0], self.labels,
-                                  num_classes=self.num_classes, vocab_size=self.vocab_size,
-                                  pad_id=self.pad_id, cls_id=cls_id)
+        return ClassificationData(
+            self.inputs if self.is_pair else self.inputs[0],
+            self.labels,
+            num_classes=self.num_classes,
+            vocab_size=self.vocab_size,
+            pad_id=self.pad_id,
+            cls_id=cls_id,
+        )
 
 
 def majority_baseline(train: ClassificationData, test: ClassificationData) -> tuple[int, float]:

@@ -43,7 +43,7 @@ def load_documents(source: str, *, text_field: str = "text") -> list[Document]:
     elif source == "pydoc":
         docs = _load_pydoc()
     elif source.startswith("hf:"):
-        docs = _load_hf(source[len("hf:"):], text_field)
+        docs = _load_hf(source[len("hf:") :], text_field)
     else:
         path = Path(source).expanduser()
         if path.is_dir():
@@ -53,10 +53,7 @@ def load_documents(source: str, *, text_field: str = "text") -> list[Document]:
         elif path.is_file() and path.suffix in TEXT_SUFFIXES:
             docs = [Document(path.name, _read_text(path))]
         elif path.is_file():
-            raise ValueError(
-                f"source={source!r}: unsupported file type {path.suffix!r}; "
-                "allowed: .txt, .md, .jsonl"
-            )
+            raise ValueError(f"source={source!r}: unsupported file type {path.suffix!r}; allowed: .txt, .md, .jsonl")
         else:
             raise ValueError(
                 f"source={source!r}: no such file or folder, and not one of "
@@ -115,9 +112,7 @@ def _load_pydoc() -> list[Document]:
 
 def _load_folder(folder: Path) -> list[Document]:
     """Every .txt/.md file below `folder`, named by its relative path, sorted."""
-    paths = sorted(
-        p for p in folder.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES
-    )
+    paths = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
     if not paths:
         raise ValueError(f"{folder}: no .txt or .md files found (searched recursively)")
     return [Document(p.relative_to(folder).as_posix(), _read_text(p)) for p in paths]
@@ -131,8 +126,9 @@ def _load_jsonl(path: Path, text_field: str) -> list[Document]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
-                                 f"{e.start + 1})") from None
+                raise ValueError(
+                    f"{path}:{lineno}: not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -141,16 +137,10 @@ def _load_jsonl(path: Path, text_field: str) -> list[Document]:
                 raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
             if not isinstance(record, dict) or text_field not in record:
                 keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-                raise ValueError(
-                    f"{path}:{lineno}: missing field text_field={text_field!r} "
-                    f"(found: {keys})"
-                )
+                raise ValueError(f"{path}:{lineno}: missing field text_field={text_field!r} (found: {keys})")
             text = record[text_field]
             if not isinstance(text, str):
-                raise ValueError(
-                    f"{path}:{lineno}: field {text_field!r} must be a string, "
-                    f"got {type(text).__name__}"
-                )
+                raise ValueError(f"{path}:{lineno}: field {text_field!r} must be a string, got {type(text).__name__}")
             docs.append(Document(f"{path.name}:{lineno}", text))
     return docs
 
@@ -164,9 +154,7 @@ def _load_hf(spec: str, text_field: str) -> list[Document]:
     try:
         import datasets
     except ImportError as e:
-        raise ImportError(
-            "source='hf:...' needs Hugging Face datasets: pip install datasets"
-        ) from e
+        raise ImportError("source='hf:...' needs Hugging Face datasets: pip install datasets") from e
     name, split = spec, None
     if not Path(spec).expanduser().exists() and ":" in spec:
         name, split = spec.rsplit(":", 1)
@@ -178,23 +166,15 @@ def _load_hf(spec: str, text_field: str) -> list[Document]:
         if isinstance(data, datasets.DatasetDict):
             split = split or "train"
             if split not in data:
-                raise ValueError(
-                    f"source='hf:{spec}': split={split!r} not in {local}; "
-                    f"available: {sorted(data)}"
-                )
+                raise ValueError(f"source='hf:{spec}': split={split!r} not in {local}; available: {sorted(data)}")
             data = data[split]
         elif split is not None:
-            raise ValueError(
-                f"source='hf:{spec}': {local} holds a single split; drop ':{split}'"
-            )
+            raise ValueError(f"source='hf:{spec}': {local} holds a single split; drop ':{split}'")
     else:
         split = split or "train"
         data = datasets.load_dataset(name, split=split)
     if text_field not in data.column_names:
-        raise ValueError(
-            f"source='hf:{spec}': no column text_field={text_field!r}; "
-            f"columns: {data.column_names}"
-        )
+        raise ValueError(f"source='hf:{spec}': no column text_field={text_field!r}; columns: {data.column_names}")
     return [Document(f"{name}[{i}]", t) for i, t in enumerate(data[text_field])]
 
 

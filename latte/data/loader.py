@@ -77,17 +77,21 @@ class SampleLoader:
     """
 
     def __init__(
-        self, windows: TokenWindows, *, global_batch_size: int, rank: int = 0,
-        world_size: int = 1, seed: int = 0, shuffle: bool = True, start_index: int = 0,
+        self,
+        windows: TokenWindows,
+        *,
+        global_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        start_index: int = 0,
     ):
         _check_rank(rank, world_size)
         if not isinstance(global_batch_size, int) or global_batch_size < 1:
             raise ValueError(f"global_batch_size={global_batch_size!r}: must be an int >= 1")
         if global_batch_size % world_size:
-            raise ValueError(
-                f"global_batch_size={global_batch_size} must be divisible by "
-                f"world_size={world_size}"
-            )
+            raise ValueError(f"global_batch_size={global_batch_size} must be divisible by world_size={world_size}")
         if len(windows) < 1:
             raise ValueError("windows is empty: no samples to load")
         self.windows = windows
@@ -138,10 +142,7 @@ class SampleLoader:
     def load_state_dict(self, state: dict) -> None:
         n = state.get("sample_index") if isinstance(state, dict) else None
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(
-                f"loader state sample_index={n!r}: must be an int >= 0 "
-                f"(state was {state!r})"
-            )
+            raise ValueError(f"loader state sample_index={n!r}: must be an int >= 0 (state was {state!r})")
         self.sample_index = n
 
 

@@ -69,12 +69,16 @@ def check_mqar_args(vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: f
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
     if vocab_size // 2 - 1 < num_kv_pairs or vocab_size - vocab_size // 2 < num_kv_pairs:
-        raise ValueError(f"vocab_size={vocab_size}: too small for {num_kv_pairs} distinct keys in [1, V/2) "
-                         f"and values in [V/2, V); need vocab_size >= {2 * num_kv_pairs + 2}")
+        raise ValueError(
+            f"vocab_size={vocab_size}: too small for {num_kv_pairs} distinct keys in [1, V/2) "
+            f"and values in [V/2, V); need vocab_size >= {2 * num_kv_pairs + 2}"
+        )
     if seq_len < 4 * num_kv_pairs:
-        raise ValueError(f"seq_len={seq_len}: too short for num_kv_pairs={num_kv_pairs}: the context takes "
-                         f"2 x {num_kv_pairs} tokens and the queries need {num_kv_pairs} slots of 2 tokens "
-                         f"after it; need seq_len >= {4 * num_kv_pairs}")
+        raise ValueError(
+            f"seq_len={seq_len}: too short for num_kv_pairs={num_kv_pairs}: the context takes "
+            f"2 x {num_kv_pairs} tokens and the queries need {num_kv_pairs} slots of 2 tokens "
+            f"after it; need seq_len >= {4 * num_kv_pairs}"
+        )
     if not (isinstance(power_a, (int, float)) and 0 < power_a <= 1):
         raise ValueError(f"power_a: expected a number in (0, 1] (1 = uniform slots), got {power_a!r}")
 
@@ -101,8 +105,17 @@ def _slots(rng: np.random.Generator, n: int, k: int, p: np.ndarray) -> np.ndarra
     return np.take_along_axis(top, order, axis=1)
 
 
-def mqar(num_examples: int, *, seq_len: int, num_kv_pairs: int, vocab_size: int = 8192, seed: int = 0,
-         split: str = "train", power_a: float = 0.01, random_fillers: bool = False) -> MQARData:
+def mqar(
+    num_examples: int,
+    *,
+    seq_len: int,
+    num_kv_pairs: int,
+    vocab_size: int = 8192,
+    seed: int = 0,
+    split: str = "train",
+    power_a: float = 0.01,
+    random_fillers: bool = False,
+) -> MQARData:
     """`num_examples` MQAR examples of the `split` stream of `seed` (module docstring)."""
     check_mqar_args(vocab_size, seq_len, num_kv_pairs, power_a)
     if split not in SPLITS:
@@ -126,8 +139,16 @@ def mqar(num_examples: int, *, seq_len: int, num_kv_pairs: int, vocab_size: int 
         filler[:, :context] = False
         np.put_along_axis(filler, query_pos, False, axis=1)
         ids[filler] = rng.integers(0, V, size=int(filler.sum()))
-    return MQARData(torch.from_numpy(ids), torch.from_numpy(labels), V, P, int(seed), split,
-                    "random" if random_fillers else "zeros", float(power_a))
+    return MQARData(
+        torch.from_numpy(ids),
+        torch.from_numpy(labels),
+        V,
+        P,
+        int(seed),
+        split,
+        "random" if random_fillers else "zeros",
+        float(power_a),
+    )
 
 
 def mqar_splits(num_train: int, num_test: int, **kwargs) -> tuple[MQARData, MQARData]:

@@ -93,9 +93,7 @@ def _write_tokens(docs, tokenizer, dtype: np.dtype, tmp_path: Path) -> int:
     return count
 
 
-def pack_documents(
-    docs: Sequence[Document], tokenizer, *, cache_dir: str | Path
-) -> np.ndarray:
+def pack_documents(docs: Sequence[Document], tokenizer, *, cache_dir: str | Path) -> np.ndarray:
     """All documents tokenized and concatenated, `eos` after each one.
 
     Written once to `cache_dir/<sha256>.bin` plus a `.json` sidecar (dtype,
@@ -121,8 +119,13 @@ def pack_documents(
     try:
         count = _write_tokens(docs, tokenizer, dtype, tmp_bin)
         os.replace(tmp_bin, bin_path)
-        meta = {"dtype": dtype.name, "count": count, "vocab_size": tokenizer.vocab_size,
-                "num_documents": len(docs), "eos_id": tokenizer.eos_id}
+        meta = {
+            "dtype": dtype.name,
+            "count": count,
+            "vocab_size": tokenizer.vocab_size,
+            "num_documents": len(docs),
+            "eos_id": tokenizer.eos_id,
+        }
         tmp_meta.write_text(json.dumps(meta, indent=2) + "\n")
         os.replace(tmp_meta, meta_path)
     finally:

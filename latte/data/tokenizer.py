@@ -22,9 +22,7 @@ EOS_TOKEN = "<|endoftext|>"
 # Other end-of-text spellings accepted when loading a foreign tokenizer.json.
 _EOS_CANDIDATES = (EOS_TOKEN, "</s>", "<eos>", "<|end_of_text|>")
 # GPT-2's pre-tokenization regex (tiktoken r50k/gpt2), used for *.tiktoken files.
-GPT2_PATTERN = (
-    r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
-)
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 HF_FILE = "tokenizer.json"
 TIKTOKEN_FILE = "tokenizer.tiktoken"
 
@@ -112,18 +110,14 @@ def _import_tokenizers():
     return tokenizers
 
 
-def train_bpe(
-    texts: Iterable[str], *, vocab_size: int = 8192, min_frequency: int = 2
-) -> Tokenizer:
+def train_bpe(texts: Iterable[str], *, vocab_size: int = 8192, min_frequency: int = 2) -> Tokenizer:
     """Train a byte-level BPE with `<|endoftext|>` (id 0) as eos.
 
     The 256 byte symbols are always in the vocabulary, so any string encodes
     and decodes back exactly; `vocab_size` counts them and the eos token.
     """
     if not isinstance(vocab_size, int) or vocab_size < 257:
-        raise ValueError(
-            f"vocab_size={vocab_size!r}: must be an int >= 257 (256 bytes + eos)"
-        )
+        raise ValueError(f"vocab_size={vocab_size!r}: must be an int >= 257 (256 bytes + eos)")
     if not isinstance(min_frequency, int) or min_frequency < 1:
         raise ValueError(f"min_frequency={min_frequency!r}: must be an int >= 1")
     tk = _import_tokenizers()
@@ -181,9 +175,7 @@ def _load_hf_json(path: Path) -> Tokenizer:
         eos_id = tok.token_to_id(candidate)
         if eos_id is not None:
             return Tokenizer(tok, eos_id=eos_id)
-    raise ValueError(
-        f"{path}: no end-of-text token; expected one of {list(_EOS_CANDIDATES)}"
-    )
+    raise ValueError(f"{path}: no end-of-text token; expected one of {list(_EOS_CANDIDATES)}")
 
 
 def _parse_tiktoken_ranks(path: Path, raw: bytes) -> dict[bytes, int]:
@@ -200,9 +192,7 @@ def _parse_tiktoken_ranks(path: Path, raw: bytes) -> dict[bytes, int]:
             token, rank = line.split()
             ranks[base64.b64decode(token, validate=True)] = int(rank)
         except (ValueError, TypeError) as e:
-            raise ValueError(
-                f"{path}:{lineno}: expected 'base64(token) rank', got {line[:60]!r}"
-            ) from e
+            raise ValueError(f"{path}:{lineno}: expected 'base64(token) rank', got {line[:60]!r}") from e
     if sorted(ranks.values()) != list(range(len(ranks))):
         raise ValueError(f"{path}: ranks must be 0..{len(ranks) - 1}, each once")
     missing = [b for b in range(256) if bytes([b]) not in ranks]
@@ -223,15 +213,15 @@ def _load_tiktoken(path: Path) -> Tokenizer:
     try:
         import tiktoken
     except ImportError as e:
-        raise ImportError(
-            f"loading {path} needs tiktoken: pip install tiktoken"
-        ) from e
+        raise ImportError(f"loading {path} needs tiktoken: pip install tiktoken") from e
     raw = path.read_bytes()
     ranks = _parse_tiktoken_ranks(path, raw)
     eos_id = len(ranks)
     name = "latte-" + hashlib.sha256(raw).hexdigest()[:12]
     enc = tiktoken.Encoding(
-        name, pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+        name,
+        pat_str=GPT2_PATTERN,
+        mergeable_ranks=ranks,
         special_tokens={EOS_TOKEN: eos_id},
     )
     return Tokenizer(enc, eos_id=eos_id, tiktoken_ranks=raw)

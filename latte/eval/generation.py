@@ -16,17 +16,32 @@ import torch
 from latte.models import LatteForCausalLM
 
 
-def stream_tokens(model: LatteForCausalLM, prompt_ids: list[int], max_new_tokens: int, *,
-                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                  eos_token_id: int | None = None, generator: torch.Generator | None = None,
-                  device: str | torch.device = "cpu") -> Iterator[int]:
+def stream_tokens(
+    model: LatteForCausalLM,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | None = None,
+    generator: torch.Generator | None = None,
+    device: str | torch.device = "cpu",
+) -> Iterator[int]:
     """Yields up to `max_new_tokens` ids continuing `prompt_ids` (stops after
     eos): `LatteForCausalLM.stream` for one prompt. Every argument is checked
     when this is called, before the first token is asked for."""
     if not prompt_ids:
         raise ValueError("prompt_ids: empty; give at least one token (e.g. the eos id)")
-    tokens = model.stream(torch.tensor([prompt_ids], device=device), max_new_tokens, temperature=temperature,
-                          top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, generator=generator)
+    tokens = model.stream(
+        torch.tensor([prompt_ids], device=device),
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_token_id=eos_token_id,
+        generator=generator,
+    )
     return (int(tok[0]) for tok in tokens)
 
 
@@ -42,10 +57,10 @@ class IncrementalDecoder:
         text = self.tokenizer.decode(self.ids)
         if text.endswith("\ufffd"):  # wait for the rest of the character
             return ""
-        new, self.emitted = text[self.emitted:], len(text)
+        new, self.emitted = text[self.emitted :], len(text)
         return new
 
     def flush(self) -> str:
         text = self.tokenizer.decode(self.ids)
-        new, self.emitted = text[self.emitted:], len(text)
+        new, self.emitted = text[self.emitted :], len(text)
         return new

@@ -42,9 +42,14 @@ def utilisation(pbar: torch.Tensor) -> dict:
         raise ValueError(f"pbar: expected a probability vector [L], got shape {tuple(p.shape)}, sum {float(p.sum())}")
     L = p.numel()
     entropy = float(-(p[p > 0] * p[p > 0].log()).sum())
-    return {"num_latents": L, "entropy": entropy, "max_entropy": math.log(L),
-            "effective_latents": math.exp(entropy), "used_fraction": float((p > 1.0 / (10 * L)).double().mean()),
-            "top_latent_mass": float(p.max())}
+    return {
+        "num_latents": L,
+        "entropy": entropy,
+        "max_entropy": math.log(L),
+        "effective_latents": math.exp(entropy),
+        "used_fraction": float((p > 1.0 / (10 * L)).double().mean()),
+        "top_latent_mass": float(p.max()),
+    }
 
 
 @torch.no_grad()
@@ -69,12 +74,17 @@ def layer_probs(layer: nn.Module, x: torch.Tensor, positions: torch.Tensor | Non
 
 def latent_layers(model: nn.Module) -> list[tuple[int, nn.Module]]:
     """(block index, mixer) of every Latte / Macchiato layer of a LatteForCausalLM."""
-    found = [(i, b.mixer) for i, b in enumerate(model.model.blocks)
-             if isinstance(b.mixer, (LatteAttention, MacchiatoAttention))]
+    found = [
+        (i, b.mixer)
+        for i, b in enumerate(model.model.blocks)
+        if isinstance(b.mixer, (LatteAttention, MacchiatoAttention))
+    ]
     if not found:
         mixers = sorted({type(b.mixer).__name__ for b in model.model.blocks})
-        raise ValueError(f"model has no latent layers (its mixers: {', '.join(mixers)}): "
-                         "latent utilisation needs mixer latte or macchiato")
+        raise ValueError(
+            f"model has no latent layers (its mixers: {', '.join(mixers)}): "
+            "latent utilisation needs mixer latte or macchiato"
+        )
     return found
 
 
@@ -93,16 +103,21 @@ class _Totals:
 
 
 @torch.no_grad()
-def latent_utilisation(model: nn.Module, windows: TokenWindows, *, batch_size: int = 8,
-                       device: torch.device | str = "cpu") -> dict:
+def latent_utilisation(
+    model: nn.Module, windows: TokenWindows, *, batch_size: int = 8, device: torch.device | str = "cpu"
+) -> dict:
     """Per layer and head: the metrics of `utilisation` on pbar, pbar itself,
     and for Macchiato p(window|t) (mean, quantiles, histogram, by position).
 
     Returns {"seq_len", "tokens", "layers": [{"layer", "kind", "heads": [...]}]}."""
     layers = latent_layers(model)
     inputs: dict[int, tuple] = {}  # layer -> (x, positions) of its last call
-    hooks = [m.register_forward_pre_hook(lambda mod, args, kwargs, i=i: inputs.__setitem__(
-        i, (args[0], kwargs.get("positions"))), with_kwargs=True) for i, m in layers]
+    hooks = [
+        m.register_forward_pre_hook(
+            lambda mod, args, kwargs, i=i: inputs.__setitem__(i, (args[0], kwargs.get("positions"))), with_kwargs=True
+        )
+        for i, m in layers
+    ]
     totals = {i: _Totals() for i, _ in layers}
     windows_seen = 0
     was = model.training
@@ -118,8 +133,11 @@ def latent_utilisation(model: nn.Module, windows: TokenWindows, *, batch_size: i
             h.remove()
         model.train(was)
     T = windows.seq_len
-    return {"seq_len": T, "tokens": windows_seen * T,
-            "layers": [_layer_report(i, layer, totals[i], windows_seen) for i, layer in layers]}
+    return {
+        "seq_len": T,
+        "tokens": windows_seen * T,
+        "layers": [_layer_report(i, layer, totals[i], windows_seen) for i, layer in layers],
+    }
 
 
 def _layer_report(i: int, layer: nn.Module, tot: _Totals, windows_seen: int) -> dict:
@@ -132,9 +150,14 @@ def _layer_report(i: int, layer: nn.Module, tot: _Totals, windows_seen: int) -> 
             v = values_NH[:, h]
             q10, q50, q90 = torch.quantile(v, torch.tensor([0.1, 0.5, 0.9], dtype=v.dtype)).tolist()
             hist = torch.histc(v, bins=HIST_BINS, min=0.0, max=1.0)
-            head.update(p_window_mean=float(v.mean()), p_window_p10=q10, p_window_median=q50, p_window_p90=q90,
-                        p_window_by_position=(tot.window_TH[:, h] / windows_seen).tolist(),
-                        p_window_hist=(hist / hist.sum()).tolist())
+            head.update(
+                p_window_mean=float(v.mean()),
+                p_window_p10=q10,
+                p_window_median=q50,
+                p_window_p90=q90,
+                p_window_by_position=(tot.window_TH[:, h] / windows_seen).tolist(),
+                p_window_hist=(hist / hist.sum()).tolist(),
+            )
         heads.append(head)
     return {"layer": i, "kind": "macchiato" if isinstance(layer, MacchiatoAttention) else "latte", "heads": heads}
 
@@ -142,16 +165,22 @@ def _layer_report(i: int, layer: nn.Module, tot: _Totals, windows_seen: int) -> 
 def format_table(report: dict) -> str:
     """A markdown table: one row per layer and head."""
     mac = any(layer["kind"] == "macchiato" for layer in report["layers"])
-    head = ("| layer | head | latents | entropy (nats) / log L | effective latents | used fraction | top latent mass |"
-            + (" p(window) mean | p(window) p10 / median / p90 |" if mac else ""))
+    head = (
+        "| layer | head | latents | entropy (nats) / log L | effective latents | used fraction | top latent mass |"
+        + (" p(window) mean | p(window) p10 / median / p90 |" if mac else "")
+    )
     lines = [head, "|" + "---|" * (7 + 2 * mac)]
     for layer in report["layers"]:
         for h in layer["heads"]:
-            row = (f"| {layer['layer']} | {h['head']} | {h['num_latents']} | {h['entropy']:.2f} / {h['max_entropy']:.2f} "
-                   f"| {h['effective_latents']:.1f} | {h['used_fraction']:.2f} | {h['top_latent_mass']:.3f} |")
+            row = (
+                f"| {layer['layer']} | {h['head']} | {h['num_latents']} | {h['entropy']:.2f} / {h['max_entropy']:.2f} "
+                f"| {h['effective_latents']:.1f} | {h['used_fraction']:.2f} | {h['top_latent_mass']:.3f} |"
+            )
             if "p_window_mean" in h:
-                row += (f" {h['p_window_mean']:.3f} | {h['p_window_p10']:.3f} / {h['p_window_median']:.3f} / "
-                        f"{h['p_window_p90']:.3f} |")
+                row += (
+                    f" {h['p_window_mean']:.3f} | {h['p_window_p10']:.3f} / {h['p_window_median']:.3f} / "
+                    f"{h['p_window_p90']:.3f} |"
+                )
             elif mac:
                 row += " | |"
             lines.append(row)

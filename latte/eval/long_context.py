@@ -46,10 +46,10 @@ def _head_nll(model, hidden: torch.Tensor, targets: torch.Tensor, chunk: int = 1
     cap = getattr(model.config, "final_logit_softcapping", None)
     out = []
     for i in range(0, hidden.shape[0], chunk):
-        logits = head(hidden[i:i + chunk]).float()
+        logits = head(hidden[i : i + chunk]).float()
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
-        out.append(F.cross_entropy(logits, targets[i:i + chunk], reduction="none").double())
+        out.append(F.cross_entropy(logits, targets[i : i + chunk], reduction="none").double())
     return torch.cat(out)
 
 
@@ -103,8 +103,9 @@ def _time_steps(step, tokens: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def converted_nll(model, ids: torch.Tensor, *, contexts=CONTEXTS, chunk: int = 1024,
-                  decode_steps: int = 9) -> DocumentEval:
+def converted_nll(
+    model, ids: torch.Tensor, *, contexts=CONTEXTS, chunk: int = 1024, decode_steps: int = 9
+) -> DocumentEval:
     """Per-token NLL of a converted model on ids [T], fed `chunk` tokens at a
     time through its cache; decode timed at each context in `contexts`."""
     from latte.models.convert import MacchiatoCache
@@ -117,12 +118,14 @@ def converted_nll(model, ids: torch.Tensor, *, contexts=CONTEXTS, chunk: int = 1
     for stop in stops:
         hidden = model.base.model(input_ids=ids[None, start:stop], past_key_values=cache, use_cache=True)
         cache.seen_tokens += stop - start
-        out.append(_head_nll(model.base, hidden.last_hidden_state[0], ids[start + 1:stop + 1]))
+        out.append(_head_nll(model.base, hidden.last_hidden_state[0], ids[start + 1 : stop + 1]))
         start = stop
         if stop in contexts and stop + decode_steps <= N + 1:
             t1 = time.perf_counter()
             probe = copy.deepcopy(cache)
-            ms = _time_steps(lambda tok: model(tok, past_key_values=probe, use_cache=True), ids[stop:stop + decode_steps])
+            ms = _time_steps(
+                lambda tok: model(tok, past_key_values=probe, use_cache=True), ids[stop : stop + decode_steps]
+            )
             decode[stop] = {"ms_per_token": ms, "state_bytes": float(cache.nbytes())}
             spent += time.perf_counter() - t1
     return DocumentEval(torch.cat(out), time.perf_counter() - t0 - spent, decode)
@@ -159,7 +162,15 @@ def perplexities(nlls: list[torch.Tensor], contexts=CONTEXTS) -> list[dict[str, 
         lo = 0 if c == contexts[0] else c // 2
         whole = torch.cat([n[:c] for n in docs])
         bucket = torch.cat([n[lo:c] for n in docs])
-        rows.append({"context": c, "documents": len(docs), "tokens": int(whole.numel()),
-                     "ppl": math.exp(float(whole.mean())), "bucket": f"{lo}-{c}",
-                     "bucket_ppl": math.exp(float(bucket.mean())), "bucket_tokens": int(bucket.numel())})
+        rows.append(
+            {
+                "context": c,
+                "documents": len(docs),
+                "tokens": int(whole.numel()),
+                "ppl": math.exp(float(whole.mean())),
+                "bucket": f"{lo}-{c}",
+                "bucket_ppl": math.exp(float(bucket.mean())),
+                "bucket_tokens": int(bucket.numel()),
+            }
+        )
     return rows

@@ -22,6 +22,7 @@ from latte.train.validation import summarize, token_nll
 
 # --------------------------------------------------------------------------- by position
 
+
 def position_buckets(max_len: int, first: int = 128, factor: int = 4) -> list[tuple[int, int]]:
     """1-based inclusive position ranges 1-128, 129-512, 513-2048, ... covering
     1..max_len. The same boundaries at every length, so results at several
@@ -35,9 +36,14 @@ def position_buckets(max_len: int, first: int = 128, factor: int = 4) -> list[tu
 
 
 @torch.no_grad()
-def perplexity_by_position(model: nn.Module, windows: TokenWindows, *, batch_size: int = 8,
-                           buckets: list[tuple[int, int]] | None = None,
-                           device: torch.device | str = "cpu") -> dict:
+def perplexity_by_position(
+    model: nn.Module,
+    windows: TokenWindows,
+    *,
+    batch_size: int = 8,
+    buckets: list[tuple[int, int]] | None = None,
+    device: torch.device | str = "cpu",
+) -> dict:
     """Perplexity over all of `windows` and per position bucket within a window
     (position 1 = the first token of the window, predicted from no context).
 
@@ -64,15 +70,30 @@ def perplexity_by_position(model: nn.Module, windows: TokenWindows, *, batch_siz
         if lo > T:
             continue
         end = min(hi, T)
-        b = summarize(float(sums[lo - 1: end].sum()), int(counts[lo - 1: end].sum()), 0.0)
-        out["buckets"].append({"bucket": f"{lo}-{hi}", "positions": f"{lo}-{end}", "loss": b["loss"],
-                               "ppl": b["ppl"], "tokens": b["tokens"]})
+        b = summarize(float(sums[lo - 1 : end].sum()), int(counts[lo - 1 : end].sum()), 0.0)
+        out["buckets"].append(
+            {
+                "bucket": f"{lo}-{hi}",
+                "positions": f"{lo}-{end}",
+                "loss": b["loss"],
+                "ppl": b["ppl"],
+                "tokens": b["tokens"],
+            }
+        )
     return out
 
 
-def extrapolation(model: nn.Module, tokens, *, train_len: int, multiples: list[int],
-                  max_tokens: int = 65536, batch_size: int = 8, device: torch.device | str = "cpu",
-                  progress=None) -> list[dict]:
+def extrapolation(
+    model: nn.Module,
+    tokens,
+    *,
+    train_len: int,
+    multiples: list[int],
+    max_tokens: int = 65536,
+    batch_size: int = 8,
+    device: torch.device | str = "cpu",
+    progress=None,
+) -> list[dict]:
     """Perplexity at window lengths m * train_len for m in `multiples`, all on
     the SAME tokens (the first ~max_tokens of `tokens`, rounded down to a
     multiple of the longest window), so the lengths compare like for like.
@@ -84,15 +105,18 @@ def extrapolation(model: nn.Module, tokens, *, train_len: int, multiples: list[i
     usable = min(len(tokens) - 1, max(max_tokens, longest))
     span = (usable // longest) * longest
     if span == 0:
-        raise ValueError(f"validation split too short: {len(tokens)} tokens, but the longest "
-                         f"evaluated window ({max(multiples)} x {train_len} = {longest}) needs {longest + 1}")
+        raise ValueError(
+            f"validation split too short: {len(tokens)} tokens, but the longest "
+            f"evaluated window ({max(multiples)} x {train_len} = {longest}) needs {longest + 1}"
+        )
     results = []
     for m in multiples:
         L = m * train_len
         windows = TokenWindows(tokens[: span + 1], L)
         try:
-            r = perplexity_by_position(model, windows, batch_size=max(1, batch_size // m),
-                                       buckets=position_buckets(L), device=device)
+            r = perplexity_by_position(
+                model, windows, batch_size=max(1, batch_size // m), buckets=position_buckets(L), device=device
+            )
         except ValueError as e:  # e.g. max_position_embeddings exceeded
             r = {"seq_len": L, "error": str(e)}
         r["multiple"] = m

@@ -52,21 +52,30 @@ MODELS = ("original", "swa", "converted")
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="latte experiment convert", description=__doc__.split("\n\n")[0])
-    p.add_argument("--stages", default="recipes,eval,sinks,sample",
-                   help="comma-separated: recipes, eval, sinks, sample")
+    p.add_argument(
+        "--stages", default="recipes,eval,sinks,sample", help="comma-separated: recipes, eval, sinks, sample"
+    )
     p.add_argument("--recipes", default=",".join(RECIPES), help=f"of {', '.join(RECIPES)}")
     p.add_argument("--config", default="convert/smollm2", help="latte convert config for every recipe run")
     p.add_argument("--set", action="append", default=[], help="extra override for every run (section.field=value)")
     p.add_argument("--runs", default="runs/convert-experiment", help="folder of the training runs and sweep cells")
     p.add_argument("--out", default="results", help="results/convert and results/convert-recipes go here")
-    p.add_argument("--contexts", default=",".join(map(str, CONTEXTS)),
-                   help="contexts (tokens) reported; the largest is how far the documents are read")
+    p.add_argument(
+        "--contexts",
+        default=",".join(map(str, CONTEXTS)),
+        help="contexts (tokens) reported; the largest is how far the documents are read",
+    )
     p.add_argument("--documents", type=int, default=4, help="held-out documents evaluated (longest first)")
-    p.add_argument("--original-full-documents", type=int, default=1,
-                   help="documents the original reads to --max-context (quadratic); the others stop at 8K")
+    p.add_argument(
+        "--original-full-documents",
+        type=int,
+        default=1,
+        help="documents the original reads to --max-context (quadratic); the others stop at 8K",
+    )
     p.add_argument("--sample-context", type=int, default=16384)
-    p.add_argument("--sink-context", type=int, default=4096,
-                   help="tokens per document of the sinks stage (quadratic mask)")
+    p.add_argument(
+        "--sink-context", type=int, default=4096, help="tokens per document of the sinks stage (quadratic mask)"
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--readme", default=None)
     p.add_argument("--quick", action="store_true", help="a tiny stand-in model and corpus, seconds")
@@ -108,13 +117,32 @@ def quick_setup(a: argparse.Namespace) -> None:
     root = Path(a.runs) / "quick-base"
     if not (root / "base" / "config.json").is_file():
         torch.manual_seed(0)
-        cfg = tf.LlamaConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+        cfg = tf.LlamaConfig(
+            vocab_size=320,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+        )
         tf.LlamaForCausalLM(cfg).save_pretrained(root / "base")
         train_bpe((d.text for d in load_documents("pydoc")), vocab_size=320).save(root)
-    a.set = [f"base.path={root / 'base'}", "data.source=pydoc", f"data.tokenizer={root / 'tokenizer.json'}",
-             "data.seq_len=32", f"data.cache_dir={Path(a.runs) / 'cache'}", "conversion.window_size=8",
-             "conversion.latents_per_head=4", "conversion.chunk_size=8", "train.steps=2", "optim.warmup_steps=1",
-             "train.eval_batches=1", "train.save_every=0", "train.sample_tokens=0", "train.time_budget_minutes=null",
-             *a.set]
+    a.set = [
+        f"base.path={root / 'base'}",
+        "data.source=pydoc",
+        f"data.tokenizer={root / 'tokenizer.json'}",
+        "data.seq_len=32",
+        f"data.cache_dir={Path(a.runs) / 'cache'}",
+        "conversion.window_size=8",
+        "conversion.latents_per_head=4",
+        "conversion.chunk_size=8",
+        "train.steps=2",
+        "optim.warmup_steps=1",
+        "train.eval_batches=1",
+        "train.save_every=0",
+        "train.sample_tokens=0",
+        "train.time_budget_minutes=null",
+        *a.set,
+    ]
     a.contexts, a.documents, a.sample_context, a.sink_context, a.threads = "64,128", 2, 64, 64, 1

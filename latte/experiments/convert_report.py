@@ -38,9 +38,16 @@ def eval_records(cells: list[dict], contexts) -> list[dict]:
                 ms_all = [c[f"ms_per_token_{ctx}"] for c in mine if f"ms_per_token_{ctx}" in c]
                 ms = statistics.median(ms_all) if ms_all else None
                 nbytes = next((c[f"state_bytes_{ctx}"] for c in mine if f"state_bytes_{ctx}" in c), None)
-            out.append({"model": model, **row, "wall_s": round(wall, 1), "max_load": load,
-                        "decode_ms_per_token": None if ms is None else round(ms, 2),
-                        "state_bytes": None if nbytes is None else int(nbytes)})
+            out.append(
+                {
+                    "model": model,
+                    **row,
+                    "wall_s": round(wall, 1),
+                    "max_load": load,
+                    "decode_ms_per_token": None if ms is None else round(ms, 2),
+                    "state_bytes": None if nbytes is None else int(nbytes),
+                }
+            )
     return out
 
 
@@ -55,8 +62,11 @@ def _on_original_documents(mine: list[dict], originals: list[dict], ctx: int, co
     row = next((r for r in rows if r["context"] == ctx), None)
     if row is None:
         return {}
-    return {"ppl_original_documents": row["ppl"], "bucket_ppl_original_documents": row["bucket_ppl"],
-            "original_documents": row["documents"]}
+    return {
+        "ppl_original_documents": row["ppl"],
+        "bucket_ppl_original_documents": row["bucket_ppl"],
+        "original_documents": row["documents"],
+    }
 
 
 def _get(records, model, ctx, key):
@@ -71,62 +81,104 @@ def _fmt(x, spec=".2f"):
 
 
 def eval_tables(records: list[dict], contexts) -> str:
-    lines = ["Perplexity over the first C tokens of held-out plays (all positions < C), by model:", "",
-             "| context C | original | swa (before up-training) | converted | documents (orig / others) | tokens (converted) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "Perplexity over the first C tokens of held-out plays (all positions < C), by model:",
+        "",
+        "| context C | original | swa (before up-training) | converted | documents (orig / others) | tokens (converted) |",
+        "|---|---|---|---|---|---|",
+    ]
     for c in contexts:
         if _get(records, "converted", c, "ppl") is None and _get(records, "original", c, "ppl") is None:
             continue
-        lines.append(f"| {c:,} | {_fmt(_get(records, 'original', c, 'ppl'))} | {_fmt(_get(records, 'swa', c, 'ppl'))} "
-                     f"| {_fmt(_get(records, 'converted', c, 'ppl'))} | {_get(records, 'original', c, 'documents') or 0} / "
-                     f"{_get(records, 'converted', c, 'documents') or 0} | {_get(records, 'converted', c, 'tokens') or 0:,} |")
-    lines += ["", "Perplexity by position bucket (tokens at positions in the bucket only):", "",
-              "| positions | original | swa | converted |", "|---|---|---|---|"]
+        lines.append(
+            f"| {c:,} | {_fmt(_get(records, 'original', c, 'ppl'))} | {_fmt(_get(records, 'swa', c, 'ppl'))} "
+            f"| {_fmt(_get(records, 'converted', c, 'ppl'))} | {_get(records, 'original', c, 'documents') or 0} / "
+            f"{_get(records, 'converted', c, 'documents') or 0} | {_get(records, 'converted', c, 'tokens') or 0:,} |"
+        )
+    lines += [
+        "",
+        "Perplexity by position bucket (tokens at positions in the bucket only):",
+        "",
+        "| positions | original | swa | converted |",
+        "|---|---|---|---|",
+    ]
     for c in contexts:
         b = _get(records, "converted", c, "bucket") or _get(records, "original", c, "bucket")
         if b is None:
             continue
-        lines.append(f"| {b} | {_fmt(_get(records, 'original', c, 'bucket_ppl'))} | "
-                     f"{_fmt(_get(records, 'swa', c, 'bucket_ppl'))} | {_fmt(_get(records, 'converted', c, 'bucket_ppl'))} |")
-    lines += ["", "Decoding one token after C tokens of context (batch 1): the converted model's "
-              "constant-size state against the original's KV cache (float32):", "",
-              "| context C | original ms/token | original KV cache MB | converted ms/token | converted state MB |",
-              "|---|---|---|---|---|"]
+        lines.append(
+            f"| {b} | {_fmt(_get(records, 'original', c, 'bucket_ppl'))} | "
+            f"{_fmt(_get(records, 'swa', c, 'bucket_ppl'))} | {_fmt(_get(records, 'converted', c, 'bucket_ppl'))} |"
+        )
+    lines += [
+        "",
+        "Decoding one token after C tokens of context (batch 1): the converted model's "
+        "constant-size state against the original's KV cache (float32):",
+        "",
+        "| context C | original ms/token | original KV cache MB | converted ms/token | converted state MB |",
+        "|---|---|---|---|---|",
+    ]
     for c in contexts:
         ob, cb = _get(records, "original", c, "state_bytes"), _get(records, "converted", c, "state_bytes")
-        lines.append(f"| {c:,} | {_fmt(_get(records, 'original', c, 'decode_ms_per_token'), '.1f')} | "
-                     f"{_fmt(None if ob is None else ob / 2**20, '.1f')} | "
-                     f"{_fmt(_get(records, 'converted', c, 'decode_ms_per_token'), '.1f')} | "
-                     f"{_fmt(None if cb is None else cb / 2**20, '.2f')} |")
+        lines.append(
+            f"| {c:,} | {_fmt(_get(records, 'original', c, 'decode_ms_per_token'), '.1f')} | "
+            f"{_fmt(None if ob is None else ob / 2**20, '.1f')} | "
+            f"{_fmt(_get(records, 'converted', c, 'decode_ms_per_token'), '.1f')} | "
+            f"{_fmt(None if cb is None else cb / 2**20, '.2f')} |"
+        )
     return "\n".join(lines) + "\n\n" + statements(records, contexts)
 
 
 def statements(records: list[dict], contexts) -> str:
     """Plain sentences from the numbers: past 8K, and within 8K."""
-    past = [c for c in contexts if c > SHORT and _get(records, "original", c, "bucket_ppl") is not None
-            and _get(records, "converted", c, "bucket_ppl") is not None]
-    within = [c for c in contexts if c <= SHORT and _get(records, "original", c, "ppl") is not None
-              and _get(records, "converted", c, "ppl") is not None]
+    past = [
+        c
+        for c in contexts
+        if c > SHORT
+        and _get(records, "original", c, "bucket_ppl") is not None
+        and _get(records, "converted", c, "bucket_ppl") is not None
+    ]
+    within = [
+        c
+        for c in contexts
+        if c <= SHORT
+        and _get(records, "original", c, "ppl") is not None
+        and _get(records, "converted", c, "ppl") is not None
+    ]
     out = []
     if not past and contexts and max(contexts) <= SHORT:
-        out.append(f"**Past 8K tokens: not measured here** (the contexts stop at {max(contexts):,}), so this run "
-                   "does not say whether the converted model beats the original there.")
+        out.append(
+            f"**Past 8K tokens: not measured here** (the contexts stop at {max(contexts):,}), so this run "
+            "does not say whether the converted model beats the original there."
+        )
     if past:
         # on the documents the original read that far, not on the converted model's larger set
         same = {c: _get(records, "converted", c, "bucket_ppl_original_documents") for c in past}
         wins = [c for c in past if same[c] < _get(records, "original", c, "bucket_ppl")]
-        detail = "; ".join(f"positions {_get(records, 'converted', c, 'bucket')}: {same[c]:.2f} vs "
-                           f"{_get(records, 'original', c, 'bucket_ppl'):.2f} on "
-                           f"{_get(records, 'original', c, 'documents')} document(s)" for c in past)
-        verdict = ("beats the original" if len(wins) == len(past) else
-                   "does not beat the original" if not wins else "beats the original in some buckets only")
-        out.append(f"**Past 8K tokens the converted model {verdict}** (converted vs original perplexity on the "
-                   f"same documents, the ones the original read that far: {detail}).")
+        detail = "; ".join(
+            f"positions {_get(records, 'converted', c, 'bucket')}: {same[c]:.2f} vs "
+            f"{_get(records, 'original', c, 'bucket_ppl'):.2f} on "
+            f"{_get(records, 'original', c, 'documents')} document(s)"
+            for c in past
+        )
+        verdict = (
+            "beats the original"
+            if len(wins) == len(past)
+            else "does not beat the original"
+            if not wins
+            else "beats the original in some buckets only"
+        )
+        out.append(
+            f"**Past 8K tokens the converted model {verdict}** (converted vs original perplexity on the "
+            f"same documents, the ones the original read that far: {detail})."
+        )
     if within:
         ratios = [_get(records, "converted", c, "ppl") / _get(records, "original", c, "ppl") for c in within]
         swa = [(_get(records, "swa", c, "ppl") or float("nan")) / _get(records, "original", c, "ppl") for c in within]
-        out.append(f"**Within 8K tokens** the converted model's perplexity is {min(ratios):.2f}x to {max(ratios):.2f}x "
-                   f"the original's (the sliding-window model before up-training: {min(swa):.2f}x to {max(swa):.2f}x).")
+        out.append(
+            f"**Within 8K tokens** the converted model's perplexity is {min(ratios):.2f}x to {max(ratios):.2f}x "
+            f"the original's (the sliding-window model before up-training: {min(swa):.2f}x to {max(swa):.2f}x)."
+        )
     return "\n\n".join(out)
 
 
@@ -140,8 +192,16 @@ def sink_records(cells: list[dict], contexts) -> list[dict]:
         mine = [c for c in cells if c["sinks"] == k]
         wall, load = sum(c["wall_s"] for c in mine), max(c["load"] for c in mine)
         for row in perplexities([nll_of(c) for c in mine], contexts):
-            out.append({"model": f"swa-mask-sinks{k}", "sinks": k, "window": mine[0]["window"], **row,
-                        "wall_s": round(wall, 1), "max_load": load})
+            out.append(
+                {
+                    "model": f"swa-mask-sinks{k}",
+                    "sinks": k,
+                    "window": mine[0]["window"],
+                    **row,
+                    "wall_s": round(wall, 1),
+                    "max_load": load,
+                }
+            )
     return out
 
 
@@ -154,31 +214,41 @@ def sink_table(records: list[dict], sinks: list[dict], contexts) -> str:
     window = sinks[0]["window"]
     shown = [c for c in contexts if any(r["context"] == c for r in sinks)]
     head = " | ".join(f"window + {k} first token{'s' if k != 1 else ''}" if k else "window (mask)" for k in ks)
-    lines = [f"Where the sliding window loses: the original's weights with every token seeing only the last "
-             f"{window} tokens, and the document's first k tokens kept visible as attention sinks (an explicit "
-             f"mask, `latte.eval.long_context.original_window_nll`; \"window (mask)\" is the swa model computed "
-             "another way). Perplexity over the first C tokens of the same held-out plays:", "",
-             f"| context C | original | {head} | swa (cache) | converted |",
-             "|---|---|" + "---|" * len(ks) + "---|---|"]
+    lines = [
+        f"Where the sliding window loses: the original's weights with every token seeing only the last "
+        f"{window} tokens, and the document's first k tokens kept visible as attention sinks (an explicit "
+        f'mask, `latte.eval.long_context.original_window_nll`; "window (mask)" is the swa model computed '
+        "another way). Perplexity over the first C tokens of the same held-out plays:",
+        "",
+        f"| context C | original | {head} | swa (cache) | converted |",
+        "|---|---|" + "---|" * len(ks) + "---|---|",
+    ]
     for c in shown:
         cols = [_fmt(_get(sinks, f"swa-mask-sinks{k}", c, "ppl")) for k in ks]
-        lines.append(f"| {c:,} | {_fmt(_get(records, 'original', c, 'ppl'))} | {' | '.join(cols)} | "
-                     f"{_fmt(_get(records, 'swa', c, 'ppl'))} | {_fmt(_get(records, 'converted', c, 'ppl'))} |")
+        lines.append(
+            f"| {c:,} | {_fmt(_get(records, 'original', c, 'ppl'))} | {' | '.join(cols)} | "
+            f"{_fmt(_get(records, 'swa', c, 'ppl'))} | {_fmt(_get(records, 'converted', c, 'ppl'))} |"
+        )
     c0, orig = shown[0], _get(records, "original", shown[0], "ppl")
     if orig and 0 in ks and max(ks) > 0:
         ratio = {k: _get(sinks, f"swa-mask-sinks{k}", c0, "ppl") / orig for k in ks}
-        kept = ", ".join(f"{ratio[k]:.2f}x with the first {k} token{'s' if k != 1 else ''} kept visible"
-                         for k in ks if k)
+        kept = ", ".join(
+            f"{ratio[k]:.2f}x with the first {k} token{'s' if k != 1 else ''} kept visible" for k in ks if k
+        )
         lines += ["", f"At {c0:,} tokens the window alone is {ratio[0]:.2f}x the original's perplexity; {kept}."]
     return "\n".join(lines)
 
 
 def recipe_table(rows: list[dict]) -> str:
-    lines = ["| recipe | overrides | validation ppl | training tokens | steps | training wall s | load at start |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| recipe | overrides | validation ppl | training tokens | steps | training wall s | load at start |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['recipe']} | `{r['overrides'] or '-'}` | {r['val_ppl']:.2f} | {r['train_tokens']:,} | "
-                     f"{r['steps']} | {r['train_wall_s']:,.0f} | {_fmt(r.get('load_start'), '.1f')} |")
+        lines.append(
+            f"| {r['recipe']} | `{r['overrides'] or '-'}` | {r['val_ppl']:.2f} | {r['train_tokens']:,} | "
+            f"{r['steps']} | {r['train_wall_s']:,.0f} | {_fmt(r.get('load_start'), '.1f')} |"
+        )
     return "\n".join(lines) + "\n\n" + recipe_statement(rows)
 
 
@@ -192,15 +262,22 @@ def recipe_statement(rows: list[dict]) -> str:
         return ""
     best = min(trained, key=lambda r: r["val_ppl"])
     tokens = {r["train_tokens"] for r in trained}
-    same = (f"Every recipe saw the same {tokens.pop():,} training tokens." if len(tokens) == 1 else
-            "**The recipes saw different numbers of training tokens** (the time budget stopped some runs "
-            "early), so this is not a like-for-like comparison.")
+    same = (
+        f"Every recipe saw the same {tokens.pop():,} training tokens."
+        if len(tokens) == 1
+        else "**The recipes saw different numbers of training tokens** (the time budget stopped some runs "
+        "early), so this is not a like-for-like comparison."
+    )
     if len(trained) == 1:
         return f"Only {best['recipe']} ran. {same}"
     default = next((r for r in trained if r["recipe"] == DEFAULT_RECIPE), None)
-    verdict = (f"the default, {DEFAULT_RECIPE}, is the best here ({best['val_ppl']:.2f})" if best is default else
-               f"**{best['recipe']} is best here ({best['val_ppl']:.2f}), not the default {DEFAULT_RECIPE}"
-               + (f" ({default['val_ppl']:.2f})" if default else "") + "**")
+    verdict = (
+        f"the default, {DEFAULT_RECIPE}, is the best here ({best['val_ppl']:.2f})"
+        if best is default
+        else f"**{best['recipe']} is best here ({best['val_ppl']:.2f}), not the default {DEFAULT_RECIPE}"
+        + (f" ({default['val_ppl']:.2f})" if default else "")
+        + "**"
+    )
     return f"Lowest validation perplexity: {verdict}. {same}"
 
 
@@ -213,12 +290,20 @@ def plot(records: list[dict], path: Path) -> None:
         pts = sorted((r["context"], r["bucket_ppl"]) for r in records if r["model"] == model)
         if pts:
             ax1.plot(*zip(*pts), marker="o", label=model, color=color)
-        dec = sorted((r["context"], r["decode_ms_per_token"]) for r in records
-                     if r["model"] == model and r["decode_ms_per_token"] is not None)
+        dec = sorted(
+            (r["context"], r["decode_ms_per_token"])
+            for r in records
+            if r["model"] == model and r["decode_ms_per_token"] is not None
+        )
         if dec and model != "swa":
             ax2.plot(*zip(*dec), marker="o", label=f"{model} ms/token", color=color)
-    ax1.set(xscale="log", yscale="log", xlabel="position bucket end (tokens)", ylabel="perplexity in bucket",
-            title="Held-out plays, perplexity by position")
+    ax1.set(
+        xscale="log",
+        yscale="log",
+        xlabel="position bucket end (tokens)",
+        ylabel="perplexity in bucket",
+        title="Held-out plays, perplexity by position",
+    )
     ax1.axvline(SHORT, color="grey", ls=":", lw=1)
     ax2.set(xscale="log", xlabel="context (tokens)", ylabel="ms per decoded token", title="Decode latency")
     for ax in (ax1, ax2):
@@ -229,10 +314,12 @@ def plot(records: list[dict], path: Path) -> None:
 
 def sample_md(sample: dict) -> str:
     quote = lambda text: "\n".join("> " + line for line in text.strip().splitlines()) or "> (empty)"
-    return (f"Sample: the converted model continues `{sample['document']}` after its first "
-            f"{sample['prompt_tokens']:,} tokens (temperature 0.7, top-k 50, 60 tokens, {sample['wall_s']:.0f} s). "
-            f"The prompt ends with:\n\n{quote(sample['prompt_tail'])}\n\nGenerated:\n\n{quote(sample['generated'])}\n\n"
-            f"The play's actual continuation:\n\n{quote(sample['reference'])}\n")
+    return (
+        f"Sample: the converted model continues `{sample['document']}` after its first "
+        f"{sample['prompt_tokens']:,} tokens (temperature 0.7, top-k 50, 60 tokens, {sample['wall_s']:.0f} s). "
+        f"The prompt ends with:\n\n{quote(sample['prompt_tail'])}\n\nGenerated:\n\n{quote(sample['generated'])}\n\n"
+        f"The play's actual continuation:\n\n{quote(sample['reference'])}\n"
+    )
 
 
 FULL_COMMAND = "latte experiment convert --readme README.md"
@@ -254,19 +341,29 @@ def budget_md(a, argv, trained: dict | None, cells_s: float = 0.0, wall_s: float
     missing = [c for c in CONTEXTS if c not in a.contexts]
     parts = []
     if cells_s > wall_s:
-        parts.append(f"This invocation reused finished cells: the cells took {cells_s:,.0f} s in all "
-                     f"(the wall time above is this invocation's).")
+        parts.append(
+            f"This invocation reused finished cells: the cells took {cells_s:,.0f} s in all "
+            f"(the wall time above is this invocation's)."
+        )
     if trained:
-        parts.append(f"Up-training (recipe {trained['recipe']}): {trained['train_tokens']:,} tokens in "
-                     f"{trained['steps']} steps, {trained['train_wall_s']:,.0f} s of training wall time, load "
-                     f"average {trained.get('load_start', float('nan')):.1f} at its start.")
+        parts.append(
+            f"Up-training (recipe {trained['recipe']}): {trained['train_tokens']:,} tokens in "
+            f"{trained['steps']} steps, {trained['train_wall_s']:,.0f} s of training wall time, load "
+            f"average {trained.get('load_start', float('nan')):.1f} at its start."
+        )
     if missing or a.threads < 2:
-        parts.append(f"**Reduced CPU budget**: {a.threads} thread(s) per job (every cell records the load "
-                     "average at its start); "
-                     + (f"contexts {', '.join(f'{c:,}' for c in missing)} were not evaluated (the original's "
-                        "quadratic prefill and the converted model's pass through its cache do not fit this "
-                        "budget); " if missing else "")
-                     + f"the full protocol is `{FULL_COMMAND}`.")
+        parts.append(
+            f"**Reduced CPU budget**: {a.threads} thread(s) per job (every cell records the load "
+            "average at its start); "
+            + (
+                f"contexts {', '.join(f'{c:,}' for c in missing)} were not evaluated (the original's "
+                "quadratic prefill and the converted model's pass through its cache do not fit this "
+                "budget); "
+                if missing
+                else ""
+            )
+            + f"the full protocol is `{FULL_COMMAND}`."
+        )
     return " ".join(parts)
 
 
@@ -279,14 +376,21 @@ def report(a, argv, started, recipe_rows, cells, sample, sinks=None) -> None:
     run["cells_wall_s"] = round(cells_wall_s(recipe_rows, [*(cells or []), *(sinks or [])], sample), 1)
     run["budget"] = budget = budget_md(a, argv, trained, run["cells_wall_s"], run["wall_s"])
     if recipe_rows:
-        write_results(out / "convert-recipes", "convert-recipes", recipe_rows,
-                      recipe_table(recipe_rows) + ("\n\n" + budget if budget else ""), run, readme=a.readme)
+        write_results(
+            out / "convert-recipes",
+            "convert-recipes",
+            recipe_rows,
+            recipe_table(recipe_rows) + ("\n\n" + budget if budget else ""),
+            run,
+            readme=a.readme,
+        )
     if cells:
         contexts = a.contexts
         records = eval_records(cells, contexts)
         if trained:  # every record says what the converted model cost
-            records = [{**r, "train_tokens": trained["train_tokens"], "train_wall_s": trained["train_wall_s"]}
-                       for r in records]
+            records = [
+                {**r, "train_tokens": trained["train_tokens"], "train_wall_s": trained["train_wall_s"]} for r in records
+            ]
         md = (budget + "\n\n" if budget else "") + eval_tables(records, contexts)
         if sinks:
             extra = sink_records(sinks, contexts)
@@ -297,6 +401,9 @@ def report(a, argv, started, recipe_rows, cells, sample, sinks=None) -> None:
         write_results(out / "convert", "convert", records, md, run)
         plot(records, out / "convert" / "convert.png")
         if a.readme:  # the same text, its plot link made relative to the README
-            update_readme(Path(a.readme), "convert",
-                          readme_body((out / "convert" / "results.md").read_text(), out / "convert", Path(a.readme)),
-                          kind="results")
+            update_readme(
+                Path(a.readme),
+                "convert",
+                readme_body((out / "convert" / "results.md").read_text(), out / "convert", Path(a.readme)),
+                kind="results",
+            )

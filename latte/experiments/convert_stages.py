@@ -21,6 +21,7 @@ def run_dir(a, recipe: str) -> Path:
 
 # --------------------------------------------------------------------------- recipes
 
+
 def recipes_stage(a) -> list[dict]:
     from .convert import DEFAULT_RECIPE, RECIPES
 
@@ -44,13 +45,32 @@ def _recipe_cell(cell: dict, a) -> dict:
     run = run_dir(a, recipe)
     load0, t0 = os.getloadavg()[0], time.time()
     sets = [*RECIPES[recipe], *a.set]
-    run_latte(["convert", "--config", a.config, f"--train.run_dir={run}", f"--train.num_threads={a.threads}",
-               "--train.tensorboard=false", *[f"--{s}" for s in sets]], run / "experiment.log", a.threads)
+    run_latte(
+        [
+            "convert",
+            "--config",
+            a.config,
+            f"--train.run_dir={run}",
+            f"--train.num_threads={a.threads}",
+            "--train.tensorboard=false",
+            *[f"--{s}" for s in sets],
+        ],
+        run / "experiment.log",
+        a.threads,
+    )
     s = json.loads((run / "summary.json").read_text())
-    return {"val_ppl": s["val_ppl"], "val_tokens": s["val_tokens"], "train_tokens": s["tokens_seen"],
-            "steps": s["step"], "train_wall_s": round(s["wall_time_s"], 1), "stopped": s.get("stopped", ""),
-            "overrides": " ".join(RECIPES[recipe]), "load_start": round(load0, 2), "load_end": round(os.getloadavg()[0], 2),
-            "cell_wall_s": round(time.time() - t0, 1)}
+    return {
+        "val_ppl": s["val_ppl"],
+        "val_tokens": s["val_tokens"],
+        "train_tokens": s["tokens_seen"],
+        "steps": s["step"],
+        "train_wall_s": round(s["wall_time_s"], 1),
+        "stopped": s.get("stopped", ""),
+        "overrides": " ".join(RECIPES[recipe]),
+        "load_start": round(load0, 2),
+        "load_end": round(os.getloadavg()[0], 2),
+        "cell_wall_s": round(time.time() - t0, 1),
+    }
 
 
 @torch.no_grad()
@@ -66,12 +86,20 @@ def _baseline_ppl(run: Path, *, original: bool) -> dict:
     t0 = time.perf_counter()
     task = trained.task
     windows = _val_windows(trained)
-    with (model.as_original() if original else model.as_sliding_window()) as scored:
+    with model.as_original() if original else model.as_sliding_window() as scored:
         total, count = nll_sums(scored, windows, batch_size=1)
     m = summarize(total, int(count), time.perf_counter() - t0)
     del task
-    return {"val_ppl": m["ppl"], "val_tokens": m["tokens"], "train_tokens": 0, "steps": 0,
-            "train_wall_s": 0.0, "stopped": "", "overrides": "", "cell_wall_s": round(time.perf_counter() - t0, 1)}
+    return {
+        "val_ppl": m["ppl"],
+        "val_tokens": m["tokens"],
+        "train_tokens": 0,
+        "steps": 0,
+        "train_wall_s": 0.0,
+        "stopped": "",
+        "overrides": "",
+        "cell_wall_s": round(time.perf_counter() - t0, 1),
+    }
 
 
 def _val_windows(trained):
@@ -110,9 +138,16 @@ def eval_stage(a) -> list[dict]:
     contexts = a.contexts
     # the cell names how far it reads, so a sweep to a longer context does
     # not reuse a shorter one's per-token losses
-    cells = [{"model": m, "document": name, "max_context": a.max_context,
-              **({"recipe": DEFAULT_RECIPE} if m == "converted" else {})}  # swa and original: any recipe's run
-             for m in ("converted", "swa", "original") for name, _ in docs]
+    cells = [
+        {
+            "model": m,
+            "document": name,
+            "max_context": a.max_context,
+            **({"recipe": DEFAULT_RECIPE} if m == "converted" else {}),
+        }  # swa and original: any recipe's run
+        for m in ("converted", "swa", "original")
+        for name, _ in docs
+    ]
     cells += [{"model": "original-decode", "document": f"context-{c}"} for c in contexts]
     rank = {name: i for i, (name, _) in enumerate(docs)}
     by_name = dict(docs)
@@ -144,8 +179,12 @@ def _eval_cell(cell, trained, docs, rank, contexts, a) -> dict:
             res = converted_nll(model, ids, contexts=contexts, decode_steps=DECODE_STEPS)
     else:
         res = converted_nll(model, ids, contexts=contexts, decode_steps=DECODE_STEPS)
-    record = {"tokens": int(res.nll.shape[0]), "wall_s": round(res.wall_s, 1), "load": round(load0, 2),
-              "nll": ",".join(f"{x:.5f}" for x in res.nll.tolist())}
+    record = {
+        "tokens": int(res.nll.shape[0]),
+        "wall_s": round(res.wall_s, 1),
+        "load": round(load0, 2),
+        "nll": ",".join(f"{x:.5f}" for x in res.nll.tolist()),
+    }
     for c, d in res.decode.items():
         record[f"ms_per_token_{c}"] = round(d["ms_per_token"], 2)
         record[f"state_bytes_{c}"] = int(d["state_bytes"])
@@ -168,18 +207,27 @@ def sinks_stage(a) -> list[dict]:
 
     trained = _open(run_dir(a, DEFAULT_RECIPE))
     docs = dict(held_out_documents(trained, a.documents, a.sink_context))
-    cells = [{"model": "swa-mask", "sinks": k, "document": name, "max_context": a.sink_context}
-             for k in SINKS for name in docs]
+    cells = [
+        {"model": "swa-mask", "sinks": k, "document": name, "max_context": a.sink_context}
+        for k in SINKS
+        for name in docs
+    ]
 
     def cell_fn(cell):
         from latte.eval.long_context import original_window_nll
 
         model, load0 = trained.model.model, os.getloadavg()[0]
         window = model.converted[0].window_size
-        res = original_window_nll(model, docs[cell["document"]][: a.sink_context + 1], window=window,
-                                  sinks=cell["sinks"])
-        return {"window": window, "tokens": int(res.nll.shape[0]), "wall_s": round(res.wall_s, 1),
-                "load": round(load0, 2), "nll": ",".join(f"{x:.5f}" for x in res.nll.tolist())}
+        res = original_window_nll(
+            model, docs[cell["document"]][: a.sink_context + 1], window=window, sinks=cell["sinks"]
+        )
+        return {
+            "window": window,
+            "tokens": int(res.nll.shape[0]),
+            "wall_s": round(res.wall_s, 1),
+            "load": round(load0, 2),
+            "nll": ",".join(f"{x:.5f}" for x in res.nll.tolist()),
+        }
 
     sweep = Sweep(Path(a.runs) / "cells-sinks", cells)
     sweep.run(cell_fn, desc="sinks")
@@ -187,6 +235,7 @@ def sinks_stage(a) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- sample
+
 
 def sample_stage(a) -> dict:
     from .convert import DEFAULT_RECIPE
@@ -207,7 +256,11 @@ def _sample_cell(cell, a) -> dict:
     g = torch.Generator().manual_seed(0)
     new = [int(t[0]) for t in model.stream(prompt[None], 60, temperature=0.7, top_k=50, generator=g)]
     tok = trained.tokenizer
-    return {"document": name, "prompt_tokens": int(prompt.shape[0]),
-            "prompt_tail": tok.decode(prompt[-120:].tolist()), "generated": tok.decode(new),
-            "reference": tok.decode(ids[cell["context"]: cell["context"] + 60].tolist()),
-            "wall_s": round(time.perf_counter() - t0, 1)}
+    return {
+        "document": name,
+        "prompt_tokens": int(prompt.shape[0]),
+        "prompt_tail": tok.decode(prompt[-120:].tolist()),
+        "generated": tok.decode(new),
+        "reference": tok.decode(ids[cell["context"] : cell["context"] + 60].tolist()),
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }

@@ -48,16 +48,38 @@ VARIANTS = {  # name -> (shipped config, mixer, qk_mixer)
 }
 STAGES = ("train", "extrapolation", "latents")
 # --quick: every stage on a model of a few thousand parameters, in seconds.
-QUICK_SET = ["data.source=pydoc", "data.vocab_size=320", "data.seq_len=32", "model.dim=32", "model.num_layers=2",
-             "model.num_heads=2", "model.num_latents=8", "model.window_size=8", "model.chunk_size=8",
-             "train.steps=2", "optim.warmup_steps=1", "train.global_batch_size=4", "train.eval_batches=1",
-             "train.save_every=0", "train.sample_tokens=0", "train.log_every=1"]
+QUICK_SET = [
+    "data.source=pydoc",
+    "data.vocab_size=320",
+    "data.seq_len=32",
+    "model.dim=32",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "model.num_latents=8",
+    "model.window_size=8",
+    "model.chunk_size=8",
+    "train.steps=2",
+    "optim.warmup_steps=1",
+    "train.global_batch_size=4",
+    "train.eval_batches=1",
+    "train.save_every=0",
+    "train.sample_tokens=0",
+    "train.log_every=1",
+]
 
 
 def train_args(name: str, seed: int, run_dir: Path, threads: int, sets: list[str]) -> list[str]:
     config = VARIANTS[name][0]
-    return ["train", "--config", config, f"--train.seed={seed}", f"--train.run_dir={run_dir}",
-            f"--train.num_threads={threads}", "--train.tensorboard=false", *[f"--{s}" for s in sets]]
+    return [
+        "train",
+        "--config",
+        config,
+        f"--train.seed={seed}",
+        f"--train.run_dir={run_dir}",
+        f"--train.num_threads={threads}",
+        "--train.tensorboard=false",
+        *[f"--{s}" for s in sets],
+    ]
 
 
 def train_cell(cell: dict, a: argparse.Namespace, sets: list[str]) -> dict:
@@ -68,12 +90,24 @@ def train_cell(cell: dict, a: argparse.Namespace, sets: list[str]) -> dict:
     run_latte(args, run_dir.parent / f"seed-{cell['seed']}.log", a.threads)
     s = json.loads((run_dir / "summary.json").read_text())
     _, mixer, qk = VARIANTS[cell["variant"]]
-    return {"mixer": mixer, "qk_mixer": qk, "val_ppl": s["val_ppl"], "val_loss": s["val_loss"],
-            "unigram_ppl": s["unigram_ppl"], "tokens_per_s": s["train_tokens_per_s"], "wall_s": s["wall_time_s"],
-            "steps": s["step"], "tokens_seen": s["tokens_seen"], "parameters": s["parameters"],
-            "val_tokens": s["val_tokens"], "resumed": resumed, "loadavg_start": round(load0, 2),
-            "loadavg_end": round(os.getloadavg()[0], 2), "command": "latte " + " ".join(args),
-            "process_s": round(time.time() - t0, 1)}
+    return {
+        "mixer": mixer,
+        "qk_mixer": qk,
+        "val_ppl": s["val_ppl"],
+        "val_loss": s["val_loss"],
+        "unigram_ppl": s["unigram_ppl"],
+        "tokens_per_s": s["train_tokens_per_s"],
+        "wall_s": s["wall_time_s"],
+        "steps": s["step"],
+        "tokens_seen": s["tokens_seen"],
+        "parameters": s["parameters"],
+        "val_tokens": s["val_tokens"],
+        "resumed": resumed,
+        "loadavg_start": round(load0, 2),
+        "loadavg_end": round(os.getloadavg()[0], 2),
+        "command": "latte " + " ".join(args),
+        "process_s": round(time.time() - t0, 1),
+    }
 
 
 def eval_cell(cell: dict, a: argparse.Namespace, stage: str) -> dict:
@@ -85,8 +119,14 @@ def eval_cell(cell: dict, a: argparse.Namespace, stage: str) -> dict:
     run_latte(args, run_dir.parent / f"seed-{cell['seed']}.log", a.threads)
     _, mixer, qk = VARIANTS[cell["variant"]]
     report = json.loads(out.read_text())
-    return {"mixer": mixer, "qk_mixer": qk, "report": report, "command": "latte " + " ".join(args),
-            "seconds": round(time.time() - t0, 1), "loadavg_start": round(load0, 2)}
+    return {
+        "mixer": mixer,
+        "qk_mixer": qk,
+        "report": report,
+        "command": "latte " + " ".join(args),
+        "seconds": round(time.time() - t0, 1),
+        "loadavg_start": round(load0, 2),
+    }
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -96,16 +136,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--stages", default=",".join(STAGES), help=f"among {', '.join(STAGES)}")
     p.add_argument("--lengths", default="1,2,4,8,16", help="extrapolation: multiples of the training length")
-    p.add_argument("--eval-tokens", type=int, default=None,
-                   help="validation tokens per evaluation (default 65536, quick 512)")
+    p.add_argument(
+        "--eval-tokens", type=int, default=None, help="validation tokens per evaluation (default 65536, quick 512)"
+    )
     p.add_argument("--runs", default=None, help="run folders (default runs/lm_variants, quick runs/lm_variants-quick)")
-    p.add_argument("--results", default=None,
-                   help="folder holding lm_variants/, extrapolation/, latents/ (default results, quick results/quick)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="a config override for every training run (repeatable), e.g. train.steps=100")
+    p.add_argument(
+        "--results",
+        default=None,
+        help="folder holding lm_variants/, extrapolation/, latents/ (default results, quick results/quick)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="a config override for every training run (repeatable), e.g. train.steps=100",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads of each run")
-    p.add_argument("--report-only", action="store_true",
-                   help="write the results of the finished cells of each stage, run none")
+    p.add_argument(
+        "--report-only", action="store_true", help="write the results of the finished cells of each stage, run none"
+    )
     p.add_argument("--readme", default=None, help="replace the README sections results:lm_variants, ...")
     a = p.parse_args(argv)
     a.runs = a.runs or ("runs/lm_variants-quick" if a.quick else "runs/lm_variants")
@@ -132,17 +182,22 @@ def main(argv: list[str]) -> int:
     work = Path(a.runs) / ".cells"
     stages = a.stages.split(",")
     latent_cells = [c for c in cells if VARIANTS[c["variant"]][1] in ("latte", "macchiato")]
-    plan = {"train": (cells, lambda c: train_cell(c, a, sets)),
-            "extrapolation": (cells, lambda c: eval_cell(c, a, "extrapolation")),
-            "latents": (latent_cells, lambda c: eval_cell(c, a, "latents"))}
+    plan = {
+        "train": (cells, lambda c: train_cell(c, a, sets)),
+        "extrapolation": (cells, lambda c: eval_cell(c, a, "extrapolation")),
+        "latents": (latent_cells, lambda c: eval_cell(c, a, "latents")),
+    }
     done, missing = {}, {}
     for stage in (s for s in STAGES if s in stages):
         stage_cells, fn = plan[stage]
         sweep = Sweep(work / stage, stage_cells)
         done[stage] = sweep.records() if a.report_only else sweep.run(fn, desc=f"lm-variants {stage}")
         missing[stage] = [f"{c['variant']} seed {c['seed']}" for c in sweep.pending()]
-    builders = {"train": ("lm_variants", variants_report), "extrapolation": ("extrapolation", extrapolation_report),
-                "latents": ("latents", latents_report)}
+    builders = {
+        "train": ("lm_variants", variants_report),
+        "extrapolation": ("extrapolation", extrapolation_report),
+        "latents": ("latents", latents_report),
+    }
     for stage, records in done.items():
         if not records:
             print(f"lm-variants {stage}: no finished cells to report", file=sys.stderr)
@@ -155,7 +210,14 @@ def main(argv: list[str]) -> int:
         if stage == "train":
             curves = curve_table(cells, Path(a.runs))
             tables += f"\n\n{curves}" if curves else ""
-        write_results(out, name, flat, tables, provenance("lm-variants", argv, started, threads=a.threads,
-                                                          stage=stage), readme=a.readme, images=images)
+        write_results(
+            out,
+            name,
+            flat,
+            tables,
+            provenance("lm-variants", argv, started, threads=a.threads, stage=stage),
+            readme=a.readme,
+            images=images,
+        )
         print(tables)
     return 0

@@ -39,18 +39,43 @@ NAME = "lra"
 TASKS = ("listops", "pathfinder", "listops-short")
 # A control, not an LRA task: ListOps cut to 10-100 tokens and depth 4, same model and budget.
 # It shows whether the recipe learns at all when the sequences are short.
-VARIANTS = {"listops-short": ("listops", ["data.listops_min_length=10", "data.listops_max_length=100",
-                                          "data.listops_max_depth=4", "model.max_position_embeddings=128"])}
+VARIANTS = {
+    "listops-short": (
+        "listops",
+        [
+            "data.listops_min_length=10",
+            "data.listops_max_length=100",
+            "data.listops_max_depth=4",
+            "model.max_position_embeddings=128",
+        ],
+    )
+}
 MIXERS = ("latte", "softmax", "linear")
 LRA_TRANSFORMER = {"listops": 0.3637, "pathfinder": 0.7140}  # test accuracy, LRA paper Table 1
-LRA_BUDGET = {"listops": "5K steps x batch 32 (160K examples), 6 layers, dim 512",
-              "pathfinder": "200 epochs of 160K (62K steps x batch 512), 1 layer, dim 128"}
+LRA_BUDGET = {
+    "listops": "5K steps x batch 32 (160K examples), 6 layers, dim 512",
+    "pathfinder": "200 epochs of 160K (62K steps x batch 512), 1 layer, dim 128",
+}
 LRA_EXAMPLES = {"listops": 5_000 * 32, "pathfinder": 200 * 160_000}  # training examples seen
 # --quick: a few steps on a few examples, for the tests (seconds)
-QUICK = ["train.steps=2", "train.global_batch_size=4", "train.eval_every=0", "train.save_every=0",
-         "train.eval_batches=1", "optim.warmup_steps=0", "data.train_examples=16", "data.validation_examples=4",
-         "data.test_examples=8", "data.num_workers=1", "model.dim=16", "model.num_layers=1", "model.num_heads=2",
-         "model.num_latents=4", "train.tensorboard=false", "train.time_budget_minutes=null"]
+QUICK = [
+    "train.steps=2",
+    "train.global_batch_size=4",
+    "train.eval_every=0",
+    "train.save_every=0",
+    "train.eval_batches=1",
+    "optim.warmup_steps=0",
+    "data.train_examples=16",
+    "data.validation_examples=4",
+    "data.test_examples=8",
+    "data.num_workers=1",
+    "model.dim=16",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_latents=4",
+    "train.tensorboard=false",
+    "train.time_budget_minutes=null",
+]
 QUICK_LISTOPS = ["data.listops_min_length=20", "data.listops_max_length=60", "data.listops_max_depth=4"]
 # --budget reduced: the LRA tasks cut to 200 steps x 16 (3,200 examples; warm-up kept at 1/16 of the
 # steps), what fits in about an hour of one shared CPU thread; the control keeps its config budget.
@@ -66,20 +91,36 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--parts", nargs="+", default=["generators", "train"], choices=["generators", "train"])
     p.add_argument("--readme", default=None, help="README to update (section results:lra); default: none")
     p.add_argument("--quick", action="store_true", help="tiny sizes: seconds, for tests")
-    p.add_argument("--budget", default="full", choices=["full", "reduced"],
-                   help="full: the configs' 1,600 steps x 16; reduced: 200 steps x 16 for listops and "
-                        "pathfinder (a reduced CPU budget, said so in every output)")
-    p.add_argument("--full-work", default="runs/lra",
-                   help="with --budget reduced: full-budget cells finished in this --work folder are shown "
-                        "beside the reduced ones (read only, never run)")
-    p.add_argument("--report-only", action="store_true",
-                   help="write the results of the finished cells and run nothing; the others are listed as missing")
-    p.add_argument("--override", nargs="*", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="extra config overrides for every training run")
+    p.add_argument(
+        "--budget",
+        default="full",
+        choices=["full", "reduced"],
+        help="full: the configs' 1,600 steps x 16; reduced: 200 steps x 16 for listops and "
+        "pathfinder (a reduced CPU budget, said so in every output)",
+    )
+    p.add_argument(
+        "--full-work",
+        default="runs/lra",
+        help="with --budget reduced: full-budget cells finished in this --work folder are shown "
+        "beside the reduced ones (read only, never run)",
+    )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write the results of the finished cells and run nothing; the others are listed as missing",
+    )
+    p.add_argument(
+        "--override",
+        nargs="*",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="extra config overrides for every training run",
+    )
     return p.parse_args(argv)
 
 
 # --------------------------------------------------------------------------- generators
+
 
 def generator_speed(task: str, quick: bool) -> dict:
     """Examples (ListOps) or images (Pathfinder) per second in this one process."""
@@ -99,9 +140,15 @@ def generator_speed(task: str, quick: bool) -> dict:
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     # cpu_share: CPU time / wall time of this process: near 1 when it had a core to itself;
     # per_cpu_s: per second of CPU time, what a whole free core would give
-    return {"per_s_per_core": round(n / seconds, 1), "per_cpu_s": round(n / max(cpu, 1e-9), 1), "generated": n,
-            "seconds": round(seconds, 2), "cpu_share": round(cpu / seconds, 2), "loadavg_1min": round(load[0], 2),
-            **extra}
+    return {
+        "per_s_per_core": round(n / seconds, 1),
+        "per_cpu_s": round(n / max(cpu, 1e-9), 1),
+        "generated": n,
+        "seconds": round(seconds, 2),
+        "cpu_share": round(cpu / seconds, 2),
+        "loadavg_1min": round(load[0], 2),
+        **extra,
+    }
 
 
 def example_grid(path: Path, data, count: int = 24) -> Path | None:
@@ -124,6 +171,7 @@ def example_grid(path: Path, data, count: int = 24) -> Path | None:
 
 # --------------------------------------------------------------------------- training
 
+
 def train_overrides(task: str, mixer: str, work: Path, extra: list[str]) -> tuple[str, list[str]]:
     """(config name, overrides) of one cell: `latte train --config <name> --<override> ...`."""
     base, variant = VARIANTS.get(task, (task, []))
@@ -145,23 +193,36 @@ def run_training(task: str, mixer: str, work: Path, extra: list[str]) -> dict:
     t0 = time.time()
     s = train(cfg)
     if "test_accuracy" not in s:
-        raise RuntimeError(f"{task}/{mixer}: the run stopped before its final evaluation ({s.get('stopped')}); "
-                           "run the experiment again to resume it")
+        raise RuntimeError(
+            f"{task}/{mixer}: the run stopped before its final evaluation ({s.get('stopped')}); "
+            "run the experiment again to resume it"
+        )
     counts = s["label_counts"]
-    return {"test_accuracy": s["test_accuracy"], "test_balanced_accuracy": s["test_balanced_accuracy"],
-            "test_macro_f1": s["test_macro_f1"], "val_accuracy": s["val_accuracy"],
-            "majority_baseline": s["majority_baseline"], "lra_transformer": LRA_TRANSFORMER.get(task),
-            "steps": s["step"], "batch": cfg.train.global_batch_size, "examples": s["examples_seen"],
-            "train_examples": s["split_examples"]["train"], "test_examples": s["test_examples"],
-            "parameters": s["parameters"], "wall_s": round(time.time() - t0, 1), "resumed_from_step": resumed_from,
-            "train_examples_per_s": round(s["train_examples_per_s"] or 0.0, 2),
-            "train_label_counts": " ".join(map(str, counts["train"])),
-            "test_label_counts": " ".join(map(str, counts["test"])),
-            "loadavg_1min": round(os.getloadavg()[0], 2),
-            "command": shlex.join(["latte", "train", "--config", config, *(f"--{o}" for o in overrides)])}
+    return {
+        "test_accuracy": s["test_accuracy"],
+        "test_balanced_accuracy": s["test_balanced_accuracy"],
+        "test_macro_f1": s["test_macro_f1"],
+        "val_accuracy": s["val_accuracy"],
+        "majority_baseline": s["majority_baseline"],
+        "lra_transformer": LRA_TRANSFORMER.get(task),
+        "steps": s["step"],
+        "batch": cfg.train.global_batch_size,
+        "examples": s["examples_seen"],
+        "train_examples": s["split_examples"]["train"],
+        "test_examples": s["test_examples"],
+        "parameters": s["parameters"],
+        "wall_s": round(time.time() - t0, 1),
+        "resumed_from_step": resumed_from,
+        "train_examples_per_s": round(s["train_examples_per_s"] or 0.0, 2),
+        "train_label_counts": " ".join(map(str, counts["train"])),
+        "test_label_counts": " ".join(map(str, counts["test"])),
+        "loadavg_1min": round(os.getloadavg()[0], 2),
+        "command": shlex.join(["latte", "train", "--config", config, *(f"--{o}" for o in overrides)]),
+    }
 
 
 # --------------------------------------------------------------------------- outputs
+
 
 def curves(path: Path, work: Path, records: list[dict]) -> Path | None:
     """Validation accuracy and training loss against training examples seen,
@@ -191,7 +252,7 @@ def curves(path: Path, work: Path, records: list[dict]) -> Path | None:
             if ys:
                 k = max(1, len(ys) // 25)
                 smooth = np.convolve(ys, np.ones(k) / k, mode="valid")
-                loss_ax.plot(xs[k - 1:], smooth, label=f"{name} (mean of {k} steps)")
+                loss_ax.plot(xs[k - 1 :], smooth, label=f"{name} (mean of {k} steps)")
         first = next(r for r in runs if r["task"] == task)
         acc_ax.axhline(first["majority_baseline"], color="gray", ls=":", label="majority class")
         if task in LRA_TRANSFORMER:
@@ -219,34 +280,49 @@ def tables_md(records: list[dict]) -> str:
     lines = []
     if runs:
         lines += _budget_note(runs)
-        lines += ["| task | mixer | budget | test accuracy | balanced | validation | majority class | LRA Transformer "
-                  "| examples (steps x batch) | wall time | parameters |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "| task | mixer | budget | test accuracy | balanced | validation | majority class | LRA Transformer "
+            "| examples (steps x batch) | wall time | parameters |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in runs:
-            lines.append(f"| {r['task']} | {r['mixer']} | {r.get('budget', 'full')} | {r['test_accuracy']:.3f} "
-                         f"| {r['test_balanced_accuracy']:.3f} "
-                         f"| {r['val_accuracy']:.3f} | {r['majority_baseline']:.3f} | {_fmt(r['lra_transformer'])} "
-                         f"| {r['examples']:,} ({r['steps']} x {r['batch']}) | {_wall(r)} "
-                         f"| {r['parameters'] / 1e3:.0f}K |")
+            lines.append(
+                f"| {r['task']} | {r['mixer']} | {r.get('budget', 'full')} | {r['test_accuracy']:.3f} "
+                f"| {r['test_balanced_accuracy']:.3f} "
+                f"| {r['val_accuracy']:.3f} | {r['majority_baseline']:.3f} | {_fmt(r['lra_transformer'])} "
+                f"| {r['examples']:,} ({r['steps']} x {r['batch']}) | {_wall(r)} "
+                f"| {r['parameters'] / 1e3:.0f}K |"
+            )
         tests = sorted({f"{r['task']} {r['test_examples']:,} examples" for r in runs})
-        lines += ["", "Test splits: " + ", ".join(tests)
-                  + "; training splits: " + ", ".join(sorted({f"{r['task']} {r['train_examples']:,}" for r in runs}))
-                  + ". Load average (1 min) at the end of each run: "
-                  + ", ".join(f"{r['task']}/{r['mixer']}/{r.get('budget', 'full')} {r['loadavg_1min']:.1f}"
-                              for r in runs) + ".", ""]
+        lines += [
+            "",
+            "Test splits: "
+            + ", ".join(tests)
+            + "; training splits: "
+            + ", ".join(sorted({f"{r['task']} {r['train_examples']:,}" for r in runs}))
+            + ". Load average (1 min) at the end of each run: "
+            + ", ".join(f"{r['task']}/{r['mixer']}/{r.get('budget', 'full')} {r['loadavg_1min']:.1f}" for r in runs)
+            + ".",
+            "",
+        ]
         lines += _label_table(runs)
         lines += ["Commands (one per row, in this order):", "", "```"] + [r["command"] for r in runs] + ["```", ""]
         lines += [_verdict(runs), ""]
     if gens:
-        lines += ["| generator | per second (wall), one process | per CPU second | CPU share of the process "
-                  "| load average (1 min) | published generator |", "|---|---|---|---|---|---|"]
+        lines += [
+            "| generator | per second (wall), one process | per CPU second | CPU share of the process "
+            "| load average (1 min) | published generator |",
+            "|---|---|---|---|---|---|",
+        ]
         for g in gens:
             unit = "examples" if g["task"] == "listops" else "images"
             ref = "unseeded script, no timing published" if g["task"] == "listops" else "about 2 images/s (0.5 s each)"
             per_cpu = f"{g['per_cpu_s']:,.1f} {unit}" if "per_cpu_s" in g else "-"
-            lines.append(f"| {g['task']} | {g['per_s_per_core']:,.1f} {unit} | {per_cpu} "
-                         f"| {g.get('cpu_share', float('nan')):.2f} "
-                         f"| {g['loadavg_1min']:.1f} | {ref} |")
+            lines.append(
+                f"| {g['task']} | {g['per_s_per_core']:,.1f} {unit} | {per_cpu} "
+                f"| {g.get('cpu_share', float('nan')):.2f} "
+                f"| {g['loadavg_1min']:.1f} | {ref} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -255,12 +331,15 @@ def _budget_note(runs: list[dict]) -> list[str]:
     """Says plainly when the LRA tasks ran on the reduced CPU budget, and how to run the full one."""
     if not any(r.get("budget") == "reduced" for r in runs):
         return ["Budget: the configs' (`latte/configs/lra/*.yaml`), the same for every mixer of a task.", ""]
-    return ["**Reduced CPU budget.** ListOps and Pathfinder rows marked `reduced` trained for 200 steps x 16 "
-            "= 3,200 examples (warm-up 25 steps), one eighth of the configs' 1,600 x 16 = 25,600, because the "
-            "machine (2 cores shared by several jobs, one thread per run) could not fit the full protocol for "
-            "all three mixers in the time there was. Every mixer of a task has the same budget. Rows marked "
-            "`full` ran the configs' budget (the control, and any full-budget cells already finished). "
-            "Full mode: `latte experiment lra --readme README.md`.", ""]
+    return [
+        "**Reduced CPU budget.** ListOps and Pathfinder rows marked `reduced` trained for 200 steps x 16 "
+        "= 3,200 examples (warm-up 25 steps), one eighth of the configs' 1,600 x 16 = 25,600, because the "
+        "machine (2 cores shared by several jobs, one thread per run) could not fit the full protocol for "
+        "all three mixers in the time there was. Every mixer of a task has the same budget. Rows marked "
+        "`full` ran the configs' budget (the control, and any full-budget cells already finished). "
+        "Full mode: `latte experiment lra --readme README.md`.",
+        "",
+    ]
 
 
 def _wall(r: dict) -> str:
@@ -275,8 +354,10 @@ def _fmt(x) -> str:
 
 def _label_table(runs: list[dict]) -> list[str]:
     """The label distribution of each task's training and test splits (share of examples per class)."""
-    lines = ["| task | split | examples per class (class 0, 1, ...) | share of the most frequent |",
-             "|---|---|---|---|"]
+    lines = [
+        "| task | split | examples per class (class 0, 1, ...) | share of the most frequent |",
+        "|---|---|---|---|",
+    ]
     for task in TASKS:
         r = next((r for r in runs if r["task"] == task), None)
         if r is None:
@@ -297,20 +378,25 @@ def _verdict(runs: list[dict]) -> str:
         best = max(rs, key=lambda r: r["test_accuracy"])
         above = best["test_accuracy"] - best["majority_baseline"]
         if task in VARIANTS:
-            out.append(f"- {task} (a control, not an LRA task: 10-100 tokens, depth 4, the same model, "
-                       f"{best['examples']:,} examples): best {best['mixer']} {best['test_accuracy']:.3f}, "
-                       f"{100 * above:+.1f} points from the majority class ({best['majority_baseline']:.3f}).")
+            out.append(
+                f"- {task} (a control, not an LRA task: 10-100 tokens, depth 4, the same model, "
+                f"{best['examples']:,} examples): best {best['mixer']} {best['test_accuracy']:.3f}, "
+                f"{100 * above:+.1f} points from the majority class ({best['majority_baseline']:.3f})."
+            )
             continue
         gap = LRA_TRANSFORMER[task] - best["test_accuracy"]
-        out.append(f"- {task}: best {best['mixer']} {best['test_accuracy']:.3f} after {best['examples']:,} examples, "
-                   f"{100 * above:+.1f} points from the majority class ({best['majority_baseline']:.3f}) and "
-                   f"{'%.1f points below' % (100 * gap) if gap > 0 else 'at or above'} the LRA Transformer "
-                   f"({LRA_TRANSFORMER[task]:.3f}), which trained on {LRA_BUDGET[task]}: "
-                   f"{LRA_EXAMPLES[task] / best['examples']:,.0f} times the examples seen here.")
+        out.append(
+            f"- {task}: best {best['mixer']} {best['test_accuracy']:.3f} after {best['examples']:,} examples, "
+            f"{100 * above:+.1f} points from the majority class ({best['majority_baseline']:.3f}) and "
+            f"{'%.1f points below' % (100 * gap) if gap > 0 else 'at or above'} the LRA Transformer "
+            f"({LRA_TRANSFORMER[task]:.3f}), which trained on {LRA_BUDGET[task]}: "
+            f"{LRA_EXAMPLES[task] / best['examples']:,.0f} times the examples seen here."
+        )
     return "\n".join(out)
 
 
 # --------------------------------------------------------------------------- main
+
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
@@ -360,16 +446,22 @@ def full_budget_records(full_work: Path, cells: list[dict]) -> list[dict]:
 
 def _row_order(r: dict) -> tuple:
     """Generators first, then by task, budget (reduced before full) and mixer."""
-    return (r["part"] != "generator", TASKS.index(r["task"]), r.get("budget") == "full",
-            MIXERS.index(r["mixer"]) if "mixer" in r else 0)
+    return (
+        r["part"] != "generator",
+        TASKS.index(r["task"]),
+        r.get("budget") == "full",
+        MIXERS.index(r["mixer"]) if "mixer" in r else 0,
+    )
 
 
 def _missing_md(missing: list[dict]) -> str:
     if not missing:
         return ""
     names = ", ".join("/".join(str(c[k]) for k in ("task", "mixer", "part") if k in c) for c in missing)
-    return (f"\n**Missing cells** (not finished when these results were written; `latte experiment lra` "
-            f"with the same arguments, without --report-only, resumes them): {names}.\n")
+    return (
+        f"\n**Missing cells** (not finished when these results were written; `latte experiment lra` "
+        f"with the same arguments, without --report-only, resumes them): {names}.\n"
+    )
 
 
 def budget_of(task: str, budget: str) -> str:
@@ -383,7 +475,12 @@ def _pathfinder_test_split(extra: list[str]):
     from latte.train.config import load_run_config
 
     d = load_run_config("lra/pathfinder", extra).data
-    splits, _ = load_task("pathfinder", sizes={"train": d.train_examples, "validation": d.validation_examples,
-                                               "test": d.test_examples}, seed=d.seed, cache_dir=d.cache_dir,
-                          num_workers=d.num_workers, pathfinder_spec=d.pathfinder_spec())
+    splits, _ = load_task(
+        "pathfinder",
+        sizes={"train": d.train_examples, "validation": d.validation_examples, "test": d.test_examples},
+        seed=d.seed,
+        cache_dir=d.cache_dir,
+        num_workers=d.num_workers,
+        pathfinder_spec=d.pathfinder_spec(),
+    )
     return splits["test"]

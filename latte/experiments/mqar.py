@@ -83,8 +83,16 @@ QUICK = Budget({16: 128}, 32, 1, 32, (3e-3,))
 QUICK_SETTINGS = ((16, 2),)
 
 
-def state_bytes(mixer: str, *, dim: int, seq_len: int, num_latents: int | None = None,
-                window_size: int | None = None, qk_mixer: str | None = None, conv_size: int = 3) -> dict:
+def state_bytes(
+    mixer: str,
+    *,
+    dim: int,
+    seq_len: int,
+    num_latents: int | None = None,
+    window_size: int | None = None,
+    qk_mixer: str | None = None,
+    conv_size: int = 3,
+) -> dict:
     """Recurrent state of ONE layer in float32 bytes, split into the attention
     state and the qk mixer's (conv inputs, RG-LRU state).
 
@@ -94,8 +102,13 @@ def state_bytes(mixer: str, *, dim: int, seq_len: int, num_latents: int | None =
     macchiato: latte's plus the window cache."""
     dv = dim // NUM_HEADS
     window = 2 * (window_size - 1) * dim if window_size else 0
-    attn = {"softmax": 2 * seq_len * dim, "linear": NUM_HEADS * dv * (dv + 1), "swa": window,
-            "latte": (num_latents or 0) * (dv + 1), "macchiato": (num_latents or 0) * (dv + 1) + window}[mixer]
+    attn = {
+        "softmax": 2 * seq_len * dim,
+        "linear": NUM_HEADS * dv * (dv + 1),
+        "swa": window,
+        "latte": (num_latents or 0) * (dv + 1),
+        "macchiato": (num_latents or 0) * (dv + 1) + window,
+    }[mixer]
     qk = 0
     if qk_mixer:
         qk = (conv_size - 1) * dim * ("conv" in qk_mixer) + dim * ("rglru" in qk_mixer)
@@ -115,13 +128,27 @@ def cells_for(settings, dims, families, latent_multiples, lrs) -> list[dict]:
                 multiples = latent_multiples if mixer == "latte" else ((lat,) if lat else (None,))
                 for m in multiples:
                     for lr in lrs:
-                        cells.append({"seq_len": seq_len, "num_kv_pairs": pairs, "model": fam, "dim": dim,
-                                      "num_latents": int(m * dim) if m else None, "lr": lr})
+                        cells.append(
+                            {
+                                "seq_len": seq_len,
+                                "num_kv_pairs": pairs,
+                                "model": fam,
+                                "dim": dim,
+                                "num_latents": int(m * dim) if m else None,
+                                "lr": lr,
+                            }
+                        )
 
     def priority(c: dict) -> tuple:
         multiple = c["num_latents"] / c["dim"] if c["num_latents"] else 1.0
-        return (lrs.index(c["lr"]), dims.index(c["dim"]), multiple != 1.0,
-                settings.index((c["seq_len"], c["num_kv_pairs"])), list(families).index(c["model"]), multiple)
+        return (
+            lrs.index(c["lr"]),
+            dims.index(c["dim"]),
+            multiple != 1.0,
+            settings.index((c["seq_len"], c["num_kv_pairs"])),
+            list(families).index(c["model"]),
+            multiple,
+        )
 
     return sorted(cells, key=priority)
 
@@ -129,13 +156,30 @@ def cells_for(settings, dims, families, latent_multiples, lrs) -> list[dict]:
 def model_config(cell: dict, vocab_size: int = VOCAB_SIZE) -> LatteConfig:
     mixer, qk, window, _ = FAMILIES[cell["model"]]
     extra = {("linear_qk_mixer" if mixer == "linear" else "qk_mixer"): qk} if qk else {}
-    return LatteConfig(vocab_size=vocab_size, dim=cell["dim"], num_layers=NUM_LAYERS, num_heads=NUM_HEADS,
-                       num_latents=cell["num_latents"] or NUM_HEADS, mixer=mixer, window_size=window or 16,
-                       mlp="none", dropout=0.0, max_position_embeddings=cell["seq_len"], **extra)
+    return LatteConfig(
+        vocab_size=vocab_size,
+        dim=cell["dim"],
+        num_layers=NUM_LAYERS,
+        num_heads=NUM_HEADS,
+        num_latents=cell["num_latents"] or NUM_HEADS,
+        mixer=mixer,
+        window_size=window or 16,
+        mlp="none",
+        dropout=0.0,
+        max_position_embeddings=cell["seq_len"],
+        **extra,
+    )
 
 
-def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed: int = 0,
-               verbose: bool = False, deadline: float | None = None) -> dict:
+def train_cell(
+    cell: dict,
+    train: MQARData,
+    test: MQARData,
+    budget: Budget,
+    seed: int = 0,
+    verbose: bool = False,
+    deadline: float | None = None,
+) -> dict:
     """Train one model on one setting at one lr; returns the record's fields.
     Test accuracy is measured every `budget.eval_every` steps and at the end;
     training stops at the first measurement >= TARGET."""
@@ -173,27 +217,50 @@ def train_cell(cell: dict, train: MQARData, test: MQARData, budget: Budget, seed
             best = max(best, acc)
             curve.append([step, round(acc, 4)])
             if verbose:
-                print(f"  {cell['model']} dim {cell['dim']} L {cell['num_latents']} T {cell['seq_len']} "
-                      f"lr {cell['lr']:g}: step {step} (epoch {epoch}) loss {loss:.3f} accuracy {acc:.3f} "
-                      f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+                print(
+                    f"  {cell['model']} dim {cell['dim']} L {cell['num_latents']} T {cell['seq_len']} "
+                    f"lr {cell['lr']:g}: step {step} (epoch {epoch}) loss {loss:.3f} accuracy {acc:.3f} "
+                    f"({time.perf_counter() - t0:.0f} s)",
+                    file=sys.stderr,
+                )
             if acc >= TARGET or out_of_time:
                 break
-    return {**state_bytes(model.config.mixer, dim=cell["dim"], seq_len=cell["seq_len"],
-                          num_latents=cell["num_latents"], window_size=FAMILIES[cell["model"]][2],
-                          qk_mixer=FAMILIES[cell["model"]][1]),
-            "mixer": model.config.mixer, "qk_mixer": FAMILIES[cell["model"]][1],
-            "window_size": FAMILIES[cell["model"]][2], "accuracy": round(acc, 4), "best_accuracy": round(best, 4),
-            "reached_target": acc >= TARGET, "incomplete": acc < TARGET and step < total,
-            "planned_steps": total, "epochs": epoch, "steps": step, "skipped_steps": skipped,
-            "examples": len(train), "test_examples": len(test),
-            "examples_seen": min(step * budget.batch_size, epoch * len(train)),
-            "final_loss": round(loss, 4), "seconds": round(time.perf_counter() - t0, 1),
-            "loadavg_start": round(load0, 2), "loadavg_end": round(os.getloadavg()[0], 2),
-            "parameters": model.num_parameters(), "fillers": train.fillers,
-            "ms_per_step": round(1000 * clock.total_s / max(step, 1), 1),
-            "cpu_ms_per_step": round(1000 * clock.cpu_s / max(step, 1), 1),
-            "interval_ms_per_step": clock.interval_ms, "interval_cpu_ms_per_step": clock.interval_cpu_ms,
-            "epoch_train_seconds": clock.epoch_s, "accuracy_curve": curve}
+    return {
+        **state_bytes(
+            model.config.mixer,
+            dim=cell["dim"],
+            seq_len=cell["seq_len"],
+            num_latents=cell["num_latents"],
+            window_size=FAMILIES[cell["model"]][2],
+            qk_mixer=FAMILIES[cell["model"]][1],
+        ),
+        "mixer": model.config.mixer,
+        "qk_mixer": FAMILIES[cell["model"]][1],
+        "window_size": FAMILIES[cell["model"]][2],
+        "accuracy": round(acc, 4),
+        "best_accuracy": round(best, 4),
+        "reached_target": acc >= TARGET,
+        "incomplete": acc < TARGET and step < total,
+        "planned_steps": total,
+        "epochs": epoch,
+        "steps": step,
+        "skipped_steps": skipped,
+        "examples": len(train),
+        "test_examples": len(test),
+        "examples_seen": min(step * budget.batch_size, epoch * len(train)),
+        "final_loss": round(loss, 4),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "loadavg_start": round(load0, 2),
+        "loadavg_end": round(os.getloadavg()[0], 2),
+        "parameters": model.num_parameters(),
+        "fillers": train.fillers,
+        "ms_per_step": round(1000 * clock.total_s / max(step, 1), 1),
+        "cpu_ms_per_step": round(1000 * clock.cpu_s / max(step, 1), 1),
+        "interval_ms_per_step": clock.interval_ms,
+        "interval_cpu_ms_per_step": clock.interval_cpu_ms,
+        "epoch_train_seconds": clock.epoch_s,
+        "accuracy_curve": curve,
+    }
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -205,19 +272,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dims", default=None, help="widths, e.g. 64,128")
     p.add_argument("--mixers", default=None, help=f"model families among {', '.join(FAMILIES)}")
     p.add_argument("--lrs", default=None, help="learning rates, e.g. 1e-3,3e-3")
-    p.add_argument("--latent-multiples", default=None,
-                   help=f"Latte's num_latents as multiples of dim (default {','.join(map(str, LATENT_MULTIPLES))})")
+    p.add_argument(
+        "--latent-multiples",
+        default=None,
+        help=f"Latte's num_latents as multiples of dim (default {','.join(map(str, LATENT_MULTIPLES))})",
+    )
     p.add_argument("--train-examples", type=int, default=None, help="training examples per setting")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--random-fillers", action="store_true", help="random tokens instead of 0 between queries")
     p.add_argument("--shard", default="0/1", help="K/N: run every N-th pending cell from K (parallel workers)")
     p.add_argument("--report-only", action="store_true", help="write the results of the finished cells, run none")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (1: these tiny models lose more to thread sync than they gain)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: these tiny models lose more to thread sync than they gain)",
+    )
     p.add_argument("--verbose", action="store_true", help="a line per epoch on stderr")
-    p.add_argument("--deadline", default=None, metavar="YYYY-MM-DDTHH:MM",
-                   help="UTC wall clock at which a cell stops where it is and is recorded as incomplete "
-                        "(rerun by the next sweep); no new cell starts after it")
+    p.add_argument(
+        "--deadline",
+        default=None,
+        metavar="YYYY-MM-DDTHH:MM",
+        help="UTC wall clock at which a cell stops where it is and is recorded as incomplete "
+        "(rerun by the next sweep); no new cell starts after it",
+    )
     p.add_argument("--readme", default=None, help="replace README section results:mqar")
     p.add_argument("--note", default=None, help="a sentence for the results' text (how or where the cells ran)")
     return p.parse_args(argv)
@@ -229,8 +307,11 @@ def _plan(a: argparse.Namespace):
     if a.settings:
         settings = tuple(tuple(int(v) for v in s.split("x")) for s in a.settings.split(","))
     budget = dataclasses.replace(
-        budget, train_examples={T: a.train_examples or budget.train_examples.get(T, 100000) for T, _ in settings},
-        epochs=a.epochs or budget.epochs, lrs=tuple(float(x) for x in a.lrs.split(",")) if a.lrs else budget.lrs)
+        budget,
+        train_examples={T: a.train_examples or budget.train_examples.get(T, 100000) for T, _ in settings},
+        epochs=a.epochs or budget.epochs,
+        lrs=tuple(float(x) for x in a.lrs.split(",")) if a.lrs else budget.lrs,
+    )
     dims = tuple(int(d) for d in a.dims.split(",")) if a.dims else ((16,) if a.quick else (64, 128))
     families = tuple(a.mixers.split(",")) if a.mixers else tuple(FAMILIES)
     unknown = [f for f in families if f not in FAMILIES]
@@ -240,24 +321,38 @@ def _plan(a: argparse.Namespace):
     if a.latent_multiples:
         multiples = tuple(float(m) for m in a.latent_multiples.split(","))
         if any(m <= 0 or m * min(dims) != int(m * min(dims)) for m in multiples):
-            raise ValueError(f"--latent-multiples {a.latent_multiples}: each must be > 0 and give a whole "
-                             f"num_latents at every width in {dims}")
+            raise ValueError(
+                f"--latent-multiples {a.latent_multiples}: each must be > 0 and give a whole "
+                f"num_latents at every width in {dims}"
+            )
     return budget, settings, dims, families, multiples
 
 
 def _scope(a: argparse.Namespace) -> str:
     """What part of the full protocol the command covers, for the results'
     text ("" for the full sweep or the quick test)."""
-    narrowed = {name: v for name, v in (("settings", a.settings), ("dims", a.dims), ("mixers", a.mixers),
-                                        ("lrs", a.lrs), ("latent multiples", a.latent_multiples),
-                                        ("training examples", a.train_examples), ("epochs", a.epochs)) if v}
+    narrowed = {
+        name: v
+        for name, v in (
+            ("settings", a.settings),
+            ("dims", a.dims),
+            ("mixers", a.mixers),
+            ("lrs", a.lrs),
+            ("latent multiples", a.latent_multiples),
+            ("training examples", a.train_examples),
+            ("epochs", a.epochs),
+        )
+        if v
+    }
     note = f" {a.note}" if a.note else ""
     if a.quick or not narrowed:
         return note.strip()
-    return ("**A reduced CPU budget**, narrowed from the full protocol to " +
-            "; ".join(f"{k} {v}" for k, v in narrowed.items()) +
-            ". The full sweep (widths 64 and 128, lr 3e-3 and 1e-3, every family, num_latents = dim/4, dim, "
-            "4 dim, T = 64, 128, 256) is `latte experiment mqar`." + note)
+    return (
+        "**A reduced CPU budget**, narrowed from the full protocol to "
+        + "; ".join(f"{k} {v}" for k, v in narrowed.items())
+        + ". The full sweep (widths 64 and 128, lr 3e-3 and 1e-3, every family, num_latents = dim/4, dim, "
+        "4 dim, T = 64, 128, 256) is `latte experiment mqar`." + note
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -276,25 +371,41 @@ def main(argv: list[str]) -> int:
         key = (cell["seq_len"], cell["num_kv_pairs"])
         if key not in data:
             data.clear()  # one setting in memory at a time; regenerating one takes seconds
-            data[key] = mqar_splits(budget.train_examples[key[0]], budget.test_examples, seq_len=key[0],
-                                    num_kv_pairs=key[1], vocab_size=budget.vocab_size,
-                                    seed=0, random_fillers=a.random_fillers)
+            data[key] = mqar_splits(
+                budget.train_examples[key[0]],
+                budget.test_examples,
+                seq_len=key[0],
+                num_kv_pairs=key[1],
+                vocab_size=budget.vocab_size,
+                seed=0,
+                random_fillers=a.random_fillers,
+            )
         return train_cell(cell, *data[key], budget, verbose=a.verbose, deadline=deadline)
 
     if not a.report_only:
         pending = sweep.pending()
-        print(f"mqar: {len(cells) - len(pending)} of {len(cells)} cells already done in {sweep.work}; "
-              f"shard {k}/{n} runs {len(pending[k::n])} of the other {len(pending)}", file=sys.stderr)
-        Sweep(sweep.work, pending[k::n]).run(run, desc=f"mqar {k}/{n}",
-                                             stop=lambda: deadline is not None and time.time() >= deadline)
+        print(
+            f"mqar: {len(cells) - len(pending)} of {len(cells)} cells already done in {sweep.work}; "
+            f"shard {k}/{n} runs {len(pending[k::n])} of the other {len(pending)}",
+            file=sys.stderr,
+        )
+        Sweep(sweep.work, pending[k::n]).run(
+            run, desc=f"mqar {k}/{n}", stop=lambda: deadline is not None and time.time() >= deadline
+        )
     records = sweep.records()
     if not records:
         print("mqar: no finished cells to report", file=sys.stderr)
         return 1
-    tables, images = report(records, out, budget=budget, pending=sweep.pending(),
-                            planned=sweep.cells, scope=_scope(a))
+    tables, images = report(records, out, budget=budget, pending=sweep.pending(), planned=sweep.cells, scope=_scope(a))
     # named after the folder: results/NAME/ fills the README section results:NAME
-    write_results(out, out.name, flat_records(records), tables, provenance(NAME, argv, started, threads=a.threads),
-                  readme=a.readme, images=images)
+    write_results(
+        out,
+        out.name,
+        flat_records(records),
+        tables,
+        provenance(NAME, argv, started, threads=a.threads),
+        readme=a.readme,
+        images=images,
+    )
     print(tables)
     return 0

@@ -36,8 +36,9 @@ def accuracy_table(best: list[dict]) -> str:
     settings = sorted({(r["seq_len"], r["num_kv_pairs"]) for r in best})
     rows = defaultdict(dict)
     for r in best:
-        rows[(r["dim"], r["mixer"] != "softmax", r["state_bytes"] if r["mixer"] != "softmax" else 0,
-              _label(r))][(r["seq_len"], r["num_kv_pairs"])] = r
+        rows[(r["dim"], r["mixer"] != "softmax", r["state_bytes"] if r["mixer"] != "softmax" else 0, _label(r))][
+            (r["seq_len"], r["num_kv_pairs"])
+        ] = r
     head = "| model | dim | state bytes / layer | " + " | ".join(f"T={T}, {P} pairs" for T, P in settings) + " |"
     lines = [head, "|" + "---|" * (3 + len(settings))]
     for key in sorted(rows):
@@ -66,13 +67,16 @@ def equal_state_table(best: list[dict]) -> str:
     with the same qk mixer in front (none with none, conv with conv)."""
     by = {(r["seq_len"], r["num_kv_pairs"], r["dim"], r["model"], r["num_latents"]): r for r in best}
     cols = ("linear", "latte-none", "linear-conv", "latte-conv", "latte-conv_rglru")
-    lines = ["| T, pairs | dim | attention state bytes | " + " | ".join(cols) + " |",
-             "|---|---|---|" + "---|" * len(cols)]
+    lines = [
+        "| T, pairs | dim | attention state bytes | " + " | ".join(cols) + " |",
+        "|---|---|---|" + "---|" * len(cols),
+    ]
     for T, P, dim in sorted({k[:3] for k in by if k[3] in ("linear", "linear-conv")}):
         cells = [by.get((T, P, dim, m, None if m.startswith("linear") else dim)) for m in cols]
         size = next(c for c in cells if c is not None)["attn_state_bytes"]
-        lines.append(f"| {T}, {P} | {dim} | {_bytes(size)} | " +
-                     " | ".join("" if c is None else _acc(c) for c in cells) + " |")
+        lines.append(
+            f"| {T}, {P} | {dim} | {_bytes(size)} | " + " | ".join("" if c is None else _acc(c) for c in cells) + " |"
+        )
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
@@ -81,6 +85,7 @@ def _byte_ticks(ax) -> None:
     limits (matplotlib's default minor labels, "2x10^3 3x10^3 ...", overlap
     on a narrow panel)."""
     from matplotlib.ticker import NullFormatter
+
     lo, hi = ax.get_xlim()
     ticks = [1000 * 2**k for k in range(24) if lo <= 1000 * 2**k <= hi]
     if ticks:
@@ -102,11 +107,20 @@ def plot(best: list[dict], path: Path) -> bool:
     for ax, (T, P) in zip(axes[0], settings):
         for m in models:
             for dim, marker in ((64, "o"), (128, "s"), (16, "^")):
-                pts = sorted((r["state_bytes"], r["accuracy"]) for r in best
-                             if r["model"] == m and r["dim"] == dim and (r["seq_len"], r["num_kv_pairs"]) == (T, P))
+                pts = sorted(
+                    (r["state_bytes"], r["accuracy"])
+                    for r in best
+                    if r["model"] == m and r["dim"] == dim and (r["seq_len"], r["num_kv_pairs"]) == (T, P)
+                )
                 if pts:
-                    ax.plot(*zip(*pts), marker=marker, ms=5, color=color[m], lw=1,
-                            label=m if dim == min(r["dim"] for r in best) else None)
+                    ax.plot(
+                        *zip(*pts),
+                        marker=marker,
+                        ms=5,
+                        color=color[m],
+                        lw=1,
+                        label=m if dim == min(r["dim"] for r in best) else None,
+                    )
         ax.set_xscale("log")
         _byte_ticks(ax)
         ax.set_ylim(-0.02, 1.02)
@@ -120,8 +134,7 @@ def plot(best: list[dict], path: Path) -> bool:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(lab, h)
     names = sorted(seen)
-    axes[0][-1].legend([seen[n] for n in names], names, fontsize=7, loc="upper left",
-                       bbox_to_anchor=(1.02, 1.0))
+    axes[0][-1].legend([seen[n] for n in names], names, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle("circles: dim 64, squares: dim 128; latte lines: num_latents = dim/4, dim, 4 dim", fontsize=9)
     save_figure(plt, fig, path, dpi=110)
     return True
@@ -153,21 +166,28 @@ def step_time_table(records: list[dict], eval_every: int) -> str:
     timed = [r for r in records if r.get("interval_ms_per_step")]
     if not timed:
         return ""
-    lines = ["| model | T, pairs | steps | accuracy | wall ms/step: all | first interval | last interval | "
-             "slowest / fastest interval | CPU ms/step: first, last interval | train s per epoch | "
-             "load at start, end |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | T, pairs | steps | accuracy | wall ms/step: all | first interval | last interval | "
+        "slowest / fastest interval | CPU ms/step: first, last interval | train s per epoch | "
+        "load at start, end |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in sorted(timed, key=lambda r: (r["seq_len"], r["model"], r["num_latents"] or 0)):
         ms = r["interval_ms_per_step"]
         epochs = ", ".join(f"{s:.0f}" for s in r["epoch_train_seconds"])
         cpu = r.get("interval_cpu_ms_per_step")
         cpu_cell = f"{cpu[0]:.0f}, {cpu[-1]:.0f}" if cpu else "not recorded"
-        lines.append(f"| {_label(r)} | {r['seq_len']}, {r['num_kv_pairs']} | {r['steps']} | {r['accuracy']:.3f} | "
-                     f"{r['ms_per_step']:.0f} | {ms[0]:.0f} | {ms[-1]:.0f} | {max(ms) / min(ms):.2f} | {cpu_cell} | {epochs} | "
-                     f"{r['loadavg_start']:.1f}, {r['loadavg_end']:.1f} |")
-    return (f"Time of the training steps alone (test evaluations excluded), in intervals of {eval_every} "
-            "steps; 1 thread, on a machine shared with other jobs, so wall intervals also move with the load; "
-            "the CPU time of the training thread moves far less. "
-            "The full series, with the test accuracy at each evaluation, are in step_times.json.\n\n" + "\n".join(lines))
+        lines.append(
+            f"| {_label(r)} | {r['seq_len']}, {r['num_kv_pairs']} | {r['steps']} | {r['accuracy']:.3f} | "
+            f"{r['ms_per_step']:.0f} | {ms[0]:.0f} | {ms[-1]:.0f} | {max(ms) / min(ms):.2f} | {cpu_cell} | {epochs} | "
+            f"{r['loadavg_start']:.1f}, {r['loadavg_end']:.1f} |"
+        )
+    return (
+        f"Time of the training steps alone (test evaluations excluded), in intervals of {eval_every} "
+        "steps; 1 thread, on a machine shared with other jobs, so wall intervals also move with the load; "
+        "the CPU time of the training thread moves far less. "
+        "The full series, with the test accuracy at each evaluation, are in step_times.json.\n\n" + "\n".join(lines)
+    )
 
 
 def lr_table(records: list[dict]) -> str:
@@ -180,12 +200,15 @@ def lr_table(records: list[dict]) -> str:
     if not multi:
         return ""
     lrs = sorted({lr for v in multi.values() for lr in v}, reverse=True)
-    lines = ["| T, pairs | dim | model | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |",
-             "|---|---|---|" + "---|" * len(lrs)]
-    for (T, P, dim, label) in sorted(multi):
+    lines = [
+        "| T, pairs | dim | model | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |",
+        "|---|---|---|" + "---|" * len(lrs),
+    ]
+    for T, P, dim, label in sorted(multi):
         runs = multi[(T, P, dim, label)]
-        lines.append(f"| {T}, {P} | {dim} | {label} | " +
-                     " | ".join(_acc(runs[lr]) if lr in runs else "" for lr in lrs) + " |")
+        lines.append(
+            f"| {T}, {P} | {dim} | {label} | " + " | ".join(_acc(runs[lr]) if lr in runs else "" for lr in lrs) + " |"
+        )
     return "\n".join(lines)
 
 
@@ -217,16 +240,20 @@ def _unfinished(pending: list[dict], planned: list[dict]) -> str:
         settings = []
         plan_s = group(plan[(dim, lr)], setting)
         for (T, P), cs in group(cells, setting).items():
-            names = ", ".join(c["model"] + (f" L={c['num_latents']}" if c["num_latents"] not in (None, c["dim"])
-                                             else "") for c in cs)
+            names = ", ".join(
+                c["model"] + (f" L={c['num_latents']}" if c["num_latents"] not in (None, c["dim"]) else "") for c in cs
+            )
             settings.append(f"T={T}: all {len(cs)} runs" if len(cs) == len(plan_s[(T, P)]) else f"T={T}: {names}")
         parts.append(f"dim {dim}, lr {lr:g}: " + "; ".join(settings))
-    return (f"\n\n**Not finished: {len(pending)} of the {len(planned)} runs of this plan** (Latte without L= "
-            "has num_latents = dim): " + ". ".join(parts) + ".")
+    return (
+        f"\n\n**Not finished: {len(pending)} of the {len(planned)} runs of this plan** (Latte without L= "
+        "has num_latents = dim): " + ". ".join(parts) + "."
+    )
 
 
-def report(records: list[dict], out: Path, *, budget, pending: list[dict], planned: list[dict] | None = None,
-           scope: str = "") -> tuple[str, list[str]]:
+def report(
+    records: list[dict], out: Path, *, budget, pending: list[dict], planned: list[dict] | None = None, scope: str = ""
+) -> tuple[str, list[str]]:
     """(markdown tables, names of the PNGs written in out). `scope`: a
     sentence saying what part of the full protocol ran (empty: all of it)."""
     best = best_lr(records)
@@ -246,7 +273,8 @@ def report(records: list[dict], out: Path, *, budget, pending: list[dict], plann
         "each accuracy names its lr). "
         f"{len(records)} runs, {total_s / 3600:.1f} h of training in total; load average "
         f"{min(loads):.1f}-{max(loads):.1f} at the runs' starts (a machine shared with other jobs)."
-        + (f"\n\n{scope}" if scope else "") + _unfinished(pending, planned if planned is not None else pending),
+        + (f"\n\n{scope}" if scope else "")
+        + _unfinished(pending, planned if planned is not None else pending),
         "## Accuracy per setting (best lr)",
         "State bytes per layer in float32: latte num_latents x (dv + 1) plus its qk mixer's state (conv: "
         "2 dim, RG-LRU: dim floats); softmax the KV cache at T; linear H dk (dv + 1), plus the conv's for "
@@ -263,7 +291,10 @@ def report(records: list[dict], out: Path, *, budget, pending: list[dict], plann
     steps = step_time_table(records, budget.eval_every)
     if steps:
         parts += ["## Step time through training", steps]
-        series = [{k: r.get(k) for k in ("model", "seq_len", "num_kv_pairs", "dim", "num_latents", "lr", *SERIES)}
-                  for r in records if r.get("interval_ms_per_step")]
+        series = [
+            {k: r.get(k) for k in ("model", "seq_len", "num_kv_pairs", "dim", "num_latents", "lr", *SERIES)}
+            for r in records
+            if r.get("interval_ms_per_step")
+        ]
         (Path(out) / "step_times.json").write_text(json.dumps(series, indent=1) + "\n")
     return "\n\n".join(parts), ([png.name] if plotted else [])

@@ -23,7 +23,7 @@ def accuracy(model: LatteForCausalLM, data: MQARData, batch_size: int = 256) -> 
     model.eval()
     hit = total = 0
     for i in range(0, len(data), batch_size):
-        logits, target = scored_logits(model, data.input_ids[i:i + batch_size], data.labels[i:i + batch_size])
+        logits, target = scored_logits(model, data.input_ids[i : i + batch_size], data.labels[i : i + batch_size])
         hit += int((logits.argmax(-1) == target).sum())
         total += target.numel()
     model.train(was)
@@ -35,8 +35,10 @@ def adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
     trainer's rule, latte.train.task.Task.no_weight_decay)."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     no_decay = {n for n, p in model.named_parameters() if p.ndim < 2 or id(p) in embeddings}
-    groups = [{"params": [p for n, p in model.named_parameters() if n not in no_decay], "weight_decay": 0.1},
-              {"params": [p for n, p in model.named_parameters() if n in no_decay], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if n not in no_decay], "weight_decay": 0.1},
+        {"params": [p for n, p in model.named_parameters() if n in no_decay], "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
 
 
@@ -45,4 +47,4 @@ def batches(n: int, batch_size: int, epochs: int, g: torch.Generator):
     for epoch in range(1, epochs + 1):
         order = torch.randperm(n, generator=g)
         for i in range(0, n, batch_size):
-            yield epoch, order[i:i + batch_size]
+            yield epoch, order[i : i + batch_size]

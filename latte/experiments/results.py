@@ -67,13 +67,17 @@ class Sweep:
     def pending(self) -> list[dict]:
         return [c for c in self.cells if not self.done(c)]
 
-    def run(self, fn: Callable[[dict], dict], *, desc: str = "sweep",
-            stop: Callable[[], bool] | None = None) -> list[dict]:
+    def run(
+        self, fn: Callable[[dict], dict], *, desc: str = "sweep", stop: Callable[[], bool] | None = None
+    ) -> list[dict]:
         """`stop()` is asked before each cell: True ends the sweep there."""
         todo = self.pending()
         if len(todo) < len(self.cells):
-            print(f"{desc}: {len(self.cells) - len(todo)} of {len(self.cells)} cells already done "
-                  f"in {self.work}; running the other {len(todo)}", file=sys.stderr)
+            print(
+                f"{desc}: {len(self.cells) - len(todo)} of {len(self.cells)} cells already done "
+                f"in {self.work}; running the other {len(todo)}",
+                file=sys.stderr,
+            )
         for cell in _progress(todo, desc):
             if stop is not None and stop():
                 break
@@ -149,8 +153,16 @@ def provenance(experiment: str, argv: list[str], started: float, **extra) -> dic
     return {"command": command, "machine": machine_info(), "wall_s": round(time.time() - started, 1), **extra}
 
 
-def write_results(out_dir: str | Path, name: str, records: list[dict], tables_md: str, run: dict,
-                  *, readme: str | Path | None = None, images: Iterable[str] = ()) -> Path:
+def write_results(
+    out_dir: str | Path,
+    name: str,
+    records: list[dict],
+    tables_md: str,
+    run: dict,
+    *,
+    readme: str | Path | None = None,
+    images: Iterable[str] = (),
+) -> Path:
     """results.json, results.md and run.json in out_dir; the README section
     `results:NAME` is replaced by results.md when `readme` is given. `images`:
     PNG file names in out_dir, linked at the end (relative to out_dir in
@@ -163,10 +175,13 @@ def write_results(out_dir: str | Path, name: str, records: list[dict], tables_md
             raise ValueError(f"{name}: result records must be flat; fields {bad} hold {type(r[bad[0]]).__name__}")
     m = run["machine"]
     load = m.get("loadavg_start")
-    head = (f"#### {name}\n\nCommand: `{run['command']}`\n\n"
-            f"{m['cpu_model']}, {m['usable_cores']} cores, torch {m['torch']}, {m['threads']} threads; "
-            f"wall time {run['wall_s']:,.0f} s; 1-min load average {load[0]:.1f} when written"
-            if load else f"#### {name}\n\nCommand: `{run['command']}`")
+    head = (
+        f"#### {name}\n\nCommand: `{run['command']}`\n\n"
+        f"{m['cpu_model']}, {m['usable_cores']} cores, torch {m['torch']}, {m['threads']} threads; "
+        f"wall time {run['wall_s']:,.0f} s; 1-min load average {load[0]:.1f} when written"
+        if load
+        else f"#### {name}\n\nCommand: `{run['command']}`"
+    )
     links = "".join(f"\n\n![{Path(png).stem}]({png})" for png in images)
     markdown = f"{head}\n\n{tables_md.strip()}\n"
     atomic_write(out / "results.json", json.dumps(records, indent=1) + "\n")
@@ -196,7 +211,8 @@ def run_latte(args: list[str], log: Path, threads: int) -> None:
     with open(log, "a") as f:
         f.write(f"\n$ latte {' '.join(args)}\n")
         f.flush()
-        rc = subprocess.run([sys.executable, "-m", "latte", *args], stdout=f, stderr=subprocess.STDOUT,
-                            env=env).returncode
+        rc = subprocess.run(
+            [sys.executable, "-m", "latte", *args], stdout=f, stderr=subprocess.STDOUT, env=env
+        ).returncode
     if rc != 0:
         raise RuntimeError(f"latte {' '.join(args[:3])} ... exited {rc}; end of {log}:\n{log.read_text()[-2000:]}")

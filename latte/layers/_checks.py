@@ -60,10 +60,17 @@ def check_input(x, dim: int, mask, positions=None) -> tuple[int, int]:
             got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
             raise ValueError(f"mask: expected a bool tensor [B, T] = {(B, T)} (True = real token), got {got}")
     if positions is not None:
-        if (not isinstance(positions, torch.Tensor) or positions.is_floating_point()
-                or positions.dtype == torch.bool or tuple(positions.shape) != (B, T)):
-            got = (f"{positions.dtype} {tuple(positions.shape)}" if isinstance(positions, torch.Tensor)
-                   else type(positions).__name__)
+        if (
+            not isinstance(positions, torch.Tensor)
+            or positions.is_floating_point()
+            or positions.dtype == torch.bool
+            or tuple(positions.shape) != (B, T)
+        ):
+            got = (
+                f"{positions.dtype} {tuple(positions.shape)}"
+                if isinstance(positions, torch.Tensor)
+                else type(positions).__name__
+            )
             raise ValueError(f"positions: expected an integer tensor [B, T] = {(B, T)}, got {got}")
     return B, T
 

@@ -85,8 +85,14 @@ class LatteAttention(nn.Module):
         self.o_proj = nn.Linear(dim, dim, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, *, state: LatteLayerState | None = None, mask: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        state: LatteLayerState | None = None,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ):
         """x [B, T, dim], mask [B, T] bool (False = padding) ->
         (y [B, T, dim], LatteLayerState after the last token; None if not causal).
         positions: accepted for a uniform layer interface; Latte takes order
@@ -110,7 +116,13 @@ class LatteAttention(nn.Module):
             y = y.unsqueeze(1)
         else:
             y, attn = latte_causal(
-                a, b, v, chunk_size=self.chunk_size, initial_state=prev, output_final_state=True, mask=mask,
+                a,
+                b,
+                v,
+                chunk_size=self.chunk_size,
+                initial_state=prev,
+                output_final_state=True,
+                mask=mask,
                 backend=self.backend,
             )
         return self._out(y), LatteLayerState(attn, conv, h)

@@ -84,8 +84,14 @@ class LinearAttention(nn.Module):
         self.o_proj = nn.Linear(dim, dim, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, *, state: LinearLayerState | None = None, mask: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        state: LinearLayerState | None = None,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ):
         """x [B, T, dim], mask [B, T] bool (False = padding) ->
         (y [B, T, dim], LinearLayerState after the last token; None if not causal).
         positions: accepted for a uniform layer interface (no positional encoding)."""
@@ -113,5 +119,7 @@ class LinearAttention(nn.Module):
         return self.dropout(self.o_proj(y.flatten(2))), LinearLayerState(attn, conv, h)
 
     def extra_repr(self) -> str:
-        return (f"dim={self.dim}, num_heads={self.num_heads}, causal={self.causal}, chunk_size={self.chunk_size}, "
-                f"qk_mixer={self.qk_mixer!r}")
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}, causal={self.causal}, chunk_size={self.chunk_size}, "
+            f"qk_mixer={self.qk_mixer!r}"
+        )

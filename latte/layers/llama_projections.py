@@ -15,8 +15,9 @@ from torch import nn
 from .rope import RotaryEmbedding
 
 
-def add_qkvo(module: nn.Module, dim: int, num_heads: int, num_kv_heads: int, head_dim: int,
-             rope_theta: float | None, bias: bool) -> None:
+def add_qkvo(
+    module: nn.Module, dim: int, num_heads: int, num_kv_heads: int, head_dim: int, rope_theta: float | None, bias: bool
+) -> None:
     """Gives `module` q_proj, k_proj, v_proj, o_proj and `rope` (None: no RoPE)."""
     module.rope = None if rope_theta is None else RotaryEmbedding(head_dim, rope_theta)
     module.q_proj = nn.Linear(dim, num_heads * head_dim, bias=bias)

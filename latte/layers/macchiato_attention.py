@@ -94,8 +94,12 @@ class MacchiatoAttention(nn.Module):
         check_backend(backend)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         check_positive_ints(
-            dim=dim, num_heads=num_heads, num_latents=num_latents, window_size=window_size,
-            num_kv_heads=num_kv_heads, chunk_size=chunk_size,
+            dim=dim,
+            num_heads=num_heads,
+            num_latents=num_latents,
+            window_size=window_size,
+            num_kv_heads=num_kv_heads,
+            chunk_size=chunk_size,
         )
         if head_dim is None:
             check_divides("num_heads", num_heads, "dim", dim)
@@ -118,8 +122,14 @@ class MacchiatoAttention(nn.Module):
         self.beta = nn.Parameter(torch.zeros(num_heads))
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, *, state: MacchiatoLayerState | None = None,
-                mask: torch.Tensor | None = None, positions: torch.Tensor | None = None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        state: MacchiatoLayerState | None = None,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ):
         """x [B, T, dim], mask [B, T] bool (False = padding), positions [B, T]
         (RoPE positions of the window branch; default: real tokens counted
         from state.pos) -> (y [B, T, dim], MacchiatoLayerState after the last token)."""
@@ -138,14 +148,30 @@ class MacchiatoAttention(nn.Module):
         common = dict(window_size=self.window_size, mix=self.mix, beta=self.beta, backend=self.backend)
         if T == 1:  # decoding: constant-time step
             y, attn = macchiato_step(
-                a[:, 0], b[:, 0], v[:, 0], q[:, 0], k[:, 0], gate_t=None if gate is None else gate[:, 0],
-                mask_t=None if mask is None else mask[:, 0], state=prev, **common,
+                a[:, 0],
+                b[:, 0],
+                v[:, 0],
+                q[:, 0],
+                k[:, 0],
+                gate_t=None if gate is None else gate[:, 0],
+                mask_t=None if mask is None else mask[:, 0],
+                state=prev,
+                **common,
             )
             y = y.unsqueeze(1)
         else:
             y, attn = macchiato(
-                a, b, v, q, k, gate=gate, mask=mask, chunk_size=self.chunk_size,
-                initial_state=prev, output_final_state=True, **common,
+                a,
+                b,
+                v,
+                q,
+                k,
+                gate=gate,
+                mask=mask,
+                chunk_size=self.chunk_size,
+                initial_state=prev,
+                output_final_state=True,
+                **common,
             )
         y = self.dropout(self.o_proj(y.flatten(2)))  # [B, T, H, E] -> [B, T, dim]
         return y, MacchiatoLayerState(attn, conv, h, pos)

@@ -78,6 +78,7 @@ def layer_positions(positions: torch.Tensor | None, state, mask: torch.Tensor | 
         return positions, None
     pos0 = None if state is None else state.pos
     if state is not None and pos0 is None:
-        raise ValueError("state: carries no position counter (a model's cache keeps it); "
-                         "pass positions= [B, T] with this state")
+        raise ValueError(
+            "state: carries no position counter (a model's cache keeps it); pass positions= [B, T] with this state"
+        )
     return real_positions(mask, pos0, B, T, device)

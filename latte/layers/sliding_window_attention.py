@@ -61,8 +61,14 @@ class SlidingWindowAttention(nn.Module):
         add_qkvo(self, dim, num_heads, num_kv_heads, self.head_dim, rope_theta, bias)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, *, state: WindowLayerState | None = None, mask: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        state: WindowLayerState | None = None,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ):
         """x [B, T, dim], mask [B, T] bool (False = padding), positions [B, T]
         (RoPE positions; default: real tokens counted from state.pos) ->
         (y [B, T, dim], WindowLayerState after the last token)."""
@@ -73,8 +79,12 @@ class SlidingWindowAttention(nn.Module):
         prev = None if state is None else state.attn
         if T == 1:
             y, attn = sliding_window_step(
-                q[:, 0], k[:, 0], v[:, 0], window_size=self.window_size,
-                mask_t=None if mask is None else mask[:, 0], state=prev,
+                q[:, 0],
+                k[:, 0],
+                v[:, 0],
+                window_size=self.window_size,
+                mask_t=None if mask is None else mask[:, 0],
+                state=prev,
             )
             y = y.unsqueeze(1)
         else:

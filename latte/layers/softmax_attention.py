@@ -74,8 +74,14 @@ class SoftmaxAttention(nn.Module):
         add_qkvo(self, dim, num_heads, num_kv_heads, self.head_dim, rope_theta, bias)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, *, state: KVCache | None = None, mask: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        state: KVCache | None = None,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ):
         """x [B, T, dim], mask [B, T] bool (False = padding), positions [B, T]
         (RoPE positions; default: real tokens counted from state.pos) ->
         (y [B, T, dim], KVCache with every token so far; None if not causal)."""
@@ -104,7 +110,4 @@ class SoftmaxAttention(nn.Module):
         return y, new_state
 
     def extra_repr(self) -> str:
-        return (
-            f"dim={self.dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-            f"causal={self.causal}"
-        )
+        return f"dim={self.dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, causal={self.causal}"

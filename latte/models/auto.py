@@ -21,7 +21,9 @@ def from_pretrained(directory: str | os.PathLike, *, cls: type | None = None) ->
     if cls is None:
         _, arch = load_config(directory)
         if arch is not None and arch not in ARCHITECTURES:
-            raise ValueError(f"{Path(directory) / CONFIG_NAME}: unknown architecture {arch!r}; "
-                             f"expected one of {sorted(ARCHITECTURES)}")
+            raise ValueError(
+                f"{Path(directory) / CONFIG_NAME}: unknown architecture {arch!r}; "
+                f"expected one of {sorted(ARCHITECTURES)}"
+            )
         cls = ARCHITECTURES[arch or "LatteForCausalLM"]
     return cls.from_pretrained(directory)

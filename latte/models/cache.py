@@ -63,6 +63,7 @@ def map_state(fn: Callable[[torch.Tensor], torch.Tensor], state: Any) -> Any:
     if isinstance(state, dict):
         return {k: map_state(fn, v) for k, v in state.items()}
     if dataclasses.is_dataclass(state) and not isinstance(state, type):
-        return dataclasses.replace(state, **{f.name: map_state(fn, getattr(state, f.name))
-                                             for f in dataclasses.fields(state) if f.init})
+        return dataclasses.replace(
+            state, **{f.name: map_state(fn, getattr(state, f.name)) for f in dataclasses.fields(state) if f.init}
+        )
     raise TypeError(f"cannot map over a state of type {type(state).__name__}")

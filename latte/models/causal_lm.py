@@ -34,8 +34,10 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
     def __init__(self, config: LatteConfig):
         super().__init__()
         if not config.causal:
-            raise ValueError("config.causal: a causal LM needs causal=True, got False "
-                             "(use LatteForSequenceClassification for encoders)")
+            raise ValueError(
+                "config.causal: a causal LM needs causal=True, got False "
+                "(use LatteForSequenceClassification for encoders)"
+            )
         self.config = config
         self.model = LatteModel(config)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
@@ -46,10 +48,17 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
             else:
                 nn.init.normal_(self.lm_head.weight, 0.0, config.initializer_range)
 
-    def forward(self, input_ids: torch.Tensor, *, labels: torch.Tensor | None = None,
-                shift_labels: torch.Tensor | None = None, state: LatteCache | None = None,
-                use_cache: bool = False, attention_mask: torch.Tensor | None = None,
-                return_logits: bool | None = None) -> CausalLMOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        labels: torch.Tensor | None = None,
+        shift_labels: torch.Tensor | None = None,
+        state: LatteCache | None = None,
+        use_cache: bool = False,
+        attention_mask: torch.Tensor | None = None,
+        return_logits: bool | None = None,
+    ) -> CausalLMOutput:
         """labels are input_ids-aligned (shifted inside, -100 ignored);
         shift_labels are already shifted (position t predicts shift_labels[:, t]).
         The loss is the mean over the targets that are not -100.
@@ -63,20 +72,35 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
         mask = self.model.check_inputs(input_ids, attention_mask)
         targets = None
         if labels is not None or shift_labels is not None:
-            targets = next_token_targets(labels, shift_labels, mask, tuple(input_ids.shape),
-                                         self.model.embed.num_embeddings,
-                                         values=value_checks(self.model.validate_inputs))
-        hidden, state = self.model(input_ids, state=state, attention_mask=mask, use_cache=use_cache,
-                                   inputs_checked=True)
+            targets = next_token_targets(
+                labels,
+                shift_labels,
+                mask,
+                tuple(input_ids.shape),
+                self.model.embed.num_embeddings,
+                values=value_checks(self.model.validate_inputs),
+            )
+        hidden, state = self.model(
+            input_ids, state=state, attention_mask=mask, use_cache=use_cache, inputs_checked=True
+        )
         logits, loss = head_and_loss(hidden, self.lm_head, targets, return_logits, self.training)
         return CausalLMOutput(loss, logits, state)
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float | None = None, eos_token_id: int | list[int] | None = None,
-                 attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                 do_sample: bool | None = None,
-                 streamer: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | list[int] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        do_sample: bool | None = None,
+        streamer: Callable[[torch.Tensor], None] | None = None,
+    ) -> torch.Tensor:
         """Continues `input_ids` [B, T]; returns [B, T + n] with n <= max_new_tokens.
 
         One chunked forward over the prompt, then one token at a time from the
@@ -89,9 +113,17 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
         given, is called with each new column as soon as it is chosen. Runs
         in eval mode (dropout off), restoring the training flag afterwards.
         """
-        tokens = self.stream(input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                             eos_token_id=eos_token_id, attention_mask=attention_mask, generator=generator,
-                             do_sample=do_sample)
+        tokens = self.stream(
+            input_ids,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_token_id=eos_token_id,
+            attention_mask=attention_mask,
+            generator=generator,
+            do_sample=do_sample,
+        )
         new = []
         for tok in tokens:
             new.append(tok)
@@ -99,10 +131,19 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
                 streamer(tok)
         return torch.cat([input_ids, torch.stack(new, 1).to(input_ids.dtype)], 1) if new else input_ids
 
-    def stream(self, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-               top_k: int | None = None, top_p: float | None = None, eos_token_id: int | list[int] | None = None,
-               attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
-               do_sample: bool | None = None) -> Iterator[torch.Tensor]:
+    def stream(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | list[int] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        do_sample: bool | None = None,
+    ) -> Iterator[torch.Tensor]:
         """`generate` one token at a time: an iterator of the new tokens [B],
         one column per step (rows that have stopped repeat their eos). Every
         argument is validated here, before the first token is asked for."""
@@ -110,8 +151,9 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
         mask = self.model.check_inputs(input_ids, attention_mask)
         if mask is not None and value_checks(self.model.validate_inputs):
             if not bool(mask[:, -1].all()):
-                raise ValueError("attention_mask: generate needs LEFT padding (the last column all ones): "
-                                 "pad prompts on the left")
+                raise ValueError(
+                    "attention_mask: generate needs LEFT padding (the last column all ones): pad prompts on the left"
+                )
             if not bool(mask.any(1).all()):
                 raise ValueError("attention_mask: every prompt needs at least one real token")
         eos = check_eos(eos_token_id, self.model.embed.num_embeddings, input_ids.device)
@@ -119,8 +161,14 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
         return self._decode(input_ids, mask, max_new_tokens, eos, pick)
 
     @torch.no_grad()
-    def _decode(self, input_ids: torch.Tensor, mask: torch.Tensor | None, max_new_tokens: int,
-                eos: torch.Tensor | None, pick: dict) -> Iterator[torch.Tensor]:
+    def _decode(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        max_new_tokens: int,
+        eos: torch.Tensor | None,
+        pick: dict,
+    ) -> Iterator[torch.Tensor]:
         if max_new_tokens == 0:
             return
         was_training = self.training

@@ -29,7 +29,9 @@ class LatteForSequenceClassification(PretrainedMixin, nn.Module):
     def __init__(self, config: LatteConfig):
         super().__init__()
         if config.causal:
-            raise ValueError("config.causal: the classifier is a bidirectional encoder, expected causal=False, got True")
+            raise ValueError(
+                "config.causal: the classifier is a bidirectional encoder, expected causal=False, got True"
+            )
         self.config = config
         self.model = LatteModel(config)
         self.head = self.build_head(config)
@@ -44,8 +46,9 @@ class LatteForSequenceClassification(PretrainedMixin, nn.Module):
         """pooled [B, dim] -> logits [B, num_labels]."""
         return nn.Linear(config.dim, config.num_labels)
 
-    def forward(self, input_ids: torch.Tensor, *, labels: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> SequenceClassifierOutput:
+    def forward(
+        self, input_ids: torch.Tensor, *, labels: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None
+    ) -> SequenceClassifierOutput:
         values = value_checks(self.model.validate_inputs)
         mask = self.model.check_inputs(input_ids, attention_mask)  # the one validation of the inputs
         hidden, _ = self.model(input_ids, attention_mask=mask, inputs_checked=True)  # [B, T, dim]
@@ -71,20 +74,32 @@ class LatteForPairClassification(LatteForSequenceClassification):
         """[u, v, u * v, u - v] [B, 4 dim] -> logits [B, num_labels]."""
         return nn.Sequential(nn.Linear(4 * config.dim, config.dim), nn.GELU(), nn.Linear(config.dim, config.num_labels))
 
-    def forward(self, input_ids: torch.Tensor, input_ids_2: torch.Tensor, *, labels: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None,
-                attention_mask_2: torch.Tensor | None = None) -> SequenceClassifierOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        input_ids_2: torch.Tensor,
+        *,
+        labels: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        attention_mask_2: torch.Tensor | None = None,
+    ) -> SequenceClassifierOutput:
         values = value_checks(self.model.validate_inputs)
-        masks = [self.model.check_inputs(input_ids, attention_mask),
-                 self.model.check_inputs(input_ids_2, attention_mask_2)]
+        masks = [
+            self.model.check_inputs(input_ids, attention_mask),
+            self.model.check_inputs(input_ids_2, attention_mask_2),
+        ]
         (B, T1), (B2, T2) = input_ids.shape, input_ids_2.shape
         if B != B2:
             raise ValueError(f"input_ids_2: expected [B, T] with B={B} like input_ids, got {tuple(input_ids_2.shape)}")
         # both towers in one forward: right-pad to the longer one, stack along the batch
         T = max(T1, T2)
         ids_2BT = torch.cat([F.pad(x, (0, T - x.shape[1])) for x in (input_ids, input_ids_2)])
-        mask_2BT = torch.cat([F.pad(torch.ones_like(x, dtype=torch.bool) if m is None else m, (0, T - x.shape[1]))
-                              for x, m in zip((input_ids, input_ids_2), masks)])
+        mask_2BT = torch.cat(
+            [
+                F.pad(torch.ones_like(x, dtype=torch.bool) if m is None else m, (0, T - x.shape[1]))
+                for x, m in zip((input_ids, input_ids_2), masks)
+            ]
+        )
         hidden, _ = self.model(ids_2BT, attention_mask=mask_2BT, inputs_checked=True)  # [2B, T, dim]
         u, v = pool(hidden, mask_2BT, self.config.pooling, values=values).split(B)
         logits = self.head(torch.cat([u, v, u * v, u - v], dim=-1))  # [B, num_labels]
@@ -97,13 +112,17 @@ class LatteForPairClassification(LatteForSequenceClassification):
 
 def check_class_labels(labels, batch: int, num_labels: int, *, values: bool = True) -> None:
     """labels: integer class ids [B] in [0, num_labels)."""
-    if (not isinstance(labels, torch.Tensor) or tuple(labels.shape) != (batch,)
-            or labels.dtype not in (torch.int64, torch.int32)):
+    if (
+        not isinstance(labels, torch.Tensor)
+        or tuple(labels.shape) != (batch,)
+        or labels.dtype not in (torch.int64, torch.int32)
+    ):
         got = f"{labels.dtype} {tuple(labels.shape)}" if isinstance(labels, torch.Tensor) else type(labels).__name__
         raise ValueError(f"labels: expected integer class ids of shape ({batch},), got {got}")
     if values and bool(((labels < 0) | (labels >= num_labels)).any()):
-        raise ValueError(f"labels: class ids must be in [0, {num_labels - 1}] (num_labels {num_labels}), "
-                         f"got {labels.tolist()}")
+        raise ValueError(
+            f"labels: class ids must be in [0, {num_labels - 1}] (num_labels {num_labels}), got {labels.tolist()}"
+        )
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor | None, pooling: str, *, values: bool = True) -> torch.Tensor:

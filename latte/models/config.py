@@ -121,9 +121,18 @@ class LatteConfig:
     def tiny(cls, mixer: str | list[str] = "latte", **overrides: Any) -> "LatteConfig":
         """A model of a few thousand parameters for tests: runs in milliseconds.
         The window (8) and chunk (8) are small so short sequences cross both."""
-        base = dict(vocab_size=64, dim=32, num_layers=2, num_heads=2, num_latents=8,
-                    window_size=8, chunk_size=8, mlp_ratio=2.0, max_position_embeddings=4096,
-                    mixer=mixer)
+        base = dict(
+            vocab_size=64,
+            dim=32,
+            num_layers=2,
+            num_heads=2,
+            num_latents=8,
+            window_size=8,
+            chunk_size=8,
+            mlp_ratio=2.0,
+            max_position_embeddings=4096,
+            mixer=mixer,
+        )
         return cls(**{**base, **overrides})
 
     @classmethod
@@ -136,10 +145,24 @@ class LatteConfig:
         kernel of 3 and no RG-LRU), LayerNorm (GPT-2 style), tied embeddings,
         and max_position_embeddings 512 = the training sequence length; longer
         inputs raise unless it is overridden."""
-        base = dict(vocab_size=50257, dim=512, num_layers=8, num_heads=8, num_latents=256,
-                    window_size=128, conv_size=3, qk_mixer="conv", mlp="gelu", ffn_dim=2048,
-                    norm="layernorm", dropout=0.1, position_embedding="learned",
-                    max_position_embeddings=512, tie_embeddings=True, mixer=mixer)
+        base = dict(
+            vocab_size=50257,
+            dim=512,
+            num_layers=8,
+            num_heads=8,
+            num_latents=256,
+            window_size=128,
+            conv_size=3,
+            qk_mixer="conv",
+            mlp="gelu",
+            ffn_dim=2048,
+            norm="layernorm",
+            dropout=0.1,
+            position_embedding="learned",
+            max_position_embeddings=512,
+            tie_embeddings=True,
+            mixer=mixer,
+        )
         return cls(**{**base, **overrides})
 
     # ------------------------------------------------------------------ dict / JSON
@@ -190,12 +213,28 @@ def read_json(path: str | os.PathLike) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- validation
 
-_INT_FIELDS = ("vocab_size", "dim", "num_layers", "num_heads", "num_latents", "window_size",
-               "conv_size", "chunk_size", "max_position_embeddings", "num_labels")
+_INT_FIELDS = (
+    "vocab_size",
+    "dim",
+    "num_layers",
+    "num_heads",
+    "num_latents",
+    "window_size",
+    "conv_size",
+    "chunk_size",
+    "max_position_embeddings",
+    "num_labels",
+)
 _FLOAT_FIELDS = ("rope_theta", "mlp_ratio", "norm_eps", "dropout", "initializer_range")
-_CHOICES = {"mix": MIXES, "qk_mixer": QK_MIXERS, "linear_qk_mixer": QK_MIXERS,
-            "mlp": ("swiglu", "gelu", "none"), "norm": ("rmsnorm", "layernorm"),
-            "position_embedding": ("none", "learned", "sinusoidal"), "pooling": ("mean", "cls")}
+_CHOICES = {
+    "mix": MIXES,
+    "qk_mixer": QK_MIXERS,
+    "linear_qk_mixer": QK_MIXERS,
+    "mlp": ("swiglu", "gelu", "none"),
+    "norm": ("rmsnorm", "layernorm"),
+    "position_embedding": ("none", "learned", "sinusoidal"),
+    "pooling": ("mean", "cls"),
+}
 
 
 def _is_int(v: Any) -> bool:
@@ -238,33 +277,59 @@ def _check_ranges(cfg: LatteConfig, errs: ConfigErrors, bad: set[str]) -> None:
         return not bad.intersection(names)
 
     if ok("num_layers") and isinstance(cfg.mixer, list):
-        errs.check(len(cfg.mixer) == cfg.num_layers, "mixer", cfg.mixer,
-                   f"a single name or a list of num_layers ({cfg.num_layers}) names")
+        errs.check(
+            len(cfg.mixer) == cfg.num_layers,
+            "mixer",
+            cfg.mixer,
+            f"a single name or a list of num_layers ({cfg.num_layers}) names",
+        )
     named = cfg.mixer if isinstance(cfg.mixer, list) else [cfg.mixer]
     mixers = {m for m in named if isinstance(m, str) and m in MIXERS}  # the valid ones
     if ok("dim", "num_heads"):
         errs.check(cfg.dim % cfg.num_heads == 0, "dim", cfg.dim, f"a multiple of num_heads ({cfg.num_heads})")
     if ok("num_latents", "num_heads") and mixers & set(LATENT_MIXERS):
-        errs.check(cfg.num_latents % cfg.num_heads == 0, "num_latents", cfg.num_latents,
-                   f"a multiple of num_heads ({cfg.num_heads}): latents are split evenly over heads")
+        errs.check(
+            cfg.num_latents % cfg.num_heads == 0,
+            "num_latents",
+            cfg.num_latents,
+            f"a multiple of num_heads ({cfg.num_heads}): latents are split evenly over heads",
+        )
     if ok("num_kv_heads", "num_heads") and cfg.num_kv_heads is not None:
-        errs.check(cfg.num_heads % cfg.num_kv_heads == 0, "num_kv_heads", cfg.num_kv_heads,
-                   f"a divisor of num_heads ({cfg.num_heads})")
+        errs.check(
+            cfg.num_heads % cfg.num_kv_heads == 0,
+            "num_kv_heads",
+            cfg.num_kv_heads,
+            f"a divisor of num_heads ({cfg.num_heads})",
+        )
     if ok("causal", "qk_mixer") and cfg.causal is False and mixers & set(LATENT_MIXERS):
-        errs.check(cfg.qk_mixer in ("none", "conv"), "qk_mixer", cfg.qk_mixer,
-                   "'none' or 'conv' with causal=False (the RG-LRU is causal only)")
+        errs.check(
+            cfg.qk_mixer in ("none", "conv"),
+            "qk_mixer",
+            cfg.qk_mixer,
+            "'none' or 'conv' with causal=False (the RG-LRU is causal only)",
+        )
     if ok("causal", "linear_qk_mixer") and cfg.causal is False and "linear" in mixers:
-        errs.check(cfg.linear_qk_mixer in ("none", "conv"), "linear_qk_mixer", cfg.linear_qk_mixer,
-                   "'none' or 'conv' with causal=False (the RG-LRU is causal only)")
+        errs.check(
+            cfg.linear_qk_mixer in ("none", "conv"),
+            "linear_qk_mixer",
+            cfg.linear_qk_mixer,
+            "'none' or 'conv' with causal=False (the RG-LRU is causal only)",
+        )
     if ok("causal") and cfg.causal is False:
         causal_only = sorted(mixers - set(BIDIRECTIONAL_MIXERS))
-        errs.check(not causal_only, "mixer", cfg.mixer,
-                   f"with causal=False only {', '.join(map(repr, BIDIRECTIONAL_MIXERS))} "
-                   f"(no bidirectional form of {', '.join(map(repr, causal_only))})")
-    for name, cond, allowed in (("rope_theta", lambda v: v > 0, "> 0"),
-                                ("mlp_ratio", lambda v: v > 0, "> 0"),
-                                ("norm_eps", lambda v: v > 0, "> 0"),
-                                ("dropout", lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
-                                ("initializer_range", lambda v: v > 0, "> 0")):
+        errs.check(
+            not causal_only,
+            "mixer",
+            cfg.mixer,
+            f"with causal=False only {', '.join(map(repr, BIDIRECTIONAL_MIXERS))} "
+            f"(no bidirectional form of {', '.join(map(repr, causal_only))})",
+        )
+    for name, cond, allowed in (
+        ("rope_theta", lambda v: v > 0, "> 0"),
+        ("mlp_ratio", lambda v: v > 0, "> 0"),
+        ("norm_eps", lambda v: v > 0, "> 0"),
+        ("dropout", lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+        ("initializer_range", lambda v: v > 0, "> 0"),
+    ):
         if ok(name):
             errs.check(cond(getattr(cfg, name)), name, getattr(cfg, name), allowed)

@@ -42,13 +42,20 @@ def transformers_tokenizer(tokenizer):
     kind) with the end-of-document token as eos, bos and pad."""
     transformers = _import_transformers()
     if tokenizer.kind != "hf":
-        raise ValueError(f"tokenizer: export supports tokenizer.json tokenizers, got a {tokenizer.kind} one "
-                         "(a tiktoken rank file has no transformers tokenizer to write)")
+        raise ValueError(
+            f"tokenizer: export supports tokenizer.json tokenizers, got a {tokenizer.kind} one "
+            "(a tiktoken rank file has no transformers tokenizer to write)"
+        )
     eos = tokenizer.decode([tokenizer.eos_id])
     with tempfile.TemporaryDirectory() as tmp:
         fast = transformers.PreTrainedTokenizerFast(
-            tokenizer_file=str(tokenizer.save(tmp)), eos_token=eos, bos_token=eos, pad_token=eos,
-            padding_side="left", clean_up_tokenization_spaces=False)
+            tokenizer_file=str(tokenizer.save(tmp)),
+            eos_token=eos,
+            bos_token=eos,
+            pad_token=eos,
+            padding_side="left",
+            clean_up_tokenization_spaces=False,
+        )
     fast.model_max_length = int(1e30)  # no length limit (transformers' own "unset" value)
     return fast
 
@@ -58,8 +65,9 @@ def export_for_transformers(model: nn.Module, tokenizer, directory: str | os.Pat
     Tokenizer) into `directory` as transformers expects them; returns it."""
     transformers = _import_transformers()
     if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(f"tokenizer: {tokenizer.vocab_size} tokens, but the model's vocab_size is "
-                         f"{model.config.vocab_size}")
+        raise ValueError(
+            f"tokenizer: {tokenizer.vocab_size} tokens, but the model's vocab_size is {model.config.vocab_size}"
+        )
     d = Path(directory)
     fast = transformers_tokenizer(tokenizer)  # before writing anything: fails on a tiktoken run
     eos = tokenizer.eos_id

@@ -201,28 +201,45 @@ class LatteHFForCausalLM(LatteHFPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(native.dim, native.vocab_size, bias=False)
         self.post_init()
 
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                past_key_values: LatteHFCache | None = None, labels: torch.LongTensor | None = None,
-                use_cache: bool | None = None, return_dict: bool | None = None,
-                logits_to_keep: int = 0, **kwargs: Any) -> CausalLMOutputWithPast | tuple:
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: LatteHFCache | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast | tuple:
         if past_key_values is not None and not isinstance(past_key_values, LatteHFCache):
             raise ValueError(f"past_key_values: expected a LatteHFCache, got {type(past_key_values).__name__}")
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if (input_ids is not None and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2
-                and attention_mask.shape[1] > input_ids.shape[1]):
-            attention_mask = attention_mask[:, -input_ids.shape[1]:]  # generate passes the whole sequence's mask
+        if (
+            input_ids is not None
+            and isinstance(attention_mask, torch.Tensor)
+            and attention_mask.dim() == 2
+            and attention_mask.shape[1] > input_ids.shape[1]
+        ):
+            attention_mask = attention_mask[:, -input_ids.shape[1] :]  # generate passes the whole sequence's mask
         mask = self._checked_inputs(input_ids, attention_mask)
         state = None if past_key_values is None else past_key_values.latte
-        hidden, state = self.model(input_ids, state=state, attention_mask=mask, use_cache=use_cache,
-                                   inputs_checked=True)
+        hidden, state = self.model(
+            input_ids, state=state, attention_mask=mask, use_cache=use_cache, inputs_checked=True
+        )
         shift_labels = kwargs.get("shift_labels")
         loss = None
         if labels is None and shift_labels is None:
             logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
         else:  # the native model's loss: fused head + cross-entropy when training
-            targets = next_token_targets(labels, shift_labels, mask, tuple(input_ids.shape),
-                                         self.model.embed.num_embeddings,
-                                         values=value_checks(self.model.validate_inputs))
+            targets = next_token_targets(
+                labels,
+                shift_labels,
+                mask,
+                tuple(input_ids.shape),
+                self.model.embed.num_embeddings,
+                values=value_checks(self.model.validate_inputs),
+            )
             logits, loss = head_and_loss(hidden, self.lm_head, targets, None, self.training)
         cache = None
         if use_cache:
@@ -251,9 +268,14 @@ class LatteHFForSequenceClassification(LatteHFPreTrainedModel):
         self.head = nn.Linear(native.dim, native.num_labels)
         self.post_init()
 
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                labels: torch.LongTensor | None = None, return_dict: bool | None = None,
-                **kwargs: Any) -> SequenceClassifierOutput | tuple:
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> SequenceClassifierOutput | tuple:
         mask = self._checked_inputs(input_ids, attention_mask)
         values = value_checks(self.model.validate_inputs)
         hidden, _ = self.model(input_ids, attention_mask=mask, inputs_checked=True)

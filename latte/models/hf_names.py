@@ -12,9 +12,13 @@ from .config import LatteConfig
 
 NATIVE_FIELDS = tuple(f.name for f in dataclasses.fields(LatteConfig))
 # transformers name -> LatteConfig field
-HF_ATTRIBUTE_MAP = {"hidden_size": "dim", "num_hidden_layers": "num_layers",
-                    "num_attention_heads": "num_heads", "tie_word_embeddings": "tie_embeddings",
-                    "num_key_value_heads": "num_kv_heads"}
+HF_ATTRIBUTE_MAP = {
+    "hidden_size": "dim",
+    "num_hidden_layers": "num_layers",
+    "num_attention_heads": "num_heads",
+    "tie_word_embeddings": "tie_embeddings",
+    "num_key_value_heads": "num_kv_heads",
+}
 # Token ids transformers keeps in config.json; the native model ignores them.
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 

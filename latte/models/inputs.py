@@ -38,8 +38,10 @@ def check_input_ids(input_ids, vocab_size: int, *, values: bool = True) -> tuple
         lo, hi = int(lo), int(hi)  # one host sync for both
         if lo < 0 or hi >= vocab_size:
             bad = lo if lo < 0 else hi
-            raise ValueError(f"input_ids: found id {bad}, but ids must be in [0, {vocab_size - 1}] "
-                             f"(max id {vocab_size - 1}, vocab_size {vocab_size})")
+            raise ValueError(
+                f"input_ids: found id {bad}, but ids must be in [0, {vocab_size - 1}] "
+                f"(max id {vocab_size - 1}, vocab_size {vocab_size})"
+            )
     return tuple(input_ids.shape)
 
 
@@ -59,14 +61,16 @@ def check_attention_mask(attention_mask, shape: tuple[int, int], *, values: bool
         if values:
             bad = m[(m != 0) & (m != 1)]
             if bad.numel():
-                raise ValueError(f"attention_mask: expected bool or 0/1 integers (1 = real token), "
-                                 f"found value {int(bad[0])}")
+                raise ValueError(
+                    f"attention_mask: expected bool or 0/1 integers (1 = real token), found value {int(bad[0])}"
+                )
         m = m != 0
     return None if values and bool(m.all()) else m
 
 
-def check_inputs(input_ids, attention_mask, vocab_size: int, *, values: bool = True
-                 ) -> tuple[int, int, torch.Tensor | None]:
+def check_inputs(
+    input_ids, attention_mask, vocab_size: int, *, values: bool = True
+) -> tuple[int, int, torch.Tensor | None]:
     """Both checks: (B, T, bool mask or None)."""
     B, T = check_input_ids(input_ids, vocab_size, values=values)
     return B, T, check_attention_mask(attention_mask, (B, T), values=values)

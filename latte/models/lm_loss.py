@@ -27,8 +27,15 @@ def _check_labels(name: str, labels: torch.Tensor, shape: tuple, V: int, values:
         raise ValueError(f"{name}: found {int(bad[0])}; {name} must be in [0, {V - 1}] or -100 (ignored)")
 
 
-def next_token_targets(labels: torch.Tensor | None, shift_labels: torch.Tensor | None,
-                       mask: torch.Tensor | None, shape: tuple, V: int, *, values: bool = True) -> torch.Tensor:
+def next_token_targets(
+    labels: torch.Tensor | None,
+    shift_labels: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    shape: tuple,
+    V: int,
+    *,
+    values: bool = True,
+) -> torch.Tensor:
     """Targets [B, T] aligned with the positions (position t predicts
     targets[:, t]; -100 = no loss there).
 
@@ -38,8 +45,9 @@ def next_token_targets(labels: torch.Tensor | None, shift_labels: torch.Tensor |
     used as they are. Exactly one of the two is given. values=False skips
     the range check of the ids (a host sync)."""
     if (labels is None) == (shift_labels is None):
-        raise ValueError("labels, shift_labels: give exactly one (labels are shifted inside, "
-                         "shift_labels are already shifted)")
+        raise ValueError(
+            "labels, shift_labels: give exactly one (labels are shifted inside, shift_labels are already shifted)"
+        )
     if shift_labels is not None:
         _check_labels("shift_labels", shift_labels, shape, V, values)
         return shift_labels.long()
@@ -53,8 +61,9 @@ def next_token_targets(labels: torch.Tensor | None, shift_labels: torch.Tensor |
 def mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of logits [B, T, V] against position-aligned targets
     (-100 ignored; 0 when every target is ignored)."""
-    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
-                            ignore_index=IGNORE_INDEX, reduction="sum")
+    total = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
     return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
 
 
@@ -66,8 +75,9 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tenso
     return mean_cross_entropy(logits, next_token_targets(labels, None, mask, (B, T), V))
 
 
-def head_and_loss(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor | None, return_logits: bool | None,
-                  training: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def head_and_loss(
+    hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor | None, return_logits: bool | None, training: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(logits or None, mean loss or None) of an LM head over hidden [B, T, D].
 
     return_logits None means: skip the logits exactly when a loss is computed
@@ -83,6 +93,7 @@ def head_and_loss(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor |
         raise ValueError("return_logits=False needs labels or shift_labels: there would be nothing to return")
     if head.bias is not None:
         raise ValueError("return_logits=False: the fused loss supports an LM head without bias")
-    total = linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, targets.reshape(-1),
-                                 ignore_index=IGNORE_INDEX)
+    total = linear_cross_entropy(
+        hidden.reshape(-1, hidden.shape[-1]), head.weight, targets.reshape(-1), ignore_index=IGNORE_INDEX
+    )
     return None, total / (targets != IGNORE_INDEX).sum().clamp(min=1)

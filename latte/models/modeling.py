@@ -36,21 +36,53 @@ def build_mixer(config: LatteConfig, kind: str) -> nn.Module:
     """The token mixer of one block; `kind` is one of config.mixers."""
     c = config
     if kind == "latte":
-        return LatteAttention(c.dim, c.num_heads, c.num_latents, causal=c.causal, qk_mixer=c.qk_mixer,
-                              conv_size=c.conv_size, chunk_size=c.chunk_size, dropout=c.dropout)
+        return LatteAttention(
+            c.dim,
+            c.num_heads,
+            c.num_latents,
+            causal=c.causal,
+            qk_mixer=c.qk_mixer,
+            conv_size=c.conv_size,
+            chunk_size=c.chunk_size,
+            dropout=c.dropout,
+        )
     if kind == "macchiato":
-        return MacchiatoAttention(c.dim, c.num_heads, c.num_latents, window_size=c.window_size, mix=c.mix,
-                                  num_kv_heads=c.num_kv_heads, rope_theta=c.rope_theta, qk_mixer=c.qk_mixer,
-                                  conv_size=c.conv_size, chunk_size=c.chunk_size, dropout=c.dropout)
+        return MacchiatoAttention(
+            c.dim,
+            c.num_heads,
+            c.num_latents,
+            window_size=c.window_size,
+            mix=c.mix,
+            num_kv_heads=c.num_kv_heads,
+            rope_theta=c.rope_theta,
+            qk_mixer=c.qk_mixer,
+            conv_size=c.conv_size,
+            chunk_size=c.chunk_size,
+            dropout=c.dropout,
+        )
     if kind == "softmax":
-        return SoftmaxAttention(c.dim, c.num_heads, num_kv_heads=c.num_kv_heads, causal=c.causal,
-                                rope_theta=c.rope_theta, dropout=c.dropout)
+        return SoftmaxAttention(
+            c.dim, c.num_heads, num_kv_heads=c.num_kv_heads, causal=c.causal, rope_theta=c.rope_theta, dropout=c.dropout
+        )
     if kind == "linear":
-        return LinearAttention(c.dim, c.num_heads, causal=c.causal, chunk_size=c.chunk_size,
-                               qk_mixer=c.linear_qk_mixer, conv_size=c.conv_size, dropout=c.dropout)
+        return LinearAttention(
+            c.dim,
+            c.num_heads,
+            causal=c.causal,
+            chunk_size=c.chunk_size,
+            qk_mixer=c.linear_qk_mixer,
+            conv_size=c.conv_size,
+            dropout=c.dropout,
+        )
     if kind == "swa":
-        return SlidingWindowAttention(c.dim, c.num_heads, window_size=c.window_size, num_kv_heads=c.num_kv_heads,
-                                      rope_theta=c.rope_theta, dropout=c.dropout)
+        return SlidingWindowAttention(
+            c.dim,
+            c.num_heads,
+            window_size=c.window_size,
+            num_kv_heads=c.num_kv_heads,
+            rope_theta=c.rope_theta,
+            dropout=c.dropout,
+        )
     raise AssertionError(f"unvalidated mixer {kind!r}")  # LatteConfig rejects unknown names
 
 
@@ -123,8 +155,9 @@ class LatteModel(nn.Module):
         self.validate_inputs = True
         self.gradient_checkpointing = False
         self.embed = nn.Embedding(config.vocab_size, config.dim)
-        self.pos_embed = (nn.Embedding(config.max_position_embeddings, config.dim)
-                          if config.position_embedding == "learned" else None)
+        self.pos_embed = (
+            nn.Embedding(config.max_position_embeddings, config.dim) if config.position_embedding == "learned" else None
+        )
         self.dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
         self.norm = build_norm(config)
@@ -136,9 +169,15 @@ class LatteModel(nn.Module):
         vocab = self.embed.num_embeddings
         return check_inputs(input_ids, attention_mask, vocab, values=value_checks(self.validate_inputs))[2]
 
-    def forward(self, input_ids: torch.Tensor, *, state: LatteCache | None = None,
-                attention_mask: torch.Tensor | None = None, use_cache: bool = False,
-                inputs_checked: bool = False):
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        state: LatteCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        use_cache: bool = False,
+        inputs_checked: bool = False,
+    ):
         """input_ids [B, T] -> (hidden [B, T, dim], LatteCache or None).
 
         inputs_checked: the caller already ran `check_inputs` and passes its
@@ -155,9 +194,11 @@ class LatteModel(nn.Module):
         if cfg.position_embedding != "none" and value_checks(self.validate_inputs):
             n = int(pos.max()) + 1
             if n > cfg.max_position_embeddings:
-                raise ValueError(f"sequence of {n} positions exceeds max_position_embeddings="
-                                 f"{cfg.max_position_embeddings} (position_embedding={cfg.position_embedding!r}); "
-                                 "shorten the input or build the model with a larger limit")
+                raise ValueError(
+                    f"sequence of {n} positions exceeds max_position_embeddings="
+                    f"{cfg.max_position_embeddings} (position_embedding={cfg.position_embedding!r}); "
+                    "shorten the input or build the model with a larger limit"
+                )
 
         if input_ids.dtype not in (torch.int64, torch.int32):
             input_ids = input_ids.long()  # the embedding takes int32/int64 only
@@ -194,8 +235,10 @@ class LatteModel(nn.Module):
         if not isinstance(state, LatteCache):
             raise ValueError(f"state: expected a LatteCache from a previous forward, got {type(state).__name__}")
         if len(state.layers) != len(self.blocks) or state.batch_size != B:
-            raise ValueError(f"state: holds {len(state.layers)} layers x batch {state.batch_size}, "
-                             f"expected {len(self.blocks)} layers x batch {B}")
+            raise ValueError(
+                f"state: holds {len(state.layers)} layers x batch {state.batch_size}, "
+                f"expected {len(self.blocks)} layers x batch {B}"
+            )
 
     @torch.no_grad()
     def init_weights(self) -> None:

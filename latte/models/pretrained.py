@@ -30,8 +30,9 @@ MODEL_TYPE = "latte"
 META_KEYS = ("model_type", "architectures", "latte_version", *TOKEN_ID_KEYS)
 
 
-def save_pretrained(model: nn.Module, directory: str | os.PathLike, *,
-                    extra_config: dict[str, Any] | None = None) -> None:
+def save_pretrained(
+    model: nn.Module, directory: str | os.PathLike, *, extra_config: dict[str, Any] | None = None
+) -> None:
     """Writes `directory/config.json` and `directory/model.safetensors`;
     extra_config adds keys to config.json (only META_KEYS: token ids)."""
     from .. import __version__

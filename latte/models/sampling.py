@@ -43,15 +43,16 @@ def check_eos(eos_token_id, vocab_size: int, device) -> torch.Tensor | None:
     if eos_token_id is None:
         return None
     ids = [eos_token_id] if _is_int(eos_token_id) else eos_token_id
-    if (not isinstance(ids, (list, tuple)) or not ids
-            or not all(_is_int(i) and 0 <= i < vocab_size for i in ids)):
-        raise ValueError(f"eos_token_id: expected None, an id or a list of ids in [0, {vocab_size - 1}], "
-                         f"got {eos_token_id!r}")
+    if not isinstance(ids, (list, tuple)) or not ids or not all(_is_int(i) and 0 <= i < vocab_size for i in ids):
+        raise ValueError(
+            f"eos_token_id: expected None, an id or a list of ids in [0, {vocab_size - 1}], got {eos_token_id!r}"
+        )
     return torch.tensor([int(i) for i in ids], device=device)
 
 
-def sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
-           generator: torch.Generator | None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None
+) -> torch.Tensor:
     """One token per row of logits [B, V]: temperature, top-k, nucleus (top-p)."""
     logits = logits / temperature
     if top_k and top_k < logits.shape[-1]:  # None or 0: off
@@ -67,14 +68,25 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: f
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
-def next_token(logits: torch.Tensor, greedy: bool, temperature: float, top_k: int | None,
-               top_p: float | None, generator: torch.Generator | None) -> torch.Tensor:
+def next_token(
+    logits: torch.Tensor,
+    greedy: bool,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
     """logits [B, V] -> token ids [B]."""
     return logits.argmax(-1) if greedy else sample(logits, temperature, top_k, top_p, generator)
 
 
-def token_stream(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tensor], max_new_tokens: int,
-                 eos: torch.Tensor | None, pick: dict) -> Iterator[torch.Tensor]:
+def token_stream(
+    logits: torch.Tensor,
+    step: Callable[[torch.Tensor], torch.Tensor],
+    max_new_tokens: int,
+    eos: torch.Tensor | None,
+    pick: dict,
+) -> Iterator[torch.Tensor]:
     """The decoding loop shared by the models' `stream`: from the last
     prompt position's logits [B, V], yields one token per row [B] per step;
     `step(tok)` feeds the tokens and returns the next logits. A row stops at

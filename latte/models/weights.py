@@ -66,8 +66,13 @@ def _umask() -> int:
     return mask
 
 
-def save_weights(state: dict[str, torch.Tensor], path: str | os.PathLike, *,
-                 aliases: dict[str, str] | None = None, metadata: dict[str, str] | None = None) -> None:
+def save_weights(
+    state: dict[str, torch.Tensor],
+    path: str | os.PathLike,
+    *,
+    aliases: dict[str, str] | None = None,
+    metadata: dict[str, str] | None = None,
+) -> None:
     """Writes `state` (name -> tensor) to the safetensors file `path`.
 
     aliases {alias: stored name}: names to store once; default: the entries
@@ -127,17 +132,22 @@ def read_weights(path: str | os.PathLike, *, device: str | torch.device = "cpu")
     return tensors
 
 
-def check_state(expected: dict[str, Any], loaded: dict[str, torch.Tensor], *, where: str,
-                into: str = "the model") -> None:
+def check_state(
+    expected: dict[str, Any], loaded: dict[str, torch.Tensor], *, where: str, into: str = "the model"
+) -> None:
     """Raises one ValueError listing every missing tensor, unexpected tensor
     and shape mismatch of `loaded` against `expected` (name -> tensor or shape)."""
+
     def shape(t: Any) -> tuple:
         return tuple(t.shape) if hasattr(t, "shape") else tuple(t)
 
     problems = [f"missing tensor {k} {shape(v)}" for k, v in expected.items() if k not in loaded]
     problems += [f"unexpected tensor {k} {shape(v)}" for k, v in loaded.items() if k not in expected]
-    problems += [f"shape mismatch for {k}: file {shape(loaded[k])}, model {shape(v)}"
-                 for k, v in expected.items() if k in loaded and shape(loaded[k]) != shape(v)]
+    problems += [
+        f"shape mismatch for {k}: file {shape(loaded[k])}, model {shape(v)}"
+        for k, v in expected.items()
+        if k in loaded and shape(loaded[k]) != shape(v)
+    ]
     if problems:
         n = len(problems)
         shown = problems[:30] + ([f"... and {n - 30} more"] if n > 30 else [])

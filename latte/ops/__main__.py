@@ -36,8 +36,10 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     H, L, D = 8, 32, 64
-    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"{args.threads} threads, fp32, B=1 H={H} Lh={L} Dv={D}, median of {args.repeats}, fwd+bwd")
+    print(
+        f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+        f"{args.threads} threads, fp32, B=1 H={H} Lh={L} Dv={D}, median of {args.repeats}, fwd+bwd"
+    )
     print("| T | latte_causal ms | sdpa causal ms | sdpa / latte |")
     print("|---|---|---|---|")
     for T in (int(t) for t in args.lengths.split(",")):

@@ -33,9 +33,7 @@ def check_float(name: str, x: torch.Tensor) -> None:
 def check_rank(name: str, x: torch.Tensor, rank: int, layout: str) -> None:
     check_float(name, x)
     if x.dim() != rank:
-        raise ValueError(
-            f"{name}: expected a {rank}-d tensor {layout}, got shape {tuple(x.shape)}"
-        )
+        raise ValueError(f"{name}: expected a {rank}-d tensor {layout}, got shape {tuple(x.shape)}")
 
 
 def check_same(names: str, sizes: list[int], what: str) -> None:
@@ -46,9 +44,7 @@ def check_same(names: str, sizes: list[int], what: str) -> None:
 def check_shape(name: str, x: torch.Tensor, expected: tuple[int, ...], what: str) -> None:
     check_float(name, x)
     if tuple(x.shape) != tuple(expected):
-        raise ValueError(
-            f"{name}: expected shape {tuple(expected)} {what}, got {tuple(x.shape)}"
-        )
+        raise ValueError(f"{name}: expected shape {tuple(expected)} {what}, got {tuple(x.shape)}")
 
 
 def check_mask(name: str, mask: torch.Tensor | None, shape: tuple[int, ...]) -> None:
@@ -69,8 +65,7 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, length: int) -> None:
         raise ValueError("cu_seqlens: expected an int32/int64 tensor [N+1]")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(
-            f"cu_seqlens: expected a 1-d tensor with N+1 >= 2 entries, got shape "
-            f"{tuple(cu_seqlens.shape)}"
+            f"cu_seqlens: expected a 1-d tensor with N+1 >= 2 entries, got shape {tuple(cu_seqlens.shape)}"
         )
     if batch != 1:
         raise ValueError(f"cu_seqlens: packed input needs batch size 1, got {batch}")

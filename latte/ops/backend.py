@@ -75,7 +75,7 @@ def _fla_error(x: torch.Tensor) -> str | None:
 
 
 def resolve_latent(backend: str | None, x: torch.Tensor) -> str:
-    """"torch" or "fla" for causal Latte on tensors like x."""
+    """ "torch" or "fla" for causal Latte on tensors like x."""
     name = get_backend() if backend is None else _check_name(backend, "backend")
     if name == "torch":
         return "torch"
@@ -86,13 +86,15 @@ def resolve_latent(backend: str | None, x: torch.Tensor) -> str:
 
 
 def resolve_window(backend: str | None, x: torch.Tensor) -> str:
-    """"tiles" (window_tiles.py) or "flex" (flex_attention) for Macchiato's window."""
+    """ "tiles" (window_tiles.py) or "flex" (flex_attention) for Macchiato's window."""
     name = get_backend() if backend is None else _check_name(backend, "backend")
     if name == "torch":
         return "tiles"
     if x.device.type != "cuda" or x.dtype == torch.float64:
         if name == "fla":
-            raise ValueError(f"backend='fla': the flex_attention window needs CUDA float32/bfloat16 "
-                             f"tensors, got {x.dtype} on {x.device}")
+            raise ValueError(
+                f"backend='fla': the flex_attention window needs CUDA float32/bfloat16 "
+                f"tensors, got {x.dtype} on {x.device}"
+            )
         return "tiles"
     return "flex"

@@ -113,8 +113,9 @@ def fla_chunked(a, b, v, state, mask, cu_seqlens=None):
     """causal_chunked on fla-core's chunk_gla (gla.py): (y in the work dtype, LatteState)."""
     from .gla import gla_chunked
 
-    y, S, z = gla_chunked(a, b, v, None if state is None else state.S, None if state is None else state.z,
-                          mask, cu_seqlens)
+    y, S, z = gla_chunked(
+        a, b, v, None if state is None else state.S, None if state is None else state.z, mask, cu_seqlens
+    )
     return y, LatteState(S, z)
 
 

@@ -112,7 +112,7 @@ def _forward_segment(lq, b, v, S0, z0, c, y, S_before, z, r):
     kf = key_factors(b, ends, c)
     for i in range(1, C // c):  # earlier sub-chunks: factors <= 1 around r_i
         qr = query_factors(lqz, ends, c, i)
-        A[:, :, i * c:(i + 1) * c, :i * c] = _mm(qr, _t(key_factors_for(kf, ends, c, i)))
+        A[:, :, i * c : (i + 1) * c, : i * c] = _mm(qr, _t(key_factors_for(kf, ends, c, i)))
     _add_mm(y, A, v)
     return S_last, z_last
 
@@ -210,8 +210,9 @@ class LatteChunked(torch.autograd.Function):
         dlq, db, dv = torch.empty_like(lq), torch.empty_like(b), torch.empty_like(v)
         for n0, n1 in reversed(ctx.segments):
             sl = slice(n0, n1)
-            R = _backward_segment(lq[sl], b[sl], v[sl], z[sl], r[sl], S_before[sl], dy[sl], R, ctx.c,
-                                  dlq[sl], db[sl], dv[sl])
+            R = _backward_segment(
+                lq[sl], b[sl], v[sl], z[sl], r[sl], S_before[sl], dy[sl], R, ctx.c, dlq[sl], db[sl], dv[sl]
+            )
         dS0 = R[..., :D]
         dz0 = (S0 * dS0).sum(-1) - R[..., D]
         return dlq, db, dv, dS0, dz0

@@ -67,14 +67,14 @@ class LinearCrossEntropy(torch.autograd.Function):
         dh = torch.empty_like(h) if need_h else None
         dW = torch.zeros(W.shape, dtype=torch.float32, device=W.device) if need_W else None
         for r0 in range(0, h.shape[0], rows):
-            hc = h[r0:r0 + rows]
-            loss, G = _chunk(hc, W, tgt[r0:r0 + rows], ignore_index, need_h or need_W)
+            hc = h[r0 : r0 + rows]
+            loss, G = _chunk(hc, W, tgt[r0 : r0 + rows], ignore_index, need_h or need_W)
             total += loss
             if G is None:
                 continue
             G = G.to(h.dtype)
             if need_h:
-                torch.mm(G, W, out=dh[r0:r0 + rows])
+                torch.mm(G, W, out=dh[r0 : r0 + rows])
             if need_W:
                 dW.addmm_(G.t().to(dW.dtype), hc.to(dW.dtype))
         ctx.save_for_backward(dh, None if dW is None else dW.to(W.dtype))
@@ -84,12 +84,24 @@ class LinearCrossEntropy(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         dh, dW = ctx.saved_tensors
-        return (None if dh is None else dh * grad.to(dh.dtype),
-                None if dW is None else dW * grad.to(dW.dtype), None, None, None, None)
+        return (
+            None if dh is None else dh * grad.to(dh.dtype),
+            None if dW is None else dW * grad.to(dW.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                         ignore_index: int = -100, chunk_rows: int | None = None) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    ignore_index: int = -100,
+    chunk_rows: int | None = None,
+) -> torch.Tensor:
     """Summed cross-entropy of the logits hidden @ weight.T, never formed whole.
 
     Args:
@@ -103,10 +115,15 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     check_rank("hidden", hidden, 2, "[N, D]")
     check_rank("weight", weight, 2, "[V, D]")
     if hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"hidden, weight: widths must match ([N, D] and [V, D]), got "
-                         f"{tuple(hidden.shape)} and {tuple(weight.shape)}")
-    if not isinstance(targets, torch.Tensor) or targets.dtype not in (torch.int64, torch.int32) \
-            or tuple(targets.shape) != (hidden.shape[0],):
+        raise ValueError(
+            f"hidden, weight: widths must match ([N, D] and [V, D]), got "
+            f"{tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
+    if (
+        not isinstance(targets, torch.Tensor)
+        or targets.dtype not in (torch.int64, torch.int32)
+        or tuple(targets.shape) != (hidden.shape[0],)
+    ):
         got = f"{targets.dtype} {tuple(targets.shape)}" if isinstance(targets, torch.Tensor) else type(targets).__name__
         raise ValueError(f"targets: expected an integer tensor [N] = ({hidden.shape[0]},), got {got}")
     V = weight.shape[0]
@@ -114,8 +131,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     # a value check reads back to the host: eager calls only (a compiled or
     # exported graph has none; the models check their labels before this)
     if not torch.compiler.is_compiling() and bool(bad.any()):
-        raise ValueError(f"targets: found {int(targets[bad][0])}; targets must be in [0, {V - 1}] "
-                         f"or ignore_index ({ignore_index})")
+        raise ValueError(
+            f"targets: found {int(targets[bad][0])}; targets must be in [0, {V - 1}] or ignore_index ({ignore_index})"
+        )
     if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1):
         raise ValueError(f"chunk_rows: expected an integer >= 1 or None, got {chunk_rows!r}")
     device = hidden.device.type
@@ -127,5 +145,6 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     grad = torch.is_grad_enabled()
     needs = (grad and hidden.requires_grad, grad and weight.requires_grad)
     with torch.autocast(device, enabled=False):
-        return LinearCrossEntropy.apply(hidden.contiguous(), weight, targets.long(), ignore_index,
-                                        _chunk_rows(V, chunk_rows), needs)
+        return LinearCrossEntropy.apply(
+            hidden.contiguous(), weight, targets.long(), ignore_index, _chunk_rows(V, chunk_rows), needs
+        )

@@ -83,8 +83,9 @@ def window_block_mask(T: int, P: int, W: int, device: str):
         return (j <= i + P) & (j > i + P - W)
 
     num, idx, full_num, full_idx = band_blocks(T, P, W, BLOCK, device)
-    return BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=BLOCK, mask_mod=band,
-                                    seq_lengths=(T, P + T))
+    return BlockMask.from_kv_blocks(
+        num, idx, full_num, full_idx, BLOCK_SIZE=BLOCK, mask_mod=band, seq_lengths=(T, P + T)
+    )
 
 
 def flex_window(q, k, v, window_size, scale, mask, state, lengths=None):
@@ -101,10 +102,19 @@ def flex_window(q, k, v, window_size, scale, mask, state, lengths=None):
     if state is None and mask is None:  # nothing cached, nothing padded: the new keys alone
         kk, vv, P, score_mod = kk[:, P:], vv[:, P:], 0, None
     else:
+
         def score_mod(score, b, h, i, j, km=km, P=P):  # padded / empty slots; own key always kept
             return torch.where(km[b, j] | (j == i + P), score, float("-inf"))
+
     block_mask = window_block_mask(T, P, window_size, str(q.device))
-    y, aux = _flex(q.to(io).transpose(1, 2), kk.to(io).transpose(1, 2), vv.to(io).transpose(1, 2),
-                   score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=H != K,
-                   return_aux=AuxRequest(lse=True))
+    y, aux = _flex(
+        q.to(io).transpose(1, 2),
+        kk.to(io).transpose(1, 2),
+        vv.to(io).transpose(1, 2),
+        score_mod=score_mod,
+        block_mask=block_mask,
+        scale=scale,
+        enable_gqa=H != K,
+        return_aux=AuxRequest(lse=True),
+    )
     return y.transpose(1, 2).to(work), aux.lse.transpose(1, 2).to(work), new_state

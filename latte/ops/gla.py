@@ -91,8 +91,7 @@ def _io_dtype(v):
 def _call(kernel, q, k, v, g, S0, **kw):
     io, work = _io_dtype(v), state_dtype(v.dtype)
     S0 = None if S0 is None else S0.to(work).contiguous()
-    return kernel(q.to(io), k.to(io), v.to(io), g.to(work), scale=1.0, initial_state=S0,
-                  output_final_state=True, **kw)
+    return kernel(q.to(io), k.to(io), v.to(io), g.to(work), scale=1.0, initial_state=S0, output_final_state=True, **kw)
 
 
 def gla_chunked(a, b, v, S0=None, z0=None, mask=None, cu_seqlens=None):

@@ -147,13 +147,13 @@ def suffix_sums(x: torch.Tensor, b: torch.Tensor, z: torch.Tensor):
 def sub_chunk_ends(z: torch.Tensor, c: int) -> torch.Tensor:
     """z at the last token of each sub-chunk: [n, G, J, L] (a view). The
     reference of query sub-chunk i is the end of sub-chunk i - 1."""
-    return z[:, :, c - 1::c]
+    return z[:, :, c - 1 :: c]
 
 
 def query_factors(x: torch.Tensor, ends: torch.Tensor, c: int, i: int) -> torch.Tensor:
     """exp(r_i + x_t) for the queries t of sub-chunk i: [n, G, c, L]. With
     x = lq - z: q_t exp(r_i - z_t) (<= 1, r_i <= z_t)."""
-    return exp_nonpositive_(x[:, :, i * c:(i + 1) * c] + ends[:, :, i - 1:i])
+    return exp_nonpositive_(x[:, :, i * c : (i + 1) * c] + ends[:, :, i - 1 : i])
 
 
 def key_factors(b: torch.Tensor, ends: torch.Tensor, c: int) -> torch.Tensor:
@@ -166,5 +166,5 @@ def key_factors_for(kf: torch.Tensor, ends: torch.Tensor, c: int, i: int) -> tor
     exp(end of s's sub-chunk - r_i), two factors <= 1 (each >= exp(floor),
     so the product is a normal float): [n, G, ic, L]."""
     n, G, _, L = kf.shape
-    ratio = exp_nonpositive_(ends[:, :, :i] - ends[:, :, i - 1:i])  # [n, G, i, L]
+    ratio = exp_nonpositive_(ends[:, :, :i] - ends[:, :, i - 1 : i])  # [n, G, i, L]
     return (sub_chunks(kf, c)[:, :, :i] * ratio.unsqueeze(3)).view(n, G, i * c, L)

@@ -93,6 +93,7 @@ def _mix(y_win, lse_win, y_lat, a, gate, beta, mix):
 def _kernels(backend, x, chunk_size, softcap):
     """(window, latents) functions for the backend (backend.py) on tensors like x.
     A soft-capped window stays on the tiles kernel (flex_window has no softcap)."""
+
     def window(q, k, v, window_size, scale, mask, state, lengths):
         return window_blocked(q, k, v, window_size, scale, mask, state, lengths, softcap)
 
@@ -106,8 +107,23 @@ def _kernels(backend, x, chunk_size, softcap):
 
 
 def macchiato(
-    a, b, v, q, k, *, window_size, mix="joint", gate=None, beta=None, scale=None,
-    mask=None, chunk_size=64, initial_state=None, output_final_state=False, cu_seqlens=None, softcap=None,
+    a,
+    b,
+    v,
+    q,
+    k,
+    *,
+    window_size,
+    mix="joint",
+    gate=None,
+    beta=None,
+    scale=None,
+    mask=None,
+    chunk_size=64,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    softcap=None,
     backend=None,
 ):
     """Latte-Macchiato attention over a sequence.
@@ -155,8 +171,14 @@ def macchiato(
             raise ValueError(f"initial_state: expected a MacchiatoState, got {type(initial_state).__name__}")
         check_latte_state(initial_state.latte, n, H, L, D, name="initial_state.latte")
         qn = q.new_empty(n, 1, H, q.shape[-1])  # shapes of one row per sequence
-        check_window_state(initial_state.window, qn, k[:1].expand(n, -1, -1, -1), v[:1].expand(n, -1, -1, -1),
-                           window_size, name="initial_state.window")
+        check_window_state(
+            initial_state.window,
+            qn,
+            k[:1].expand(n, -1, -1, -1),
+            v[:1].expand(n, -1, -1, -1),
+            window_size,
+            name="initial_state.window",
+        )
     tensors = (a, b, v, q, k, gate)
     if cu_seqlens is not None:
         y, state = run_packed(run, tensors, cu_seqlens, mask, initial_state)
@@ -166,8 +188,21 @@ def macchiato(
 
 
 def macchiato_step(
-    a_t, b_t, v_t, q_t, k_t, state=None, *, window_size, mix="joint", gate_t=None, beta=None,
-    scale=None, mask_t=None, softcap=None, backend=None,
+    a_t,
+    b_t,
+    v_t,
+    q_t,
+    k_t,
+    state=None,
+    *,
+    window_size,
+    mix="joint",
+    gate_t=None,
+    beta=None,
+    scale=None,
+    mask_t=None,
+    softcap=None,
+    backend=None,
 ):
     """One decoding step: a_t, b_t [B, H, Lh], v_t [B, K, D], q_t [B, H, E],
     k_t [B, K, E], gate_t [B, H]; state: the MacchiatoState so far (None:
@@ -185,7 +220,8 @@ def macchiato_step(
         q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=win_state, softcap=softcap
     )
     work = state_dtype(a_t.dtype)
-    y_lat, lat_state = latte_causal_step(a_t.to(work), b_t.to(work), _repeat_kv(v_t, q_t.shape[1]).to(work), lat_state,
-                                         mask_t=mask_t, backend=backend)
+    y_lat, lat_state = latte_causal_step(
+        a_t.to(work), b_t.to(work), _repeat_kv(v_t, q_t.shape[1]).to(work), lat_state, mask_t=mask_t, backend=backend
+    )
     y = _mix(y_win, lse, y_lat, a_t.to(work), gate_t, beta, mix)
     return y.to(v_t.dtype), MacchiatoState(lat_state, win_state)

@@ -76,7 +76,7 @@ def window_matrix_logits(q, k, window_size, scale=None, mask=None, softcap=None)
     (soft-capped to c * tanh(e / c) when softcap = c is given)."""
     B, T, H, E = q.shape
     kk = k.to(f64).repeat_interleave(H // k.shape[2], 2)
-    scale = E ** -0.5 if scale is None else scale
+    scale = E**-0.5 if scale is None else scale
     e = torch.einsum("bthe,bshe->bhts", q.to(f64), kk) * scale
     if softcap is not None:
         e = softcap * torch.tanh(e / softcap)
@@ -97,8 +97,7 @@ def sliding_window_attention(q, k, v, window_size, scale=None, mask=None, softca
     return y, lse.transpose(1, 2)
 
 
-def macchiato_matrix(a, b, q, k, window_size, mix="joint", gate=None, beta=None, scale=None, mask=None,
-                     softcap=None):
+def macchiato_matrix(a, b, q, k, window_size, mix="joint", gate=None, beta=None, scale=None, mask=None, softcap=None):
     """p(s|t) of docs/math.md §4 built term by term: [B, H, T, T]."""
     e = window_matrix_logits(q, k, window_size, scale, mask, softcap)  # [B, H, T, T]
     a64 = a.to(f64) + (0 if beta is None else beta.to(f64)[None, None, :, None])

@@ -54,7 +54,7 @@ def check_qkv(q, k, v, mask, suffix=""):
         raise ValueError(
             f"q{suffix}, k{suffix}: query heads ({q.shape[lead]}) must be a multiple of key/value heads ({k.shape[lead]})"
         )
-    check_mask("mask" + suffix, mask, tuple(q.shape[: lead]))
+    check_mask("mask" + suffix, mask, tuple(q.shape[:lead]))
 
 
 def check_softcap(softcap) -> None:
@@ -130,7 +130,14 @@ def window_blocked(q, k, v, window_size, scale, mask, state, lengths=None, softc
     # block n: queries [nQ, nQ + Q) see tiles n .. n + c, i.e. keys [nQ - cQ, nQ + Q)
     qb = padded(q.to(work)).view(B, N, Q, K, G, E).permute(1, 0, 3, 4, 2, 5)
     y, lse = WindowTiles.apply(
-        qb.reshape(N, B * K, G * Q, E), tiles(kk), tiles(vv), padded(km, front).view(B, N + c, Q), K, P, scale, masked,
+        qb.reshape(N, B * K, G * Q, E),
+        tiles(kk),
+        tiles(vv),
+        padded(km, front).view(B, N + c, Q),
+        K,
+        P,
+        scale,
+        masked,
         softcap,
     )
     y = y.view(N, B, K, G, Q, D).permute(1, 0, 4, 2, 3, 5).reshape(B, N * Q, H, D)[:, :T]
@@ -174,8 +181,15 @@ def sliding_window_attention(
         (y [B, T, H, D] in v's dtype, WindowState or None)
     """
     y, _, state = sliding_window_attention_lse(
-        q, k, v, window_size=window_size, scale=scale, mask=mask,
-        initial_state=initial_state, output_final_state=output_final_state, softcap=softcap,
+        q,
+        k,
+        v,
+        window_size=window_size,
+        scale=scale,
+        mask=mask,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        softcap=softcap,
     )
     return y, state
 
@@ -216,6 +230,7 @@ def sliding_window_step(q_t, k_t, v_t, state=None, *, window_size, scale=None, m
     if state is not None:
         check_window_state(state, q_t, k_t, v_t, window_size, name="state")
     scale = q_t.shape[-1] ** -0.5 if scale is None else scale
-    y, _, state = window_step(q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=state,
-                              softcap=softcap)
+    y, _, state = window_step(
+        q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=state, softcap=softcap
+    )
     return y.to(v_t.dtype), state

@@ -109,7 +109,7 @@ def _tile_products(a, tiles, n0, out):
     out[m] is a plain bmm target)."""
     n = a.shape[0]
     for m in range(out.shape[0]):
-        torch.bmm(_flat(a), _flat(tiles[n0 + m:n0 + m + n]).transpose(1, 2), out=_flat(out[m]))
+        torch.bmm(_flat(a), _flat(tiles[n0 + m : n0 + m + n]).transpose(1, 2), out=_flat(out[m]))
     return out
 
 
@@ -154,7 +154,7 @@ class WindowTiles(torch.autograd.Function):
             out = _flat(y[n0:n1])
             torch.bmm(_flat(p[0]), _flat(v[n0:n1]), out=out)
             for i in range(1, c + 1):
-                out.baddbmm_(_flat(p[i]), _flat(v[n0 + i:n1 + i]))
+                out.baddbmm_(_flat(p[i]), _flat(v[n0 + i : n1 + i]))
         ctx.save_for_backward(q, k, v, key_ok, y, lse)
         ctx.K, ctx.P, ctx.scale, ctx.segments, ctx.masked, ctx.softcap = K, P, scale, segments, masked, softcap
         return y, lse

@@ -90,6 +90,7 @@ def step_dirs(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
 
 # --------------------------------------------------------------------------- save
 
+
 def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -117,6 +118,7 @@ def _torch_save(obj: Any) -> Callable[[Path], None]:
         # (given a path, torch reports ENOSPC as an opaque RuntimeError).
         with open(path, "wb") as f:
             torch.save(obj, f)
+
     return writer
 
 
@@ -130,8 +132,7 @@ def _check_inputs(step, trainer_state, rng_state, extra_files, rank, world_size,
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"step: got {step!r}, expected an int >= 0")
     if keep < 2:
-        raise ValueError(f"keep: got {keep!r}, expected >= 2 "
-                         "(a crash while saving must leave one good checkpoint)")
+        raise ValueError(f"keep: got {keep!r}, expected >= 2 (a crash while saving must leave one good checkpoint)")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank: got {rank}, expected 0 <= rank < world_size ({world_size})")
     bad = [k for k, v in rng_state.items() if not isinstance(v, torch.Tensor)]
@@ -147,13 +148,24 @@ def _check_inputs(step, trainer_state, rng_state, extra_files, rank, world_size,
         raise ValueError(f"trainer_state must be JSON-serializable: {e}") from e
 
 
-def save_checkpoint(run_dir: str | os.PathLike, step: int, *, trainer_state: dict,
-                    rng_state: dict[str, torch.Tensor], config: Any,
-                    model_state: dict[str, torch.Tensor] | None = None, optimizer_state: dict | None = None,
-                    sharded_state: dict | None = None, extra_files: dict[str, str | os.PathLike] | None = None,
-                    rank: int = 0, world_size: int = 1, barrier: Callable[[], None] | None = None,
-                    keep: int = 2, protect: Iterable[int] = (),
-                    before_commit: Callable[[], None] | None = None) -> Path:
+def save_checkpoint(
+    run_dir: str | os.PathLike,
+    step: int,
+    *,
+    trainer_state: dict,
+    rng_state: dict[str, torch.Tensor],
+    config: Any,
+    model_state: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict | None = None,
+    sharded_state: dict | None = None,
+    extra_files: dict[str, str | os.PathLike] | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    barrier: Callable[[], None] | None = None,
+    keep: int = 2,
+    protect: Iterable[int] = (),
+    before_commit: Callable[[], None] | None = None,
+) -> Path:
     """Saves ``run_dir/step-{step:08d}/`` and returns that path.
 
     Every rank calls this (with its own `rng_state`). "full" format: rank 0
@@ -234,11 +246,13 @@ def _manifest_json(step_dir: Path, step: int, world_size: int, fmt: str, extra: 
             raise FileNotFoundError(f"checkpoint save: expected file {path} is missing; not committing")
         entries[name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
     manifest = {
-        "format": "latte-checkpoint", "format_version": FORMAT_VERSION, "weights": fmt,
-        "step": step, "world_size": world_size,
+        "format": "latte-checkpoint",
+        "format_version": FORMAT_VERSION,
+        "weights": fmt,
+        "step": step,
+        "world_size": world_size,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "versions": {"torch": torch.__version__, "latte": latte.__version__,
-                     "python": platform.python_version()},
+        "versions": {"torch": torch.__version__, "latte": latte.__version__, "python": platform.python_version()},
         "files": entries,
     }
     return json.dumps(manifest, indent=2)
@@ -268,23 +282,29 @@ def apply_retention(run_dir: Path, new_step: int, keep: int, *, protect: set[int
 
 # --------------------------------------------------------------------------- load
 
+
 def _read_manifest(step_dir: Path) -> dict:
     """The manifest, checked for shape and for listing every file that
     loading will read (a file it omits would otherwise load unchecked)."""
     path = step_dir / MANIFEST
     if not path.is_file():
-        raise CheckpointError(f"{step_dir}: no {MANIFEST}, so the save did not complete "
-                              "(or this is not a checkpoint)")
+        raise CheckpointError(f"{step_dir}: no {MANIFEST}, so the save did not complete (or this is not a checkpoint)")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: unreadable manifest ({e})") from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
     ws = manifest.get("world_size", 1) if isinstance(manifest, dict) else None
-    if (not isinstance(files, dict) or not isinstance(manifest.get("step"), int) or not isinstance(ws, int)
-            or ws < 1 or not all(isinstance(e, dict) and {"size", "sha256"} <= e.keys() for e in files.values())):
-        raise CheckpointError(f"{path}: not a latte manifest (needs 'step', 'world_size' and 'files' "
-                              "with size and sha256)")
+    if (
+        not isinstance(files, dict)
+        or not isinstance(manifest.get("step"), int)
+        or not isinstance(ws, int)
+        or ws < 1
+        or not all(isinstance(e, dict) and {"size", "sha256"} <= e.keys() for e in files.values())
+    ):
+        raise CheckpointError(
+            f"{path}: not a latte manifest (needs 'step', 'world_size' and 'files' with size and sha256)"
+        )
     bad = [n for n in files if not isinstance(n, str) or not _NAME_RE.match(n)]
     if bad:
         raise CheckpointError(f"{path}: manifest names files outside the checkpoint folder: {bad}")
@@ -293,9 +313,11 @@ def _read_manifest(step_dir: Path) -> dict:
     required += [MODEL, OPTIMIZER] if fmt == "full" else [f"{DCP_DIR}/.metadata"]
     missing = [n for n in required if n not in files]
     if fmt not in ("full", "sharded") or missing:
-        raise CheckpointError(f"{path}: the manifest does not list {', '.join(missing) or 'its weights format'}, "
-                              "which loading reads: refusing files that no checksum covers (tampered or "
-                              "not written by latte)")
+        raise CheckpointError(
+            f"{path}: the manifest does not list {', '.join(missing) or 'its weights format'}, "
+            "which loading reads: refusing files that no checksum covers (tampered or "
+            "not written by latte)"
+        )
     return manifest
 
 
@@ -347,8 +369,9 @@ class Checkpoint:
 
     @property
     def trainer_state(self) -> dict:
-        return self._load(TRAINER, lambda: _load_other(
-            self.file(TRAINER), lambda p: json.loads(p.read_text(encoding="utf-8"))))
+        return self._load(
+            TRAINER, lambda: _load_other(self.file(TRAINER), lambda p: json.loads(p.read_text(encoding="utf-8")))
+        )
 
     @property
     def config(self) -> dict:
@@ -410,8 +433,10 @@ def _torch_load(path: Path, map_location: Any) -> Any:
         detail = [line for line in str(e).splitlines() if "GLOBAL" in line or "global" in line]
         if not detail:  # not a planted object: garbage bytes
             raise CheckpointError(f"{path}: cannot be read, truncated or corrupt (not a torch.save file)") from None
-        raise CheckpointError(f"{path}: refused: holds Python objects other than tensors and plain data, "
-                              f"and unpickling them could run code ({detail[0].strip()})") from None
+        raise CheckpointError(
+            f"{path}: refused: holds Python objects other than tensors and plain data, "
+            f"and unpickling them could run code ({detail[0].strip()})"
+        ) from None
     except Exception as e:  # truncated/corrupt zip: RuntimeError, EOFError, OSError, ...
         raise CheckpointError(f"{path}: cannot be read, truncated or corrupt ({type(e).__name__}: {e})") from None
 
@@ -427,8 +452,9 @@ def _read_weights(path: Path, map_location: Any) -> dict[str, torch.Tensor]:
     return _load_other(path, lambda p: read_weights(p, device=map_location))
 
 
-def load_checkpoint(step_dir: str | os.PathLike, *, verify: str = "all",
-                    map_location: str | torch.device = "cpu") -> Checkpoint:
+def load_checkpoint(
+    step_dir: str | os.PathLike, *, verify: str = "all", map_location: str | torch.device = "cpu"
+) -> Checkpoint:
     """Opens a committed checkpoint; files are read when first used.
     verify: "all" checks every file's sha256 now (resuming training);
     "read" checks each file when it is read (generation, evaluation);
@@ -491,5 +517,7 @@ def check_finite(tensors: dict[str, torch.Tensor], *, where: str) -> None:
     bad = nonfinite_tensors(tensors)
     if bad:
         shown = bad[:10] + ([f"... and {len(bad) - 10} more"] if len(bad) > 10 else [])
-        raise ValueError(f"{where}: non-finite weights in {len(bad)} tensor{'s' * (len(bad) > 1)} (the run "
-                         "diverged before this save; use an earlier checkpoint):\n  " + "\n  ".join(shown))
+        raise ValueError(
+            f"{where}: non-finite weights in {len(bad)} tensor{'s' * (len(bad) > 1)} (the run "
+            "diverged before this save; use an earlier checkpoint):\n  " + "\n  ".join(shown)
+        )

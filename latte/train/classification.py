@@ -83,8 +83,12 @@ class ClassificationDataConfig:
         e.raise_if_any()
 
     def listops_spec(self) -> ListOpsSpec:
-        return ListOpsSpec(max_depth=self.listops_max_depth, max_args=self.listops_max_args,
-                           min_length=self.listops_min_length, max_length=self.listops_max_length)
+        return ListOpsSpec(
+            max_depth=self.listops_max_depth,
+            max_args=self.listops_max_args,
+            min_length=self.listops_min_length,
+            max_length=self.listops_max_length,
+        )
 
     def pathfinder_spec(self) -> PathfinderSpec:
         return PathfinderSpec(contour_length=self.pathfinder_contour_length)
@@ -104,9 +108,16 @@ class ClassifierModelConfig(ModelConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.position_embedding == "none" and self.qk_mixer in (None, "none"):
-            raise ConfigError(type(self).__name__, [(
-                "position_embedding", "got 'none': with qk_mixer 'none' the encoder would not see token order; "
-                                      "use 'learned' or 'sinusoidal' (or qk_mixer 'conv')")])
+            raise ConfigError(
+                type(self).__name__,
+                [
+                    (
+                        "position_embedding",
+                        "got 'none': with qk_mixer 'none' the encoder would not see token order; "
+                        "use 'learned' or 'sinusoidal' (or qk_mixer 'conv')",
+                    )
+                ],
+            )
 
     def to_latte_config(self, vocab_size: int, num_labels: int = 2) -> LatteConfig:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "vocab_size"}
@@ -147,10 +158,18 @@ class ClassificationTask(Task):
     def _load(self, log) -> None:
         d = self.cfg.data
         sizes = {"train": d.train_examples, "validation": d.validation_examples, "test": d.test_examples}
-        self.splits, self.info = load_task(d.dataset, path=d.path, sizes=sizes, seed=d.seed, cache_dir=d.cache_dir,
-                                           num_workers=d.num_workers, max_length=d.max_length,
-                                           listops_spec=d.listops_spec(), pathfinder_spec=d.pathfinder_spec(),
-                                           log=log)
+        self.splits, self.info = load_task(
+            d.dataset,
+            path=d.path,
+            sizes=sizes,
+            seed=d.seed,
+            cache_dir=d.cache_dir,
+            num_workers=d.num_workers,
+            max_length=d.max_length,
+            listops_spec=d.listops_spec(),
+            pathfinder_spec=d.pathfinder_spec(),
+            log=log,
+        )
         if self.cfg.model.pooling == "cls":
             self.splits = {s: data.with_cls(self.info["cls_id"]) for s, data in self.splits.items()}
         for s, data in self.splits.items():
@@ -158,16 +177,27 @@ class ClassificationTask(Task):
 
     def prepare_inference(self, checkpoint: Checkpoint) -> None:
         num_classes, vocab_size, cls_id = VOCAB[self.cfg.data.dataset]
-        self.info = {"vocab_size": vocab_size, "num_classes": num_classes, "cls_id": cls_id,
-                     "pair": self.cfg.data.dataset == "retrieval"}
+        self.info = {
+            "vocab_size": vocab_size,
+            "num_classes": num_classes,
+            "cls_id": cls_id,
+            "pair": self.cfg.data.dataset == "retrieval",
+        }
 
     def _check_positions(self) -> None:
         m, longest = self.cfg.model, max(s.max_length() for s in self.splits.values())
         if m.position_embedding != "none" and longest > m.max_position_embeddings:
-            raise ConfigError("ClassificationRunConfig", [(
-                "model.max_position_embeddings", f"got {m.max_position_embeddings}, but the {self.cfg.data.dataset} "
-                f"data holds inputs of {longest} tokens (the classification token included); "
-                f"raise it to >= {longest}")])
+            raise ConfigError(
+                "ClassificationRunConfig",
+                [
+                    (
+                        "model.max_position_embeddings",
+                        f"got {m.max_position_embeddings}, but the {self.cfg.data.dataset} "
+                        f"data holds inputs of {longest} tokens (the classification token included); "
+                        f"raise it to >= {longest}",
+                    )
+                ],
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -179,9 +209,15 @@ class ClassificationTask(Task):
 
     def train_batches(self, start_index: int) -> BucketedSampleLoader:
         t = self.cfg.train
-        return BucketedSampleLoader(self.splits["train"], bucket_batches=self.cfg.data.bucket_batches,
-                                    global_batch_size=t.global_batch_size, rank=self.env.rank,
-                                    world_size=self.env.world_size, seed=t.seed, start_index=start_index)
+        return BucketedSampleLoader(
+            self.splits["train"],
+            bucket_batches=self.cfg.data.bucket_batches,
+            global_batch_size=t.global_batch_size,
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+            seed=t.seed,
+            start_index=start_index,
+        )
 
     def architecture_fields(self) -> set[str]:
         model = {f"model.{f.name}" for f in dataclasses.fields(ClassifierModelConfig) if f.name != "dropout"}
@@ -220,8 +256,11 @@ class ClassificationTask(Task):
             np.add.at(confusion, (batch["labels"].cpu().numpy(), logits.argmax(-1).cpu().numpy()), 1)
         model.train(was_training)
         sums = self.sum_over_ranks(loss_sum, *confusion.reshape(-1).tolist())
-        return {**confusion_metrics(np.array(sums[1:]).reshape(n, n)), "loss": sums[0] / max(1.0, sum(sums[1:])),
-                "examples_per_s": sum(sums[1:]) / max(time.perf_counter() - t0, 1e-9)}
+        return {
+            **confusion_metrics(np.array(sums[1:]).reshape(n, n)),
+            "loss": sums[0] / max(1.0, sum(sums[1:])),
+            "examples_per_s": sum(sums[1:]) / max(time.perf_counter() - t0, 1e-9),
+        }
 
     def eval_size(self, *, final: bool) -> int:
         t, n = self.cfg.train, len(self.splits["validation"])
@@ -233,13 +272,20 @@ class ClassificationTask(Task):
         """The test split's metrics, and the majority-class baseline on it."""
         test = self._score(model, self.splits["test"], 0)
         majority, baseline = majority_baseline(self.splits["train"], self.splits["test"])
-        return {**{f"test_{k}": v for k, v in test.items()}, "dataset": self.cfg.data.dataset,
-                "majority_class": majority, "majority_baseline": baseline,
-                "label_counts": self.info["label_counts"], "split_examples": self.info["examples"]}
+        return {
+            **{f"test_{k}": v for k, v in test.items()},
+            "dataset": self.cfg.data.dataset,
+            "majority_class": majority,
+            "majority_baseline": baseline,
+            "label_counts": self.info["label_counts"],
+            "split_examples": self.info["examples"],
+        }
 
     def format_metrics(self, m: dict) -> str:
-        text = (f"accuracy {m['accuracy']:.4f} (balanced {m['balanced_accuracy']:.4f}, loss {m['loss']:.4f}, "
-                f"{int(m['examples']):,} examples)")
+        text = (
+            f"accuracy {m['accuracy']:.4f} (balanced {m['balanced_accuracy']:.4f}, loss {m['loss']:.4f}, "
+            f"{int(m['examples']):,} examples)"
+        )
         if "test_accuracy" in m:
             text += f"; test accuracy {m['test_accuracy']:.4f} (balanced {m['test_balanced_accuracy']:.4f})"
         if "majority_baseline" in m:
@@ -249,17 +295,23 @@ class ClassificationTask(Task):
     def describe(self, model: nn.Module) -> str:
         c, info = self.cfg, self.info
         n = {s: len(d) for s, d in self.splits.items()}
-        return (f"{c.data.dataset}: {c.model.mixer} dim {c.model.dim} x {c.model.num_layers} layers, "
-                f"{c.model.pooling} pooling, {num_parameters(D.unwrap(model)):,} parameters; "
-                f"{info['num_classes']} classes, vocab {info['vocab_size']}; train {n['train']:,}, validation "
-                f"{n['validation']:,}, test {n['test']:,} examples (inputs up to {info['max_length']} tokens); "
-                f"batch {c.train.global_batch_size}")
+        return (
+            f"{c.data.dataset}: {c.model.mixer} dim {c.model.dim} x {c.model.num_layers} layers, "
+            f"{c.model.pooling} pooling, {num_parameters(D.unwrap(model)):,} parameters; "
+            f"{info['num_classes']} classes, vocab {info['vocab_size']}; train {n['train']:,}, validation "
+            f"{n['validation']:,}, test {n['test']:,} examples (inputs up to {info['max_length']} tokens); "
+            f"batch {c.train.global_batch_size}"
+        )
 
 
 def _logits(model: nn.Module, batch: Batch) -> torch.Tensor:
     if "input_ids_2" in batch:
-        return model(batch["input_ids"], batch["input_ids_2"], attention_mask=batch["attention_mask"],
-                     attention_mask_2=batch["attention_mask_2"]).logits
+        return model(
+            batch["input_ids"],
+            batch["input_ids_2"],
+            attention_mask=batch["attention_mask"],
+            attention_mask_2=batch["attention_mask_2"],
+        ).logits
     return model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits
 
 
@@ -302,6 +354,9 @@ def confusion_metrics(confusion: np.ndarray) -> dict[str, float]:
     recall = np.divide(tp, support, out=np.zeros_like(tp), where=present)
     precision = np.divide(tp, predicted, out=np.zeros_like(tp), where=predicted > 0)
     f1 = np.divide(2 * precision * recall, precision + recall, out=np.zeros_like(tp), where=precision + recall > 0)
-    return {"accuracy": float(tp.sum() / total) if total else float("nan"),
-            "balanced_accuracy": float(recall[present].mean()) if present.any() else float("nan"),
-            "macro_f1": float(f1[present].mean()) if present.any() else float("nan"), "examples": int(total)}
+    return {
+        "accuracy": float(tp.sum() / total) if total else float("nan"),
+        "balanced_accuracy": float(recall[present].mean()) if present.any() else float("nan"),
+        "macro_f1": float(f1[present].mean()) if present.any() else float("nan"),
+        "examples": int(total),
+    }

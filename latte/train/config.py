@@ -98,8 +98,10 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.vocab_size is not None and self.vocab_size < 1:
-            raise ConfigError(type(self).__name__, [("vocab_size", f"got {self.vocab_size}, expected "
-                                                                   "an integer >= 1 or null (the tokenizer's)")])
+            raise ConfigError(
+                type(self).__name__,
+                [("vocab_size", f"got {self.vocab_size}, expected an integer >= 1 or null (the tokenizer's)")],
+            )
         self.to_latte_config(self.vocab_size or 257)  # LatteConfig's own checks; ConfigError names fields
 
     def to_latte_config(self, vocab_size: int) -> LatteConfig:
@@ -195,8 +197,12 @@ class TrainConfig:
         e.check(self.log_every >= 1, "log_every", self.log_every, ">= 1")
         e.check(self.sample_temperature >= 0, "sample_temperature", self.sample_temperature, ">= 0 (0 = greedy)")
         e.check(self.sample_top_k >= 0, "sample_top_k", self.sample_top_k, ">= 0 (0 = no top-k)")
-        e.check(self.checkpoint_format != "sharded" or self.distributed == "fsdp2", "checkpoint_format",
-                self.checkpoint_format, "'auto' or 'full' unless distributed is 'fsdp2'")
+        e.check(
+            self.checkpoint_format != "sharded" or self.distributed == "fsdp2",
+            "checkpoint_format",
+            self.checkpoint_format,
+            "'auto' or 'full' unless distributed is 'fsdp2'",
+        )
         if self.num_threads is not None:
             e.check(self.num_threads >= 1, "num_threads", self.num_threads, ">= 1 or null")
         if self.time_budget_minutes is not None:
@@ -216,10 +222,13 @@ class RunConfig:
     def __post_init__(self):
         e = ConfigErrors(type(self).__name__)
         o, t = self.optim, self.train
-        e.check(o.warmup_steps <= t.steps, "optim.warmup_steps", o.warmup_steps,
-                f"<= train.steps ({t.steps})")
-        e.check(t.global_batch_size % o.grad_accum == 0, "train.global_batch_size", t.global_batch_size,
-                f"a multiple of optim.grad_accum ({o.grad_accum})")
+        e.check(o.warmup_steps <= t.steps, "optim.warmup_steps", o.warmup_steps, f"<= train.steps ({t.steps})")
+        e.check(
+            t.global_batch_size % o.grad_accum == 0,
+            "train.global_batch_size",
+            t.global_batch_size,
+            f"a multiple of optim.grad_accum ({o.grad_accum})",
+        )
         e.raise_if_any()
 
 
@@ -238,8 +247,7 @@ class LMRunConfig(RunConfig):
 # function to float32 rounding, a speed knob) and initializer_range (used only
 # before step 0).
 RESUMABLE_MODEL_FIELDS = ("dropout", "chunk_size", "initializer_range")
-ARCHITECTURE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig)
-                            if f.name not in RESUMABLE_MODEL_FIELDS)
+ARCHITECTURE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in RESUMABLE_MODEL_FIELDS)
 
 
 def shipped_configs() -> list[str]:
@@ -258,8 +266,9 @@ def resolve_config(config: str | Path | None) -> Path:
     name = path.as_posix().removesuffix(".yaml")
     if (CONFIG_DIR / f"{name}.yaml").is_file():
         return CONFIG_DIR / f"{name}.yaml"
-    raise ValueError(f"--config {config}: no such file, and not a shipped config name; "
-                     f"shipped: {', '.join(shipped_configs())}")
+    raise ValueError(
+        f"--config {config}: no such file, and not a shipped config name; shipped: {', '.join(shipped_configs())}"
+    )
 
 
 def build_run_config(data: dict, *, where: str) -> RunConfig:
@@ -285,6 +294,13 @@ def check_world_size(cfg: RunConfig, world_size: int) -> None:
     """The batch must split evenly over ranks and micro-batches."""
     per = world_size * cfg.optim.grad_accum
     if cfg.train.global_batch_size % per:
-        raise ConfigError("RunConfig", [("train.global_batch_size",
-                          f"got {cfg.train.global_batch_size}, expected a multiple of world_size "
-                          f"({world_size}) x optim.grad_accum ({cfg.optim.grad_accum}) = {per}")])
+        raise ConfigError(
+            "RunConfig",
+            [
+                (
+                    "train.global_batch_size",
+                    f"got {cfg.train.global_batch_size}, expected a multiple of world_size "
+                    f"({world_size}) x optim.grad_accum ({cfg.optim.grad_accum}) = {per}",
+                )
+            ],
+        )

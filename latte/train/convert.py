@@ -60,8 +60,12 @@ class ConvertDataConfig(DataConfig):
     def __post_init__(self):
         super().__post_init__()
         e = ConfigErrors(type(self).__name__)
-        e.check(isinstance(self.val_windows, int) and self.val_windows >= 0, "val_windows", self.val_windows,
-                "an integer >= 0 (0 = the whole validation split)")
+        e.check(
+            isinstance(self.val_windows, int) and self.val_windows >= 0,
+            "val_windows",
+            self.val_windows,
+            "an integer >= 0 (0 = the whole validation split)",
+        )
         e.raise_if_any()
 
 
@@ -99,8 +103,12 @@ class DistillConfig:
         e = ConfigErrors(type(self).__name__)
         e.check(self.kl_weight >= 0, "kl_weight", self.kl_weight, ">= 0")
         e.check(self.lm_weight >= 0, "lm_weight", self.lm_weight, ">= 0")
-        e.check(self.objective == "layerwise" or self.kl_weight + self.lm_weight > 0, "kl_weight", self.kl_weight,
-                "> 0 or lm_weight > 0 (end_to_end needs a loss)")
+        e.check(
+            self.objective == "layerwise" or self.kl_weight + self.lm_weight > 0,
+            "kl_weight",
+            self.kl_weight,
+            "> 0 or lm_weight > 0 (end_to_end needs a loss)",
+        )
         e.check(self.temperature > 0, "temperature", self.temperature, "> 0")
         if self.start_latent_mass is not None:
             e.check(0 < self.start_latent_mass < 1, "start_latent_mass", self.start_latent_mass, "in (0, 1) or null")
@@ -169,15 +177,16 @@ class ConversionTask(LanguageModelingTask):
         folder, gguf = resolve_base(c.base.path, c.base.gguf_file)
         model = convert_pretrained(folder, c.conversion, gguf_file=gguf)
         if model.config.vocab_size < self.vocab_size:
-            raise ValueError(f"data.tokenizer: {self.vocab_size} ids, but the base model has only "
-                             f"{model.config.vocab_size} embeddings")
+            raise ValueError(
+                f"data.tokenizer: {self.vocab_size} ids, but the base model has only "
+                f"{model.config.vocab_size} embeddings"
+            )
         freeze_base(model)
         if hasattr(self, "train_windows"):  # training (not open_run): start where gradients flow
             ids, _ = self.train_windows.batch([0])
             calibrate_beta(model, record_layers(model, ids), latent_mass=c.distill.start_latent_mass)
         d = c.distill
-        return Distiller(model, d.objective, kl_weight=d.kl_weight, lm_weight=d.lm_weight,
-                         temperature=d.temperature)
+        return Distiller(model, d.objective, kl_weight=d.kl_weight, lm_weight=d.lm_weight, temperature=d.temperature)
 
     def checkpoint_keys(self, model: nn.Module) -> set[str]:
         return set(self.trainable_parameters(model))
@@ -203,8 +212,13 @@ class ConversionTask(LanguageModelingTask):
         converted = D.unwrap(model).model
         ids = self.tokenizer.encode(t.sample_prompt) or [self.tokenizer.eos_id]
         g = torch.Generator(device=self.env.device).manual_seed(t.seed)
-        tokens = converted.stream(torch.tensor([ids], device=self.env.device), t.sample_tokens,
-                                  temperature=t.sample_temperature, top_k=t.sample_top_k or None, generator=g)
+        tokens = converted.stream(
+            torch.tensor([ids], device=self.env.device),
+            t.sample_tokens,
+            temperature=t.sample_temperature,
+            top_k=t.sample_top_k or None,
+            generator=g,
+        )
         return t.sample_prompt + self.tokenizer.decode([int(tok[0]) for tok in tokens])
 
     def summary(self, model: nn.Module, metrics: dict) -> dict:
@@ -216,7 +230,7 @@ class ConversionTask(LanguageModelingTask):
         t0 = time.perf_counter()
         D.unwrap(model).model.save_pretrained(export)
         hf = self.run_dir / HF_TOKENIZER_DIR
-        for f in (hf.iterdir() if hf.is_dir() else [self.tokenizer_file]):
+        for f in hf.iterdir() if hf.is_dir() else [self.tokenizer_file]:
             shutil.copy(f, export / f.name)
         print(f"converted model written to {export} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
         return {**out, "export": str(export)}
@@ -225,8 +239,10 @@ class ConversionTask(LanguageModelingTask):
         c, converted = self.cfg, D.unwrap(model).model
         new = sum(p.numel() for p in converted.new_parameters().values())
         base = c.base.path + (f" ({c.base.gguf_file})" if c.base.gguf_file else "")
-        return (f"base {base}: {converted.config.text_config.model_type}, {converted.num_layers} layers; "
-                f"window {c.conversion.window_size}, {c.conversion.latents_per_head} latents per head, "
-                f"{new / 1e6:.2f}M new parameters; objective {c.distill.objective}; train "
-                f"{len(self.train_windows.tokens):,} tokens, validation {len(self.val_windows.tokens):,} tokens; "
-                f"batch {c.train.global_batch_size} x {c.data.seq_len} tokens")
+        return (
+            f"base {base}: {converted.config.text_config.model_type}, {converted.num_layers} layers; "
+            f"window {c.conversion.window_size}, {c.conversion.latents_per_head} latents per head, "
+            f"{new / 1e6:.2f}M new parameters; objective {c.distill.objective}; train "
+            f"{len(self.train_windows.tokens):,} tokens, validation {len(self.val_windows.tokens):,} tokens; "
+            f"batch {c.train.global_batch_size} x {c.data.seq_len} tokens"
+        )

@@ -82,8 +82,11 @@ def init_distributed(timeout_minutes: float = 30.0) -> DistEnv:
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=timeout_minutes),
-                                **({"device_id": device} if device.type == "cuda" else {}))
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(minutes=timeout_minutes),
+            **({"device_id": device} if device.type == "cuda" else {}),
+        )
     return DistEnv(rank, world_size, local_rank, local_world_size, device)
 
 
@@ -142,6 +145,7 @@ def broadcast_object(obj, env: DistEnv):
 
 
 # --------------------------------------------------------------------------- wrapping
+
 
 def wrap_model(model: nn.Module, mode: str, env: DistEnv, *, units: list[nn.Module] | None = None) -> nn.Module:
     """DDP or FSDP2 around `model` (already on env.device); unchanged on one
@@ -217,8 +221,14 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     return get_optimizer_state_dict(model, optimizer, options=_FULL)
 
 
-def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                    model_state: dict, optimizer_state: dict | None, *, strict: bool = True) -> None:
+def load_full_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    model_state: dict,
+    optimizer_state: dict | None,
+    *,
+    strict: bool = True,
+) -> None:
     """Every rank passes the full state dicts (read from the checkpoint);
     FSDP2 keeps its own shard of each. strict=False: `model_state` may hold
     a subset of the weights (a task that checkpoints only what it trains)."""

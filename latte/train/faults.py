@@ -51,8 +51,10 @@ class Faults:
                 elif key == "nan_loss":
                     steps, _, rank = value.partition("@")
                     start, _, stop = steps.partition(":")
-                    kw["nan_steps"] = (*kw.get("nan_steps", ()),
-                                       range(int(start), int(stop) if stop else int(start) + 1))
+                    kw["nan_steps"] = (
+                        *kw.get("nan_steps", ()),
+                        range(int(start), int(stop) if stop else int(start) + 1),
+                    )
                     kw["nan_rank"] = int(rank) if rank else None
                 else:
                     raise ValueError(f"unknown fault {key!r}")

@@ -23,8 +23,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from latte.data import (SampleLoader, TokenWindows, Tokenizer, load_documents, load_tokenizer, pack_documents,
-                        split_documents, train_bpe, unigram_perplexity)
+from latte.data import (
+    SampleLoader,
+    TokenWindows,
+    Tokenizer,
+    load_documents,
+    load_tokenizer,
+    pack_documents,
+    split_documents,
+    train_bpe,
+    unigram_perplexity,
+)
 from latte.models import LatteForCausalLM, num_parameters
 from latte.models import IGNORE_INDEX
 from latte.train import distributed as D
@@ -69,9 +78,16 @@ class LanguageModelingTask(Task):
 
     def train_batches(self, start_index: int) -> "WindowBatches":
         t = self.cfg.train
-        return WindowBatches(SampleLoader(self.train_windows, global_batch_size=t.global_batch_size,
-                                          rank=self.env.rank, world_size=self.env.world_size, seed=t.seed,
-                                          start_index=start_index))
+        return WindowBatches(
+            SampleLoader(
+                self.train_windows,
+                global_batch_size=t.global_batch_size,
+                rank=self.env.rank,
+                world_size=self.env.world_size,
+                seed=t.seed,
+                start_index=start_index,
+            )
+        )
 
     def checkpoint_files(self) -> dict[str, Path]:
         return {self.tokenizer_file.name: self.tokenizer_file}
@@ -92,9 +108,15 @@ class LanguageModelingTask(Task):
         t, env = self.cfg.train, self.env
         windows = subset(self.val_windows, 0 if final else t.eval_batches * t.global_batch_size)
         t0 = time.perf_counter()
-        total, count = nll_sums(model, windows, batch_size=max(1, t.global_batch_size // env.world_size),
-                                rank=env.rank, world_size=env.world_size, device=env.device,
-                                lockstep=self.lockstep)
+        total, count = nll_sums(
+            model,
+            windows,
+            batch_size=max(1, t.global_batch_size // env.world_size),
+            rank=env.rank,
+            world_size=env.world_size,
+            device=env.device,
+            lockstep=self.lockstep,
+        )
         total, count = self.sum_over_ranks(total, count)
         m = summarize(total, int(count), time.perf_counter() - t0)
         return {"loss": m["loss"], "ppl": m["ppl"], "tokens": m["tokens"], "tokens_per_s": m["tokens_per_s"]}
@@ -123,22 +145,32 @@ class LanguageModelingTask(Task):
             return f"{t.sample_prompt}(no sample: the weights hold NaN or inf values)"
         ids = self.tokenizer.encode(t.sample_prompt) or [self.tokenizer.eos_id]
         g = torch.Generator(device=self.env.device).manual_seed(t.seed)
-        out = raw.generate(torch.tensor([ids], device=self.env.device), t.sample_tokens,
-                           temperature=t.sample_temperature, top_k=t.sample_top_k or None, generator=g)
-        return t.sample_prompt + self.tokenizer.decode(out[0, len(ids):].tolist())
+        out = raw.generate(
+            torch.tensor([ids], device=self.env.device),
+            t.sample_tokens,
+            temperature=t.sample_temperature,
+            top_k=t.sample_top_k or None,
+            generator=g,
+        )
+        return t.sample_prompt + self.tokenizer.decode(out[0, len(ids) :].tolist())
 
     def summary(self, model: nn.Module, metrics: dict) -> dict:
         if not self.env.is_main:
             return {}
-        return {"unigram_ppl": unigram_perplexity(self.train_windows.tokens, self.val_windows.tokens,
-                                                  self.tokenizer.vocab_size)}
+        return {
+            "unigram_ppl": unigram_perplexity(
+                self.train_windows.tokens, self.val_windows.tokens, self.tokenizer.vocab_size
+            )
+        }
 
     def describe(self, model: nn.Module) -> str:
         c = self.cfg
-        return (f"model {c.model.mixer} dim {c.model.dim} x {c.model.num_layers} layers, "
-                f"{num_parameters(D.unwrap(model)) / 1e6:.2f}M parameters; vocab {self.tokenizer.vocab_size}; "
-                f"train {len(self.train_windows.tokens):,} tokens, validation {len(self.val_windows.tokens):,} "
-                f"tokens; batch {c.train.global_batch_size} x {c.data.seq_len} tokens")
+        return (
+            f"model {c.model.mixer} dim {c.model.dim} x {c.model.num_layers} layers, "
+            f"{num_parameters(D.unwrap(model)) / 1e6:.2f}M parameters; vocab {self.tokenizer.vocab_size}; "
+            f"train {len(self.train_windows.tokens):,} tokens, validation {len(self.val_windows.tokens):,} "
+            f"tokens; batch {c.train.global_batch_size} x {c.data.seq_len} tokens"
+        )
 
 
 class WindowBatches:
@@ -173,13 +205,15 @@ def summed_loss(model: nn.Module, input_ids_BT: torch.Tensor, labels_BT: torch.T
 
 # --------------------------------------------------------------------------- data and tokenizer
 
+
 def checkpoint_tokenizer(checkpoint: Checkpoint) -> Path:
     """The tokenizer file of a checkpoint (verified against its manifest)."""
     for name in TOKENIZER_FILES:
         if checkpoint.has(name):
             return checkpoint.file(name)
-    raise ValueError(f"{checkpoint.path}: holds no tokenizer file listed in its manifest "
-                     f"({' or '.join(TOKENIZER_FILES)})")
+    raise ValueError(
+        f"{checkpoint.path}: holds no tokenizer file listed in its manifest ({' or '.join(TOKENIZER_FILES)})"
+    )
 
 
 def _tokenizer(cfg: LMRunConfig, train_docs, run_dir: Path, ckpt: Checkpoint | None, env: D.DistEnv):
@@ -192,8 +226,10 @@ def _tokenizer(cfg: LMRunConfig, train_docs, run_dir: Path, ckpt: Checkpoint | N
         elif cfg.data.tokenizer == "bpe":
             t0 = time.perf_counter()
             tok = train_bpe((d.text for d in train_docs), vocab_size=cfg.data.vocab_size)
-            print(f"trained a {tok.vocab_size}-token BPE on the training split in "
-                  f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
+            print(
+                f"trained a {tok.vocab_size}-token BPE on the training split in {time.perf_counter() - t0:.1f} s",
+                file=sys.stderr,
+            )
         else:
             tok = load_tokenizer(cfg.data.tokenizer)
         path = tok.save(run_dir)
@@ -222,10 +258,13 @@ def _data(cfg: LMRunConfig, train_docs, val_docs, tokenizer, env: D.DistEnv) -> 
     """Packed token windows of both splits. Rank 0 packs (and caches) first;
     the others then open the cached memmaps. Refuses a corpus too short for
     one window per split, with the counts."""
+
     def pack() -> dict:
         cache = Path(cfg.data.cache_dir).expanduser()
-        return {"train": pack_documents(train_docs, tokenizer, cache_dir=cache),
-                "validation": pack_documents(val_docs, tokenizer, cache_dir=cache)}
+        return {
+            "train": pack_documents(train_docs, tokenizer, cache_dir=cache),
+            "validation": pack_documents(val_docs, tokenizer, cache_dir=cache),
+        }
 
     splits = pack() if env.is_main else None
     D.barrier(env)
@@ -236,5 +275,6 @@ def _data(cfg: LMRunConfig, train_docs, val_docs, tokenizer, env: D.DistEnv) -> 
         raise ValueError(
             f"corpus too short for data.seq_len={cfg.data.seq_len} (one window needs {need} tokens per split): "
             + ", ".join(f"the {name} split has {n} tokens in {d} document(s)" for name, (n, d) in counts.items())
-            + f" (data.source={cfg.data.source!r}); use a larger corpus, a smaller seq_len or another val_fraction")
+            + f" (data.source={cfg.data.source!r}); use a larger corpus, a smaller seq_len or another val_fraction"
+        )
     return TokenWindows(splits["train"], cfg.data.seq_len), TokenWindows(splits["validation"], cfg.data.seq_len)

@@ -60,6 +60,7 @@ def train(cfg: RunConfig) -> dict:
 
 # =========================================================================== fit
 
+
 def fit(run: Run) -> None:
     """Optimizer steps until train.steps, a stop request or a non-finite cap."""
     t = run.cfg.train
@@ -75,9 +76,11 @@ def fit(run: Run) -> None:
             if _due(run.step, t.save_every) or done:
                 save(run)
         if run.stop:
-            why = ("SIGTERM received (preemption)" if run.stop == STOP_PREEMPT
-                   else f"leaving time for the final validation within train.time_budget_minutes="
-                        f"{t.time_budget_minutes:g}")
+            why = (
+                "SIGTERM received (preemption)"
+                if run.stop == STOP_PREEMPT
+                else f"leaving time for the final validation within train.time_budget_minutes={t.time_budget_minutes:g}"
+            )
             run.logger.message(f"stopped cleanly after step {run.step}: {why}")
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -90,6 +93,7 @@ def _due(step: int, every: int) -> bool:
 def _on_sigterm(run: Run):
     def handler(signum, frame):  # finish the step, checkpoint, exit 0
         run.stop_request = STOP_PREEMPT
+
     return handler
 
 
@@ -98,16 +102,32 @@ def _one_step(run: Run) -> None:
     o = cfg.optim
     first_sample = run.batches.sample_index
     batch = next(run.batches)
-    lr = lr_at(run.step, base_lr=o.lr, warmup_steps=o.warmup_steps, total_steps=cfg.train.steps,
-               decay=o.decay, min_lr_ratio=o.min_lr_ratio)
+    lr = lr_at(
+        run.step,
+        base_lr=o.lr,
+        warmup_steps=o.warmup_steps,
+        total_steps=cfg.train.steps,
+        decay=o.decay,
+        min_lr_ratio=o.min_lr_ratio,
+    )
     run.faults.maybe_sigterm(run.step)
     run.faults.maybe_hold(run.step, run.run_dir, env.is_main)
     if _out_of_time(run):
         run.stop_request = max(run.stop_request, STOP_BUDGET)
     t0 = time.perf_counter()
-    result = train_step(run.model, run.optimizer, batch, task=run.task, lr=lr, env=env,
-                        grad_accum=o.grad_accum, grad_clip=o.grad_clip, precision=cfg.train.precision,
-                        stop=run.stop_request, inject_nan=run.faults.nan_loss(run.step, env.rank))
+    result = train_step(
+        run.model,
+        run.optimizer,
+        batch,
+        task=run.task,
+        lr=lr,
+        env=env,
+        grad_accum=o.grad_accum,
+        grad_clip=o.grad_clip,
+        precision=cfg.train.precision,
+        stop=run.stop_request,
+        inject_nan=run.faults.nan_loss(run.step, env.rank),
+    )
     seconds = time.perf_counter() - t0
     batch_text = f"global samples [{first_sample}, {first_sample + cfg.train.global_batch_size})"
     run.logger.train_step(run.step + 1, result, lr, seconds, time.perf_counter() - run.t_start)
@@ -166,6 +186,7 @@ def _sample(run: Run) -> str | None:
 
 # =========================================================================== checkpoints
 
+
 def save(run: Run) -> Path | None:
     """A checkpoint of the current step (collective: every rank calls it),
     unless the weights are not fit to keep: after a skipped step (the
@@ -174,15 +195,24 @@ def save(run: Run) -> Path | None:
     env, faults = run.env, run.faults
     refused = _unfit_to_save(run)
     if refused:
-        newest = (f"the newest healthy checkpoint is step {run.last_healthy_step}"
-                  if run.last_healthy_step is not None else "there is no healthy checkpoint yet")
+        newest = (
+            f"the newest healthy checkpoint is step {run.last_healthy_step}"
+            if run.last_healthy_step is not None
+            else "there is no healthy checkpoint yet"
+        )
         run.logger.message(f"step {run.step}: checkpoint NOT taken: {refused}; {newest}")
         return None
     healthy = run.guard.total == run.skips_at_last_save  # no step skipped since the last checkpoint
     last_healthy = run.step if healthy else run.last_healthy_step
-    trainer_state = {"step": run.step, f"{run.task.unit}_seen": run.seen, "sample_index": run.batches.sample_index,
-                     **run.guard.state_dict(), "world_size": env.world_size, "healthy": healthy,
-                     "last_healthy_step": last_healthy}
+    trainer_state = {
+        "step": run.step,
+        f"{run.task.unit}_seen": run.seen,
+        "sample_index": run.batches.sample_index,
+        **run.guard.state_dict(),
+        "world_size": env.world_size,
+        "healthy": healthy,
+        "last_healthy_step": last_healthy,
+    }
     if run.sharded:
         weights = {"sharded_state": sharded_state(run.model, run.optimizer, run.checkpoint_keys)}
     else:
@@ -190,17 +220,36 @@ def save(run: Run) -> Path | None:
         if run.checkpoint_keys is not None:
             model_state = {k: v for k, v in model_state.items() if k in run.checkpoint_keys}
         optim_state = D.full_optimizer_state(run.model, run.optimizer)
-        weights = {"model_state": model_state if env.is_main else None,
-                   "optimizer_state": optim_state if env.is_main else None}
+        weights = {
+            "model_state": model_state if env.is_main else None,
+            "optimizer_state": optim_state if env.is_main else None,
+        }
     path = save_checkpoint(
-        run.run_dir, run.step, **weights, trainer_state=trainer_state, rng_state=capture_rng_state(),
-        config=run.cfg, extra_files=run.task.checkpoint_files(), rank=env.rank, world_size=env.world_size,
-        barrier=lambda: D.barrier(env), keep=run.cfg.train.keep,
+        run.run_dir,
+        run.step,
+        **weights,
+        trainer_state=trainer_state,
+        rng_state=capture_rng_state(),
+        config=run.cfg,
+        extra_files=run.task.checkpoint_files(),
+        rank=env.rank,
+        world_size=env.world_size,
+        barrier=lambda: D.barrier(env),
+        keep=run.cfg.train.keep,
         protect={last_healthy} if last_healthy is not None else set(),
-        before_commit=kill_self if faults.kills_during_save(run.step) else None)
+        before_commit=kill_self if faults.kills_during_save(run.step) else None,
+    )
     run.last_healthy_step, run.skips_at_last_save = last_healthy, run.guard.total
-    note = "" if healthy else " (saved after skipped steps; " + (
-        f"step {last_healthy} stays as the newest healthy one)" if last_healthy is not None else "none is healthy yet)")
+    note = (
+        ""
+        if healthy
+        else " (saved after skipped steps; "
+        + (
+            f"step {last_healthy} stays as the newest healthy one)"
+            if last_healthy is not None
+            else "none is healthy yet)"
+        )
+    )
     run.logger.message(f"step {run.step}: checkpoint {path}{note}")
     faults.maybe_kill_after_save(run.step)
     return path
@@ -209,8 +258,10 @@ def save(run: Run) -> Path | None:
 def _unfit_to_save(run: Run) -> str | None:
     """Why the current weights must not be checkpointed (agreed over ranks), or None."""
     if run.guard.consecutive:
-        return (f"the current weights gave a non-finite loss or gradient ({run.guard.consecutive} "
-                "consecutive skipped step(s))")
+        return (
+            f"the current weights gave a non-finite loss or gradient ({run.guard.consecutive} "
+            "consecutive skipped step(s))"
+        )
     bad = nonfinite_tensors(dict(run.raw_model.named_parameters()))
     if D.all_reduce(torch.tensor([float(len(bad))], device=run.env.device), run.env, "sum").item():
         return f"the weights hold NaN or inf values ({'; '.join(bad[:3]) or 'on another rank'})"
@@ -219,14 +270,21 @@ def _unfit_to_save(run: Run) -> str | None:
 
 # =========================================================================== evaluate
 
+
 def evaluate(run: Run) -> dict:
     """The task's final evaluation on the whole validation split, a sample,
     summary.json and loss_curve.png (rank 0 writes)."""
     unit = run.task.unit
-    summary = {"task": run.cfg.task, "run_dir": str(run.run_dir), "step": run.step, f"{unit}_seen": run.seen,
-               "skipped_steps": run.guard.total, "world_size": run.env.world_size,
-               f"train_{unit}_per_s": run.train_count / run.train_seconds if run.train_seconds else None,
-               "parameters": num_parameters(run.raw_model)}
+    summary = {
+        "task": run.cfg.task,
+        "run_dir": str(run.run_dir),
+        "step": run.step,
+        f"{unit}_seen": run.seen,
+        "skipped_steps": run.guard.total,
+        "world_size": run.env.world_size,
+        f"train_{unit}_per_s": run.train_count / run.train_seconds if run.train_seconds else None,
+        "parameters": num_parameters(run.raw_model),
+    }
     if run.stop == STOP_PREEMPT:  # exit promptly: the checkpoint is written, evaluation can wait
         summary["stopped"] = "SIGTERM"
         return summary
@@ -241,7 +299,8 @@ def evaluate(run: Run) -> dict:
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         run.logger.message(
             f"final validation {run.task.format_metrics({**metrics, **extras})}; step {run.step}, "
-            f"{summary[f'train_{unit}_per_s'] or 0:,.0f} train {unit}/s, wall time {summary['wall_time_s']:.0f} s")
+            f"{summary[f'train_{unit}_per_s'] or 0:,.0f} train {unit}/s, wall time {summary['wall_time_s']:.0f} s"
+        )
         run.logger.close()
         run.logger.plot()
     return summary

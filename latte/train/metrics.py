@@ -21,6 +21,7 @@ import math
 import sys
 from pathlib import Path
 
+
 def train_fields(unit: str) -> list[str]:
     return ["step", "loss", "lr", "grad_norm", unit, f"{unit}_per_s", "applied", "elapsed_s"]
 
@@ -52,8 +53,16 @@ def read_csv(path: str | Path) -> list[dict[str, str]]:
 class RunLogger:
     """Rank 0 only (the others get a `NullLogger`)."""
 
-    def __init__(self, run_dir: Path, *, start_step: int, total_steps: int, log_every: int,
-                 tensorboard: bool, unit: str = "tokens"):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        start_step: int,
+        total_steps: int,
+        log_every: int,
+        tensorboard: bool,
+        unit: str = "tokens",
+    ):
         self.run_dir, self.log_every, self.unit = run_dir, log_every, unit
         self.train_csv, self.val_csv = run_dir / "metrics.csv", run_dir / "val.csv"
         fields = _truncate_csv(self.train_csv, start_step)
@@ -82,14 +91,26 @@ class RunLogger:
     def train_step(self, step: int, result, lr: float, seconds: float, elapsed: float) -> None:
         """`step` counts completed steps (1-based)."""
         rate = result.count / seconds if seconds > 0 else 0.0
-        self._writers["train"].writerow({
-            "step": step, "loss": repr(result.loss), "lr": repr(lr), "grad_norm": repr(result.grad_norm),
-            self.unit: result.count, f"{self.unit}_per_s": f"{rate:.1f}", "applied": int(result.applied),
-            "elapsed_s": f"{elapsed:.2f}"})
+        self._writers["train"].writerow(
+            {
+                "step": step,
+                "loss": repr(result.loss),
+                "lr": repr(lr),
+                "grad_norm": repr(result.grad_norm),
+                self.unit: result.count,
+                f"{self.unit}_per_s": f"{rate:.1f}",
+                "applied": int(result.applied),
+                "elapsed_s": f"{elapsed:.2f}",
+            }
+        )
         self._files["train"].flush()
         if self.tb is not None:
-            for name, value in (("loss", result.loss), ("lr", lr), ("grad_norm", result.grad_norm),
-                                (f"{self.unit}_per_s", rate)):
+            for name, value in (
+                ("loss", result.loss),
+                ("lr", lr),
+                ("grad_norm", result.grad_norm),
+                (f"{self.unit}_per_s", rate),
+            ):
                 if math.isfinite(value):
                     self.tb.add_scalar(f"train/{name}", value, step)
         w = self._window
@@ -105,8 +126,9 @@ class RunLogger:
             loss = w[0] / w[1] if w[1] else math.nan
             skipped = "" if result.applied else " (skipped: non-finite)"
             if self.bar is None:
-                self.message(f"step {step}: loss {loss:.4f}  lr {lr:.2e}  "
-                             f"{w[1] / max(w[2], 1e-9):,.0f} {self.unit}/s{skipped}")
+                self.message(
+                    f"step {step}: loss {loss:.4f}  lr {lr:.2e}  {w[1] / max(w[2], 1e-9):,.0f} {self.unit}/s{skipped}"
+                )
             self._window = [0.0, 0, 0.0, 0]
 
     def validation(self, step: int, metrics: dict, text: str) -> None:
@@ -155,8 +177,7 @@ def _tensorboard(log_dir: Path, start_step: int):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        print("note: TensorBoard logging off (pip install 'tensorboard>=2.14,<3' to enable)",
-              file=sys.stderr)
+        print("note: TensorBoard logging off (pip install 'tensorboard>=2.14,<3' to enable)", file=sys.stderr)
         return None
     # purge_step drops events after the resumed step (left by a crashed timeline)
     return SummaryWriter(str(log_dir), purge_step=start_step + 1)
@@ -170,8 +191,7 @@ def _progress_bar(start_step: int, total_steps: int):
         from tqdm import tqdm
     except ImportError:
         return None
-    return tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
-                mininterval=0.5)
+    return tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True, mininterval=0.5)
 
 
 def plot_loss_curve(run_dir: str | Path) -> Path | None:
@@ -191,7 +211,7 @@ def plot_loss_curve(run_dir: str | Path) -> Path | None:
     ax.plot(xs, ys, lw=0.8, alpha=0.5, label="train (per step)")
     if len(ys) >= 10:  # a running mean makes the trend readable
         k = max(5, len(ys) // 30)
-        smooth = [sum(ys[max(0, i - k + 1): i + 1]) / len(ys[max(0, i - k + 1): i + 1]) for i in range(len(ys))]
+        smooth = [sum(ys[max(0, i - k + 1) : i + 1]) / len(ys[max(0, i - k + 1) : i + 1]) for i in range(len(ys))]
         ax.plot(xs, smooth, lw=1.5, label=f"train (mean of {k})")
     if val and "val_loss" in val[0]:
         ax.plot([int(r["step"]) for r in val], [float(r["val_loss"]) for r in val], "o-", label="validation")

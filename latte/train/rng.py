@@ -47,5 +47,6 @@ def restore_rng_state(state: dict[str, torch.Tensor]) -> None:
         if len(state["cuda"]) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(list(state["cuda"].cpu()))
         else:
-            log.warning("CUDA RNG not restored: saved for %d devices, %d visible",
-                        len(state["cuda"]), torch.cuda.device_count())
+            log.warning(
+                "CUDA RNG not restored: saved for %d devices, %d visible", len(state["cuda"]), torch.cuda.device_count()
+            )

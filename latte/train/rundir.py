@@ -66,12 +66,16 @@ class RunLock:
             os.close(fd)
             raise RunFolderLocked(
                 f"{self.path.parent} is in use by another latte train ({holder}); wait for it to finish, "
-                "stop it, or choose another train.run_dir") from None
+                "stop it, or choose another train.run_dir"
+            ) from None
         except OSError as e:
             os.close(fd)
             raise OSError(e.errno, f"cannot lock {self.path}: {e.strerror}", str(self.path)) from None
-        info = {"pid": os.getpid(), "host": socket.gethostname(),
-                "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
@@ -110,6 +114,7 @@ def prepare_run_dir(run_dir: Path) -> RunLock:
 
 # --------------------------------------------------------------------------- resume
 
+
 def choose_resume(resume: str, run_dir: Path) -> Path | None:
     """The checkpoint to resume (None: start at step 0), after moving aside
     what the choice abandons (see the module docstring). Rank 0 only, with
@@ -124,8 +129,9 @@ def choose_resume(resume: str, run_dir: Path) -> Path | None:
                 f"train.resume=auto: {run_dir} holds {len(failed)} step folder(s) and none verifies:\n  "
                 + "\n  ".join(f"{p.name}: {why.splitlines()[-1].strip()}" for p, why in failed)
                 + "\nnothing was deleted. Repair or remove them, resume from an explicit checkpoint "
-                  "(--resume PATH), start over here with --resume never (they are moved aside, not "
-                  "deleted), or use a new train.run_dir")
+                "(--resume PATH), start over here with --resume never (they are moved aside, not "
+                "deleted), or use a new train.run_dir"
+            )
         for path, why in failed:
             log.warning("not resuming from %s: %s", path, why)
         committed = [p for p, _ in failed if (p / MANIFEST).exists()]
@@ -147,8 +153,9 @@ def _explicit_checkpoint(resume: str) -> Path:
     latest, failed = scan_checkpoints(path) if path.is_dir() else (None, [])
     if latest is None:
         reasons = "".join(f"\n  {p.name}: {why.splitlines()[-1].strip()}" for p, why in failed)
-        raise ValueError(f"train.resume={resume!r}: not a checkpoint folder, nor a run folder holding a "
-                         f"verified checkpoint{reasons}")
+        raise ValueError(
+            f"train.resume={resume!r}: not a checkpoint folder, nor a run folder holding a verified checkpoint{reasons}"
+        )
     return latest
 
 
@@ -171,6 +178,12 @@ def _move_aside(run_dir: Path, folders: list[Path], why: str) -> None:
     (dest / "README.txt").write_text(
         f"Moved here by latte train at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} ({why}):\n"
         f"step folders of an earlier timeline of {run_dir}, and copies of its logs at that time.\n"
-        "Resume from one with: latte train --config ... --resume <this folder>/step-N\n", encoding="utf-8")
-    log.warning("moved %d step folder(s) (%s) aside to %s; nothing was deleted",
-                len(folders), ", ".join(sorted(p.name for p in folders)), dest)
+        "Resume from one with: latte train --config ... --resume <this folder>/step-N\n",
+        encoding="utf-8",
+    )
+    log.warning(
+        "moved %d step folder(s) (%s) aside to %s; nothing was deleted",
+        len(folders),
+        ", ".join(sorted(p.name for p in folders)),
+        dest,
+    )

@@ -19,8 +19,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from latte.train.checkpoint import (MANIFEST, MODEL, Checkpoint, CheckpointError, check_finite,
-                                    check_state_against, load_checkpoint, step_dirs)
+from latte.train.checkpoint import (
+    MANIFEST,
+    MODEL,
+    Checkpoint,
+    CheckpointError,
+    check_finite,
+    check_state_against,
+    load_checkpoint,
+    step_dirs,
+)
 from latte.train.config import RunConfig, build_run_config
 from latte.train.distributed import DistEnv
 from latte.train.task import Task, task_class
@@ -57,8 +65,9 @@ def open_run(path: str | Path, *, device: str | torch.device = "cpu") -> Trained
         except CheckpointError as e:
             log.warning("skipping checkpoint %s: %s", step_dir, e)
             problems.append(f"{step_dir.name}: {str(e).splitlines()[-1].strip()}")
-    raise ValueError(f"{path}: no verified checkpoint (step-*/{MANIFEST}) in this run folder"
-                     + "".join(f"\n  {p}" for p in problems))
+    raise ValueError(
+        f"{path}: no verified checkpoint (step-*/{MANIFEST}) in this run folder" + "".join(f"\n  {p}" for p in problems)
+    )
 
 
 def _open_step(step_dir: Path, device: torch.device) -> TrainedRun:

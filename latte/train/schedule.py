@@ -46,8 +46,9 @@ def _check_args(step, base_lr, warmup_steps, total_steps, decay, min_lr_ratio) -
         raise ValueError("lr_at: " + "; ".join(problems))
 
 
-def lr_at(step: int, *, base_lr: float, warmup_steps: int, total_steps: int,
-          decay: str = "linear", min_lr_ratio: float = 0.0) -> float:
+def lr_at(
+    step: int, *, base_lr: float, warmup_steps: int, total_steps: int, decay: str = "linear", min_lr_ratio: float = 0.0
+) -> float:
     """Learning rate for optimizer step `step` (0-based); see the module docstring."""
     _check_args(step, base_lr, warmup_steps, total_steps, decay, min_lr_ratio)
     if step < warmup_steps:

@@ -73,11 +73,11 @@ class Run:
     def sharded(self) -> bool:
         """Checkpoints in the sharded (DCP) format: FSDP2 on several ranks."""
         t = self.cfg.train
-        return (self.env.is_distributed and t.distributed == "fsdp2"
-                and t.checkpoint_format in ("auto", "sharded"))
+        return self.env.is_distributed and t.distributed == "fsdp2" and t.checkpoint_format in ("auto", "sharded")
 
 
 # =========================================================================== setup
+
 
 def setup(cfg: RunConfig, env: D.DistEnv) -> Run:
     check_world_size(cfg, env.world_size)
@@ -126,24 +126,53 @@ def _build(cfg: RunConfig, env: D.DistEnv, run_dir: Path, lock: RunLock | None, 
     batches = task.train_batches(state["sample_index"])
     _restore_rng(ckpt, cfg, env, state["step"])
 
-    logger = (RunLogger(run_dir, start_step=state["step"], total_steps=cfg.train.steps, unit=task.unit,
-                        log_every=cfg.train.log_every, tensorboard=cfg.train.tensorboard)
-              if env.is_main else NullLogger())
-    run = Run(cfg, env, run_dir, task, model, optimizer, batches,
-              SkipGuard(cfg.train.on_nonfinite, cfg.train.max_consecutive_skips,
-                        total=state["skipped_steps"], consecutive=state["consecutive_skips"]),
-              logger, Faults.from_env(), lock, keys, step=state["step"],
-              seen=state.get(f"{task.unit}_seen", 0), last_healthy_step=state.get("last_healthy_step"),
-              skips_at_last_save=state["skipped_steps"])
+    logger = (
+        RunLogger(
+            run_dir,
+            start_step=state["step"],
+            total_steps=cfg.train.steps,
+            unit=task.unit,
+            log_every=cfg.train.log_every,
+            tensorboard=cfg.train.tensorboard,
+        )
+        if env.is_main
+        else NullLogger()
+    )
+    run = Run(
+        cfg,
+        env,
+        run_dir,
+        task,
+        model,
+        optimizer,
+        batches,
+        SkipGuard(
+            cfg.train.on_nonfinite,
+            cfg.train.max_consecutive_skips,
+            total=state["skipped_steps"],
+            consecutive=state["consecutive_skips"],
+        ),
+        logger,
+        Faults.from_env(),
+        lock,
+        keys,
+        step=state["step"],
+        seen=state.get(f"{task.unit}_seen", 0),
+        last_healthy_step=state.get("last_healthy_step"),
+        skips_at_last_save=state["skipped_steps"],
+    )
     if ckpt is not None and state.get("healthy") is False:
-        logger.message(f"note: {ckpt.path.name} was saved after skipped steps; the newest healthy checkpoint "
-                       f"is step {run.last_healthy_step} (resume from it explicitly if this one misbehaves)")
+        logger.message(
+            f"note: {ckpt.path.name} was saved after skipped steps; the newest healthy checkpoint "
+            f"is step {run.last_healthy_step} (resume from it explicitly if this one misbehaves)"
+        )
     logger.message(_describe(run, ckpt_path))
     return run
 
 
-def _load_state(model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: Checkpoint, keys: set[str] | None,
-                env: D.DistEnv) -> None:
+def _load_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: Checkpoint, keys: set[str] | None, env: D.DistEnv
+) -> None:
     """Weights and optimizer state of `ckpt` into the (wrapped) model, from
     either format, on any world size; refuses non-finite weights."""
     if ckpt.format == "full":
@@ -154,8 +183,9 @@ def _load_state(model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: Checkp
     apply_sharded_state(model, optimizer, state, strict=keys is None)
     bad = len(nonfinite_tensors(state["model"]))
     if D.all_reduce(torch.tensor([float(bad)], device=env.device), env, "sum").item():
-        raise ValueError(f"{ckpt.path}: non-finite weights (the run diverged before this save; "
-                         "use an earlier checkpoint)")
+        raise ValueError(
+            f"{ckpt.path}: non-finite weights (the run diverged before this save; use an earlier checkpoint)"
+        )
 
 
 def _compare_configs(saved: dict, cfg: RunConfig, where: Path, task: Task, env: D.DistEnv) -> None:
@@ -167,8 +197,10 @@ def _compare_configs(saved: dict, cfg: RunConfig, where: Path, task: Task, env: 
         raise ValueError(f"{where}: the saved config no longer validates, cannot resume from it:\n{e}") from None
     new = _flatten(to_dict(cfg))
     if old.get("task") != new["task"]:
-        raise ValueError(f"cannot resume from {where}: it was trained with task {old.get('task')!r}, "
-                         f"the config says task {new['task']!r}")
+        raise ValueError(
+            f"cannot resume from {where}: it was trained with task {old.get('task')!r}, "
+            f"the config says task {new['task']!r}"
+        )
     arch = task.architecture_fields()
     errors, changed = [], []
     for key, value in new.items():
@@ -176,10 +208,13 @@ def _compare_configs(saved: dict, cfg: RunConfig, where: Path, task: Task, env: 
             continue
         (errors if key in arch else changed).append(f"{key}: checkpoint {old.get(key)!r}, config {value!r}")
     if errors:
-        raise ValueError(f"cannot resume from {where}: the config changes the model architecture "
-                         f"({len(errors)} field{'s' * (len(errors) > 1)}):\n  " + "\n  ".join(errors)
-                         + "\nto train this config, start over with --resume never (earlier steps are "
-                           "moved aside, not deleted) or use a new train.run_dir")
+        raise ValueError(
+            f"cannot resume from {where}: the config changes the model architecture "
+            f"({len(errors)} field{'s' * (len(errors) > 1)}):\n  "
+            + "\n  ".join(errors)
+            + "\nto train this config, start over with --resume never (earlier steps are "
+            "moved aside, not deleted) or use a new train.run_dir"
+        )
     if changed and env.is_main:
         log.warning("resuming from %s with a changed config:\n  %s", where, "\n  ".join(changed))
 
@@ -236,6 +271,8 @@ def _restore_rng(ckpt: Checkpoint | None, cfg: RunConfig, env: D.DistEnv, step: 
 def _describe(run: Run, ckpt_path) -> str:
     c, env = run.cfg, run.env
     how = f"resuming from {ckpt_path} (step {run.step})" if ckpt_path else "starting fresh"
-    return (f"run {run.run_dir}: {how}; task {c.task}: {run.task.describe(run.model)}; {env.world_size} rank(s) "
-            f"({c.train.distributed if env.is_distributed else 'single process'}), {torch.get_num_threads()} "
-            "threads")
+    return (
+        f"run {run.run_dir}: {how}; task {c.task}: {run.task.describe(run.model)}; {env.world_size} rank(s) "
+        f"({c.train.distributed if env.is_distributed else 'single process'}), {torch.get_num_threads()} "
+        "threads"
+    )

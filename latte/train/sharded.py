@@ -77,8 +77,7 @@ class _SafeReader(dcp.FileSystemReader):
         return metadata
 
 
-def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                  keys: set[str] | None = None) -> dict:
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, keys: set[str] | None = None) -> dict:
     """{"model": ..., "optim": ...} as DTensor shards (FSDP2) keyed by
     parameter name; `keys` restricts the model entries (a task that saves
     only its trainable weights). Collective under FSDP2."""
@@ -91,8 +90,9 @@ def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
     return state
 
 
-def apply_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict,
-                        *, strict: bool = True) -> None:
+def apply_sharded_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict, *, strict: bool = True
+) -> None:
     set_model_state_dict(model, state["model"], options=StateDictOptions(strict=strict))
     if optimizer is not None and "optim" in state:
         set_optimizer_state_dict(model, optimizer, state["optim"])

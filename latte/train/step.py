@@ -69,12 +69,23 @@ def micro_batches(batch: dict[str, torch.Tensor], n: int, device: torch.device) 
     if rows % n:
         raise ValueError(f"local batch {rows} is not divisible by grad_accum={n}")
     moved = {k: v.to(device) for k, v in batch.items()}
-    return [{k: v[i * (rows // n):(i + 1) * (rows // n)] for k, v in moved.items()} for i in range(n)]
+    return [{k: v[i * (rows // n) : (i + 1) * (rows // n)] for k, v in moved.items()} for i in range(n)]
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], *,
-               task, lr: float, env: DistEnv, grad_accum: int = 1, grad_clip: float = 0.0,
-               precision: str = "fp32", stop: int = STOP_NONE, inject_nan: bool = False) -> StepResult:
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, torch.Tensor],
+    *,
+    task,
+    lr: float,
+    env: DistEnv,
+    grad_accum: int = 1,
+    grad_clip: float = 0.0,
+    precision: str = "fp32",
+    stop: int = STOP_NONE,
+    inject_nan: bool = False,
+) -> StepResult:
     """One optimizer step on this rank's share of the global batch (a dict
     of tensors, first dimension the local batch); `task` gives the loss and
     count of each micro-batch (latte/train/task.py).
@@ -88,8 +99,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[s
     local = sum(task.count(m) for m in micro)
     count = int(all_reduce(torch.tensor([float(local)], dtype=torch.float64, device=env.device), env, "sum").item())
     scale = env.world_size / max(count, 1)
-    autocast = (torch.autocast(env.device.type, dtype=torch.bfloat16) if precision == "bf16"
-                else nullcontext())
+    autocast = torch.autocast(env.device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
 
     loss_local = torch.zeros((), dtype=torch.float64, device=env.device)
     for i, m in enumerate(micro):
@@ -135,7 +145,8 @@ class SkipGuard:
             raise NonFiniteError(
                 f"{what}: {self.consecutive} consecutive steps skipped, reaching "
                 f"max_consecutive_skips={self.max_consecutive}; stopping (the last update applied "
-                f"was before step {step - self.consecutive + 1})")
+                f"was before step {step - self.consecutive + 1})"
+            )
 
     def state_dict(self) -> dict:
         return {"skipped_steps": self.total, "consecutive_skips": self.consecutive}

@@ -169,8 +169,10 @@ class Task:
         for name, module in model.named_modules():
             if name.split(".")[-1] == "blocks" and isinstance(module, nn.ModuleList):
                 return list(module)
-        raise ValueError(f"{type(model).__name__}: no ModuleList named 'blocks' to shard with fsdp2; "
-                         f"the task {self.name!r} must say which modules to shard (shard_units)")
+        raise ValueError(
+            f"{type(model).__name__}: no ModuleList named 'blocks' to shard with fsdp2; "
+            f"the task {self.name!r} must say which modules to shard (shard_units)"
+        )
 
     def sample(self, model: nn.Module) -> str | None:
         """Text to show (and append to samples.txt) every train.sample_every
@@ -217,8 +219,9 @@ def task_class(name: str, *, where: str = "config") -> type[Task]:
     """The Task class for a registered name or a ``module:Class`` path."""
     target = TASKS.get(name, name) if isinstance(name, str) else None
     if target is None or ":" not in target:
-        raise ConfigError(where, [("task", f"got {name!r}, expected one of {', '.join(map(repr, TASKS))} "
-                                           "or 'package.module:Class'")])
+        raise ConfigError(
+            where, [("task", f"got {name!r}, expected one of {', '.join(map(repr, TASKS))} or 'package.module:Class'")]
+        )
     module, _, attr = target.partition(":")
     try:
         cls = getattr(importlib.import_module(module), attr)

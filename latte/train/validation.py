@@ -27,8 +27,9 @@ def token_nll(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -
     """Per-position next-token loss [B, T] in float32 (0 where labels are -100)."""
     logits_BTV = model(input_ids).logits
     B, T, V = logits_BTV.shape
-    nll = F.cross_entropy(logits_BTV.reshape(-1, V).float(), labels.reshape(-1),
-                          ignore_index=IGNORE_INDEX, reduction="none")
+    nll = F.cross_entropy(
+        logits_BTV.reshape(-1, V).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
+    )
     return nll.reshape(B, T)
 
 
@@ -46,9 +47,16 @@ def subset(windows: TokenWindows, max_windows: int | None) -> TokenWindows:
 
 
 @torch.no_grad()
-def nll_sums(model: nn.Module, windows: TokenWindows, *, batch_size: int, rank: int = 0,
-             world_size: int = 1, device: torch.device | str = "cpu",
-             lockstep: bool = False) -> tuple[float, int]:
+def nll_sums(
+    model: nn.Module,
+    windows: TokenWindows,
+    *,
+    batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    device: torch.device | str = "cpu",
+    lockstep: bool = False,
+) -> tuple[float, int]:
     """(sum of token losses, number of tokens) over this rank's share of
     `windows` (every window once across ranks). Sum both over ranks, then
     exp(sum / count) is the perplexity.
@@ -74,8 +82,9 @@ def nll_sums(model: nn.Module, windows: TokenWindows, *, batch_size: int, rank: 
     return total, count
 
 
-def perplexity(model: nn.Module, windows: TokenWindows, *, batch_size: int = 8,
-               device: torch.device | str = "cpu") -> dict:
+def perplexity(
+    model: nn.Module, windows: TokenWindows, *, batch_size: int = 8, device: torch.device | str = "cpu"
+) -> dict:
     """Single-process validation: {"loss", "ppl", "tokens", "seconds", "tokens_per_s"}."""
     t0 = time.perf_counter()
     total, count = nll_sums(model, windows, batch_size=batch_size, device=device)
@@ -84,6 +93,10 @@ def perplexity(model: nn.Module, windows: TokenWindows, *, batch_size: int = 8,
 
 def summarize(nll_sum: float, tokens: int, seconds: float) -> dict:
     loss = nll_sum / tokens if tokens else math.nan
-    return {"loss": loss, "ppl": math.exp(loss) if math.isfinite(loss) and loss < 700 else math.inf,
-            "tokens": int(tokens), "seconds": seconds,
-            "tokens_per_s": tokens / seconds if seconds > 0 else 0.0}
+    return {
+        "loss": loss,
+        "ppl": math.exp(loss) if math.isfinite(loss) and loss < 700 else math.inf,
+        "tokens": int(tokens),
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+    }

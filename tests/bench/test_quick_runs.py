@@ -78,8 +78,15 @@ def test_audit_quick(tmp_path, capsys):
     audit.main(FAST + ["--out", str(tmp_path)])
     res = _check_files(tmp_path, "audit", capsys)
     _check_machine(res)
-    assert {r["name"] for r in res["results"]} == {"latte_causal", "macchiato", "sliding_window", "linear_recurrence",
-                                                    "linear_cross_entropy", "latte_bidirectional", "decode steps"}
+    assert {r["name"] for r in res["results"]} == {
+        "latte_causal",
+        "macchiato",
+        "sliding_window",
+        "linear_recurrence",
+        "linear_cross_entropy",
+        "latte_bidirectional",
+        "decode steps",
+    }
     for r in res["results"]:
         assert set(r["median_ms"]) == set(inputs.DISTRIBUTIONS)
         assert r["max_over_min"] >= 1 and r["within_rule"] == (r["max_over_min"] <= audit.RULE)
@@ -177,8 +184,13 @@ def test_train_compile_and_sweep_preset(tmp_path):
     args = train.parse_args(["--preset", "sweep", "--mixers", "latte:none,linear", "--compile"])
     assert args.seqs == [64] and args.tokens_per_step // 64 == 64  # batch 64
     assert [train.label_of(m, d, args.dists, b, c) for m, d, b, c in train.variants(args)] == [
-        "latte:none", "latte:none compiled", "latte:none (b std10)", "latte:none (b std10) compiled",
-        "linear", "linear compiled"]
+        "latte:none",
+        "latte:none compiled",
+        "latte:none (b std10)",
+        "latte:none (b std10) compiled",
+        "linear",
+        "linear compiled",
+    ]
     cfg = train.make_config("macchiato:conv", False, 64, "sweep")
     assert (cfg.dim, cfg.num_layers, cfg.vocab_size, cfg.qk_mixer, cfg.window_size) == (64, 2, 8192, "conv", 16)
 
@@ -209,7 +221,8 @@ def test_train_runs_split_by_sequence_merge(tmp_path, capsys):
     res = train.main(FAST + ["--out", str(tmp_path), "--seqs", "64", "--mixers", "latte,softmax", "--merge"])
     assert res["config"]["seqs"] == [32, 64] and res["merged"]["seqs"] == [32]
     assert {(r["label"], r["seq"]) for r in res["results"]} == {
-        (m, s) for m in ("latte", "latte (b std10)", "softmax") for s in (32, 64)}
+        (m, s) for m in ("latte", "latte (b std10)", "softmax") for s in (32, 64)
+    }
     assert "from an earlier run" in (tmp_path / "train.md").read_text()
 
 
@@ -220,8 +233,11 @@ def test_sharpened_key_logits_have_the_asked_spread():
     ids = torch.randint(0, model.config.vocab_size, (4, 32))
     train.sharpen_key_logits(model, ids, 10.0)
     seen = []
-    hooks = [m.b_proj.register_forward_hook(lambda mod, i, out: seen.append(out.std().item()))
-             for m in model.modules() if hasattr(m, "b_proj")]
+    hooks = [
+        m.b_proj.register_forward_hook(lambda mod, i, out: seen.append(out.std().item()))
+        for m in model.modules()
+        if hasattr(m, "b_proj")
+    ]
     with torch.no_grad():
         model(ids)
     for h in hooks:

@@ -98,8 +98,10 @@ def test_bucketed_loader_pads_less_and_resumes_exactly():
     for epoch in range(3):  # each epoch is a permutation of the examples
         assert sorted(bucketed.epoch_order(epoch).tolist()) == list(range(101))
     steps = 40  # about three epochs: batches straddle epoch boundaries
-    waste = {name: sum((~b["attention_mask"]).sum().item() for b in (next(loader) for _ in range(steps)))
-             for name, loader in (("plain", plain), ("bucketed", bucketed))}
+    waste = {
+        name: sum((~b["attention_mask"]).sum().item() for b in (next(loader) for _ in range(steps)))
+        for name, loader in (("plain", plain), ("bucketed", bucketed))
+    }
     assert waste["bucketed"] < 0.4 * waste["plain"]  # padding tokens
     fresh = BucketedSampleLoader(data, global_batch_size=G, seed=1, bucket_batches=4)
     batches = [next(fresh) for _ in range(steps)]

@@ -51,7 +51,9 @@ def test_folder_recursive_sorted_txt_and_md_only(tmp_path):
     (tmp_path / "skip.json").write_text("{}")
     docs = load_documents(str(tmp_path))
     assert [(d.name, d.text) for d in docs] == [
-        ("b/a.md", "aa"), ("b/z.txt", "zz"), ("c.txt", "cc"),
+        ("b/a.md", "aa"),
+        ("b/z.txt", "zz"),
+        ("c.txt", "cc"),
     ]
 
 
@@ -122,10 +124,12 @@ def test_hf_load_from_disk(tmp_path):
 
 def test_hf_dataset_dict_split(tmp_path):
     datasets = pytest.importorskip("datasets")
-    dd = datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"text": ["t1", "t2"]}),
-        "validation": datasets.Dataset.from_dict({"text": ["v1"]}),
-    })
+    dd = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"text": ["t1", "t2"]}),
+            "validation": datasets.Dataset.from_dict({"text": ["v1"]}),
+        }
+    )
     dd.save_to_disk(str(tmp_path / "dd"))
     assert [d.text for d in load_documents(f"hf:{tmp_path / 'dd'}")] == ["t1", "t2"]
     assert [d.text for d in load_documents(f"hf:{tmp_path / 'dd'}:validation")] == ["v1"]

@@ -139,8 +139,7 @@ def test_unigram_perplexity_exact_and_sane(small_tokenizer, pydoc_docs):
     def ids(text):
         return np.array(small_tokenizer.encode(text))
 
-    prose = unigram_perplexity(ids(pydoc_docs[40].text + pydoc_docs[41].text),
-                               ids(pydoc_docs[42].text), vocab)
+    prose = unigram_perplexity(ids(pydoc_docs[40].text + pydoc_docs[41].text), ids(pydoc_docs[42].text), vocab)
     chant = "the cat sat on the mat. " * 200
     repetitive = unigram_perplexity(ids(chant), ids(chant[:1000]), vocab)
     assert 1.0 < repetitive < 10 < prose < vocab

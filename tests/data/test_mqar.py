@@ -11,7 +11,7 @@ from latte.data.mqar import IGNORE_INDEX, power_law
 def example_parts(data, i):
     ids, labels = data.input_ids[i].tolist(), data.labels[i].tolist()
     P = data.num_kv_pairs
-    keys, values = ids[0:2 * P:2], ids[1:2 * P:2]
+    keys, values = ids[0 : 2 * P : 2], ids[1 : 2 * P : 2]
     return ids, labels, keys, values
 
 
@@ -36,7 +36,7 @@ def test_layout_keys_values_and_labels(random_fillers):
         if not random_fillers:
             assert set(rest) == {0}
     if random_fillers:  # fillers cover the whole vocabulary
-        fill = d.input_ids[:, 2 * P:][d.labels[:, 2 * P:] == IGNORE_INDEX]
+        fill = d.input_ids[:, 2 * P :][d.labels[:, 2 * P :] == IGNORE_INDEX]
         assert fill.min() >= 0 and fill.max() < V and len(torch.unique(fill)) > V // 2
 
 
@@ -47,7 +47,7 @@ def test_placement_follows_the_power_law():
     T, P, N = 64, 4, 20000
     d = mqar(N, seq_len=T, num_kv_pairs=P, vocab_size=256, seed=11)
     first_key = d.input_ids[:, 0]
-    pos = (d.input_ids[:, 2 * P:] == first_key[:, None]).float().argmax(1) + 2 * P
+    pos = (d.input_ids[:, 2 * P :] == first_key[:, None]).float().argmax(1) + 2 * P
     slots = ((pos - 2 * P) // 2).numpy()
     n_slots = (T - 2 * P) // 2
     observed = np.bincount(slots, minlength=n_slots)
@@ -63,7 +63,7 @@ def test_placement_follows_the_power_law():
 def test_power_law_shape():
     p = power_law(10, 0.01)
     assert p.sum() == pytest.approx(1.0) and np.all(np.diff(p) < 0)
-    assert p[0] / p[1] == pytest.approx(2 ** 0.99)
+    assert p[0] / p[1] == pytest.approx(2**0.99)
     assert np.allclose(power_law(7, 1.0), 1 / 7)  # a = 1: uniform
 
 
@@ -82,13 +82,16 @@ def test_seeds_are_reproducible_and_train_test_disjoint():
     assert not any(tuple(r) in train_rows for r in a_test.input_ids.tolist())
 
 
-@pytest.mark.parametrize("kwargs, text", [
-    (dict(seq_len=15, num_kv_pairs=4), "seq_len=15: too short"),
-    (dict(seq_len=64, num_kv_pairs=4, vocab_size=8), "vocab_size=8: too small"),
-    (dict(seq_len=64, num_kv_pairs=0), "num_kv_pairs: expected an integer >= 1"),
-    (dict(seq_len=64, num_kv_pairs=4, power_a=0.0), "power_a"),
-    (dict(seq_len=64, num_kv_pairs=4, split="val"), "split"),
-])
+@pytest.mark.parametrize(
+    "kwargs, text",
+    [
+        (dict(seq_len=15, num_kv_pairs=4), "seq_len=15: too short"),
+        (dict(seq_len=64, num_kv_pairs=4, vocab_size=8), "vocab_size=8: too small"),
+        (dict(seq_len=64, num_kv_pairs=0), "num_kv_pairs: expected an integer >= 1"),
+        (dict(seq_len=64, num_kv_pairs=4, power_a=0.0), "power_a"),
+        (dict(seq_len=64, num_kv_pairs=4, split="val"), "split"),
+    ],
+)
 def test_bad_arguments_name_the_problem(kwargs, text):
     with pytest.raises(ValueError, match=text):
         mqar(4, **kwargs)

@@ -97,8 +97,7 @@ def test_dtype_choice(tmp_path):
     assert token_dtype(512) == np.uint16
     assert token_dtype(65_536) == np.uint16
     assert token_dtype(65_537) == np.uint32
-    tokens = pack_documents([Document("a", "xy"), Document("b", "z")],
-                            BigVocabTokenizer(), cache_dir=tmp_path)
+    tokens = pack_documents([Document("a", "xy"), Document("b", "z")], BigVocabTokenizer(), cache_dir=tmp_path)
     assert tokens.dtype == np.uint32
     assert tokens.tolist() == [65_538, 3, 69_999, 65_537, 3, 69_999]
 

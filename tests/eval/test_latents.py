@@ -15,14 +15,21 @@ from latte.models import LatteConfig, LatteForCausalLM
 from latte.ops import latte_causal, macchiato, sliding_window_attention
 
 
-@pytest.mark.parametrize("pbar, entropy, effective, used", [
-    (torch.full((8,), 1 / 8), math.log(8), 8.0, 1.0),  # uniform: every latent used
-    (torch.tensor([1.0, 0, 0, 0]), 0.0, 1.0, 0.25),  # collapsed onto one latent
-    (torch.tensor([0.5, 0.5, 0, 0, 0, 0, 0, 0]), math.log(2), 2.0, 0.25),
-    # mass 0.01 < 1 / (10 L) = 0.025 does not count as used; 0.03 does
-    (torch.tensor([0.96, 0.03, 0.01, 0.0], dtype=torch.float64), -(0.96 * math.log(0.96) + 0.03 * math.log(0.03) + 0.01 * math.log(0.01)),
-     None, 0.5),
-])
+@pytest.mark.parametrize(
+    "pbar, entropy, effective, used",
+    [
+        (torch.full((8,), 1 / 8), math.log(8), 8.0, 1.0),  # uniform: every latent used
+        (torch.tensor([1.0, 0, 0, 0]), 0.0, 1.0, 0.25),  # collapsed onto one latent
+        (torch.tensor([0.5, 0.5, 0, 0, 0, 0, 0, 0]), math.log(2), 2.0, 0.25),
+        # mass 0.01 < 1 / (10 L) = 0.025 does not count as used; 0.03 does
+        (
+            torch.tensor([0.96, 0.03, 0.01, 0.0], dtype=torch.float64),
+            -(0.96 * math.log(0.96) + 0.03 * math.log(0.03) + 0.01 * math.log(0.01)),
+            None,
+            0.5,
+        ),
+    ],
+)
 def test_metrics_of_known_distributions(pbar, entropy, effective, used):
     m = utilisation(pbar)
     assert m["entropy"] == pytest.approx(entropy, abs=1e-9)

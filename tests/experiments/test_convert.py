@@ -14,10 +14,21 @@ from latte.experiments.convert import main
 @pytest.mark.slow
 def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
     readme = tmp_path / "README.md"
-    readme.write_text("x\n<!-- results:convert:start -->\n<!-- results:convert:end -->\n"
-                      "<!-- results:convert-recipes:start -->\n<!-- results:convert-recipes:end -->\n")
-    args = ["--quick", "--recipes", "end_to_end+lora8", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
-            "--readme", str(readme)]
+    readme.write_text(
+        "x\n<!-- results:convert:start -->\n<!-- results:convert:end -->\n"
+        "<!-- results:convert-recipes:start -->\n<!-- results:convert-recipes:end -->\n"
+    )
+    args = [
+        "--quick",
+        "--recipes",
+        "end_to_end+lora8",
+        "--runs",
+        str(tmp_path / "runs"),
+        "--out",
+        str(tmp_path / "out"),
+        "--readme",
+        str(readme),
+    ]
     assert main(args) == 0
     records = json.loads((tmp_path / "out" / "convert" / "results.json").read_text())
     sinks = [r for r in records if r["model"].startswith("swa-mask-sinks")]
@@ -52,8 +63,9 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
     run = json.loads((tmp_path / "out" / "convert" / "run.json").read_text())
     assert "reused finished cells" in run["budget"] and run["cells_wall_s"] > run["wall_s"]
     # a document's cell names how far it was read: a longer --contexts reads it again
-    doc_cells = [p.name for p in (tmp_path / "runs" / "cells-eval" / "cells").glob("*.json")
-                 if "original-decode" not in p.name]
+    doc_cells = [
+        p.name for p in (tmp_path / "runs" / "cells-eval" / "cells").glob("*.json") if "original-decode" not in p.name
+    ]
     assert len(doc_cells) == 3 * 2 and all("max_context=128" in n for n in doc_cells)
 
 
@@ -63,13 +75,23 @@ def test_past_8k_compares_on_the_documents_the_original_read_that_far():
     from latte.experiments.convert_report import eval_records, statements
 
     def cell(model, doc, values):
-        return {"model": model, "document": doc, "wall_s": 1.0, "load": 0.0,
-                "nll": ",".join(f"{v:.1f}" for v in values)}
+        return {
+            "model": model,
+            "document": doc,
+            "wall_s": 1.0,
+            "load": 0.0,
+            "nll": ",".join(f"{v:.1f}" for v in values),
+        }
 
     contexts = (4096, 8192, 16384)
-    cells = [cell("original", "a", [2.0] * 16384), cell("original", "b", [2.0] * 8192),
-             cell("converted", "a", [1.0] * 16393), cell("converted", "b", [1.0] * 8192 + [5.0] * 8201),
-             cell("swa", "a", [3.0] * 16393), cell("swa", "b", [3.0] * 16393)]
+    cells = [
+        cell("original", "a", [2.0] * 16384),
+        cell("original", "b", [2.0] * 8192),
+        cell("converted", "a", [1.0] * 16393),
+        cell("converted", "b", [1.0] * 8192 + [5.0] * 8201),
+        cell("swa", "a", [3.0] * 16393),
+        cell("swa", "b", [3.0] * 16393),
+    ]
     records = eval_records(cells, contexts)
     conv = next(r for r in records if r["model"] == "converted" and r["context"] == 16384)
     assert conv["documents"] == 2 and abs(conv["bucket_ppl"] - 20.0855) < 1e-3  # exp(3): both documents

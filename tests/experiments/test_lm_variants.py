@@ -30,8 +30,17 @@ def test_unknown_variant_is_refused():
 
 @pytest.mark.slow
 def test_quick_run_all_stages_and_resume(tmp_path, capsys):
-    argv = ["--quick", "--variants", "macchiato", "--seeds", "0", "--runs", str(tmp_path / "runs"),
-            "--results", str(tmp_path / "results")]
+    argv = [
+        "--quick",
+        "--variants",
+        "macchiato",
+        "--seeds",
+        "0",
+        "--runs",
+        str(tmp_path / "runs"),
+        "--results",
+        str(tmp_path / "results"),
+    ]
     assert LV.main(argv) == 0
     res = tmp_path / "results"
     [train] = json.loads((res / "lm_variants" / "results.json").read_text())
@@ -62,8 +71,11 @@ def test_quick_run_all_stages_and_resume(tmp_path, capsys):
 def test_latents_by_layer_shows_where_a_collapse_sits():
     from latte.experiments.lm_report import _latents_by_layer
 
-    flat = [{"variant": "latte-none", "layer": layer, "head": h, "effective_latents": eff}
-            for layer, effs in ((0, (8.0, 6.0)), (1, (1.1, 1.3))) for h, eff in enumerate(effs)]
+    flat = [
+        {"variant": "latte-none", "layer": layer, "head": h, "effective_latents": eff}
+        for layer, effs in ((0, (8.0, 6.0)), (1, (1.1, 1.3)))
+        for h, eff in enumerate(effs)
+    ]
     flat += [{"variant": "macchiato", "layer": 0, "head": 0, "effective_latents": 4.0, "p_window_mean": 0.9}]
     table = _latents_by_layer(flat).splitlines()
     assert table[2] == "| variant | layer 0 | layer 1 |"

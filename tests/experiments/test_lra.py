@@ -46,18 +46,53 @@ def test_reduced_budget_is_marked_and_shows_full_budget_cells(tmp_path):
     cells finished in --full-work are shown beside them, marked `full`."""
     out, work, full = tmp_path / "out", tmp_path / "work", tmp_path / "full"
     full_cell = {"part": "train", "task": "listops", "mixer": "latte"}
-    full_record = {**full_cell, "test_accuracy": 0.2, "test_balanced_accuracy": 0.1, "test_macro_f1": 0.1,
-                   "val_accuracy": 0.2, "majority_baseline": 0.2, "lra_transformer": 0.3637, "steps": 1600,
-                   "batch": 16, "examples": 25600, "train_examples": 32000, "test_examples": 2000,
-                   "parameters": 1000, "wall_s": 10.0, "train_examples_per_s": 1.0, "train_label_counts": "1 1",
-                   "test_label_counts": "1 1", "loadavg_1min": 1.0,
-                   "command": f"latte train --config lra/listops --train.run_dir={full / 'listops-latte'}"}
+    full_record = {
+        **full_cell,
+        "test_accuracy": 0.2,
+        "test_balanced_accuracy": 0.1,
+        "test_macro_f1": 0.1,
+        "val_accuracy": 0.2,
+        "majority_baseline": 0.2,
+        "lra_transformer": 0.3637,
+        "steps": 1600,
+        "batch": 16,
+        "examples": 25600,
+        "train_examples": 32000,
+        "test_examples": 2000,
+        "parameters": 1000,
+        "wall_s": 10.0,
+        "train_examples_per_s": 1.0,
+        "train_label_counts": "1 1",
+        "test_label_counts": "1 1",
+        "loadavg_1min": 1.0,
+        "command": f"latte train --config lra/listops --train.run_dir={full / 'listops-latte'}",
+    }
     (full / "cells").mkdir(parents=True)
     (full / "cells" / f"{cell_key(full_cell)}.json").write_text(json.dumps(full_record))
     # the user's overrides win over the budget's steps, so the test stays seconds long
-    argv = ["--quick", "--budget", "reduced", "--out", str(out), "--work", str(work), "--full-work", str(full),
-            "--tasks", "listops", "listops-short", "--mixers", "latte", "--parts", "train",
-            "--override", "train.steps=2", "optim.warmup_steps=0", "train.eval_every=0", "train.save_every=0"]
+    argv = [
+        "--quick",
+        "--budget",
+        "reduced",
+        "--out",
+        str(out),
+        "--work",
+        str(work),
+        "--full-work",
+        str(full),
+        "--tasks",
+        "listops",
+        "listops-short",
+        "--mixers",
+        "latte",
+        "--parts",
+        "train",
+        "--override",
+        "train.steps=2",
+        "optim.warmup_steps=0",
+        "train.eval_every=0",
+        "train.save_every=0",
+    ]
     assert lra.main(argv) == 0
     records = json.loads((out / "results.json").read_text())
     by = {(r["task"], r["budget"]): r for r in records}

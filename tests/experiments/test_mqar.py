@@ -26,8 +26,16 @@ def test_state_bytes_match_the_layers_decoding_state():
     """The formula per mixer against the float32 state each layer really
     keeps after T tokens."""
     T = 40
-    for model, L in (("softmax", None), ("linear", None), ("linear-conv", None), ("swa-16", None), ("latte-none", 16),
-                     ("latte-conv", 16), ("latte-conv_rglru", 64), ("macchiato", 16)):
+    for model, L in (
+        ("softmax", None),
+        ("linear", None),
+        ("linear-conv", None),
+        ("swa-16", None),
+        ("latte-none", 16),
+        ("latte-conv", 16),
+        ("latte-conv_rglru", 64),
+        ("macchiato", 16),
+    ):
         cell = {"seq_len": T, "num_kv_pairs": 2, "model": model, "dim": 16, "num_latents": L, "lr": 1e-3}
         torch.manual_seed(0)
         lm = LatteForCausalLM(M.model_config(cell, vocab_size=64))
@@ -57,11 +65,20 @@ def test_equal_state_table_pairs_like_with_like():
 
     def rec(model, acc, L=None):
         r = {"seq_len": 64, "num_kv_pairs": 4, "dim": 64, "model": model, "num_latents": L, "accuracy": acc}
-        return {**r, **M.state_bytes(M.FAMILIES[model][0], dim=64, seq_len=64, num_latents=L,
-                                     qk_mixer=M.FAMILIES[model][1])}
+        return {
+            **r,
+            **M.state_bytes(M.FAMILIES[model][0], dim=64, seq_len=64, num_latents=L, qk_mixer=M.FAMILIES[model][1]),
+        }
 
-    table = equal_state_table([rec("linear", 0.25), rec("linear-conv", 0.5), rec("latte-none", 0.26, 64),
-                               rec("latte-conv", 0.98, 64), rec("latte-conv", 0.1, 16)])
+    table = equal_state_table(
+        [
+            rec("linear", 0.25),
+            rec("linear-conv", 0.5),
+            rec("latte-none", 0.26, 64),
+            rec("latte-conv", 0.98, 64),
+            rec("latte-conv", 0.1, 16),
+        ]
+    )
     header, _, row = table.splitlines()
     assert header.split(" | ")[3:] == ["linear", "latte-none", "linear-conv", "latte-conv", "latte-conv_rglru |"]
     assert row == "| 64, 4 | 64 | 8.4K | 0.250 | 0.260 | 0.500 | 0.980 |  |"
@@ -69,8 +86,11 @@ def test_equal_state_table_pairs_like_with_like():
 
 def test_best_lr_keeps_the_most_accurate_run():
     base = {"seq_len": 64, "num_kv_pairs": 4, "model": "linear", "dim": 64, "num_latents": None}
-    recs = [{**base, "lr": 1e-3, "accuracy": 0.4}, {**base, "lr": 3e-3, "accuracy": 0.6},
-            {**base, "dim": 128, "lr": 1e-3, "accuracy": 0.9}]
+    recs = [
+        {**base, "lr": 1e-3, "accuracy": 0.4},
+        {**base, "lr": 3e-3, "accuracy": 0.6},
+        {**base, "dim": 128, "lr": 1e-3, "accuracy": 0.9},
+    ]
     best = best_lr(recs)
     assert sorted((r["dim"], r["lr"]) for r in best) == [(64, 3e-3), (128, 1e-3)]
 
@@ -78,13 +98,24 @@ def test_best_lr_keeps_the_most_accurate_run():
 def test_lr_table_shows_every_lr_where_more_than_one_ran():
     from latte.experiments.mqar_report import lr_table
 
-    base = {"seq_len": 256, "num_kv_pairs": 16, "model": "linear-conv", "mixer": "linear", "dim": 64,
-            "num_latents": None}
+    base = {
+        "seq_len": 256,
+        "num_kv_pairs": 16,
+        "model": "linear-conv",
+        "mixer": "linear",
+        "dim": 64,
+        "num_latents": None,
+    }
     one = {**base, "model": "softmax", "mixer": "softmax", "lr": 3e-3, "accuracy": 0.99}
     assert lr_table([{**base, "lr": 3e-3, "accuracy": 0.79}, one]) == ""
-    table = lr_table([{**base, "lr": 3e-3, "accuracy": 0.79}, {**base, "lr": 1e-3, "accuracy": 0.5,
-                                                               "incomplete": True, "steps": 9, "planned_steps": 10},
-                      one, {**one, "seq_len": 64, "num_kv_pairs": 4, "lr": 1e-3, "accuracy": 0.98}])
+    table = lr_table(
+        [
+            {**base, "lr": 3e-3, "accuracy": 0.79},
+            {**base, "lr": 1e-3, "accuracy": 0.5, "incomplete": True, "steps": 9, "planned_steps": 10},
+            one,
+            {**one, "seq_len": 64, "num_kv_pairs": 4, "lr": 1e-3, "accuracy": 0.98},
+        ]
+    )
     head, _, *rows = table.splitlines()
     assert head == "| T, pairs | dim | model | lr 0.003 | lr 0.001 |"
     assert rows == ["| 256, 16 | 64 | linear-conv | 0.790 | 0.500 (stopped at step 9 of 10) |"]
@@ -98,8 +129,9 @@ def test_unfinished_cells_are_grouped_by_width_lr_and_setting():
     pending = [c for c in cells if c is not dim64[0]]
     text = _unfinished(pending, cells)
     assert text.startswith("\n\n**Not finished: 11 of the 12 runs of this plan**")
-    assert text.endswith(": dim 64, lr 0.003: T=64: latte-conv, latte-conv L=16; T=128: all 3 runs. "
-                         "dim 128, lr 0.003: all 6 runs.")
+    assert text.endswith(
+        ": dim 64, lr 0.003: T=64: latte-conv, latte-conv L=16; T=128: all 3 runs. dim 128, lr 0.003: all 6 runs."
+    )
     assert _unfinished([], cells) == ""
 
 

@@ -64,8 +64,9 @@ def test_write_results_files_and_readme_section(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("x\n<!-- results:demo:start -->\nold\n<!-- results:demo:end -->\ny\n")
     run = provenance("demo", ["--quick"], started=0.0)
-    write_results(tmp_path / "out", "demo", [{"mixer": "latte", "accuracy": 0.5}], "| a |\n|---|\n| 1 |", run,
-                  readme=readme)
+    write_results(
+        tmp_path / "out", "demo", [{"mixer": "latte", "accuracy": 0.5}], "| a |\n|---|\n| 1 |", run, readme=readme
+    )
     assert json.loads((tmp_path / "out" / "results.json").read_text()) == [{"mixer": "latte", "accuracy": 0.5}]
     assert json.loads((tmp_path / "out" / "run.json").read_text())["command"] == "latte experiment demo --quick"
     text = readme.read_text()
@@ -88,8 +89,7 @@ def test_images_are_linked_from_results_md_and_the_readme(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("<!-- results:demo:start -->\n<!-- results:demo:end -->\n")
     run = provenance("demo", [], started=0.0)
-    write_results(tmp_path / "results" / "demo", "demo", [{"a": 1}], "text", run, readme=readme,
-                  images=["plot.png"])
+    write_results(tmp_path / "results" / "demo", "demo", [{"a": 1}], "text", run, readme=readme, images=["plot.png"])
     assert "![plot](plot.png)" in (tmp_path / "results" / "demo" / "results.md").read_text()
     text = readme.read_text()
     assert "![plot](results/demo/plot.png)" in text and "#### demo" in text  # headings sit below the section's

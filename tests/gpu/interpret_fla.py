@@ -75,12 +75,19 @@ def main() -> int:
         nonlocal worst
         errs = [rel_err(out, out_ref)] + [rel_err(x, xr) for x, xr in zip(g, g_ref)]
         worst = max(worst, *errs)
-        print(f"{name:34s} forward {errs[0]:.1e}" + (f"  grads (a b v S0 z0) " + " ".join(f"{e:.1e}" for e in errs[1:])
-                                                      if len(errs) > 1 else ""), flush=True)
+        print(
+            f"{name:34s} forward {errs[0]:.1e}"
+            + (f"  grads (a b v S0 z0) " + " ".join(f"{e:.1e}" for e in errs[1:]) if len(errs) > 1 else ""),
+            flush=True,
+        )
 
     B, H, L, D = 2, 2, 16, 16
     for T, scale, spikes in [(1, 1.0, 0.0), (100, 1.0, 0.0), (100, 40.0, 0.0), (130, 1.0, 80.0)]:
-        a, b, v = torch.randn(B, T, H, L, dtype=f64), torch.randn(B, T, H, L, dtype=f64) * scale, torch.randn(B, T, H, D, dtype=f64)
+        a, b, v = (
+            torch.randn(B, T, H, L, dtype=f64),
+            torch.randn(B, T, H, L, dtype=f64) * scale,
+            torch.randn(B, T, H, D, dtype=f64),
+        )
         b = b + spikes * (torch.rand(B, T, H, L) < 0.05)
         S0, z0 = torch.randn(B, H, L, D, dtype=f64), torch.randn(B, H, L, dtype=f64) * 3
 
@@ -103,7 +110,11 @@ def main() -> int:
     y_ref = torch.cat([R.latte_causal(a[:, s:e], b[:, s:e], v[:, s:e])[0] for s, e in zip(cu[:-1], cu[1:])], 1)
     report("packed documents (cu_seqlens)", y, y_ref)
 
-    a, b, v = torch.randn(B, 90, H, L, dtype=f64), torch.randn(B, 90, H, L, dtype=f64) * 5, torch.randn(B, 90, H, D, dtype=f64)
+    a, b, v = (
+        torch.randn(B, 90, H, L, dtype=f64),
+        torch.randn(B, 90, H, L, dtype=f64) * 5,
+        torch.randn(B, 90, H, D, dtype=f64),
+    )
     mask = torch.ones(B, 90, dtype=torch.bool)
     mask[0, :11] = False
     mask[1, 60:] = False

@@ -17,8 +17,10 @@ from latte.ops.sliding_window import WindowState
 from tests.helpers import grads_of, rel_err
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-needs_fla = pytest.mark.skipif(not torch.cuda.is_available() or fla_missing() is not None,
-                               reason=f"fla-core's kernels are not usable: {fla_missing()}")
+needs_fla = pytest.mark.skipif(
+    not torch.cuda.is_available() or fla_missing() is not None,
+    reason=f"fla-core's kernels are not usable: {fla_missing()}",
+)
 
 IEEE = os.environ.get("TRITON_F32_DEFAULT") == "ieee"
 FWD, GRAD = (2e-5, 2e-4) if IEEE else (5e-3, 2e-2)  # exact float32 dots, or TF32's 10-bit mantissa
@@ -118,9 +120,13 @@ def test_torch_kernels_run_on_cuda():
 @pytest.mark.parametrize("T,W,K", [(1, 4, 2), (100, 16, 2), (300, 128, 1), (513, 200, 4)])
 def test_flex_window_matches_float64_with_gradients(T, W, K):
     torch.manual_seed(5)
-    q, k, v = torch.randn(2, T, 4, 32, dtype=f64), torch.randn(2, T, K, 32, dtype=f64), torch.randn(2, T, K, 32, dtype=f64)
+    q, k, v = (
+        torch.randn(2, T, 4, 32, dtype=f64),
+        torch.randn(2, T, K, 32, dtype=f64),
+        torch.randn(2, T, K, 32, dtype=f64),
+    )
     both = lambda y, lse, *_: torch.cat([y.flatten(), lse.flatten()])  # noqa: E731
-    out, g = grads_of(lambda q, k, v: both(*flex_window(q, k, v, W, 32 ** -0.5, None, None)), on_cuda(q, k, v))
+    out, g = grads_of(lambda q, k, v: both(*flex_window(q, k, v, W, 32**-0.5, None, None)), on_cuda(q, k, v))
     out_ref, g_ref = grads_of(lambda q, k, v: both(*R.sliding_window_attention(q, k, v, W)), [q, k, v])
     assert rel_err(out.cpu(), out_ref) < FWD
     for x, xr in zip(g, g_ref):
@@ -130,15 +136,22 @@ def test_flex_window_matches_float64_with_gradients(T, W, K):
 def test_flex_window_with_cache_and_padding():
     torch.manual_seed(6)
     T, W = 150, 40
-    q, k, v = torch.randn(2, T, 4, 32, dtype=f64), torch.randn(2, T, 2, 32, dtype=f64), torch.randn(2, T, 2, 32, dtype=f64)
+    q, k, v = (
+        torch.randn(2, T, 4, 32, dtype=f64),
+        torch.randn(2, T, 2, 32, dtype=f64),
+        torch.randn(2, T, 2, 32, dtype=f64),
+    )
     mask = torch.ones(2, T, dtype=torch.bool)
     mask[0, :9] = False
-    state = WindowState(torch.randn(2, W - 1, 2, 32, dtype=f64), torch.randn(2, W - 1, 2, 32, dtype=f64),
-                        torch.rand(2, W - 1) < 0.7)
+    state = WindowState(
+        torch.randn(2, W - 1, 2, 32, dtype=f64), torch.randn(2, W - 1, 2, 32, dtype=f64), torch.rand(2, W - 1) < 0.7
+    )
     from latte.ops.sliding_window import window_blocked
 
     want = window_blocked(q, k, v, W, 0.2, mask, state)
-    got = flex_window(*on_cuda(q, k, v), W, 0.2, mask.to(CUDA), WindowState(*on_cuda(state.k, state.v), state.mask.to(CUDA)))
+    got = flex_window(
+        *on_cuda(q, k, v), W, 0.2, mask.to(CUDA), WindowState(*on_cuda(state.k, state.v), state.mask.to(CUDA))
+    )
     assert rel_err(got[0].cpu()[mask], want[0][mask]) < FWD and rel_err(got[1].cpu()[mask], want[1][mask]) < FWD
 
 

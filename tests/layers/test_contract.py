@@ -182,7 +182,7 @@ def test_positions_given_by_a_model_equal_counting_them(name):
     layer, x = make(name), inputs(B=3)
     mask = torch.ones(3, T, dtype=torch.bool)
     mask[1, :5] = False
-    pos_BT = (mask.long().cumsum(1) - mask.long())  # real tokens before each one
+    pos_BT = mask.long().cumsum(1) - mask.long()  # real tokens before each one
     with torch.no_grad():
         y_own, s_own = layer(x[:, :-1], mask=mask[:, :-1])
         y_given, s_given = layer(x[:, :-1], mask=mask[:, :-1], positions=pos_BT[:, :-1])

@@ -51,8 +51,13 @@ def test_head_dim_frees_dim_from_num_heads_without_rglru():
 
 @pytest.mark.parametrize(
     "layer",
-    [LatteAttention(16, 2, 8), MacchiatoAttention(16, 2, 8, window_size=4), SoftmaxAttention(16, 2),
-     LinearAttention(16, 2), SlidingWindowAttention(16, 2, window_size=4)],
+    [
+        LatteAttention(16, 2, 8),
+        MacchiatoAttention(16, 2, 8, window_size=4),
+        SoftmaxAttention(16, 2),
+        LinearAttention(16, 2),
+        SlidingWindowAttention(16, 2, window_size=4),
+    ],
     ids=lambda m: type(m).__name__,
 )
 def test_forward_errors(layer):

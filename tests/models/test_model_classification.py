@@ -8,8 +8,9 @@ from latte.models import LatteConfig, LatteForSequenceClassification
 
 def make(mixer, pooling, position_embedding="learned"):
     torch.manual_seed(0)
-    cfg = LatteConfig.tiny(mixer=mixer, causal=False, num_labels=3, pooling=pooling,
-                           position_embedding=position_embedding)
+    cfg = LatteConfig.tiny(
+        mixer=mixer, causal=False, num_labels=3, pooling=pooling, position_embedding=position_embedding
+    )
     return LatteForSequenceClassification(cfg).eval()
 
 
@@ -48,12 +49,12 @@ def test_loss_and_label_errors(make_ids):
 
 # ------------------------------------------------------------------ pairs (two towers)
 
+
 def make_pair(mixer="latte", pooling="mean"):
     from latte.models import LatteForPairClassification
 
     torch.manual_seed(0)
-    cfg = LatteConfig.tiny(mixer=mixer, causal=False, num_labels=2, pooling=pooling,
-                           position_embedding="sinusoidal")
+    cfg = LatteConfig.tiny(mixer=mixer, causal=False, num_labels=2, pooling=pooling, position_embedding="sinusoidal")
     return LatteForPairClassification(cfg).eval()
 
 
@@ -77,10 +78,12 @@ def test_pair_towers_are_independent_of_padding_and_of_each_other(make_ids, mixe
     out = model(xa, xb, attention_mask=ma, attention_mask_2=mb)
     torch.testing.assert_close(out.logits, single, atol=1e-5, rtol=0)
     # the head reads [u, v, u*v, u-v] of the two pooled towers of the shared encoder
-    u = torch.stack([model.model(x[None])[0].mean(1)[0] if pooling == "mean" else model.model(x[None])[0][0, 0]
-                     for x in a])
-    v = torch.stack([model.model(y[None])[0].mean(1)[0] if pooling == "mean" else model.model(y[None])[0][0, 0]
-                     for y in b])
+    u = torch.stack(
+        [model.model(x[None])[0].mean(1)[0] if pooling == "mean" else model.model(x[None])[0][0, 0] for x in a]
+    )
+    v = torch.stack(
+        [model.model(y[None])[0].mean(1)[0] if pooling == "mean" else model.model(y[None])[0][0, 0] for y in b]
+    )
     torch.testing.assert_close(model.head(torch.cat([u, v, u * v, u - v], -1)), single, atol=1e-5, rtol=0)
 
 

@@ -15,8 +15,17 @@ def lines(excinfo):
 
 def test_every_problem_reported_at_once_naming_field_value_allowed():
     with pytest.raises(ValueError) as e:
-        LatteConfig(dim=30, num_heads=4, num_latents=6, mixer=["latte", "bogus"], num_layers=3,
-                    dropout=1.5, mlp="relu", tie_embeddings=1, num_kv_heads=3)
+        LatteConfig(
+            dim=30,
+            num_heads=4,
+            num_latents=6,
+            mixer=["latte", "bogus"],
+            num_layers=3,
+            dropout=1.5,
+            mlp="relu",
+            tie_embeddings=1,
+            num_kv_heads=3,
+        )
     got = lines(e)
     assert isinstance(e.value, ConfigError)
     expected = {
@@ -34,20 +43,23 @@ def test_every_problem_reported_at_once_naming_field_value_allowed():
     assert len(got) == len(expected)
 
 
-@pytest.mark.parametrize("kwargs, field, text", [
-    (dict(num_layers=0), "num_layers", "an integer >= 1"),
-    (dict(vocab_size=2.5), "vocab_size", "an integer >= 1"),
-    (dict(mixer=["latte", "swa", "latte"], num_layers=2), "mixer", "list of num_layers (2)"),
-    (dict(mixer="swa", causal=False), "mixer", "no bidirectional form of 'swa'"),
-    (dict(mixer="latte", causal=False, qk_mixer="rglru"), "qk_mixer", "causal only"),
-    (dict(mixer="linear", causal=False, linear_qk_mixer="conv_rglru"), "linear_qk_mixer", "causal only"),
-    (dict(linear_qk_mixer="lstm"), "linear_qk_mixer", "'none', 'conv', 'rglru', 'conv_rglru'"),
-    (dict(position_embedding="rotary"), "position_embedding", "'none', 'learned', 'sinusoidal'"),
-    (dict(pooling="max"), "pooling", "'mean', 'cls'"),
-    (dict(norm_eps=0), "norm_eps", "> 0"),
-    (dict(ffn_dim=0), "ffn_dim", "None or an integer >= 1"),
-    (dict(mix="sum"), "mix", "'joint', 'gate'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field, text",
+    [
+        (dict(num_layers=0), "num_layers", "an integer >= 1"),
+        (dict(vocab_size=2.5), "vocab_size", "an integer >= 1"),
+        (dict(mixer=["latte", "swa", "latte"], num_layers=2), "mixer", "list of num_layers (2)"),
+        (dict(mixer="swa", causal=False), "mixer", "no bidirectional form of 'swa'"),
+        (dict(mixer="latte", causal=False, qk_mixer="rglru"), "qk_mixer", "causal only"),
+        (dict(mixer="linear", causal=False, linear_qk_mixer="conv_rglru"), "linear_qk_mixer", "causal only"),
+        (dict(linear_qk_mixer="lstm"), "linear_qk_mixer", "'none', 'conv', 'rglru', 'conv_rglru'"),
+        (dict(position_embedding="rotary"), "position_embedding", "'none', 'learned', 'sinusoidal'"),
+        (dict(pooling="max"), "pooling", "'mean', 'cls'"),
+        (dict(norm_eps=0), "norm_eps", "> 0"),
+        (dict(ffn_dim=0), "ffn_dim", "None or an integer >= 1"),
+        (dict(mix="sum"), "mix", "'joint', 'gate'"),
+    ],
+)
 def test_single_problem_messages(kwargs, field, text):
     with pytest.raises(ValueError) as e:
         LatteConfig(**kwargs)
@@ -76,7 +88,7 @@ def test_dict_and_json_round_trip(tmp_path):
     assert LatteConfig.from_dict(cfg.to_dict()) == cfg
     cfg.save_json(tmp_path / "c.json")
     assert LatteConfig.load_json(tmp_path / "c.json") == cfg
-    (tmp_path / "bad.json").write_text("{\"dim\": 32,}")
+    (tmp_path / "bad.json").write_text('{"dim": 32,}')
     with pytest.raises(ValueError, match="bad.json: invalid JSON"):
         LatteConfig.load_json(tmp_path / "bad.json")
     (tmp_path / "unk.json").write_text(json.dumps({**cfg.to_dict(), "heads": 2}))

@@ -35,9 +35,15 @@ def test_prefill_then_decode_equals_full_forward(make_lm, make_ids, mixer, split
     torch.testing.assert_close(dec, full, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("mixer, extra", [*((m, {}) for m in MIXERS), (["latte", "swa"], {}),
-                                          (["macchiato", "softmax"], dict(position_embedding="learned")),
-                                          ("latte", dict(position_embedding="sinusoidal"))])
+@pytest.mark.parametrize(
+    "mixer, extra",
+    [
+        *((m, {}) for m in MIXERS),
+        (["latte", "swa"], {}),
+        (["macchiato", "softmax"], dict(position_embedding="learned")),
+        ("latte", dict(position_embedding="sinusoidal")),
+    ],
+)
 def test_left_padded_batch_matches_each_sequence_alone(make_lm, make_ids, mixer, extra):
     """Prompts of 25, 11 and 3 tokens, left padded to 25, prefilled in two
     chunks, then 12 decoded tokens: every real position equals the row's own
@@ -48,19 +54,24 @@ def test_left_padded_batch_matches_each_sequence_alone(make_lm, make_ids, mixer,
     x = torch.zeros(3, T + K, dtype=torch.long)
     mask = torch.zeros(3, T + K, dtype=torch.bool)
     for i, (n, s) in enumerate(zip(lengths, seqs)):
-        x[i, T - n:] = s
-        mask[i, T - n:] = True
+        x[i, T - n :] = s
+        mask[i, T - n :] = True
     with torch.no_grad():
         dec, _ = decode_logits(model, x, [13, T], mask)
         for i, (n, s) in enumerate(zip(lengths, seqs)):
             ref = model(s[None]).logits[0]
-            torch.testing.assert_close(dec[i, T - n:], ref, atol=ATOL, rtol=0)
+            torch.testing.assert_close(dec[i, T - n :], ref, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("mixer", ["latte", "macchiato"])
 def test_gate_mix_and_qk_mixers_decode(make_lm, make_ids, mixer):
-    for kw in (dict(mix="gate"), dict(qk_mixer="none"), dict(qk_mixer="conv"), dict(qk_mixer="rglru"),
-               dict(num_kv_heads=1, num_heads=2)):
+    for kw in (
+        dict(mix="gate"),
+        dict(qk_mixer="none"),
+        dict(qk_mixer="conv"),
+        dict(qk_mixer="rglru"),
+        dict(num_kv_heads=1, num_heads=2),
+    ):
         model = make_lm(mixer, **kw)
         x = make_ids(2, 30)
         with torch.no_grad():
@@ -110,8 +121,9 @@ def test_cache_select_and_repeat(make_lm, make_ids):
         assert isinstance(picked, LatteCache) and picked.batch_size == 2
         torch.testing.assert_close(model(nxt[[2, 0]], state=picked).logits, ref[[2, 0]], atol=ATOL, rtol=0)
         rep = st.repeat_interleave(2)
-        torch.testing.assert_close(model(nxt.repeat_interleave(2, 0), state=rep).logits,
-                                   ref.repeat_interleave(2, 0), atol=ATOL, rtol=0)
+        torch.testing.assert_close(
+            model(nxt.repeat_interleave(2, 0), state=rep).logits, ref.repeat_interleave(2, 0), atol=ATOL, rtol=0
+        )
 
 
 def test_state_errors(make_lm, make_ids):

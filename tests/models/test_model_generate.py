@@ -34,12 +34,12 @@ def test_left_padded_batch_generates_like_each_prompt_alone(make_lm, make_ids, m
     x = torch.zeros(3, T, dtype=torch.long)
     mask = torch.zeros(3, T, dtype=torch.long)
     for i, p in enumerate(prompts):
-        x[i, T - p.shape[1]:] = p[0]
-        mask[i, T - p.shape[1]:] = 1
+        x[i, T - p.shape[1] :] = p[0]
+        mask[i, T - p.shape[1] :] = 1
     out = model.generate(x, 8, temperature=0, attention_mask=mask)
     for i, p in enumerate(prompts):
         alone = model.generate(p, 8, do_sample=False)
-        assert torch.equal(out[i, T:], alone[0, p.shape[1]:]), i
+        assert torch.equal(out[i, T:], alone[0, p.shape[1] :]), i
 
 
 def test_eos_stops_each_row_and_pads_with_eos(make_lm, make_ids):
@@ -50,7 +50,7 @@ def test_eos_stops_each_row_and_pads_with_eos(make_lm, make_ids):
     out = model.generate(x, 12, temperature=0, eos_token_id=eos)
     first = (free[0, 6:] == eos).nonzero()[0, 0]
     assert torch.equal(out[0, : 6 + first + 1], free[0, : 6 + first + 1])
-    assert (out[0, 6 + first:] == eos).all()
+    assert (out[0, 6 + first :] == eos).all()
     hit1 = (free[1, 6:] == eos).nonzero()
     n1 = int(hit1[0, 0]) if len(hit1) else 12
     assert torch.equal(out[1, : 6 + n1], free[1, : 6 + n1])
@@ -82,25 +82,28 @@ def test_generate_restores_training_mode_and_zero_tokens(make_lm, make_ids):
     assert model.training
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(max_new_tokens=-1), "max_new_tokens"),
-    (dict(max_new_tokens=-3), r"max_new_tokens: expected an integer >= 0, got -3"),
-    (dict(max_new_tokens=3, temperature=-1.0), "temperature"),
-    (dict(max_new_tokens=3, temperature=float("nan")), r"temperature: expected a finite number >= 0"),
-    (dict(max_new_tokens=3, temperature=float("inf")), r"temperature: expected a finite number >= 0"),
-    (dict(max_new_tokens=3, top_k=-5), r"top_k: expected None or an integer >= 0 \(0 = off\), got -5"),
-    (dict(max_new_tokens=3, top_k=2.5), "top_k"),
-    (dict(max_new_tokens=3, top_p=1.5), "top_p"),
-    (dict(max_new_tokens=3, top_p=2), "top_p"),
-    (dict(max_new_tokens=3, top_p=0), r"top_p: expected None or a number in \(0, 1\]"),
-    (dict(max_new_tokens=3, top_p=-0.5), "top_p"),
-    (dict(max_new_tokens=3, top_p=float("nan")), "top_p"),
-    (dict(max_new_tokens=3, do_sample=True, temperature=0), "do_sample"),
-    (dict(max_new_tokens=3, eos_token_id=64), r"eos_token_id: expected None, an id or a list of ids in \[0, 63\]"),
-    (dict(max_new_tokens=3, eos_token_id=[]), "eos_token_id"),
-    (dict(max_new_tokens=3, attention_mask=torch.tensor([[1, 1, 1, 0]])), "LEFT padding"),
-    (dict(max_new_tokens=3, attention_mask=torch.tensor([[1, 2, 1, 1]])), "0/1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(max_new_tokens=-1), "max_new_tokens"),
+        (dict(max_new_tokens=-3), r"max_new_tokens: expected an integer >= 0, got -3"),
+        (dict(max_new_tokens=3, temperature=-1.0), "temperature"),
+        (dict(max_new_tokens=3, temperature=float("nan")), r"temperature: expected a finite number >= 0"),
+        (dict(max_new_tokens=3, temperature=float("inf")), r"temperature: expected a finite number >= 0"),
+        (dict(max_new_tokens=3, top_k=-5), r"top_k: expected None or an integer >= 0 \(0 = off\), got -5"),
+        (dict(max_new_tokens=3, top_k=2.5), "top_k"),
+        (dict(max_new_tokens=3, top_p=1.5), "top_p"),
+        (dict(max_new_tokens=3, top_p=2), "top_p"),
+        (dict(max_new_tokens=3, top_p=0), r"top_p: expected None or a number in \(0, 1\]"),
+        (dict(max_new_tokens=3, top_p=-0.5), "top_p"),
+        (dict(max_new_tokens=3, top_p=float("nan")), "top_p"),
+        (dict(max_new_tokens=3, do_sample=True, temperature=0), "do_sample"),
+        (dict(max_new_tokens=3, eos_token_id=64), r"eos_token_id: expected None, an id or a list of ids in \[0, 63\]"),
+        (dict(max_new_tokens=3, eos_token_id=[]), "eos_token_id"),
+        (dict(max_new_tokens=3, attention_mask=torch.tensor([[1, 1, 1, 0]])), "LEFT padding"),
+        (dict(max_new_tokens=3, attention_mask=torch.tensor([[1, 2, 1, 1]])), "0/1"),
+    ],
+)
 def test_generate_argument_errors(make_lm, make_ids, kwargs, match):
     """generate and its streaming form share one validation, and `stream`
     raises when called, before a token (or a printed prompt) is produced."""

@@ -54,8 +54,9 @@ def test_left_padded_batch_and_eos_match_native(saved, make_ids, mixer):
     free = model.generate(x, 10, temperature=0, attention_mask=mask)
     eos = int(free[1, 9 + 3])
     ours = model.generate(x, 10, temperature=0, attention_mask=mask, eos_token_id=eos)
-    theirs = hfm.generate(x, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=eos,
-                          pad_token_id=eos)
+    theirs = hfm.generate(
+        x, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=eos, pad_token_id=eos
+    )
     assert torch.equal(theirs, ours)
 
 
@@ -98,8 +99,10 @@ def test_hf_save_loads_natively_and_back(saved, make_ids, tmp_path):
 def test_sequence_classification_through_auto(tmp_path, make_ids):
     torch.manual_seed(0)
     model = LatteForSequenceClassification(
-        LatteConfig.tiny(mixer=["latte", "softmax"], causal=False, num_labels=3, pooling="cls",
-                         position_embedding="learned")).eval()
+        LatteConfig.tiny(
+            mixer=["latte", "softmax"], causal=False, num_labels=3, pooling="cls", position_embedding="learned"
+        )
+    ).eval()
     model.save_pretrained(tmp_path)
     hfm = AutoModelForSequenceClassification.from_pretrained(tmp_path)
     assert isinstance(hfm, hf.LatteHFForSequenceClassification) and hfm.config.num_labels == 3
@@ -121,8 +124,16 @@ def test_invalid_config_is_reported_by_latte_validation(tmp_path, make_lm):
 
 
 def test_direct_construction_and_hf_names(make_ids):
-    cfg = hf.LatteHFConfig(hidden_size=48, num_hidden_layers=3, num_attention_heads=4, num_latents=8,
-                           vocab_size=64, mixer="latte", tie_word_embeddings=False, num_labels=5)
+    cfg = hf.LatteHFConfig(
+        hidden_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_latents=8,
+        vocab_size=64,
+        mixer="latte",
+        tie_word_embeddings=False,
+        num_labels=5,
+    )
     native = cfg.to_latte_config()
     assert (native.dim, native.num_layers, native.num_heads, native.tie_embeddings) == (48, 3, 4, False)
     assert cfg.hidden_size == 48 and cfg.num_labels == 5 and native.num_labels == 5
@@ -177,10 +188,17 @@ def test_hf_saved_folder_loads_natively_without_transformers(saved, tmp_path):
 
     model, path = saved("latte", tie_embeddings=False)
     AutoModelForCausalLM.from_pretrained(path).save_pretrained(tmp_path / "hf")
-    code = ("import sys; sys.modules['transformers'] = None\n"  # any import of transformers fails
-            "from latte.models import from_pretrained\n"
-            f"m = from_pretrained({str(tmp_path / 'hf')!r}); print(type(m).__name__, m.config.dim)")
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"  # any import of transformers fails
+        "from latte.models import from_pretrained\n"
+        f"m = from_pretrained({str(tmp_path / 'hf')!r}); print(type(m).__name__, m.config.dim)"
+    )
     repo = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0 and out.stdout.split() == ["LatteForCausalLM", "32"], out.stderr

@@ -15,15 +15,18 @@ def model_and_calls(make_lm):
     return model, calls
 
 
-@pytest.mark.parametrize("x, match", [
-    (torch.tensor([[1, 2, 64]]), r"found id 64, but ids must be in \[0, 63\] \(max id 63, vocab_size 64\)"),
-    (torch.tensor([[1, -3, 2]]), r"found id -3"),
-    (torch.tensor([[1.0, 2.0]]), "integer dtype"),
-    (torch.tensor([True, False])[None], "integer dtype"),
-    (torch.tensor([1, 2, 3]), r"shape \[B, T >= 1\]"),
-    (torch.zeros(2, 0, dtype=torch.long), r"shape \[B, T >= 1\]"),
-    ([[1, 2]], "integer tensor"),
-])
+@pytest.mark.parametrize(
+    "x, match",
+    [
+        (torch.tensor([[1, 2, 64]]), r"found id 64, but ids must be in \[0, 63\] \(max id 63, vocab_size 64\)"),
+        (torch.tensor([[1, -3, 2]]), r"found id -3"),
+        (torch.tensor([[1.0, 2.0]]), "integer dtype"),
+        (torch.tensor([True, False])[None], "integer dtype"),
+        (torch.tensor([1, 2, 3]), r"shape \[B, T >= 1\]"),
+        (torch.zeros(2, 0, dtype=torch.long), r"shape \[B, T >= 1\]"),
+        ([[1, 2]], "integer tensor"),
+    ],
+)
 def test_bad_input_ids_raise_before_compute(model_and_calls, x, match):
     model, calls = model_and_calls
     with pytest.raises(ValueError, match=match):
@@ -114,6 +117,7 @@ def test_inputs_are_checked_once_and_positions_counted_once(make_lm, make_ids, m
         def wrapped(*a, **kw):
             calls[name] += 1
             return fn(*a, **kw)
+
         return wrapped
 
     monkeypatch.setattr(inputs, "check_input_ids", counting("ids", inputs.check_input_ids))
@@ -157,6 +161,7 @@ def test_model_boundary_compiles_without_graph_breaks(make_lm, make_ids, mixer):
     x = make_ids(2, 12)
     mask = torch.ones(2, 12, dtype=torch.long)
     mask[1, :4] = 0
-    step = torch.compile(lambda ids, am: model(ids, attention_mask=am, labels=ids).loss,
-                         backend="eager", fullgraph=True)
+    step = torch.compile(
+        lambda ids, am: model(ids, attention_mask=am, labels=ids).loss, backend="eager", fullgraph=True
+    )
     torch.testing.assert_close(step(x, mask), model(x, attention_mask=mask, labels=x).loss)

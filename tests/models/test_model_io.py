@@ -7,8 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from latte.models import (LatteConfig, LatteForCausalLM, LatteForSequenceClassification,
-                          from_pretrained, load_weights)
+from latte.models import LatteConfig, LatteForCausalLM, LatteForSequenceClassification, from_pretrained, load_weights
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -33,8 +32,9 @@ def test_round_trip_is_exact(make_lm, make_ids, tmp_path, tie):
 
 def test_classifier_round_trip(tmp_path, make_ids):
     torch.manual_seed(0)
-    model = LatteForSequenceClassification(LatteConfig.tiny(causal=False, num_labels=3,
-                                                            position_embedding="sinusoidal")).eval()
+    model = LatteForSequenceClassification(
+        LatteConfig.tiny(causal=False, num_labels=3, position_embedding="sinusoidal")
+    ).eval()
     model.save_pretrained(tmp_path)
     loaded = from_pretrained(tmp_path)
     assert isinstance(loaded, LatteForSequenceClassification)
@@ -55,9 +55,12 @@ def test_every_mismatch_is_listed_in_one_error(make_lm, tmp_path):
         from_pretrained(tmp_path)
     msg = str(e.value)
     assert msg.startswith(f"{path}: 4 problems loading into LatteForCausalLM")
-    for text in ("missing tensor model.norm.weight (32,)", "missing tensor model.blocks.1.mlp.up.weight",
-                 "unexpected tensor extra.weight (2,)",
-                 "shape mismatch for model.blocks.0.mlp.down.weight: file (3, 3), model (32, 48)"):
+    for text in (
+        "missing tensor model.norm.weight (32,)",
+        "missing tensor model.blocks.1.mlp.up.weight",
+        "unexpected tensor extra.weight (2,)",
+        "shape mismatch for model.blocks.0.mlp.down.weight: file (3, 3), model (32, 48)",
+    ):
         assert text in msg, msg
 
 
@@ -84,5 +87,7 @@ def test_not_safetensors_and_bad_config_name_the_file(make_lm, tmp_path):
 def test_loading_into_a_different_config_fails(make_lm, tmp_path):
     make_lm("latte").save_pretrained(tmp_path)
     other = LatteForCausalLM(LatteConfig.tiny(mixer="latte", dim=48, num_heads=2))
-    with pytest.raises(ValueError, match="shape mismatch for model.embed.weight: file \\(64, 32\\), model \\(64, 48\\)"):
+    with pytest.raises(
+        ValueError, match="shape mismatch for model.embed.weight: file \\(64, 32\\), model \\(64, 48\\)"
+    ):
         load_weights(other, tmp_path / "model.safetensors")

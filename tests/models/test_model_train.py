@@ -9,14 +9,24 @@ from latte.models import MIXERS, LatteConfig, LatteForCausalLM, LatteForSequence
 
 
 def assert_every_parameter_has_a_gradient(model):
-    missing = [n for n, p in model.named_parameters()
-               if p.grad is None or not torch.isfinite(p.grad).all() or p.grad.abs().sum() == 0]
+    missing = [
+        n
+        for n, p in model.named_parameters()
+        if p.grad is None or not torch.isfinite(p.grad).all() or p.grad.abs().sum() == 0
+    ]
     assert not missing, f"no (or zero / non-finite) gradient for {missing}"
 
 
 @pytest.mark.parametrize("mixer", [*MIXERS, ["latte", "macchiato"]])
-@pytest.mark.parametrize("extra", [{}, dict(mix="gate", tie_embeddings=False, position_embedding="learned",
-                                            mlp="gelu", norm="layernorm", num_kv_heads=1)])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        dict(
+            mix="gate", tie_embeddings=False, position_embedding="learned", mlp="gelu", norm="layernorm", num_kv_heads=1
+        ),
+    ],
+)
 def test_every_parameter_gets_a_gradient(make_lm, make_ids, mixer, extra):
     model = make_lm(mixer, **extra).train()
     x = make_ids(2, 20)
@@ -30,7 +40,8 @@ def test_every_parameter_gets_a_gradient(make_lm, make_ids, mixer, extra):
 def test_classifier_parameters_get_gradients(make_ids, mixer):
     torch.manual_seed(0)
     model = LatteForSequenceClassification(
-        LatteConfig.tiny(mixer=mixer, causal=False, qk_mixer="conv", position_embedding="learned"))
+        LatteConfig.tiny(mixer=mixer, causal=False, qk_mixer="conv", position_embedding="learned")
+    )
     model(make_ids(3, 9), labels=torch.tensor([0, 1, 1])).loss.backward()
     assert_every_parameter_has_a_gradient(model)
 
@@ -59,9 +70,11 @@ def test_paper_table6_preset_forward_backward_at_512(mixer):
     x = torch.randint(0, 50257, (1, 512))
     out = model(x, labels=x)
     out.loss.backward()
-    print(f"\nTable 6 preset, mixer={mixer}: {n:,} parameters "
-          f"({model.num_parameters(exclude_embeddings=True):,} without embeddings), "
-          f"forward+backward at T=512: {time.perf_counter() - t:.2f}s")
+    print(
+        f"\nTable 6 preset, mixer={mixer}: {n:,} parameters "
+        f"({model.num_parameters(exclude_embeddings=True):,} without embeddings), "
+        f"forward+backward at T=512: {time.perf_counter() - t:.2f}s"
+    )
     assert out.logits is None and torch.isfinite(out.loss)  # training: the fused loss skips logits
     assert abs(out.loss.item() - 10.8) < 1.0  # ~ln(50257) at init
     assert 45e6 < n < 60e6

@@ -41,8 +41,15 @@ def test_tied_weights_stored_once_and_read_back_under_both_names(make_lm, tmp_pa
 def test_save_pretrained_and_checkpoint_write_the_same_format(make_lm, tmp_path, umask_022):
     model = make_lm("macchiato")
     model.save_pretrained(tmp_path / "pretrained")
-    step = save_checkpoint(tmp_path / "run", 3, model_state=model.state_dict(), optimizer_state={},
-                           trainer_state={"step": 3}, rng_state={}, config={})
+    step = save_checkpoint(
+        tmp_path / "run",
+        3,
+        model_state=model.state_dict(),
+        optimizer_state={},
+        trainer_state={"step": 3},
+        rng_state={},
+        config={},
+    )
     a = load_file(tmp_path / "pretrained" / "model.safetensors")
     b = load_file(step / "model.safetensors")
     assert a.keys() == b.keys() and "lm_head.weight" not in b  # tied weight stored once in both

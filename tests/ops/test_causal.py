@@ -11,8 +11,14 @@ from tests.helpers import grads_of, rel_err
 
 # (T, Lh, Dv, chunk): the odd shapes of the contract, chunks that do and do not divide T
 CASES = [
-    (1, 5, 60, 64), (2, 1, 1, 64), (63, 32, 64, 16), (64, 5, 60, 64),
-    (65, 1, 64, 64), (65, 32, 1, 7), (257, 5, 64, 64), (257, 32, 60, 100),
+    (1, 5, 60, 64),
+    (2, 1, 1, 64),
+    (63, 32, 64, 16),
+    (64, 5, 60, 64),
+    (65, 1, 64, 64),
+    (65, 32, 1, 7),
+    (257, 5, 64, 64),
+    (257, 32, 60, 100),
 ]
 
 
@@ -72,7 +78,9 @@ def test_state_continuation_equals_one_pass(split):
     a, b, v = inputs(64, 5, 7)
     y_full, st_full = latte_causal(a, b, v, chunk_size=16, output_final_state=True)
     y1, st = latte_causal(a[:, :split], b[:, :split], v[:, :split], chunk_size=16, output_final_state=True)
-    y2, st2 = latte_causal(a[:, split:], b[:, split:], v[:, split:], chunk_size=16, initial_state=st, output_final_state=True)
+    y2, st2 = latte_causal(
+        a[:, split:], b[:, split:], v[:, split:], chunk_size=16, initial_state=st, output_final_state=True
+    )
     assert rel_err(torch.cat([y1, y2], 1), y_full) < 1e-12
     assert rel_err(st2.S, st_full.S) < 1e-12 and rel_err(st2.z, st_full.z) < 1e-12
 
@@ -179,8 +187,9 @@ def test_gradients_with_state_and_mask_for_spread_logits(scale):
     mask = torch.rand(2, 50) > 0.2
 
     def fast(a, b, v, S0, z0):
-        y, st = latte_causal(a, b, v, chunk_size=16, initial_state=LatteState(S0, z0), mask=mask,
-                             output_final_state=True)
+        y, st = latte_causal(
+            a, b, v, chunk_size=16, initial_state=LatteState(S0, z0), mask=mask, output_final_state=True
+        )
         return torch.cat([y[mask].flatten(), st.S.flatten(), st.z.flatten()])
 
     def ref(a, b, v, S0, z0):
@@ -269,8 +278,9 @@ def test_many_segments_equal_reference(monkeypatch, scale):
     assert len(K._segments(6, 6, 8, 8)) == 6
 
     def fast(a, b, v, S0, z0):
-        y, st = latte_causal(a, b, v, chunk_size=8, initial_state=LatteState(S0, z0), mask=mask,
-                             output_final_state=True)
+        y, st = latte_causal(
+            a, b, v, chunk_size=8, initial_state=LatteState(S0, z0), mask=mask, output_final_state=True
+        )
         return torch.cat([y[mask].flatten(), st.S.flatten(), st.z.flatten()])
 
     def ref(a, b, v, S0, z0):

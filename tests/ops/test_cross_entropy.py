@@ -67,14 +67,17 @@ def test_bf16_autocast_matches_the_linear_layer_it_replaces():
     assert rel_err(fused, plain) < 1e-2
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(targets=torch.tensor([0, 101, 1])), r"targets: found 101; targets must be in \[0, 100\]"),
-    (dict(targets=torch.tensor([0.0, 1.0, 2.0])), "targets: expected an integer tensor"),
-    (dict(targets=torch.tensor([0, 1])), r"\[N\] = \(3,\)"),
-    (dict(weight=torch.randn(101, 5)), "widths must match"),
-    (dict(hidden=torch.randn(3, 16, dtype=torch.float64)), "dtypes must match"),
-    (dict(chunk_rows=0), "chunk_rows: expected an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(targets=torch.tensor([0, 101, 1])), r"targets: found 101; targets must be in \[0, 100\]"),
+        (dict(targets=torch.tensor([0.0, 1.0, 2.0])), "targets: expected an integer tensor"),
+        (dict(targets=torch.tensor([0, 1])), r"\[N\] = \(3,\)"),
+        (dict(weight=torch.randn(101, 5)), "widths must match"),
+        (dict(hidden=torch.randn(3, 16, dtype=torch.float64)), "dtypes must match"),
+        (dict(chunk_rows=0), "chunk_rows: expected an integer >= 1"),
+    ],
+)
 def test_bad_inputs_name_the_problem(kwargs, match):
     args = dict(hidden=torch.randn(3, 16), weight=torch.randn(101, 16), targets=torch.tensor([0, 1, 2]))
     chunk = kwargs.pop("chunk_rows", None)

@@ -35,15 +35,35 @@ BAD = {
     "cu_start": (lambda: latte_causal(a, a, v, cu_seqlens=torch.tensor([1, 8])), "cu_seqlens: must start at 0"),
     "cu_order": (lambda: latte_causal(a, a, v, cu_seqlens=torch.tensor([0, 5, 5, 8])), "strictly increasing"),
     "cu_end": (lambda: latte_causal(a, a, v, cu_seqlens=torch.tensor([0, 5, 7])), "must end at T=8, got 7"),
-    "cu_batch": (lambda: latte_causal(a.expand(2, -1, -1, -1), a.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1),
-                                      cu_seqlens=torch.tensor([0, 8])), "batch size 1"),
-    "state_shape": (lambda: latte_causal(a, a, v, initial_state=LatteState(torch.zeros(1, 2, 4, 9), torch.zeros(1, 2, 4))),
-                    "initial_state.S: expected shape (1, 2, 4, 3)"),
+    "cu_batch": (
+        lambda: latte_causal(
+            a.expand(2, -1, -1, -1), a.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1), cu_seqlens=torch.tensor([0, 8])
+        ),
+        "batch size 1",
+    ),
+    "state_shape": (
+        lambda: latte_causal(a, a, v, initial_state=LatteState(torch.zeros(1, 2, 4, 9), torch.zeros(1, 2, 4))),
+        "initial_state.S: expected shape (1, 2, 4, 3)",
+    ),
     "state_type": (lambda: latte_causal_step(a[:, 0], a[:, 0], v[:, 0], state=(1, 2)), "state: expected a LatteState"),
-    "window_state": (lambda: sliding_window_attention(q, k, vk, window_size=4, initial_state=WindowState(
-        torch.zeros(1, 2, 1, 5), torch.zeros(1, 3, 1, 3), torch.zeros(1, 3, dtype=torch.bool))), "initial_state.k"),
-    "gqa": (lambda: sliding_window_attention(torch.randn(1, 8, 3, 5), torch.randn(1, 8, 2, 5), torch.randn(1, 8, 2, 3),
-                                             window_size=2), "must be a multiple of key/value heads"),
+    "window_state": (
+        lambda: sliding_window_attention(
+            q,
+            k,
+            vk,
+            window_size=4,
+            initial_state=WindowState(
+                torch.zeros(1, 2, 1, 5), torch.zeros(1, 3, 1, 3), torch.zeros(1, 3, dtype=torch.bool)
+            ),
+        ),
+        "initial_state.k",
+    ),
+    "gqa": (
+        lambda: sliding_window_attention(
+            torch.randn(1, 8, 3, 5), torch.randn(1, 8, 2, 5), torch.randn(1, 8, 2, 3), window_size=2
+        ),
+        "must be a multiple of key/value heads",
+    ),
     "mask_dtype": (lambda: latte_causal(a, a, v, mask=torch.ones(1, 8)), "mask: expected a bool tensor"),
     "mix": (lambda: macchiato(a, a, vk, q, k, window_size=4, mix="sum"), "mix: expected one of"),
     "gate_missing": (lambda: macchiato(a, a, vk, q, k, window_size=4, mix="gate"), 'gate: mix="gate" needs'),
@@ -81,7 +101,8 @@ print(json.dumps({"peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss 
 def test_no_quadratic_memory_at_32k(which):
     # A float32 T x T matrix at T = 32768 alone is 4 GiB; the linear paths need
     # a few tens of MB here. The bound leaves room for allocator noise.
-    out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, "32768", which], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", MEMORY_PROBE, "32768", which], capture_output=True, text=True, check=True
+    )
     peak_mb = json.loads(out.stdout)["peak_kb"] / 1024
     assert peak_mb < 512, f"{which}: forward+backward at T=32768 grew RSS by {peak_mb:.0f} MB"

@@ -27,8 +27,19 @@ def dense(num, idx, nkv):
     return out
 
 
-@pytest.mark.parametrize("T,P,W", [(1, 0, 4), (300, 0, 1), (300, 0, 128), (300, 0, 129), (257, 127, 128),
-                                   (1000, 0, 300), (130, 299, 300), (64, 0, 1000)])
+@pytest.mark.parametrize(
+    "T,P,W",
+    [
+        (1, 0, 4),
+        (300, 0, 1),
+        (300, 0, 128),
+        (300, 0, 129),
+        (257, 127, 128),
+        (1000, 0, 300),
+        (130, 299, 300),
+        (64, 0, 1000),
+    ],
+)
 def test_band_blocks_cover_exactly_the_band(T, P, W):
     """Every (query, key) of the band lies in a listed block; full blocks hold
     only visible pairs and lie inside both sequences; no block is listed twice."""
@@ -48,17 +59,16 @@ def test_band_blocks_cover_exactly_the_band(T, P, W):
 
 
 def qkv(T, H=4, K=2, E=6, D=5, B=2):
-    return (torch.randn(B, T, H, E, dtype=f64), torch.randn(B, T, K, E, dtype=f64),
-            torch.randn(B, T, K, D, dtype=f64))
+    return (torch.randn(B, T, H, E, dtype=f64), torch.randn(B, T, K, E, dtype=f64), torch.randn(B, T, K, D, dtype=f64))
 
 
 @pytest.mark.parametrize("T,W,K", [(1, 4, 2), (37, 1, 4), (37, 5, 2), (200, 16, 1), (300, 130, 2)])
 def test_flex_window_matches_reference(T, W, K):
     q, k, v = qkv(T, K=K)
-    y, lse, st = flex_window(q, k, v, W, 6 ** -0.5, None, None)
+    y, lse, st = flex_window(q, k, v, W, 6**-0.5, None, None)
     y_ref, lse_ref = R.sliding_window_attention(q, k, v, W)
     assert rel_err(y, y_ref) < 1e-12 and rel_err(lse, lse_ref) < 1e-12
-    _, _, st_tiles = window_blocked(q, k, v, W, 6 ** -0.5, None, None)
+    _, _, st_tiles = window_blocked(q, k, v, W, 6**-0.5, None, None)
     assert all(torch.equal(x, x_t) for x, x_t in zip(st, st_tiles))
 
 
@@ -69,8 +79,7 @@ def test_flex_window_with_padding_cache_and_lengths_equals_tiles():
     mask[0, :9] = False
     mask[1, 100:] = False
     P = W - 1
-    state = WindowState(torch.randn(2, P, 2, 6, dtype=f64), torch.randn(2, P, 2, 5, dtype=f64),
-                        torch.rand(2, P) < 0.7)
+    state = WindowState(torch.randn(2, P, 2, 6, dtype=f64), torch.randn(2, P, 2, 5, dtype=f64), torch.rand(2, P) < 0.7)
     lengths = torch.tensor([150, 100])
     for st in (None, state):
         got = flex_window(q, k, v, W, 0.3, mask, st, lengths)
@@ -99,13 +108,37 @@ def test_macchiato_on_the_flex_window_matches_reference(monkeypatch, mix):
     beta = torch.randn(H, dtype=f64)
     mask = torch.ones(B, T, dtype=torch.bool)
     mask[1, :5] = False
-    y, st = macchiato(a, b, v, q, k, window_size=W, mix=mix, gate=gate, beta=beta, mask=mask,
-                      chunk_size=16, output_final_state=True, backend="auto")
+    y, st = macchiato(
+        a,
+        b,
+        v,
+        q,
+        k,
+        window_size=W,
+        mix=mix,
+        gate=gate,
+        beta=beta,
+        mask=mask,
+        chunk_size=16,
+        output_final_state=True,
+        backend="auto",
+    )
     y_ref = R.macchiato(a, b, v, q, k, W, mix=mix, gate=gate, beta=beta, mask=mask)
     assert rel_err(y[mask], y_ref[mask]) < 1e-12
-    y2, _ = macchiato(a[:, :10], b[:, :10], v[:, :10], q[:, :10], k[:, :10], window_size=W, mix=mix,
-                      gate=None if gate is None else gate[:, :10], beta=beta, chunk_size=16,
-                      initial_state=st, backend="auto")
+    y2, _ = macchiato(
+        a[:, :10],
+        b[:, :10],
+        v[:, :10],
+        q[:, :10],
+        k[:, :10],
+        window_size=W,
+        mix=mix,
+        gate=None if gate is None else gate[:, :10],
+        beta=beta,
+        chunk_size=16,
+        initial_state=st,
+        backend="auto",
+    )
     assert isinstance(st, MacchiatoState) and torch.isfinite(y2).all()
     assert len(calls) == 2
 

@@ -28,7 +28,7 @@ def gla_loop(q, k, v, g, scale=1.0, initial_state=None, output_final_state=False
     for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
         h = q.new_zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[3])  # [B, H, L, D]
         if initial_state is not None:
-            h = h + (initial_state if cu_seqlens is None else initial_state[n:n + 1]).double()
+            h = h + (initial_state if cu_seqlens is None else initial_state[n : n + 1]).double()
         for t in range(s, e):
             h = g[:, t].exp().unsqueeze(-1) * h + k[:, t].unsqueeze(-1) * v[:, t].unsqueeze(-2)
             ys.append(scale * torch.einsum("bhl,bhld->bhd", q[:, t], h))
@@ -53,7 +53,9 @@ def fla_naive():
         bounds = [0, q.shape[1]] if cu_seqlens is None else cu_seqlens.tolist()
         ys, hs = [], []
         for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
-            h0 = None if initial_state is None else initial_state[n:n + 1] if cu_seqlens is not None else initial_state
+            h0 = (
+                None if initial_state is None else initial_state[n : n + 1] if cu_seqlens is not None else initial_state
+            )
             y, h = naive(qs[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], initial_state=h0, output_final_state=True)
             ys.append(y)
             hs.append(h)
@@ -160,7 +162,7 @@ def test_packed_documents_with_initial_states(naive):
     def per_doc(a, b, v, S0, z0):
         ys, Ss, zs = [], [], []
         for n, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
-            y, (S, z) = R.latte_causal(a[:, s:e], b[:, s:e], v[:, s:e], initial_state=(S0[n:n + 1], z0[n:n + 1]))
+            y, (S, z) = R.latte_causal(a[:, s:e], b[:, s:e], v[:, s:e], initial_state=(S0[n : n + 1], z0[n : n + 1]))
             ys.append(y)
             Ss.append(S)
             zs.append(z)
@@ -214,6 +216,7 @@ def test_half_precision_inputs_reach_the_kernel_in_their_dtype(monkeypatch):
 
 
 # ---- backend choice ----------------------------------------------------------
+
 
 def test_explicit_fla_fails_clearly_on_cpu():
     a, b, v = (x.float() for x in inputs(8))

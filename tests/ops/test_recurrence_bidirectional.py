@@ -44,8 +44,11 @@ def test_linear_recurrence_extreme_decays_are_exact():
 
 
 def bidir_inputs(T=33, B=2, H=3, L=5, D=7):
-    return (torch.randn(B, T, H, L, dtype=f64), torch.randn(B, T, H, L, dtype=f64) * 4,
-            torch.randn(B, T, H, D, dtype=f64))
+    return (
+        torch.randn(B, T, H, L, dtype=f64),
+        torch.randn(B, T, H, L, dtype=f64) * 4,
+        torch.randn(B, T, H, D, dtype=f64),
+    )
 
 
 def test_bidirectional_matches_reference():

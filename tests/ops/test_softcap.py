@@ -20,8 +20,11 @@ f64 = torch.float64
 
 def qkv(T, H=4, K=2, E=6, D=5, B=2):
     # scores of a few units: the cap (2.0 below) bends most of them
-    return (torch.randn(B, T, H, E, dtype=f64) * 2, torch.randn(B, T, K, E, dtype=f64) * 2,
-            torch.randn(B, T, K, D, dtype=f64))
+    return (
+        torch.randn(B, T, H, E, dtype=f64) * 2,
+        torch.randn(B, T, K, E, dtype=f64) * 2,
+        torch.randn(B, T, K, D, dtype=f64),
+    )
 
 
 @pytest.mark.parametrize("T,W", [(1, 4), (37, 5), (130, 70)])
@@ -54,8 +57,9 @@ def test_softcapped_window_matches_reference_forward_and_grad(T, W):
 
 def test_softcapped_steps_equal_blocked():
     q, k, v = qkv(40)
-    y_full, st = sliding_window_attention(q[:, :15], k[:, :15], v[:, :15], window_size=9, softcap=1.5,
-                                          output_final_state=True)
+    y_full, st = sliding_window_attention(
+        q[:, :15], k[:, :15], v[:, :15], window_size=9, softcap=1.5, output_final_state=True
+    )
     ys = [y_full]
     for t in range(15, 40):
         y_t, st = sliding_window_step(q[:, t], k[:, t], v[:, t], window_size=9, softcap=1.5, state=st)
@@ -85,12 +89,26 @@ def test_softcapped_macchiato_matches_reference_and_steps(mix):
     assert rel_err(out, out_ref) < 1e-11
     for x, xr in zip(g, g_ref):
         assert rel_err(x, xr, floor=1e-3) < 1e-9
-    _, st = macchiato(*(x[:, :20] for x in (a, b, v, q, k)), gate=None if gate is None else gate[:, :20],
-                      beta=beta, output_final_state=True, **kw)
+    _, st = macchiato(
+        *(x[:, :20] for x in (a, b, v, q, k)),
+        gate=None if gate is None else gate[:, :20],
+        beta=beta,
+        output_final_state=True,
+        **kw,
+    )
     ys = []
     for t in range(20, T):
-        y_t, st = macchiato_step(a[:, t], b[:, t], v[:, t], q[:, t], k[:, t], beta=beta,
-                                 gate_t=None if gate is None else gate[:, t], state=st, **kw)
+        y_t, st = macchiato_step(
+            a[:, t],
+            b[:, t],
+            v[:, t],
+            q[:, t],
+            k[:, t],
+            beta=beta,
+            gate_t=None if gate is None else gate[:, t],
+            state=st,
+            **kw,
+        )
         ys.append(y_t[:, None])
     assert rel_err(torch.cat(ys, 1), out_ref[:, 20:]) < 1e-12
 

@@ -34,8 +34,10 @@ from latte.ops.cross_entropy import LinearCrossEntropy
 aten = torch.ops.aten
 SYNCS = {aten._local_scalar_dense, aten.is_nonzero, aten.nonzero, aten.item, aten.equal}
 # exp results below these are subnormal or zero (log of the smallest normal)
-SLOW_EXP = {torch.float32: math.log(torch.finfo(torch.float32).tiny),
-            torch.float64: math.log(torch.finfo(torch.float64).tiny)}
+SLOW_EXP = {
+    torch.float32: math.log(torch.finfo(torch.float32).tiny),
+    torch.float64: math.log(torch.finfo(torch.float64).tiny),
+}
 
 
 def slow_lanes(op, args):

@@ -18,8 +18,11 @@ f64 = torch.float64
 
 
 def qkv(T, H=4, K=2, E=6, D=5, B=2, dtype=f64):
-    return (torch.randn(B, T, H, E, dtype=dtype), torch.randn(B, T, K, E, dtype=dtype),
-            torch.randn(B, T, K, D, dtype=dtype))
+    return (
+        torch.randn(B, T, H, E, dtype=dtype),
+        torch.randn(B, T, K, E, dtype=dtype),
+        torch.randn(B, T, K, D, dtype=dtype),
+    )
 
 
 @pytest.mark.parametrize("T,W,K", [(1, 4, 2), (37, 1, 4), (37, 5, 2), (64, 16, 1), (70, 128, 2)])
@@ -59,7 +62,9 @@ def test_window_float32_scores_far_below_the_max_and_masked_keys_exactly_zero():
     dy = torch.randn_like(y) * real[..., None, None]
     gq, gk = torch.autograd.grad(y, (q32, k32), dy)
     q64, k64 = (x.clone().requires_grad_() for x in (q, k))
-    gq_ref, gk_ref = torch.autograd.grad(R.sliding_window_attention(q64, k64, v, 16, mask=mask)[0], (q64, k64), dy.double())
+    gq_ref, gk_ref = torch.autograd.grad(
+        R.sliding_window_attention(q64, k64, v, 16, mask=mask)[0], (q64, k64), dy.double()
+    )
     assert rel_err(gq, gq_ref, floor=1e-3) < 1e-4 and rel_err(gk, gk_ref, floor=1e-3) < 1e-4
 
 
@@ -100,7 +105,9 @@ def test_window_mask_and_continuation_and_steps():
     y_full, _ = sliding_window_attention(q, k, v, window_size=7, mask=mask)
     y_ref, _ = R.sliding_window_attention(q, k, v, 7, mask=mask)
     assert rel_err(y_full, y_ref) < 1e-12
-    y1, st = sliding_window_attention(q[:, :23], k[:, :23], v[:, :23], window_size=7, mask=mask[:, :23], output_final_state=True)
+    y1, st = sliding_window_attention(
+        q[:, :23], k[:, :23], v[:, :23], window_size=7, mask=mask[:, :23], output_final_state=True
+    )
     ys = [y1]
     for t in range(23, 50):
         y_t, st = sliding_window_step(q[:, t], k[:, t], v[:, t], window_size=7, mask_t=mask[:, t], state=st)
@@ -167,13 +174,32 @@ def test_macchiato_prefill_then_steps_equal_full(mix):
     kw = dict(window_size=5, mix=mix, chunk_size=8)
     y_full, st_full = macchiato(a, b, v, q, k, gate=gate, mask=mask, output_final_state=True, **kw)
     sl = slice(0, split)
-    y, st = macchiato(a[:, sl], b[:, sl], v[:, sl], q[:, sl], k[:, sl], gate=None if gate is None else gate[:, sl],
-                      mask=mask[:, sl], output_final_state=True, **kw)
+    y, st = macchiato(
+        a[:, sl],
+        b[:, sl],
+        v[:, sl],
+        q[:, sl],
+        k[:, sl],
+        gate=None if gate is None else gate[:, sl],
+        mask=mask[:, sl],
+        output_final_state=True,
+        **kw,
+    )
     assert isinstance(st, MacchiatoState)
     ys = [y]
     for t in range(split, T):
-        y_t, st = macchiato_step(a[:, t], b[:, t], v[:, t], q[:, t], k[:, t], window_size=5, mix=mix,
-                                 gate_t=None if gate is None else gate[:, t], mask_t=mask[:, t], state=st)
+        y_t, st = macchiato_step(
+            a[:, t],
+            b[:, t],
+            v[:, t],
+            q[:, t],
+            k[:, t],
+            window_size=5,
+            mix=mix,
+            gate_t=None if gate is None else gate[:, t],
+            mask_t=mask[:, t],
+            state=st,
+        )
         ys.append(y_t[:, None])
     assert rel_err(torch.cat(ys, 1), y_full) < 1e-12
     assert rel_err(st.latte.S, st_full.latte.S) < 1e-12
@@ -233,8 +259,16 @@ def test_macchiato_packed_documents_equal_separate_runs(mix):
     y, st = macchiato(a, b, v, q, k, gate=gate, cu_seqlens=cu, output_final_state=True, **kw)
     for i, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
         sl = slice(s, e)
-        y_doc, st_doc = macchiato(a[:, sl], b[:, sl], v[:, sl], q[:, sl], k[:, sl],
-                                  gate=None if gate is None else gate[:, sl], output_final_state=True, **kw)
+        y_doc, st_doc = macchiato(
+            a[:, sl],
+            b[:, sl],
+            v[:, sl],
+            q[:, sl],
+            k[:, sl],
+            gate=None if gate is None else gate[:, sl],
+            output_final_state=True,
+            **kw,
+        )
         assert rel_err(y[:, sl], y_doc) < 1e-12
         assert rel_err(st.latte.S[i], st_doc.latte.S[0]) < 1e-12
         assert torch.equal(st.window.mask[i], st_doc.window.mask[0])

@@ -25,10 +25,12 @@ def cache_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def make_config(corpus, cache_dir, tmp_path):
     """make_config(run_dir=..., **{"train.steps": 4}) -> LMRunConfig."""
+
     def make(run_dir: Path | str | None = None, **overrides) -> LMRunConfig:
         data = tiny_config_dict(corpus, Path(run_dir or tmp_path / "run"), cache_dir)
         data = merge(data, parse_overrides([f"{k}={v}" for k, v in overrides.items()]))
         return build(LMRunConfig, data, where="test config")
+
     return make
 
 
@@ -38,5 +40,6 @@ def pytest_terminal_summary(terminalreporter):
     from tests.train.runs import KILLED
 
     if KILLED:
-        terminalreporter.write_line(f"fault tests: {len(KILLED)} processes killed with SIGKILL, "
-                                    "every checkpoint intact afterwards")
+        terminalreporter.write_line(
+            f"fault tests: {len(KILLED)} processes killed with SIGKILL, every checkpoint intact afterwards"
+        )

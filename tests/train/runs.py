@@ -23,21 +23,46 @@ def write_corpus(folder: Path) -> Path:
 
     names = sorted(topics)[:60]
     for i in range(10):
-        text = "\n\n".join(topics[n] for n in names[i * 6:(i + 1) * 6])
+        text = "\n\n".join(topics[n] for n in names[i * 6 : (i + 1) * 6])
         (folder / f"doc{i:02d}.txt").write_text(text[:4000], encoding="utf-8")
     return folder
 
 
 def tiny_config_dict(corpus: Path, run_dir: Path, cache_dir: Path) -> dict:
     return {
-        "data": {"source": str(corpus), "val_fraction": 0.2, "tokenizer": "bpe", "vocab_size": 320,
-                 "seq_len": 32, "cache_dir": str(cache_dir)},
-        "model": {"mixer": "macchiato", "dim": 32, "num_layers": 2, "num_heads": 2, "num_latents": 8,
-                  "window_size": 8, "chunk_size": 8, "mlp_ratio": 2.0},
+        "data": {
+            "source": str(corpus),
+            "val_fraction": 0.2,
+            "tokenizer": "bpe",
+            "vocab_size": 320,
+            "seq_len": 32,
+            "cache_dir": str(cache_dir),
+        },
+        "model": {
+            "mixer": "macchiato",
+            "dim": 32,
+            "num_layers": 2,
+            "num_heads": 2,
+            "num_latents": 8,
+            "window_size": 8,
+            "chunk_size": 8,
+            "mlp_ratio": 2.0,
+        },
         "optim": {"lr": 3e-3, "warmup_steps": 2, "decay": "cosine", "grad_clip": 1.0},
-        "train": {"steps": 6, "global_batch_size": 4, "eval_every": 0, "eval_batches": 2, "save_every": 3,
-                  "keep": 5, "seed": 0, "run_dir": str(run_dir), "log_every": 1, "sample_tokens": 8,
-                  "tensorboard": False, "num_threads": 1},
+        "train": {
+            "steps": 6,
+            "global_batch_size": 4,
+            "eval_every": 0,
+            "eval_batches": 2,
+            "save_every": 3,
+            "keep": 5,
+            "seed": 0,
+            "run_dir": str(run_dir),
+            "log_every": 1,
+            "sample_tokens": 8,
+            "tensorboard": False,
+            "num_threads": 1,
+        },
     }
 
 
@@ -70,8 +95,16 @@ def _cli(args: list[str], faults: str, torchrun: int) -> tuple[list[str], dict]:
     if faults:
         env["LATTE_FAULTS"] = faults
     if torchrun:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun}",
-               "-m", "latte", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={torchrun}",
+            "-m",
+            "latte",
+            *args,
+        ]
     else:
         cmd = [sys.executable, "-m", "latte", *args]
     return cmd, env

@@ -42,9 +42,13 @@ def train_state(model: nn.Module) -> dict:
 
 def save(run_dir, step, model=None, **kw):
     model = model or tiny_model()
-    args = dict(model_state=model.state_dict(), optimizer_state=train_state(model),
-                trainer_state={"step": step, "tokens_seen": 96 * step, "data_position": 3 * step},
-                rng_state=capture_rng_state(), config={"model": {"dim": 8}, "train": {"lr": 1e-3}})
+    args = dict(
+        model_state=model.state_dict(),
+        optimizer_state=train_state(model),
+        trainer_state={"step": step, "tokens_seen": 96 * step, "data_position": 3 * step},
+        rng_state=capture_rng_state(),
+        config={"model": {"dim": 8}, "train": {"lr": 1e-3}},
+    )
     args.update(kw)
     return save_checkpoint(run_dir, step, **args)
 
@@ -59,13 +63,26 @@ def test_round_trip(tmp_path):
     tok = tmp_path / "tokenizer.json"
     tok.write_text('{"vocab": {}}')
     rng = capture_rng_state()
-    path = save_checkpoint(tmp_path / "run", 7, model_state=model.state_dict(), optimizer_state=opt_state,
-                           trainer_state={"step": 7, "skips": 0}, rng_state=rng,
-                           config={"model": {"dim": 8}}, extra_files={"tokenizer.json": tok})
+    path = save_checkpoint(
+        tmp_path / "run",
+        7,
+        model_state=model.state_dict(),
+        optimizer_state=opt_state,
+        trainer_state={"step": 7, "skips": 0},
+        rng_state=rng,
+        config={"model": {"dim": 8}},
+        extra_files={"tokenizer.json": tok},
+    )
     assert path.name == "step-00000007" and find_latest_checkpoint(tmp_path / "run") == path
     manifest = json.loads((path / "manifest.json").read_text())
-    assert set(manifest["files"]) == {"model.safetensors", "optimizer.pt", "trainer_state.json",
-                                      "config.yaml", "rng-rank0.pt", "tokenizer.json"}
+    assert set(manifest["files"]) == {
+        "model.safetensors",
+        "optimizer.pt",
+        "trainer_state.json",
+        "config.yaml",
+        "rng-rank0.pt",
+        "tokenizer.json",
+    }
     assert manifest["step"] == 7 and set(manifest["versions"]) == {"torch", "latte", "python"}
 
     ckpt = load_checkpoint(path)
@@ -120,8 +137,10 @@ def test_kill_9_during_save_leaves_previous_checkpoint(tmp_path, caplog):
         save(tmp_path / where, 1)
         save(tmp_path / where, 2)
     # The killed savers run concurrently to keep the suite fast.
-    children = [subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(tmp_path / w), w], env=env,
-                                 stderr=subprocess.PIPE) for w in wheres]
+    children = [
+        subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(tmp_path / w), w], env=env, stderr=subprocess.PIPE)
+        for w in wheres
+    ]
     for where, child in zip(wheres, children):
         _, err = child.communicate(timeout=120)
         assert child.returncode == -9, (where, err.decode())
@@ -240,8 +259,10 @@ def test_pickle_payload_is_refused(tmp_path):
     torch.save({"state": {}, "param_groups": [], "x": Payload()}, path / "optimizer.pt")
     # An attacker controls the whole folder, so make the manifest agree with the file.
     manifest = json.loads((path / "manifest.json").read_text())
-    manifest["files"]["optimizer.pt"] = {"size": (path / "optimizer.pt").stat().st_size,
-                                         "sha256": ck.sha256_file(path / "optimizer.pt")}
+    manifest["files"]["optimizer.pt"] = {
+        "size": (path / "optimizer.pt").stat().st_size,
+        "sha256": ck.sha256_file(path / "optimizer.pt"),
+    }
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match=r"optimizer\.pt: refused"):
         load_checkpoint(path).optimizer_state
@@ -250,8 +271,14 @@ def test_pickle_payload_is_refused(tmp_path):
 
 def test_rng_capture_restore_reproduces_all_generators():
     def draw():
-        return (torch.rand(5).tolist(), torch.randn(3).tolist(), random.random(), random.gauss(0, 1),
-                np.random.rand(3).tolist(), np.random.randn(3).tolist())
+        return (
+            torch.rand(5).tolist(),
+            torch.randn(3).tolist(),
+            random.random(),
+            random.gauss(0, 1),
+            np.random.rand(3).tolist(),
+            np.random.randn(3).tolist(),
+        )
 
     random.gauss(0, 1), np.random.randn(1)  # leave cached gaussians in the state
     state = capture_rng_state()

@@ -19,13 +19,29 @@ from latte.train.metrics import read_csv
 from latte.train.runs import open_run
 from tests.train.runs import losses, run_cli, write_config
 
-TINY = {"data.train_examples": 24, "data.validation_examples": 6, "data.test_examples": 10,
-        "data.num_workers": 1, "data.listops_min_length": 20, "data.listops_max_length": 60,
-        "data.listops_max_depth": 4, "data.bucket_batches": 2,
-        "model.dim": 16, "model.num_layers": 1, "model.num_heads": 2, "model.num_latents": 4,
-        "optim.warmup_steps": 1, "train.steps": 6, "train.global_batch_size": 4, "train.eval_every": 3,
-        "train.eval_batches": 1, "train.save_every": 2, "train.log_every": 1, "train.tensorboard": False,
-        "train.num_threads": 1}
+TINY = {
+    "data.train_examples": 24,
+    "data.validation_examples": 6,
+    "data.test_examples": 10,
+    "data.num_workers": 1,
+    "data.listops_min_length": 20,
+    "data.listops_max_length": 60,
+    "data.listops_max_depth": 4,
+    "data.bucket_batches": 2,
+    "model.dim": 16,
+    "model.num_layers": 1,
+    "model.num_heads": 2,
+    "model.num_latents": 4,
+    "optim.warmup_steps": 1,
+    "train.steps": 6,
+    "train.global_batch_size": 4,
+    "train.eval_every": 3,
+    "train.eval_batches": 1,
+    "train.save_every": 2,
+    "train.log_every": 1,
+    "train.tensorboard": False,
+    "train.num_threads": 1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +66,8 @@ def test_listops_trains_end_to_end(tmp_path, cache, mixer):
     assert summary["test_examples"] == 10 and summary["val_examples"] == 6
     counts = summary["label_counts"]["train"]
     assert sum(counts) == 24 and summary["majority_baseline"] == pytest.approx(
-        summary["label_counts"]["test"][int(np.argmax(counts))] / 10)
+        summary["label_counts"]["test"][int(np.argmax(counts))] / 10
+    )
     assert [r["step"] for r in read_csv(run / "val.csv")] == ["3", "6"]
     assert json.loads((run / "data.json").read_text())["examples"] == {"train": 24, "validation": 6, "test": 10}
     reopened = open_run(run)  # the model comes back from the checkpoint without the data
@@ -111,22 +128,35 @@ def test_two_ranks_match_one_process(tmp_path, cache):
 
 def test_pathfinder_trains(tmp_path, cache):
     overrides = {k: v for k, v in TINY.items() if not k.startswith("data.listops")}
-    summary = train(config(tmp_path / "run", cache, "lra/pathfinder", **{**overrides, "train.steps": 2,
-                                                                         "data.train_examples": 8}))
+    summary = train(
+        config(tmp_path / "run", cache, "lra/pathfinder", **{**overrides, "train.steps": 2, "data.train_examples": 8})
+    )
     assert summary["test_examples"] == 10 and sum(summary["label_counts"]["train"]) == 8
 
 
 def test_retrieval_pairs_train_the_two_tower_model(tmp_path, cache):
     folder = tmp_path / "tsv_data"
     folder.mkdir()
-    for split, name in (("train", "new_aan_pairs.train.tsv"), ("eval", "new_aan_pairs.eval.tsv"),
-                        ("test", "new_aan_pairs.test.tsv")):
+    for split, name in (
+        ("train", "new_aan_pairs.train.tsv"),
+        ("eval", "new_aan_pairs.eval.tsv"),
+        ("test", "new_aan_pairs.test.tsv"),
+    ):
         rows = [f"{i % 2}.0\tA{i}\tB{i}\tpaper {i} on {split} " + "x" * (i % 7) + f"\tcited {i}" for i in range(12)]
         (folder / name).write_text("\n".join(rows) + "\n")
     overrides = {k: v for k, v in TINY.items() if not k.startswith("data.listops")}
-    cfg = config(tmp_path / "run", cache, "lra/listops", **{**overrides, "data.dataset": "retrieval",
-                                                            "data.path": folder, "data.max_length": 40,
-                                                            "model.max_position_embeddings": 64})
+    cfg = config(
+        tmp_path / "run",
+        cache,
+        "lra/listops",
+        **{
+            **overrides,
+            "data.dataset": "retrieval",
+            "data.path": folder,
+            "data.max_length": 40,
+            "model.max_position_embeddings": 64,
+        },
+    )
     summary = train(cfg)
     assert summary["test_examples"] == 12
     assert type(open_run(tmp_path / "run").model).__name__ == "LatteForPairClassification"
@@ -174,5 +204,8 @@ def test_shipped_lra_configs_are_like_for_like(dataset):
     longest = cfg.data.listops_max_length if dataset == "listops" else 32 * 32
     assert cfg.model.max_position_embeddings >= longest
     other = load_run_config("lra/listops" if dataset == "pathfinder" else "lra/pathfinder")
-    assert (cfg.optim, cfg.train.steps, cfg.train.global_batch_size) == (other.optim, other.train.steps,
-                                                                         other.train.global_batch_size)
+    assert (cfg.optim, cfg.train.steps, cfg.train.global_batch_size) == (
+        other.optim,
+        other.train.steps,
+        other.train.global_batch_size,
+    )

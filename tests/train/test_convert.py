@@ -30,23 +30,48 @@ def base(tmp_path_factory):
     texts = [p.read_text() for p in sorted(corpus.glob("*.txt"))]
     tok_path = train_bpe(texts, vocab_size=320).save(root / "tok")
     torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    cfg = tf.LlamaConfig(
+        vocab_size=320,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     tf.LlamaForCausalLM(cfg).save_pretrained(root / "base")
     return root / "base", tok_path, corpus
 
 
 def config(base, run_dir, objective="end_to_end", lora_rank=0, **train_fields) -> ConvertRunConfig:
     folder, tok, corpus = base
-    data = {"task": "convert", "base": {"path": str(folder)},
-            "data": {"source": str(corpus), "val_fraction": 0.2, "tokenizer": str(tok), "seq_len": 32,
-                     "cache_dir": str(run_dir.parent / "cache")},
-            "conversion": {"window_size": 8, "latents_per_head": 4, "chunk_size": 8, "lora_rank": lora_rank},
-            "distill": {"objective": objective},
-            "optim": {"lr": 1e-2, "warmup_steps": 1, "weight_decay": 0.0},
-            "train": {"steps": 6, "global_batch_size": 2, "eval_every": 3, "eval_batches": 2, "save_every": 3,
-                      "log_every": 1, "sample_tokens": 5, "run_dir": str(run_dir), "tensorboard": False,
-                      "num_threads": 1, **train_fields}}
+    data = {
+        "task": "convert",
+        "base": {"path": str(folder)},
+        "data": {
+            "source": str(corpus),
+            "val_fraction": 0.2,
+            "tokenizer": str(tok),
+            "seq_len": 32,
+            "cache_dir": str(run_dir.parent / "cache"),
+        },
+        "conversion": {"window_size": 8, "latents_per_head": 4, "chunk_size": 8, "lora_rank": lora_rank},
+        "distill": {"objective": objective},
+        "optim": {"lr": 1e-2, "warmup_steps": 1, "weight_decay": 0.0},
+        "train": {
+            "steps": 6,
+            "global_batch_size": 2,
+            "eval_every": 3,
+            "eval_batches": 2,
+            "save_every": 3,
+            "log_every": 1,
+            "sample_tokens": 5,
+            "run_dir": str(run_dir),
+            "tensorboard": False,
+            "num_threads": 1,
+            **train_fields,
+        },
+    }
     cfg = build_run_config(data, where="test")
     assert isinstance(cfg, ConvertRunConfig)
     return cfg
@@ -60,8 +85,10 @@ def test_up_training_trains_only_the_new_parameters_and_exports(base, tmp_path):
     ckpt = load_checkpoint(find_latest_checkpoint(run))
     assert ckpt.step == 6 and ckpt.config["task"] == "convert"
     names = set(ckpt.model_state)
-    assert names and all(".self_attn." in n and n.split(".self_attn.")[1].split(".")[0] in
-                         {"mixer", "a_proj", "b_proj", "beta"} for n in names)
+    assert names and all(
+        ".self_attn." in n and n.split(".self_attn.")[1].split(".")[0] in {"mixer", "a_proj", "b_proj", "beta"}
+        for n in names
+    )
     exported = load_converted(summary["export"])
     state = {k.removeprefix("model."): v for k, v in ckpt.model_state.items()}
     for name, p in exported.new_parameters().items():
@@ -70,8 +97,9 @@ def test_up_training_trains_only_the_new_parameters_and_exports(base, tmp_path):
     import transformers as tf
 
     original = tf.AutoModelForCausalLM.from_pretrained(base[0])
-    assert torch.equal(exported.base.model.layers[1].self_attn.q_proj.weight,
-                       original.model.layers[1].self_attn.q_proj.weight)
+    assert torch.equal(
+        exported.base.model.layers[1].self_attn.q_proj.weight, original.model.layers[1].self_attn.q_proj.weight
+    )
     assert (run / "model" / "tokenizer.json").is_file()
     assert json.loads((run / "summary.json").read_text())["val_ppl"] == summary["val_ppl"]
 
@@ -101,8 +129,14 @@ def test_conversion_sections_are_validated(base, tmp_path):
     from latte.config_io import ConfigError
 
     with pytest.raises(ConfigError) as e:
-        build_run_config({"task": "convert", "conversion": {"window_size": 0, "qk_mixer": "lstm"},
-                          "distill": {"objective": "kl", "start_latent_mass": 2.0}}, where="x")
+        build_run_config(
+            {
+                "task": "convert",
+                "conversion": {"window_size": 0, "qk_mixer": "lstm"},
+                "distill": {"objective": "kl", "start_latent_mass": 2.0},
+            },
+            where="x",
+        )
     msg = str(e.value)
     assert "conversion.qk_mixer" in msg and "distill.objective" in msg
     with pytest.raises(ConfigError, match=r"conversion.window_size: got 0"):

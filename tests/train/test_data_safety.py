@@ -26,6 +26,7 @@ def steps_in(run_dir) -> list[str]:
 
 # --------------------------------------------------------------------------- item 1
 
+
 def test_blown_up_weights_are_never_checkpointed_and_good_ones_survive(make_config, tmp_path):
     """The issue's reproduction: resume a finished run with lr=1e6. The first
     update blows the weights up, the next steps are skipped as non-finite;
@@ -35,8 +36,17 @@ def test_blown_up_weights_are_never_checkpointed_and_good_ones_survive(make_conf
     train(make_config(**{"train.steps": 4, "train.save_every": 2, "train.keep": 2}))
     good = load_checkpoint(run / "step-00000004").model_state
     with pytest.raises(NonFiniteError, match="5 consecutive steps skipped"):
-        train(make_config(**{"train.steps": 12, "train.save_every": 2, "train.keep": 2, "optim.lr": 1e6,
-                             "train.max_consecutive_skips": 5}))
+        train(
+            make_config(
+                **{
+                    "train.steps": 12,
+                    "train.save_every": 2,
+                    "train.keep": 2,
+                    "optim.lr": 1e6,
+                    "train.max_consecutive_skips": 5,
+                }
+            )
+        )
     rows = read_csv(run / "metrics.csv")
     assert [r["applied"] for r in rows[4:]] == ["1", "0", "0", "0", "0", "0"]  # step 5 blew them up
     assert steps_in(run) == ["step-00000002", "step-00000004"]  # nothing of steps 6 and 8 was saved
@@ -60,6 +70,7 @@ def test_retention_keeps_the_newest_healthy_checkpoint(make_config, tmp_path, mo
 
 
 # --------------------------------------------------------------------------- item 2
+
 
 def test_auto_refuses_when_no_step_folder_verifies_and_deletes_nothing(make_config, tmp_path):
     run = tmp_path / "run"
@@ -90,13 +101,15 @@ def test_architecture_change_suggests_a_start_over_that_works(make_config, tmp_p
     with pytest.raises(ValueError, match="start over with --resume never") as e:
         train(make_config(**{"train.steps": 2, "optim.warmup_steps": 1, "model.dim": 48}))
     assert "model.dim: checkpoint 32, config 48" in str(e.value)
-    summary = train(make_config(**{"train.steps": 2, "optim.warmup_steps": 1, "model.dim": 48,
-                                   "train.resume": "never"}))
+    summary = train(
+        make_config(**{"train.steps": 2, "optim.warmup_steps": 1, "model.dim": 48, "train.resume": "never"})
+    )
     assert summary["step"] == 2
     assert load_checkpoint(tmp_path / "run" / "step-00000002").config["model"]["dim"] == 48
 
 
 # --------------------------------------------------------------------------- item 3
+
 
 @pytest.mark.slow
 def test_one_trainer_per_run_folder_and_kill_9_releases_the_lock(make_config, tmp_path):
@@ -110,8 +123,7 @@ def test_one_trainer_per_run_folder_and_kill_9_releases_the_lock(make_config, tm
     logs = {n: (run / n).read_bytes() for n in ("metrics.csv", "config.yaml")}
     second = run_cli(["train", "--config", str(path), "--train.steps=20"])
     assert second.returncode == 2, second.stderr
-    assert (f"is in use by another latte train (pid {first.pid} on host {socket.gethostname()}"
-            in second.stderr)
+    assert f"is in use by another latte train (pid {first.pid} on host {socket.gethostname()}" in second.stderr
     assert {n: (run / n).read_bytes() for n in logs} == logs  # nothing written by the second
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=60)
@@ -126,6 +138,7 @@ def test_one_trainer_per_run_folder_and_kill_9_releases_the_lock(make_config, tm
 
 # --------------------------------------------------------------------------- item 4
 
+
 @pytest.mark.slow
 def test_a_branch_is_followed_by_auto_and_the_old_timeline_moved_aside(make_config, tmp_path):
     """Train 6 steps at lr 3e-3; branch from step 2 at lr 1e-3, killed after
@@ -134,10 +147,12 @@ def test_a_branch_is_followed_by_auto_and_the_old_timeline_moved_aside(make_conf
     run = tmp_path / "run"
     train(make_config(**{"train.steps": 6, "train.save_every": 2}))
     old = losses(run)
-    branch = write_config(make_config(**{"train.steps": 6, "train.save_every": 2, "optim.lr": 1e-3}),
-                          tmp_path / "branch.yaml")
-    proc = run_cli(["train", "--config", str(branch), "--resume", str(run / "step-00000002")],
-                   faults="kill_after_save=4")
+    branch = write_config(
+        make_config(**{"train.steps": 6, "train.save_every": 2, "optim.lr": 1e-3}), tmp_path / "branch.yaml"
+    )
+    proc = run_cli(
+        ["train", "--config", str(branch), "--resume", str(run / "step-00000002")], faults="kill_after_save=4"
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert steps_in(run) == ["step-00000002", "step-00000004"]
     (aside,) = (run / "abandoned").iterdir()

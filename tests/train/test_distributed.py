@@ -47,8 +47,9 @@ def runs(tmp_path_factory, corpus, cache_dir):
     def cfg(name: str, grad_accum: int = 1, **fields) -> LMRunConfig:
         d = tiny_config_dict(corpus, root / name, cache_dir)
         d["optim"]["grad_accum"] = grad_accum
-        d["train"].update({"steps": STEPS, "global_batch_size": 8, "save_every": 2, "keep": 2,
-                           "sample_tokens": 4, **fields})
+        d["train"].update(
+            {"steps": STEPS, "global_batch_size": 8, "save_every": 2, "keep": 2, "sample_tokens": 4, **fields}
+        )
         return build(LMRunConfig, d)
 
     def single(name: str, **fields) -> None:  # in this process, skipping the same step
@@ -67,8 +68,9 @@ def runs(tmp_path_factory, corpus, cache_dir):
         wait_for(root / mode / "hold", proc)  # rank 0 holds the lock, waiting before step 1
         if mode == "ddp":  # a second trainer on the same run folder
             second = run_cli(["train", "--config", str(path)])
-            (root / "second.txt").write_text(f"{second.returncode}\n{(root / mode / 'hold').read_text()}\n"
-                                             f"{second.stderr}")
+            (root / "second.txt").write_text(
+                f"{second.returncode}\n{(root / mode / 'hold').read_text()}\n{second.stderr}"
+            )
         os.remove(root / mode / "hold")
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, out + err
@@ -78,8 +80,9 @@ def runs(tmp_path_factory, corpus, cache_dir):
         middle = str(root / mode / "step-00000002")
         # the FSDP2 resume reads the sharded step 2 and saves the full format (gathered on rank 0)
         fmt = {"checkpoint_format": "full"} if mode == "fsdp2" else {}
-        path = write_config(cfg(f"{mode}-resumed", grad_accum=2, distributed=mode, resume=middle, **fmt),
-                            root / f"{mode}-resumed.yaml")
+        path = write_config(
+            cfg(f"{mode}-resumed", grad_accum=2, distributed=mode, resume=middle, **fmt), root / f"{mode}-resumed.yaml"
+        )
         proc = run_cli(["train", "--config", str(path)], faults=f"nan_loss={NAN_STEP}@1", torchrun=2)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         single(f"{mode}-on-one", resume=middle)
@@ -164,8 +167,10 @@ def test_planted_pickle_in_dcp_metadata_is_refused(runs, tmp_path):
     shutil.copytree(runs / "fsdp2" / "step-00000002", copy)
     (copy / "dcp" / ".metadata").write_bytes(pickle.dumps(Payload()))
     manifest = json.loads((copy / "manifest.json").read_text())  # the attacker rewrites the manifest too
-    manifest["files"]["dcp/.metadata"] = {"size": (copy / "dcp" / ".metadata").stat().st_size,
-                                          "sha256": sha256_file(copy / "dcp" / ".metadata")}
+    manifest["files"]["dcp/.metadata"] = {
+        "size": (copy / "dcp" / ".metadata").stat().st_size,
+        "sha256": sha256_file(copy / "dcp" / ".metadata"),
+    }
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match=r"\.metadata: refused: global posix\.system is not allowed"):
         open_run(copy)

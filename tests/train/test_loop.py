@@ -27,12 +27,20 @@ def weights(step_dir) -> dict[str, torch.Tensor]:
 
 
 def test_run_writes_run_folder_and_beats_nothing_silly(make_config, tmp_path):
-    cfg = make_config(**{"train.steps": 4, "train.eval_every": 2, "train.save_every": 2,
-                         "train.tensorboard": True})
+    cfg = make_config(**{"train.steps": 4, "train.eval_every": 2, "train.save_every": 2, "train.tensorboard": True})
     summary = train(cfg)
     run = tmp_path / "run"
-    for name in ("config.yaml", "tokenizer.json", "metrics.csv", "val.csv", "summary.json", "samples.txt",
-                 "loss_curve.png", "step-00000002/manifest.json", "step-00000004/manifest.json"):
+    for name in (
+        "config.yaml",
+        "tokenizer.json",
+        "metrics.csv",
+        "val.csv",
+        "summary.json",
+        "samples.txt",
+        "loss_curve.png",
+        "step-00000002/manifest.json",
+        "step-00000004/manifest.json",
+    ):
         assert (run / name).is_file(), name
     assert any((run / "tb").iterdir())
     assert [s for s, _ in losses(run)] == [1, 2, 3, 4]
@@ -95,9 +103,12 @@ def test_empty_corpus_is_refused_with_counts(make_config, tmp_path):
 def test_too_short_corpus_is_refused_with_counts(make_config, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("To be, or not to be, that is the question.\nWhether 'tis nobler in the mind.\n")
-    with pytest.raises(ValueError, match=r"corpus too short for data.seq_len=32 \(one window needs 33 tokens "
-                                         r"per split\): the train split has \d+ tokens in 1 document\(s\), "
-                                         r"the validation split has \d+ tokens in 1 document"):
+    with pytest.raises(
+        ValueError,
+        match=r"corpus too short for data.seq_len=32 \(one window needs 33 tokens "
+        r"per split\): the train split has \d+ tokens in 1 document\(s\), "
+        r"the validation split has \d+ tokens in 1 document",
+    ):
         train(make_config(**{"data.source": str(short), "data.vocab_size": 300}))
     assert not (tmp_path / "run" / "metrics.csv").exists()
 
@@ -179,10 +190,10 @@ def _toy(seed=0, mixer="macchiato"):
 
     torch.manual_seed(seed)
     model = LatteForCausalLM(LatteConfig.tiny(mixer=mixer))
-    groups = [{"params": [p for n, p in model.named_parameters() if n not in _no_decay_names(model)],
-               "weight_decay": 0.1},
-              {"params": [p for n, p in model.named_parameters() if n in _no_decay_names(model)],
-               "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if n not in _no_decay_names(model)], "weight_decay": 0.1},
+        {"params": [p for n, p in model.named_parameters() if n in _no_decay_names(model)], "weight_decay": 0.0},
+    ]
     return model, torch.optim.AdamW(groups, lr=1e-2)
 
 
@@ -273,8 +284,9 @@ def test_time_budget_leaves_room_for_the_final_validation():
 
     cfg = SimpleNamespace(train=SimpleNamespace(time_budget_minutes=1.0))
     task = SimpleNamespace(eval_size=lambda final: 30_000)  # 30,000 validation tokens
-    run = SimpleNamespace(cfg=cfg, task=task, eval_speedup=3.0, recent_rate=0.0, recent_step_s=0.4,
-                          t_start=time.perf_counter())
+    run = SimpleNamespace(
+        cfg=cfg, task=task, eval_speedup=3.0, recent_rate=0.0, recent_step_s=0.4, t_start=time.perf_counter()
+    )
     assert not _out_of_time(run)  # no speed measured yet
     run.recent_rate = 1000.0  # final validation ~10 s, a step 0.4 s: plenty of time
     assert not _out_of_time(run)

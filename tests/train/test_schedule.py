@@ -44,16 +44,19 @@ def test_pure_function_of_step():
     assert [lr_at(s, **KW, decay="cosine") for s in reversed(range(20))][::-1] == straight
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(KW, step=-1), "step: got -1"),
-    (dict(KW, step=1.0), "step: got 1.0"),
-    (dict(KW, base_lr=-1.0), "base_lr: got -1.0"),
-    (dict(KW, base_lr=float("nan")), "base_lr: got nan"),
-    (dict(KW, warmup_steps=13), r"warmup_steps: got 13, expected <= total_steps \(12\)"),
-    (dict(KW, total_steps=0), "total_steps: got 0"),
-    (dict(KW, decay="step"), "decay: got 'step', expected one of 'linear', 'cosine', 'constant'"),
-    (dict(KW, min_lr_ratio=1.5), r"min_lr_ratio: got 1.5, expected a number in \[0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(KW, step=-1), "step: got -1"),
+        (dict(KW, step=1.0), "step: got 1.0"),
+        (dict(KW, base_lr=-1.0), "base_lr: got -1.0"),
+        (dict(KW, base_lr=float("nan")), "base_lr: got nan"),
+        (dict(KW, warmup_steps=13), r"warmup_steps: got 13, expected <= total_steps \(12\)"),
+        (dict(KW, total_steps=0), "total_steps: got 0"),
+        (dict(KW, decay="step"), "decay: got 'step', expected one of 'linear', 'cosine', 'constant'"),
+        (dict(KW, min_lr_ratio=1.5), r"min_lr_ratio: got 1.5, expected a number in \[0, 1\]"),
+    ],
+)
 def test_bad_arguments(kw, match):
     kw = dict(kw)
     step = kw.pop("step", 0)

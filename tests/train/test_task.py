@@ -22,10 +22,22 @@ from tests.train.toy_task import TASK, ToyRunConfig, ToyTask
 
 
 def toy_config(run_dir, **train_fields) -> ToyRunConfig:
-    data = {"task": TASK, "toy": {"hidden": 16},
-            "optim": {"lr": 1e-2, "warmup_steps": 1, "decay": "constant", "weight_decay": 0.0},
-            "train": {"steps": 8, "global_batch_size": 32, "eval_every": 4, "save_every": 4, "log_every": 1,
-                      "run_dir": str(run_dir), "tensorboard": False, "num_threads": 1, **train_fields}}
+    data = {
+        "task": TASK,
+        "toy": {"hidden": 16},
+        "optim": {"lr": 1e-2, "warmup_steps": 1, "decay": "constant", "weight_decay": 0.0},
+        "train": {
+            "steps": 8,
+            "global_batch_size": 32,
+            "eval_every": 4,
+            "save_every": 4,
+            "log_every": 1,
+            "run_dir": str(run_dir),
+            "tensorboard": False,
+            "num_threads": 1,
+            **train_fields,
+        },
+    }
     cfg = build_run_config(data, where="toy")
     assert isinstance(cfg, ToyRunConfig)
     return cfg
@@ -37,8 +49,10 @@ def test_toy_task_trains_with_its_own_units_and_metrics(tmp_path):
     assert summary["task"] == TASK and summary["examples_seen"] == 8 * 32
     assert summary["val_accuracy"] > 0.6 and summary["val_examples"] == 64  # chance is ~0.5
     rows = read_csv(run / "metrics.csv")
-    assert list(rows[0]) == ["step", "loss", "lr", "grad_norm", "examples", "examples_per_s", "applied",
-                             "elapsed_s"] and rows[-1]["examples"] == "32"
+    assert (
+        list(rows[0]) == ["step", "loss", "lr", "grad_norm", "examples", "examples_per_s", "applied", "elapsed_s"]
+        and rows[-1]["examples"] == "32"
+    )
     val = read_csv(run / "val.csv")
     assert [r["step"] for r in val] == ["4", "8"] and {"val_loss", "val_accuracy"} <= set(val[0])
     ckpt = load_checkpoint(find_latest_checkpoint(run))
@@ -80,7 +94,10 @@ def test_task_sections_are_validated_like_the_rest(tmp_path):
 
 def test_task_names_resolve_or_fail_clearly(tmp_path):
     assert task_class("lm").__name__ == "LanguageModelingTask" and task_class(TASK) is ToyTask
-    with pytest.raises(ConfigError, match=r"task: got 'nope', expected one of 'lm', 'classification', 'convert' or 'package.module:Class'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"task: got 'nope', expected one of 'lm', 'classification', 'convert' or 'package.module:Class'",
+    ):
         build_run_config({"task": "nope"}, where="x")
     with pytest.raises(ConfigError, match="cannot import tests.train.nothing:X"):
         task_class("tests.train.nothing:X")

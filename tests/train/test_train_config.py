@@ -10,8 +10,16 @@ import pytest
 
 from latte.config_io import build, load_yaml, to_dict
 from latte.models import LatteConfig
-from latte.train.config import (ARCHITECTURE_FIELDS, DEFAULT_CONFIG, LMRunConfig, ModelConfig, check_world_size,
-                                load_run_config, resolve_config, shipped_configs)
+from latte.train.config import (
+    ARCHITECTURE_FIELDS,
+    DEFAULT_CONFIG,
+    LMRunConfig,
+    ModelConfig,
+    check_world_size,
+    load_run_config,
+    resolve_config,
+    shipped_configs,
+)
 
 CONFIGS = Path(__file__).resolve().parents[2] / "latte" / "configs"
 MIXERS = ("latte", "macchiato", "softmax", "linear", "swa")
@@ -56,7 +64,9 @@ def test_mixer_configs_are_like_for_like():
         strip = lambda d, keys: {k: v for k, v in d.items() if k not in keys}  # noqa: E731
         assert strip(cfg["model"], {"mixer", "qk_mixer"}) == strip(tiny["model"], {"mixer", "qk_mixer"})
         assert cfg["train"]["time_budget_minutes"] is None
-        assert strip(cfg["train"], {"run_dir", "time_budget_minutes"}) == strip(tiny["train"], {"run_dir", "time_budget_minutes"})
+        assert strip(cfg["train"], {"run_dir", "time_budget_minutes"}) == strip(
+            tiny["train"], {"run_dir", "time_budget_minutes"}
+        )
 
 
 def test_paper_table6_config_matches_the_paper():
@@ -100,16 +110,25 @@ def test_non_finite_numbers_are_refused_in_any_section():
 
 
 def test_overrides_are_typed_and_applied():
-    cfg = load_run_config(None, ["--train.steps=70", "--optim.lr", "3e-4", "model.mixer=softmax",
-                                 "--optim.betas=[0.8, 0.9]"])
+    cfg = load_run_config(
+        None, ["--train.steps=70", "--optim.lr", "3e-4", "model.mixer=softmax", "--optim.betas=[0.8, 0.9]"]
+    )
     assert cfg.train.steps == 70 and cfg.optim.lr == 3e-4 and cfg.model.mixer == "softmax"
     assert cfg.optim.betas == (0.8, 0.9)
 
 
 def test_bad_config_lists_every_problem_with_field_names():
     with pytest.raises(ValueError) as e:
-        load_run_config(None, ["--train.stepz=5", "--optim.lr=-1", "--model.num_heads=3",
-                               "--train.precision=fp16", "--data.seq_len=zero"])
+        load_run_config(
+            None,
+            [
+                "--train.stepz=5",
+                "--optim.lr=-1",
+                "--model.num_heads=3",
+                "--train.precision=fp16",
+                "--data.seq_len=zero",
+            ],
+        )
     msg = str(e.value)
     assert "5 config problems" in msg
     assert "train.stepz: unknown key (did you mean 'steps'?)" in msg

@@ -20,8 +20,7 @@ from latte.train.runs import open_run
 @pytest.fixture
 def run(make_config, tmp_path):
     """A 2-step run with checkpoints at steps 1 and 2."""
-    train(make_config(**{"train.steps": 2, "train.save_every": 1, "optim.warmup_steps": 1,
-                         "train.sample_tokens": 0}))
+    train(make_config(**{"train.steps": 2, "train.save_every": 1, "optim.warmup_steps": 1, "train.sample_tokens": 0}))
     return tmp_path / "run"
 
 
@@ -33,14 +32,20 @@ def rewrite_manifest(step_dir, edit) -> None:
 
 def rehash(step_dir, name) -> None:
     """What a tamperer who controls the folder does: make the manifest agree."""
-    rewrite_manifest(step_dir, lambda files: files.__setitem__(
-        name, {"size": (step_dir / name).stat().st_size, "sha256": sha256_file(step_dir / name)}))
+    rewrite_manifest(
+        step_dir,
+        lambda files: files.__setitem__(
+            name, {"size": (step_dir / name).stat().st_size, "sha256": sha256_file(step_dir / name)}
+        ),
+    )
 
 
 # --------------------------------------------------------------------------- item 5
 
-@pytest.mark.parametrize("omit", ["model.safetensors", "optimizer.pt", "trainer_state.json", "config.yaml",
-                                  "rng-rank0.pt", "ALL"])
+
+@pytest.mark.parametrize(
+    "omit", ["model.safetensors", "optimizer.pt", "trainer_state.json", "config.yaml", "rng-rank0.pt", "ALL"]
+)
 def test_manifest_must_list_every_file_loading_reads(run, omit):
     step = run / "step-00000002"
     rewrite_manifest(step, lambda files: files.clear() if omit == "ALL" else files.pop(omit))
@@ -63,6 +68,7 @@ def test_a_file_the_manifest_omits_is_never_read(run):
 
 
 # --------------------------------------------------------------------------- item 6
+
 
 def test_generate_and_eval_do_not_need_the_optimizer(run, capsys):
     step = run / "step-00000002"
@@ -92,6 +98,7 @@ def test_damaged_weights_fall_back_to_the_previous_step_for_a_run_folder(run, ca
 
 
 # --------------------------------------------------------------------------- item 7
+
 
 def poison(step_dir) -> None:
     state = read_weights(step_dir / "model.safetensors")

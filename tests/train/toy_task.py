@@ -75,8 +75,9 @@ class ToyTask(Task):
         return nn.Sequential(nn.Linear(c.features, c.hidden), nn.ReLU(), nn.Linear(c.hidden, 2))
 
     def train_batches(self, start_index: int) -> ExampleBatches:
-        return ExampleBatches(*self.train_xy, self.cfg.train.global_batch_size, self.env.rank,
-                              self.env.world_size, start_index)
+        return ExampleBatches(
+            *self.train_xy, self.cfg.train.global_batch_size, self.env.rank, self.env.world_size, start_index
+        )
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         return F.cross_entropy(model(batch["x"]).float(), batch["labels"], reduction="sum")

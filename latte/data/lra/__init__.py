@@ -28,17 +28,28 @@ from latte.data.lra.pathfinder import PathfinderSpec
 TASKS = ("listops", "pathfinder", "text", "retrieval", "image")
 GENERATED = ("listops", "pathfinder")
 # (num_classes, vocab_size, cls_id) of each task's token ids
-VOCAB = {"listops": (listops.NUM_CLASSES, listops.VOCAB_SIZE, listops.CLS_ID),
-         "pathfinder": (pathfinder.NUM_CLASSES, pathfinder.VOCAB_SIZE, pathfinder.CLS_ID),
-         "text": (2, files.BYTE_VOCAB_SIZE, files.BYTE_CLS_ID),
-         "retrieval": (2, files.BYTE_VOCAB_SIZE, files.BYTE_CLS_ID),
-         "image": (10, files.PIXEL_VOCAB_SIZE, files.PIXEL_CLS_ID)}
+VOCAB = {
+    "listops": (listops.NUM_CLASSES, listops.VOCAB_SIZE, listops.CLS_ID),
+    "pathfinder": (pathfinder.NUM_CLASSES, pathfinder.VOCAB_SIZE, pathfinder.CLS_ID),
+    "text": (2, files.BYTE_VOCAB_SIZE, files.BYTE_CLS_ID),
+    "retrieval": (2, files.BYTE_VOCAB_SIZE, files.BYTE_CLS_ID),
+    "image": (10, files.PIXEL_VOCAB_SIZE, files.PIXEL_CLS_ID),
+}
 
 
-def load_task(task: str, *, path: str | None = None, sizes: dict[str, int] | None = None, seed: int = 0,
-              cache_dir: str | Path = "runs/.cache", num_workers: int | None = None, max_length: int = 4000,
-              listops_spec: ListOpsSpec = ListOpsSpec(), pathfinder_spec: PathfinderSpec = PathfinderSpec(),
-              log: Callable[[str], None] | None = None) -> tuple[dict[str, ClassificationData], dict]:
+def load_task(
+    task: str,
+    *,
+    path: str | None = None,
+    sizes: dict[str, int] | None = None,
+    seed: int = 0,
+    cache_dir: str | Path = "runs/.cache",
+    num_workers: int | None = None,
+    max_length: int = 4000,
+    listops_spec: ListOpsSpec = ListOpsSpec(),
+    pathfinder_spec: PathfinderSpec = PathfinderSpec(),
+    log: Callable[[str], None] | None = None,
+) -> tuple[dict[str, ClassificationData], dict]:
     """(splits {"train", "validation", "test"}, info) of one LRA task.
 
     sizes: examples per split of a generated task. path: the local files of
@@ -52,23 +63,29 @@ def load_task(task: str, *, path: str | None = None, sizes: dict[str, int] | Non
     if task in GENERATED and path is None:
         missing = [s for s in SPLITS if not isinstance((sizes or {}).get(s), int) or sizes[s] < 1]
         if missing:
-            raise ValueError(f"task={task!r} is generated: sizes needs a positive count for {missing} "
-                             f"(got {sizes})")
+            raise ValueError(f"task={task!r} is generated: sizes needs a positive count for {missing} (got {sizes})")
         spec = listops_spec if task == "listops" else pathfinder_spec
         gen = listops.generate_listops if task == "listops" else pathfinder.generate_pathfinder
         settings = {"sizes": {s: sizes[s] for s in SPLITS}, "seed": seed, "spec": dataclasses.asdict(spec)}
-        splits, meta = cached_splits(cache_dir, task, settings,
-                                     lambda: gen(settings["sizes"], seed=seed, spec=spec, num_workers=workers),
-                                     log=log)
+        splits, meta = cached_splits(
+            cache_dir,
+            task,
+            settings,
+            lambda: gen(settings["sizes"], seed=seed, spec=spec, num_workers=workers),
+            log=log,
+        )
         report = meta
     elif path is None:
-        raise ValueError(f"task={task!r} reads published files: set data.path to a local copy "
-                         f"({_WHAT[task]}); nothing is downloaded")
+        raise ValueError(
+            f"task={task!r} reads published files: set data.path to a local copy ({_WHAT[task]}); nothing is downloaded"
+        )
     elif task == "listops":
         splits = _listops_release(Path(path).expanduser())
     elif task == "pathfinder":
-        raise ValueError("task='pathfinder': reading the released Pathfinder PNGs is not supported; "
-                         "leave data.path unset to generate the images (same process, seeded)")
+        raise ValueError(
+            "task='pathfinder': reading the released Pathfinder PNGs is not supported; "
+            "leave data.path unset to generate the images (same process, seeded)"
+        )
     elif task == "text":
         splits = files.load_imdb(path, max_length=max_length)
     elif task == "retrieval":
@@ -76,11 +93,18 @@ def load_task(task: str, *, path: str | None = None, sizes: dict[str, int] | Non
     else:
         splits = files.load_cifar10(path)
     num_classes, vocab_size, cls_id = VOCAB[task]
-    info = {"task": task, "num_classes": num_classes, "vocab_size": vocab_size, "cls_id": cls_id,
-            "pair": splits["train"].is_pair, "max_length": max(d.max_length() for d in splits.values()),
-            "examples": {s: len(splits[s]) for s in SPLITS},
-            "label_counts": {s: splits[s].label_counts().tolist() for s in SPLITS}, "source": path or "generated",
-            "generator": report}
+    info = {
+        "task": task,
+        "num_classes": num_classes,
+        "vocab_size": vocab_size,
+        "cls_id": cls_id,
+        "pair": splits["train"].is_pair,
+        "max_length": max(d.max_length() for d in splits.values()),
+        "examples": {s: len(splits[s]) for s in SPLITS},
+        "label_counts": {s: splits[s].label_counts().tolist() for s in SPLITS},
+        "source": path or "generated",
+        "generator": report,
+    }
     return splits, info
 
 
@@ -94,8 +118,10 @@ def _listops_release(root: Path) -> dict[str, ClassificationData]:
     for split, name in LISTOPS_FILES.items():
         file = root / name
         if not file.is_file():
-            raise FileNotFoundError(f"LRA listops: {file} not found; data.path should be the listops-1000 folder "
-                                    f"of {files.LRA_URL}, or leave it unset to generate the data")
+            raise FileNotFoundError(
+                f"LRA listops: {file} not found; data.path should be the listops-1000 folder "
+                f"of {files.LRA_URL}, or leave it unset to generate the data"
+            )
         seqs, labels = listops.read_lra_tsv(file)
         out[split] = listops.to_data(seqs, labels)
     return out

@@ -75,9 +75,14 @@ def settings_key(name: str, settings: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def cached_splits(cache_dir: str | Path, name: str, settings: dict,
-                  build: Callable[[], tuple[dict[str, ClassificationData], dict]],
-                  *, log: Callable[[str], None] | None = None) -> tuple[dict[str, ClassificationData], dict]:
+def cached_splits(
+    cache_dir: str | Path,
+    name: str,
+    settings: dict,
+    build: Callable[[], tuple[dict[str, ClassificationData], dict]],
+    *,
+    log: Callable[[str], None] | None = None,
+) -> tuple[dict[str, ClassificationData], dict]:
     """The splits for `settings`, from the cache or built (and cached) by
     `build() -> (splits, report)`. Returns (splits, meta) where meta holds the
     settings and the build report (timings, label counts)."""
@@ -87,8 +92,13 @@ def cached_splits(cache_dir: str | Path, name: str, settings: dict,
         return {s: ClassificationData.load(folder, s) for s in SPLITS}, meta
     t0 = time.perf_counter()
     splits, report = build()
-    meta = {"name": name, "settings": settings, "build_s": round(time.perf_counter() - t0, 2), **report,
-            "label_counts": {s: splits[s].label_counts().tolist() for s in SPLITS}}
+    meta = {
+        "name": name,
+        "settings": settings,
+        "build_s": round(time.perf_counter() - t0, 2),
+        **report,
+        "label_counts": {s: splits[s].label_counts().tolist() for s in SPLITS},
+    }
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
@@ -111,6 +121,6 @@ def split_stream(items: list, sizes: dict[str, int]) -> dict[str, list]:
     """Cut test, then validation, then train from the front of `items`."""
     out, start = {}, 0
     for s in ("test", "validation", "train"):
-        out[s] = items[start: start + sizes[s]]
+        out[s] = items[start : start + sizes[s]]
         start += sizes[s]
     return out

@@ -48,10 +48,12 @@ def encode_bytes(text: str | bytes, max_length: int) -> np.ndarray:
 def _missing(task: str, path: Path, what: str, url: str) -> FileNotFoundError:
     return FileNotFoundError(
         f"LRA {task}: {path} not found. This task needs {what}: download {url}, extract it, and pass "
-        f"the folder as data.path (latte never downloads data itself).")
+        f"the folder as data.path (latte never downloads data itself)."
+    )
 
 
 # ---------------------------------------------------------------------------------------- text
+
 
 def load_imdb(path: str | Path, *, max_length: int = 4000, val_fraction: float = 0.1) -> dict[str, ClassificationData]:
     """{"train", "validation", "test"} from an `aclImdb` folder (or its parent)."""
@@ -72,10 +74,15 @@ def load_imdb(path: str | Path, *, max_length: int = 4000, val_fraction: float =
             raise ValueError(f"LRA text: {root / split} holds no reviews (*.txt under pos/ and neg/)")
         splits[split] = files
     held = [_unit_hash(p.name) < val_fraction for p, _ in splits["train"]]
-    parts = {"train": [f for f, h in zip(splits["train"], held) if not h],
-             "validation": [f for f, h in zip(splits["train"], held) if h], "test": splits["test"]}
-    return {name: _byte_data([encode_bytes(p.read_bytes(), max_length) for p, _ in files],
-                             [label for _, label in files]) for name, files in parts.items()}
+    parts = {
+        "train": [f for f, h in zip(splits["train"], held) if not h],
+        "validation": [f for f, h in zip(splits["train"], held) if h],
+        "test": splits["test"],
+    }
+    return {
+        name: _byte_data([encode_bytes(p.read_bytes(), max_length) for p, _ in files], [label for _, label in files])
+        for name, files in parts.items()
+    }
 
 
 def _unit_hash(name: str) -> float:
@@ -85,14 +92,18 @@ def _unit_hash(name: str) -> float:
 def _byte_data(seqs, labels, second=None) -> ClassificationData:
     first = Sequences.from_list(seqs, vocab_size=BYTE_VOCAB_SIZE)
     inputs = first if second is None else (first, Sequences.from_list(second, vocab_size=BYTE_VOCAB_SIZE))
-    return ClassificationData(inputs, labels, num_classes=2, vocab_size=BYTE_VOCAB_SIZE,
-                              pad_id=BYTE_PAD_ID, cls_id=None)
+    return ClassificationData(
+        inputs, labels, num_classes=2, vocab_size=BYTE_VOCAB_SIZE, pad_id=BYTE_PAD_ID, cls_id=None
+    )
 
 
 # ---------------------------------------------------------------------------------------- retrieval
 
-AAN_FILES = {"train": "new_aan_pairs.train.tsv", "validation": "new_aan_pairs.eval.tsv",
-             "test": "new_aan_pairs.test.tsv"}
+AAN_FILES = {
+    "train": "new_aan_pairs.train.tsv",
+    "validation": "new_aan_pairs.eval.tsv",
+    "test": "new_aan_pairs.test.tsv",
+}
 
 
 def load_aan(path: str | Path, *, max_length: int = 4000) -> dict[str, ClassificationData]:
@@ -118,8 +129,9 @@ def _read_aan(file: Path, max_length: int) -> ClassificationData:
     with file.open(newline="", encoding="utf-8") as f:
         for line, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), start=1):
             if len(row) != 5:
-                raise ValueError(f"{file}:{line}: expected 5 tab-separated fields (label, id1, id2, text1, text2), "
-                                 f"got {len(row)}")
+                raise ValueError(
+                    f"{file}:{line}: expected 5 tab-separated fields (label, id1, id2, text1, text2), got {len(row)}"
+                )
             try:
                 label = float(row[0])
             except ValueError:
@@ -144,14 +156,20 @@ class _ArrayUnpickler(pickle.Unpickler):
     and numpy arrays); any other global is refused, so a tampered file
     cannot run code."""
 
-    _ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-                ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
-                ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")}
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("_codecs", "encode"),
+    }
 
     def find_class(self, module, name):
         if (module, name) in self._ALLOWED:
             if module.startswith("numpy.core.") and hasattr(np, "_core"):  # numpy 2 moved numpy.core
-                module = "numpy._core." + module[len("numpy.core."):]
+                module = "numpy._core." + module[len("numpy.core.") :]
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name}: not part of a CIFAR-10 batch")
 
@@ -190,16 +208,19 @@ def load_cifar10(path: str | Path, *, val_fraction: float = 0.1) -> dict[str, Cl
     files = [root / n for n in (*CIFAR_TRAIN, "test_batch")]
     for f in files:
         if not f.is_file():
-            raise _missing("image", f, "CIFAR-10 for python (cifar-10-batches-py/data_batch_1..5, test_batch)",
-                           CIFAR_URL)
+            raise _missing(
+                "image", f, "CIFAR-10 for python (cifar-10-batches-py/data_batch_1..5, test_batch)", CIFAR_URL
+            )
     train = [read_cifar_batch(f) for f in files[:-1]]
     x_train = to_grey(np.concatenate([x for x, _ in train]))
     y_train = np.concatenate([y for _, y in train])
     x_test, y_test = read_cifar_batch(files[-1])
     cut = len(x_train) - int(round(val_fraction * len(x_train)))
-    return {"train": pixel_data(x_train[:cut], y_train[:cut], 10),
-            "validation": pixel_data(x_train[cut:], y_train[cut:], 10),
-            "test": pixel_data(to_grey(x_test), y_test, 10)}
+    return {
+        "train": pixel_data(x_train[:cut], y_train[:cut], 10),
+        "validation": pixel_data(x_train[cut:], y_train[cut:], 10),
+        "test": pixel_data(to_grey(x_test), y_test, 10),
+    }
 
 
 def pixel_data(images: np.ndarray, labels, num_classes: int) -> ClassificationData:
@@ -207,5 +228,11 @@ def pixel_data(images: np.ndarray, labels, num_classes: int) -> ClassificationDa
     n = len(images)
     flat = np.ascontiguousarray(images.reshape(n, -1))
     offsets = np.arange(n + 1, dtype=np.int64) * flat.shape[1]
-    return ClassificationData(Sequences(flat.reshape(-1), offsets), labels, num_classes=num_classes,
-                              vocab_size=PIXEL_VOCAB_SIZE, pad_id=0, cls_id=None)
+    return ClassificationData(
+        Sequences(flat.reshape(-1), offsets),
+        labels,
+        num_classes=num_classes,
+        vocab_size=PIXEL_VOCAB_SIZE,
+        pad_id=0,
+        cls_id=None,
+    )

@@ -135,8 +135,9 @@ def evaluate(tokens) -> int:
         else:
             result = value
     if stack or result is None:
-        raise ValueError(f"ListOps: expression ends with {len(stack)} unclosed operator(s)" if stack
-                         else "ListOps: empty expression")
+        raise ValueError(
+            f"ListOps: expression ends with {len(stack)} unclosed operator(s)" if stack else "ListOps: empty expression"
+        )
     return result
 
 
@@ -165,6 +166,7 @@ def parse_lra_source(source: str, *, where: str = "ListOps source") -> list[int]
 def to_lra_source(tokens) -> str:
     """The LRA TSV spelling of an expression: the script nests pairs
     ((((op, a1), a2), ...), "]") and writes a parenthesis around each pair."""
+
     def parse(i: int):
         t = tokens[i]
         if t not in OPERATOR_IDS:
@@ -213,8 +215,14 @@ def generate_shard(seed: int, shard: int, count: int, spec: ListOpsSpec) -> tupl
     return out, drawn
 
 
-def generate_listops(sizes: dict[str, int], *, seed: int = 0, spec: ListOpsSpec = ListOpsSpec(),
-                     num_workers: int = 1, shard_size: int = 256) -> tuple[dict, dict]:
+def generate_listops(
+    sizes: dict[str, int],
+    *,
+    seed: int = 0,
+    spec: ListOpsSpec = ListOpsSpec(),
+    num_workers: int = 1,
+    shard_size: int = 256,
+) -> tuple[dict, dict]:
     """Splits {"train", "validation", "test"} of sizes[split] distinct
     expressions, and a report (candidates drawn, duplicates dropped,
     examples/s). Duplicates are dropped across all splits, keeping the first
@@ -241,10 +249,17 @@ def generate_listops(sizes: dict[str, int], *, seed: int = 0, spec: ListOpsSpec 
         if len(unique) == needed:
             break
     seconds = time.perf_counter() - t0
-    splits = {name: to_data([np.frombuffer(e, dtype=np.uint8) for e, _ in part], [v for _, v in part])
-              for name, part in split_stream(unique, sizes).items()}
-    report = {"candidates_drawn": drawn, "duplicates_dropped": duplicates, "generate_s": round(seconds, 2),
-              "examples_per_s": round(needed / seconds, 1), "num_workers": num_workers}
+    splits = {
+        name: to_data([np.frombuffer(e, dtype=np.uint8) for e, _ in part], [v for _, v in part])
+        for name, part in split_stream(unique, sizes).items()
+    }
+    report = {
+        "candidates_drawn": drawn,
+        "duplicates_dropped": duplicates,
+        "generate_s": round(seconds, 2),
+        "examples_per_s": round(needed / seconds, 1),
+        "num_workers": num_workers,
+    }
     return splits, report
 
 
@@ -252,5 +267,10 @@ def to_data(seqs, labels):
     """ClassificationData of expressions (token id sequences) and their values."""
     from latte.data.classification import ClassificationData, Sequences
 
-    return ClassificationData(Sequences.from_list(seqs, vocab_size=VOCAB_SIZE), labels, num_classes=NUM_CLASSES,
-                              vocab_size=VOCAB_SIZE, pad_id=PAD_ID)
+    return ClassificationData(
+        Sequences.from_list(seqs, vocab_size=VOCAB_SIZE),
+        labels,
+        num_classes=NUM_CLASSES,
+        vocab_size=VOCAB_SIZE,
+        pad_id=PAD_ID,
+    )

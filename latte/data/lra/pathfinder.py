@@ -166,8 +166,10 @@ def _targets(canvas: Canvas):
         todo = todo[~alive]
         if not len(todo):
             return firsts, lasts
-    raise RuntimeError(f"Pathfinder: no two target snakes of {s.contour_length} paddles fit in "
-                       f"{s.max_target_trials} trials; the spec is too crowded for image_size={s.image_size}")
+    raise RuntimeError(
+        f"Pathfinder: no two target snakes of {s.contour_length} paddles fit in "
+        f"{s.max_target_trials} trials; the spec is too crowded for image_size={s.image_size}"
+    )
 
 
 def _distractors(canvas: Canvas) -> None:
@@ -177,8 +179,12 @@ def _distractors(canvas: Canvas) -> None:
         todo = np.arange(canvas.B)
         for _ in range(s.max_distractor_trials):
             keep = canvas.n[todo].copy()
-            alive, first = _seed_until(canvas, todo, lambda n: (rng.uniform(canvas.lo, canvas.hi, (n, 2)),
-                                                               rng.uniform(-math.pi, math.pi, n)), snake)
+            alive, first = _seed_until(
+                canvas,
+                todo,
+                lambda n: (rng.uniform(canvas.lo, canvas.hi, (n, 2)), rng.uniform(-math.pi, math.pi, n)),
+                snake,
+            )
             _grow_snakes(canvas, todo, first[:, None].copy(), alive, s.distractor_paddles - 1)
             canvas.truncate(todo[~alive], keep[~alive])
             todo = todo[~alive]
@@ -196,8 +202,17 @@ def sample_scenes(rng: np.random.Generator, spec: PathfinderSpec, count: int) ->
     other = np.where(labels == 1, origin, 1 - origin)
     rows = np.arange(count)
     markers = np.stack([canvas.start[rows, firsts[rows, origin]], canvas.end[rows, lasts[rows, other]]], 1)
-    return [Scene(canvas.start[i, :n].copy(), canvas.end[i, :n].copy(), canvas.angle[i, :n].copy(),
-                  canvas.snake[i, :n].copy(), markers[i], int(labels[i])) for i, n in enumerate(canvas.n)]
+    return [
+        Scene(
+            canvas.start[i, :n].copy(),
+            canvas.end[i, :n].copy(),
+            canvas.angle[i, :n].copy(),
+            canvas.snake[i, :n].copy(),
+            markers[i],
+            int(labels[i]),
+        )
+        for i, n in enumerate(canvas.n)
+    ]
 
 
 def generate_shard(seed: int, shard: int, count: int, spec: PathfinderSpec) -> tuple[np.ndarray, np.ndarray, float]:
@@ -209,13 +224,19 @@ def generate_shard(seed: int, shard: int, count: int, spec: PathfinderSpec) -> t
     labels = np.zeros(count, dtype=np.int64)
     for i in range(0, count, 256):  # batches of 256 images in lockstep: memory stays small
         scenes = sample_scenes(rng, spec, min(256, count - i))
-        images[i: i + len(scenes)] = render_many(scenes, spec)
-        labels[i: i + len(scenes)] = [sc.label for sc in scenes]
+        images[i : i + len(scenes)] = render_many(scenes, spec)
+        labels[i : i + len(scenes)] = [sc.label for sc in scenes]
     return images, labels, time.perf_counter() - t0
 
 
-def generate_pathfinder(sizes: dict[str, int], *, seed: int = 0, spec: PathfinderSpec = PathfinderSpec(),
-                        num_workers: int = 1, shard_size: int = 64) -> tuple[dict, dict]:
+def generate_pathfinder(
+    sizes: dict[str, int],
+    *,
+    seed: int = 0,
+    spec: PathfinderSpec = PathfinderSpec(),
+    num_workers: int = 1,
+    shard_size: int = 64,
+) -> tuple[dict, dict]:
     """Splits {"train", "validation", "test"} of sizes[split] images as
     sequences of pixels, and a report (images/s overall and per core)."""
     from latte.data.lra.common import run_shards, split_stream
@@ -225,8 +246,9 @@ def generate_pathfinder(sizes: dict[str, int], *, seed: int = 0, spec: Pathfinde
     num_shards = -(-needed // shard_size)
     t0 = time.perf_counter()
     images, labels, busy = [], [], 0.0
-    for x, y, seconds in run_shards(generate_shard, ((seed, i, shard_size, spec) for i in range(num_shards)),
-                                    num_workers):
+    for x, y, seconds in run_shards(
+        generate_shard, ((seed, i, shard_size, spec) for i in range(num_shards)), num_workers
+    ):
         images.append(x)
         labels.append(y)
         busy += seconds
@@ -234,6 +256,10 @@ def generate_pathfinder(sizes: dict[str, int], *, seed: int = 0, spec: Pathfinde
     x, y = np.concatenate(images)[:needed], np.concatenate(labels)[:needed]
     order = split_stream(list(range(needed)), sizes)
     splits = {name: pixel_data(x[idx], y[idx], NUM_CLASSES) for name, idx in order.items()}
-    report = {"generate_s": round(wall, 2), "images_per_s": round(needed / wall, 1),
-              "images_per_s_per_core": round(num_shards * shard_size / busy, 1), "num_workers": num_workers}
+    report = {
+        "generate_s": round(wall, 2),
+        "images_per_s": round(needed / wall, 1),
+        "images_per_s_per_core": round(num_shards * shard_size / busy, 1),
+        "num_workers": num_workers,
+    }
     return splits, report

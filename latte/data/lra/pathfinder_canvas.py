@@ -54,7 +54,7 @@ class Canvas:
         ay, ax = a[:, 0].reshape(shape), a[:, 1].reshape(shape)
         dy, dx = (b[:, 0] - a[:, 0]).reshape(shape), (b[:, 1] - a[:, 1]).reshape(shape)
         ry, rx = y - ay, x - ax
-        t = np.clip((ry * dy + rx * dx) * (1.0 / self.spec.paddle_length ** 2), 0.0, 1.0)
+        t = np.clip((ry * dy + rx * dx) * (1.0 / self.spec.paddle_length**2), 0.0, 1.0)
         oy, ox = ry - t * dy, rx - t * dx
         return oy * oy + ox * ox < radius * radius
 
@@ -141,6 +141,7 @@ class Canvas:
         if ok.any():
             rows = np.flatnonzero(ok)
             j = pick[rows]
-            idx[ok] = self.add(img[ok], a[rows, j], b[rows, j], np.arctan2(u[rows, j, 0], u[rows, j, 1]),
-                               self.snake[img[ok], last[ok]])
+            idx[ok] = self.add(
+                img[ok], a[rows, j], b[rows, j], np.arctan2(u[rows, j, 0], u[rows, j, 1]), self.snake[img[ok], last[ok]]
+            )
         return ok, idx

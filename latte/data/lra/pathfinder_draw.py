@@ -33,11 +33,11 @@ def _crossing(p0, p1, q0, q1):
 def segment_distances(p0, p1, q0, q1):
     """Distances [K, N] between segments p0-p1 [K, 2] and q0-q1 [N, 2] (any lengths)."""
     P0, P1, Q0, Q1 = p0[:, None], p1[:, None], q0[None], q1[None]
-    d = np.minimum(np.minimum(_point_segment(P0, Q0, Q1), _point_segment(P1, Q0, Q1)),
-                   np.minimum(_point_segment(Q0, P0, P1), _point_segment(Q1, P0, P1)))
+    d = np.minimum(
+        np.minimum(_point_segment(P0, Q0, Q1), _point_segment(P1, Q0, Q1)),
+        np.minimum(_point_segment(Q0, P0, P1), _point_segment(Q1, P0, P1)),
+    )
     return np.where(_crossing(p0, p1, q0, q1), 0.0, d)
-
-
 
 
 def render(scene, spec) -> np.ndarray:
@@ -52,21 +52,30 @@ def render_many(scenes, spec) -> np.ndarray:
     start = np.concatenate([sc.start for sc in scenes])  # [M, 2] every paddle of every scene
     end = np.concatenate([sc.end for sc in scenes])
     owner = np.repeat(np.arange(n), [len(sc.start) for sc in scenes])
-    contrast = np.where(np.concatenate([sc.snake for sc in scenes]) < 2, spec.target_contrast,
-                        spec.distractor_contrast)
+    contrast = np.where(np.concatenate([sc.snake for sc in scenes]) < 2, spec.target_contrast, spec.distractor_contrast)
     centres = np.concatenate([sc.markers for sc in scenes])  # [2n, 2]
     t, r = spec.paddle_thickness, spec.marker_radius
     image = np.zeros((n, size + 8, size + 8))  # a margin: patches at the border need no clipping
     shapes = (
-        (owner, np.minimum(start, end) - t, int(math.ceil(spec.paddle_length + 2 * t)) + 2, contrast,
-         lambda y, x: _near_segment(y, x, start, end, t / 2)),
-        (np.repeat(np.arange(n), 2), centres - r, int(math.ceil(2 * r)) + 2, np.ones(len(centres)),
-         lambda y, x: (y - centres[:, 0, None, None]) ** 2 + (x - centres[:, 1, None, None]) ** 2 <= r * r),
+        (
+            owner,
+            np.minimum(start, end) - t,
+            int(math.ceil(spec.paddle_length + 2 * t)) + 2,
+            contrast,
+            lambda y, x: _near_segment(y, x, start, end, t / 2),
+        ),
+        (
+            np.repeat(np.arange(n), 2),
+            centres - r,
+            int(math.ceil(2 * r)) + 2,
+            np.ones(len(centres)),
+            lambda y, x: (y - centres[:, 0, None, None]) ** 2 + (x - centres[:, 1, None, None]) ** 2 <= r * r,
+        ),
     )
     for who, corner, P, scale, inside in shapes:
         rows, cols, cov = _coverage(size, S, corner, P, inside)
         np.maximum.at(image, (who[:, None, None], rows + 4, cols + 4), cov * scale[:, None, None])
-    image = image[:, 4: size + 4, 4: size + 4]
+    image = image[:, 4 : size + 4, 4 : size + 4]
     peak = np.maximum(image.max(axis=(1, 2), keepdims=True), 1e-12)
     return np.round(255 * image / peak).astype(np.uint8)
 
@@ -120,8 +129,9 @@ def connected_by_paddles(scene, spec, tol: float = 1e-6) -> bool:
         parent[find(int(i))] = find(int(j))
     owners = []
     for c in scene.markers:
-        near = np.flatnonzero((np.linalg.norm(scene.start - c, axis=-1) < tol)
-                              | (np.linalg.norm(scene.end - c, axis=-1) < tol))
+        near = np.flatnonzero(
+            (np.linalg.norm(scene.start - c, axis=-1) < tol) | (np.linalg.norm(scene.end - c, axis=-1) < tol)
+        )
         if len(near) != 1:
             raise ValueError(f"Pathfinder: marker at {c.tolist()} is the end of {len(near)} paddles, expected 1")
         owners.append(find(int(near[0])))

@@ -76,11 +76,17 @@ def padding_mask(attention_mask, B: int, T: int) -> torch.Tensor | None:
     the current tokens); None when every token is real."""
     if attention_mask is None:
         return None
-    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2 \
-            or attention_mask.shape[0] != B or attention_mask.shape[1] < T:
+    if (
+        not isinstance(attention_mask, torch.Tensor)
+        or attention_mask.dim() != 2
+        or attention_mask.shape[0] != B
+        or attention_mask.shape[1] < T
+    ):
         got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
-        raise ValueError(f"attention_mask: a converted model takes a 2D padding mask [batch, tokens] "
-                         f"(1 = real token, 0 = padding), got {got}; 4D/custom masks are not supported")
+        raise ValueError(
+            f"attention_mask: a converted model takes a 2D padding mask [batch, tokens] "
+            f"(1 = real token, 0 = padding), got {got}; 4D/custom masks are not supported"
+        )
     mask = attention_mask[:, -T:].bool()
     return None if bool(mask.all()) else mask
 
@@ -90,9 +96,23 @@ class ConvertedAttention(nn.Module):
     position_embeddings, attention_mask, past_key_values, **kw) -> (y, None).
     The decoding state lives in a `MacchiatoCache` (past_key_values)."""
 
-    def __init__(self, original: nn.Module, spec: AttentionSpec, layer_idx: int, *, dim: int, window_size: int,
-                 latents_per_head: int, qk_mixer: str, conv_size: int, mix: str, beta_init: float,
-                 chunk_size: int, lora_rank: int = 0, lora_alpha: float = 16.0):
+    def __init__(
+        self,
+        original: nn.Module,
+        spec: AttentionSpec,
+        layer_idx: int,
+        *,
+        dim: int,
+        window_size: int,
+        latents_per_head: int,
+        qk_mixer: str,
+        conv_size: int,
+        mix: str,
+        beta_init: float,
+        chunk_size: int,
+        lora_rank: int = 0,
+        lora_alpha: float = 16.0,
+    ):
         super().__init__()
         self.__dict__["original"] = original  # kept outside the module tree (no duplicate parameters)
         for name in _ORIGINAL_PARTS:
@@ -110,10 +130,12 @@ class ConvertedAttention(nn.Module):
         self.beta = nn.Parameter(torch.full((H,), float(beta_init)))
         self.lora = None
         if lora_rank:
-            self.lora = nn.ModuleDict({
-                name: LoRA(getattr(self, name).in_features, getattr(self, name).out_features, lora_rank, lora_alpha)
-                for name in ("q_proj", "k_proj", "v_proj", "o_proj")
-            })
+            self.lora = nn.ModuleDict(
+                {
+                    name: LoRA(getattr(self, name).in_features, getattr(self, name).out_features, lora_rank, lora_alpha)
+                    for name in ("q_proj", "k_proj", "v_proj", "o_proj")
+                }
+            )
         ref = self.q_proj.weight
         self.to(device=ref.device, dtype=ref.dtype)
 
@@ -153,8 +175,9 @@ class ConvertedAttention(nn.Module):
         a = self.a_proj(u).view(B, T, self.spec.num_heads, self.latents_per_head)
         return LogMasses(window, full, torch.logsumexp(a.float(), -1), gate)
 
-    def forward(self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None,
-                past_key_values=None, **kwargs):
+    def forward(
+        self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs
+    ):
         from .cache import MacchiatoCache
 
         x = hidden_states
@@ -163,32 +186,55 @@ class ConvertedAttention(nn.Module):
         mask = padding_mask(attention_mask, B, T)
         cache = past_key_values if isinstance(past_key_values, MacchiatoCache) else None
         if past_key_values is not None and cache is None:
-            raise ValueError(f"past_key_values: a converted model keeps a MacchiatoCache, got "
-                             f"{type(past_key_values).__name__}")
+            raise ValueError(
+                f"past_key_values: a converted model keeps a MacchiatoCache, got {type(past_key_values).__name__}"
+            )
         prev = None if cache is None else cache.states[self.layer_idx]
         q, k, v = self._qkv(x, position_embeddings)
-        u, conv, h = self.mixer(x, mask=mask, conv_state=None if prev is None else prev.conv,
-                                h=None if prev is None else prev.h)
+        u, conv, h = self.mixer(
+            x, mask=mask, conv_state=None if prev is None else prev.conv, h=None if prev is None else prev.h
+        )
         a = self.a_proj(u).view(B, T, H, L)
         b = self.b_proj(u).view(B, T, H, L)
         gate = None if self.gate_proj is None else self.gate_proj(x)  # [B, T, H]
-        common = dict(window_size=self.window_size, mix=self.mix, beta=self.beta, scale=self.spec.scale,
-                      softcap=self.spec.softcap)
+        common = dict(
+            window_size=self.window_size, mix=self.mix, beta=self.beta, scale=self.spec.scale, softcap=self.spec.softcap
+        )
         if T == 1 and prev is not None:  # decoding: one constant-time step
-            y, attn = macchiato_step(a[:, 0], b[:, 0], v[:, 0], q[:, 0], k[:, 0],
-                                     gate_t=None if gate is None else gate[:, 0],
-                                     mask_t=None if mask is None else mask[:, 0], state=prev.attn, **common)
+            y, attn = macchiato_step(
+                a[:, 0],
+                b[:, 0],
+                v[:, 0],
+                q[:, 0],
+                k[:, 0],
+                gate_t=None if gate is None else gate[:, 0],
+                mask_t=None if mask is None else mask[:, 0],
+                state=prev.attn,
+                **common,
+            )
             y = y.unsqueeze(1)
         else:
-            y, attn = macchiato(a, b, v, q, k, gate=gate, mask=mask, chunk_size=self.chunk_size,
-                                initial_state=None if prev is None else prev.attn,
-                                output_final_state=cache is not None, **common)
+            y, attn = macchiato(
+                a,
+                b,
+                v,
+                q,
+                k,
+                gate=gate,
+                mask=mask,
+                chunk_size=self.chunk_size,
+                initial_state=None if prev is None else prev.attn,
+                output_final_state=cache is not None,
+                **common,
+            )
         if cache is not None:
             cache.states[self.layer_idx] = ConvertedLayerState(attn, conv, h)
         return self._project("o_proj", y.flatten(2)), None  # [B, T, H, E] -> [B, T, F]
 
     def extra_repr(self) -> str:
         s = self.spec
-        return (f"heads={s.num_heads}, kv_heads={s.num_kv_heads}, head_dim={s.head_dim}, "
-                f"window_size={self.window_size}, latents_per_head={self.latents_per_head}, mix={self.mix!r}, "
-                f"scale={s.scale:.4g}, softcap={s.softcap}")
+        return (
+            f"heads={s.num_heads}, kv_heads={s.num_kv_heads}, head_dim={s.head_dim}, "
+            f"window_size={self.window_size}, latents_per_head={self.latents_per_head}, mix={self.mix!r}, "
+            f"scale={s.scale:.4g}, softcap={s.softcap}"
+        )

@@ -53,7 +53,9 @@ class ConversionConfig:
         for name in ("window_size", "latents_per_head", "conv_size", "chunk_size"):
             v = getattr(self, name)
             e.check(_is_int(v) and v >= 1, name, v, "an integer >= 1")
-        e.check(_is_int(self.lora_rank) and self.lora_rank >= 0, "lora_rank", self.lora_rank, "an integer >= 0 (0 = off)")
+        e.check(
+            _is_int(self.lora_rank) and self.lora_rank >= 0, "lora_rank", self.lora_rank, "an integer >= 0 (0 = off)"
+        )
         e.check(self.qk_mixer in QK_MIXERS, "qk_mixer", self.qk_mixer, f"one of {QK_MIXERS}")
         e.check(self.mix in MIXES, "mix", self.mix, f"one of {MIXES}")
         for name in ("beta_init", "lora_alpha"):

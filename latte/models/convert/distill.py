@@ -56,10 +56,10 @@ def record_layers(model: ConvertedForCausalLM, input_ids: torch.Tensor) -> list[
         def fn(module, args, kwargs, output):
             x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
             records[i] = LayerRecord(x, kwargs["position_embeddings"], output[0])
+
         return fn
 
-    handles = [attn.original.register_forward_hook(hook(i), with_kwargs=True)
-               for i, attn in enumerate(model.converted)]
+    handles = [attn.original.register_forward_hook(hook(i), with_kwargs=True) for i, attn in enumerate(model.converted)]
     try:
         with model.as_original() as base:
             base.model(input_ids=input_ids, use_cache=False)
@@ -86,8 +86,14 @@ def next_token_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), input_ids[:, 1:].flatten())
 
 
-def end_to_end_loss(model: ConvertedForCausalLM, input_ids: torch.Tensor, *, kl_weight: float = 1.0,
-                    lm_weight: float = 1.0, temperature: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+def end_to_end_loss(
+    model: ConvertedForCausalLM,
+    input_ids: torch.Tensor,
+    *,
+    kl_weight: float = 1.0,
+    lm_weight: float = 1.0,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """kl_weight * KL(original || converted) + lm_weight * cross-entropy,
     means over the predicted tokens."""
     student = model(input_ids, use_cache=False).logits.float()
@@ -97,7 +103,7 @@ def end_to_end_loss(model: ConvertedForCausalLM, input_ids: torch.Tensor, *, kl_
             teacher = base(input_ids=input_ids, use_cache=False).logits.float()
         log_p = F.log_softmax(teacher / temperature, -1)
         log_q = F.log_softmax(student / temperature, -1)
-        kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean() * temperature ** 2
+        kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean() * temperature**2
         loss, parts["kl"] = loss + kl_weight * kl, float(kl.detach())
     lm = next_token_nll(student, input_ids)
     parts["lm"] = float(lm.detach())
@@ -128,8 +134,10 @@ def calibrate_beta(model: ConvertedForCausalLM, records: list[LayerRecord], late
         if latent_mass is None:
             W = attn.window_size
             if rec.x.shape[1] <= W:
-                raise ValueError(f"calibrate_beta: recorded sequences of {rec.x.shape[1]} tokens do not exceed the "
-                                 f"window ({W}); nothing is lost to calibrate against")
+                raise ValueError(
+                    f"calibrate_beta: recorded sequences of {rec.x.shape[1]} tokens do not exceed the "
+                    f"window ({W}); nothing is lost to calibrate against"
+                )
             share = (m.window - m.full)[:, W:].clamp(max=-1e-6)  # log of the window's share of the original's mass
             odds = torch.log1p(-share.exp()) - share  # log(Z_out / Z_window): latents vs window
             target = odds + rival[:, W:] - m.latent[:, W:]
@@ -151,8 +159,15 @@ class Distiller(nn.Module):
     input_ids[:, t]): end_to_end = kl_weight * KL + lm_weight * CE per token;
     layerwise = the sum over layers of the relative MSE, per token."""
 
-    def __init__(self, model: ConvertedForCausalLM, objective: str = "end_to_end", *, kl_weight: float = 1.0,
-                 lm_weight: float = 1.0, temperature: float = 1.0):
+    def __init__(
+        self,
+        model: ConvertedForCausalLM,
+        objective: str = "end_to_end",
+        *,
+        kl_weight: float = 1.0,
+        lm_weight: float = 1.0,
+        temperature: float = 1.0,
+    ):
         super().__init__()
         if objective not in OBJECTIVES:
             raise ValueError(f"objective: expected one of {OBJECTIVES}, got {objective!r}")
@@ -177,7 +192,7 @@ class Distiller(nn.Module):
             tau = self.temperature
             log_p = F.log_softmax(teacher / tau, -1)
             log_q = F.log_softmax(student[keep] / tau, -1)
-            total = total + self.kl_weight * (log_p.exp() * (log_p - log_q)).sum() * tau ** 2
+            total = total + self.kl_weight * (log_p.exp() * (log_p - log_q)).sum() * tau**2
         return DistillOutput(total)
 
 

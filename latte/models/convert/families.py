@@ -62,8 +62,10 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if not isinstance(layers, nn.ModuleList):
-        raise ValueError(f"{type(model).__name__}: expected decoder layers at .model.layers "
-                         f"(a Hugging Face *ForCausalLM); supported: {supported_list()}")
+        raise ValueError(
+            f"{type(model).__name__}: expected decoder layers at .model.layers "
+            f"(a Hugging Face *ForCausalLM); supported: {supported_list()}"
+        )
     return layers
 
 
@@ -73,19 +75,24 @@ def check_supported(model: nn.Module) -> str:
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED:
-        raise ValueError(f"model_type {model_type!r} ({type(model).__name__}) cannot be converted; "
-                         f"supported: {supported_list()}")
+        raise ValueError(
+            f"model_type {model_type!r} ({type(model).__name__}) cannot be converted; supported: {supported_list()}"
+        )
     if not type(model).__name__.endswith("ForCausalLM"):
         raise ValueError(f"{type(model).__name__}: expected a causal LM (*ForCausalLM) of a supported family")
     if getattr(config, "use_bidirectional_attention", False):
-        raise ValueError(f"{model_type}: use_bidirectional_attention=True is not a causal decoder; "
-                         "only causal attention converts into Macchiato")
+        raise ValueError(
+            f"{model_type}: use_bidirectional_attention=True is not a causal decoder; "
+            "only causal attention converts into Macchiato"
+        )
     expected = SUPPORTED[model_type][0]
     for i, layer in enumerate(decoder_layers(model)):
         got = type(getattr(layer, "self_attn", None)).__name__
         if got != expected:
-            raise ValueError(f"layer {i}: attention is {got}, expected {expected} for model_type {model_type!r} "
-                             "(already converted, or a modified model)")
+            raise ValueError(
+                f"layer {i}: attention is {got}, expected {expected} for model_type {model_type!r} "
+                "(already converted, or a modified model)"
+            )
     return model_type
 
 

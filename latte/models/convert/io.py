@@ -84,8 +84,9 @@ def base_reference(path: str | os.PathLike, gguf_file: str | None = None) -> dic
     return {"path": str(folder), "gguf_file": gguf_file, "sha256": {f.name: sha256_file(f) for f in files}}
 
 
-def load_base(reference: dict[str, Any], *, path: str | os.PathLike | None = None, dtype=torch.float32,
-              verify: bool = True):
+def load_base(
+    reference: dict[str, Any], *, path: str | os.PathLike | None = None, dtype=torch.float32, verify: bool = True
+):
     """The pretrained model a reference names, after checking every file's
     sha256 (path overrides the recorded folder, e.g. after moving it)."""
     from transformers import AutoModelForCausalLM
@@ -95,12 +96,16 @@ def load_base(reference: dict[str, Any], *, path: str | os.PathLike | None = Non
     for name, digest in reference["sha256"].items() if verify else ():
         f = folder / name
         if not f.is_file():
-            raise FileNotFoundError(f"{f}: base weights not found (the converted model references them; pass "
-                                    "base_path=... if they moved, or save the model with self_contained=True)")
+            raise FileNotFoundError(
+                f"{f}: base weights not found (the converted model references them; pass "
+                "base_path=... if they moved, or save the model with self_contained=True)"
+            )
         got = sha256_file(f)
         if got != digest:
-            raise ValueError(f"{f}: sha256 {got} differs from the {digest} recorded at conversion: "
-                             "these are not the weights the model was converted from")
+            raise ValueError(
+                f"{f}: sha256 {got} differs from the {digest} recorded at conversion: "
+                "these are not the weights the model was converted from"
+            )
     kw = {"gguf_file": gguf_file} if gguf_file else {}
     return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, **kw)
 
@@ -112,8 +117,10 @@ def save_converted(model, directory: str | os.PathLike, *, self_contained: bool 
     if self_contained is None:
         self_contained = ref is None
     if not self_contained and ref is None:
-        raise ValueError("self_contained=False needs a base reference (convert with base_weights=base_reference(...) "
-                         "or use latte.models.convert.convert_pretrained); save with self_contained=True instead")
+        raise ValueError(
+            "self_contained=False needs a base reference (convert with base_weights=base_reference(...) "
+            "or use latte.models.convert.convert_pretrained); save with self_contained=True instead"
+        )
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     state = model.state_dict() if self_contained else model.new_parameters()

@@ -45,8 +45,10 @@ def _mask_passthrough(*args, attention_mask=None, **kwargs):
 
 
 def _no_attention_function(*args, **kwargs):
-    raise RuntimeError(f"attention implementation {ATTN_IMPLEMENTATION!r} is only used by converted layers "
-                       "(an unconverted attention module was called)")
+    raise RuntimeError(
+        f"attention implementation {ATTN_IMPLEMENTATION!r} is only used by converted layers "
+        "(an unconverted attention module was called)"
+    )
 
 
 def _register_attention() -> None:
@@ -74,10 +76,19 @@ def patch_attention(model: nn.Module, conversion: ConversionConfig) -> list[Conv
         original = layer.self_attn
         spec = attention_spec(original, config)
         layer.self_attn = ConvertedAttention(
-            original, spec, i, dim=config.hidden_size, window_size=conversion.window_size,
-            latents_per_head=conversion.latents_per_head, qk_mixer=conversion.qk_mixer,
-            conv_size=conversion.conv_size, mix=conversion.mix, beta_init=conversion.beta_init,
-            chunk_size=conversion.chunk_size, lora_rank=conversion.lora_rank, lora_alpha=conversion.lora_alpha,
+            original,
+            spec,
+            i,
+            dim=config.hidden_size,
+            window_size=conversion.window_size,
+            latents_per_head=conversion.latents_per_head,
+            qk_mixer=conversion.qk_mixer,
+            conv_size=conversion.conv_size,
+            mix=conversion.mix,
+            beta_init=conversion.beta_init,
+            chunk_size=conversion.chunk_size,
+            lora_rank=conversion.lora_rank,
+            lora_alpha=conversion.lora_alpha,
         )
         new.append(layer.self_attn)
     return new
@@ -180,8 +191,9 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
         save_converted(self, save_directory, self_contained=self_contained)
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args: Any, base_path=None, dtype=None,
-                        torch_dtype=None, **kwargs: Any) -> "ConvertedForCausalLM":
+    def from_pretrained(
+        cls, pretrained_model_name_or_path, *args: Any, base_path=None, dtype=None, torch_dtype=None, **kwargs: Any
+    ) -> "ConvertedForCausalLM":
         """A folder written by save_pretrained (local only; the hub keywords
         AutoModelForCausalLM adds are ignored)."""
         dtype = dtype if dtype is not None else torch_dtype
@@ -189,10 +201,19 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
             dtype = torch.float32
         return load_converted(pretrained_model_name_or_path, base_path=base_path, dtype=dtype)
 
-    def stream(self, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-               top_k: int | None = None, top_p: float | None = None, eos_token_id: int | list[int] | None = None,
-               attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
-               do_sample: bool | None = None) -> Iterator[torch.Tensor]:
+    def stream(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | list[int] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        do_sample: bool | None = None,
+    ) -> Iterator[torch.Tensor]:
         """latte's streaming generation (as `LatteForCausalLM.stream`): the new
         tokens [B], one step at a time, from the constant-size cache. Prompts
         of different lengths are LEFT-padded (attention_mask 0 on the left)."""
@@ -224,11 +245,19 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
         finally:
             self.train(was_training)
 
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.LongTensor | None = None, past_key_values: MacchiatoCache | None = None,
-                inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
-                use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
-                state: MacchiatoCache | None = None, **kwargs: Any) -> ConvertedOutput:
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: MacchiatoCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        state: MacchiatoCache | None = None,
+        **kwargs: Any,
+    ) -> ConvertedOutput:
         """As the original's forward. `state` is an alias of past_key_values;
         with use_cache a new MacchiatoCache is started when none is given."""
         if state is not None:
@@ -242,18 +271,26 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
             past_key_values = MacchiatoCache(self.num_layers)
         if kwargs.get("return_dict") is False:
             raise ValueError("return_dict=False is not supported by converted models")
-        out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
-                        use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
+        out = self.base(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            labels=labels,
+            use_cache=use_cache,
+            logits_to_keep=logits_to_keep,
+            **kwargs,
+        )
         if past_key_values is not None:
             T = (input_ids if input_ids is not None else inputs_embeds).shape[1]
             past_key_values.seen_tokens += T
-        return ConvertedOutput(loss=out.loss, logits=out.logits,
-                               past_key_values=past_key_values if use_cache else None)
+        return ConvertedOutput(loss=out.loss, logits=out.logits, past_key_values=past_key_values if use_cache else None)
 
 
-def convert(model: PreTrainedModel, conversion: ConversionConfig | None = None, *,
-            base_weights: dict | None = None) -> ConvertedForCausalLM:
+def convert(
+    model: PreTrainedModel, conversion: ConversionConfig | None = None, *, base_weights: dict | None = None
+) -> ConvertedForCausalLM:
     """Convert a pretrained Hugging Face causal LM into Macchiato.
 
     The model is modified in place (its attention modules are replaced) and
@@ -267,8 +304,12 @@ def convert(model: PreTrainedModel, conversion: ConversionConfig | None = None, 
         raise ValueError(f"conversion: expected a ConversionConfig, got {type(conversion).__name__}")
     check_supported(model)
     # a copy: building the composite config would reset the model's own attention implementation
-    config = ConvertedConfig(text_config=copy.deepcopy(model.config), conversion=conversion.to_dict(),
-                             base_weights=base_weights, original_attn_implementation=model.config._attn_implementation)
+    config = ConvertedConfig(
+        text_config=copy.deepcopy(model.config),
+        conversion=conversion.to_dict(),
+        base_weights=base_weights,
+        original_attn_implementation=model.config._attn_implementation,
+    )
     return ConvertedForCausalLM(config, base=model)
 
 
@@ -281,8 +322,7 @@ def register() -> None:
     AutoModelForCausalLM.register(ConvertedConfig, ConvertedForCausalLM, exist_ok=True)
 
 
-def convert_pretrained(path: str | os.PathLike, conversion=None, *, gguf_file: str | None = None,
-                       dtype=torch.float32):
+def convert_pretrained(path: str | os.PathLike, conversion=None, *, gguf_file: str | None = None, dtype=torch.float32):
     """Load a pretrained causal LM from a local folder (or GGUF file in it)
     and convert it, keeping a reference to its weights (so saving stores
     only the new parameters)."""
@@ -290,8 +330,7 @@ def convert_pretrained(path: str | os.PathLike, conversion=None, *, gguf_file: s
     return convert(load_base(ref, dtype=dtype, verify=False), conversion, base_weights=ref)
 
 
-def load_converted(directory: str | os.PathLike, *, base_path: str | os.PathLike | None = None,
-                   dtype=torch.float32):
+def load_converted(directory: str | os.PathLike, *, base_path: str | os.PathLike | None = None, dtype=torch.float32):
     """The converted model saved in `directory` (either layout)."""
     d = Path(directory)
     if not (d / CONFIG_NAME).is_file():

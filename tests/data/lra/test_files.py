@@ -41,7 +41,7 @@ def _aan_rows(n):
     rows = []
     for i in range(n):
         label = f"{i % 2}.0"
-        rows.append([label, f"P{i}-a", f"P{i}-b", f"Paper {i} text \"quoted\" " * (1 + i), f"Other {i} body"])
+        rows.append([label, f"P{i}-a", f"P{i}-b", f'Paper {i} text "quoted" ' * (1 + i), f"Other {i} body"])
     return rows
 
 
@@ -86,8 +86,12 @@ def _write_cifar(folder, n_per_batch=4):
     for name in (*F.CIFAR_TRAIN, "test_batch"):
         data = rng.integers(0, 256, (n_per_batch, 3072), dtype=np.uint8)
         labels = rng.integers(0, 10, n_per_batch).tolist()
-        batch = {b"batch_label": name.encode(), b"labels": labels, b"data": data,
-                 b"filenames": [f"img{i}.png".encode() for i in range(n_per_batch)]}
+        batch = {
+            b"batch_label": name.encode(),
+            b"labels": labels,
+            b"data": data,
+            b"filenames": [f"img{i}.png".encode() for i in range(n_per_batch)],
+        }
         # protocol 2 as the release; numpy's module named as in those (Python 2, numpy 1) files
         raw = pickle.dumps(batch, protocol=2).replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
         (folder / name).write_bytes(raw)

@@ -12,20 +12,23 @@ D = [L.DIGIT0 + d for d in range(10)]  # D[3] is the token of digit 3
 MIN, MAX, MED, SM, END = L.MIN_ID, L.MAX_ID, L.MED_ID, L.SM_ID, L.CLOSE_ID
 
 
-@pytest.mark.parametrize("tokens, value", [
-    ([D[7]], 7),
-    ([MAX, D[2], D[9], END], 9),
-    ([MIN, D[4], D[3], D[8], END], 3),
-    ([SM, D[9], D[8], D[7], END], 4),                      # 24 mod 10
-    ([MED, D[1], D[5], D[3], END], 3),                     # odd count: the middle value
-    ([MED, D[1], D[4], END], 2),                           # even count: (1 + 4) // 2, as int(np.median)
-    ([MED, D[9], D[2], D[8], D[3], END], 5),               # sorted 2 3 8 9 -> (3 + 8) // 2
-    # [MAX 4 3 [MIN 2 3 ] 1 0 [MED 1 5 8 9 2 ] ] = max(4, 3, 2, 1, 0, 5) (the LRA paper's example)
-    ([MAX, D[4], D[3], MIN, D[2], D[3], END, D[1], D[0], MED, D[1], D[5], D[8], D[9], D[2], END, END], 5),
-    # [SM [MIN 7 [MAX 1 2 ] ] [MED 6 6 ] 9 ] = (2 + 6 + 9) mod 10
-    ([SM, MIN, D[7], MAX, D[1], D[2], END, END, MED, D[6], D[6], END, D[9], END], 7),
-    ([L.CLS_ID, MIN, D[5], D[6], END], 5),                 # a leading cls is ignored
-])
+@pytest.mark.parametrize(
+    "tokens, value",
+    [
+        ([D[7]], 7),
+        ([MAX, D[2], D[9], END], 9),
+        ([MIN, D[4], D[3], D[8], END], 3),
+        ([SM, D[9], D[8], D[7], END], 4),  # 24 mod 10
+        ([MED, D[1], D[5], D[3], END], 3),  # odd count: the middle value
+        ([MED, D[1], D[4], END], 2),  # even count: (1 + 4) // 2, as int(np.median)
+        ([MED, D[9], D[2], D[8], D[3], END], 5),  # sorted 2 3 8 9 -> (3 + 8) // 2
+        # [MAX 4 3 [MIN 2 3 ] 1 0 [MED 1 5 8 9 2 ] ] = max(4, 3, 2, 1, 0, 5) (the LRA paper's example)
+        ([MAX, D[4], D[3], MIN, D[2], D[3], END, D[1], D[0], MED, D[1], D[5], D[8], D[9], D[2], END, END], 5),
+        # [SM [MIN 7 [MAX 1 2 ] ] [MED 6 6 ] 9 ] = (2 + 6 + 9) mod 10
+        ([SM, MIN, D[7], MAX, D[1], D[2], END, END, MED, D[6], D[6], END, D[9], END], 7),
+        ([L.CLS_ID, MIN, D[5], D[6], END], 5),  # a leading cls is ignored
+    ],
+)
 def test_evaluate_hand_made_trees(tokens, value):
     assert L.evaluate(tokens) == value
 
@@ -37,14 +40,17 @@ def test_median_matches_numpy_on_every_small_list():
         assert L.apply_operator(MED, args) == int(np.median(args))
 
 
-@pytest.mark.parametrize("tokens, message", [
-    ([MAX, D[1], D[2]], "1 unclosed operator"),
-    ([D[1], D[2]], "follows a complete expression"),
-    ([END], "closes nothing"),
-    ([MAX, END], "closes an empty operator"),
-    ([MAX, D[1], 99, END], "id 99"),
-    ([], "empty expression"),
-])
+@pytest.mark.parametrize(
+    "tokens, message",
+    [
+        ([MAX, D[1], D[2]], "1 unclosed operator"),
+        ([D[1], D[2]], "follows a complete expression"),
+        ([END], "closes nothing"),
+        ([MAX, END], "closes an empty operator"),
+        ([MAX, D[1], 99, END], "id 99"),
+        ([], "empty expression"),
+    ],
+)
 def test_evaluate_refuses_malformed(tokens, message):
     with pytest.raises(ValueError, match=message):
         L.evaluate(tokens)
@@ -126,18 +132,19 @@ def test_more_training_data_keeps_test_and_validation():
     big, _ = L.generate_listops({"train": 50, "validation": 5, "test": 5}, seed=0, spec=spec, shard_size=8)
     for split in ("test", "validation"):
         np.testing.assert_array_equal(small[split].inputs[0].tokens, big[split].inputs[0].tokens)
-    np.testing.assert_array_equal(small["train"].inputs[0].tokens,
-                                  big["train"].inputs[0].tokens[: len(small["train"].inputs[0].tokens)])
+    np.testing.assert_array_equal(
+        small["train"].inputs[0].tokens, big["train"].inputs[0].tokens[: len(small["train"].inputs[0].tokens)]
+    )
 
 
 def test_duplicates_are_dropped_keeping_the_first_occurrence():
     # tiny expressions (3 < length < 6: one operator over 2-4 digits) repeat often
     spec = L.ListOpsSpec(max_depth=2, max_args=3, min_length=3, max_length=6)
-    splits, report = L.generate_listops({"train": 60, "validation": 20, "test": 20}, seed=0, spec=spec,
-                                        shard_size=32)
+    splits, report = L.generate_listops({"train": 60, "validation": 20, "test": 20}, seed=0, spec=spec, shard_size=32)
     assert report["duplicates_dropped"] > 0
-    everything = [bytes(s.inputs[0][i]) for name in ("test", "validation", "train") for s in [splits[name]]
-                  for i in range(len(s))]
+    everything = [
+        bytes(s.inputs[0][i]) for name in ("test", "validation", "train") for s in [splits[name]] for i in range(len(s))
+    ]
     assert len(set(everything)) == len(everything) == 100  # distinct across splits: no test leaks into train
     # order preserved: the stream of accepted expressions, first occurrences only
     stream, seen = [], set()
@@ -153,8 +160,7 @@ def test_duplicates_are_dropped_keeping_the_first_occurrence():
 
 def test_lra_tsv_round_trip(tmp_path):
     # the published spelling: every (node, argument) pair in parentheses
-    rows = [("( ( ( [MAX 2 ) 9 ) ] )", 9),
-            ("( ( ( ( [SM 5 ) ( ( ( [MIN 3 ) 4 ) ] ) ) 8 ) ] )", 6)]
+    rows = [("( ( ( [MAX 2 ) 9 ) ] )", 9), ("( ( ( ( [SM 5 ) ( ( ( [MIN 3 ) 4 ) ] ) ) 8 ) ] )", 6)]
     path = tmp_path / "basic_test.tsv"
     path.write_text("Source\tTarget\n" + "".join(f"{s}\t{v}\n" for s, v in rows))
     seqs, labels = L.read_lra_tsv(path)
@@ -188,10 +194,12 @@ def test_load_task_generates_caches_and_reads_the_release(tmp_path):
     sizes = {"train": 30, "validation": 5, "test": 5}
     spec = L.ListOpsSpec(min_length=30, max_length=120)
     logs = []
-    first, info = load_task("listops", sizes=sizes, cache_dir=tmp_path, num_workers=1, listops_spec=spec,
-                            log=logs.append)
-    again, info2 = load_task("listops", sizes=sizes, cache_dir=tmp_path, num_workers=1, listops_spec=spec,
-                             log=logs.append)
+    first, info = load_task(
+        "listops", sizes=sizes, cache_dir=tmp_path, num_workers=1, listops_spec=spec, log=logs.append
+    )
+    again, info2 = load_task(
+        "listops", sizes=sizes, cache_dir=tmp_path, num_workers=1, listops_spec=spec, log=logs.append
+    )
     assert len(logs) == 1 and "generated and cached" in logs[0]  # the second call read the cache
     np.testing.assert_array_equal(first["train"].inputs[0].tokens, again["train"].inputs[0].tokens)
     assert info["vocab_size"] == L.VOCAB_SIZE and info["num_classes"] == 10 and info["max_length"] < 120

