@@ -33,7 +33,22 @@ _EXPORTS = {
 }
 _SUBPACKAGES = ("ops", "layers", "models", "data", "train", "eval", "bench", "experiments")
 
-__all__ = ["__version__", *_EXPORTS]
+# Written out (not built from _EXPORTS) so that linters and IDEs see the
+# re-exports; tests/test_package.py checks the two agree.
+__all__ = [
+    "__version__",
+    "LatteConfig",
+    "LatteForCausalLM",
+    "LatteForSequenceClassification",
+    "LatteModel",
+    "LatteCache",
+    "from_pretrained",
+    "LatteAttention",
+    "MacchiatoAttention",
+    "SoftmaxAttention",
+    "SlidingWindowAttention",
+    "LinearAttention",
+]
 
 if TYPE_CHECKING:  # for IDEs and type checkers; at run time __getattr__ imports on demand
     from latte.layers import (

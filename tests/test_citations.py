@@ -9,7 +9,6 @@ import re
 import shutil
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 
 # Paths that point outside a checkout of the repository (machine paths, the
@@ -168,7 +167,9 @@ def test_rewrite_maps_every_form_and_is_idempotent():
         f'one or many ({r}, "Distributed"):': "one or many (docs/reliability.md §4):",
         f"({r} pitfall)": "(docs/reliability.md §4)",
         f"refusals ({r} failure table)": "refusals (docs/reliability.md §5)",
-        f"anything ({r}: per-rank RNG, weights_only)": "anything (docs/reliability.md §1, §2: per-rank RNG, weights_only)",
+        f"anything ({r}: per-rank RNG, weights_only)": (
+            "anything (docs/reliability.md §1, §2: per-rank RNG, weights_only)"
+        ),
         f"Non-finite values ({r}): when": "Non-finite values (docs/reliability.md §3): when",
         f"(design: {'/wo' + 'rk/'}{spec}{r}).": "(design: docs/reliability.md §1).",
         f"(design: ../{spec}{r}).": "(design: docs/reliability.md §1).",

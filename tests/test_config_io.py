@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 import pytest
 
@@ -33,7 +33,7 @@ class Train:
     lr: float = 1e-3
     decay: Literal["linear", "cosine"] = "cosine"
     betas: tuple[float, float] = (0.9, 0.95)
-    seed: Optional[int] = None
+    seed: int | None = None
     eval_every: int | None = 100
     tags: list[str] = field(default_factory=list)
     name: str = "run"

@@ -6,7 +6,6 @@ model does."""
 from __future__ import annotations
 
 import json
-import textwrap
 
 import pytest
 import torch

@@ -137,6 +137,7 @@ def test_top_level_names_are_lazy_and_complete():
     ):
         assert name in out.stdout
         assert getattr(latte, name) is getattr(__import__(latte._EXPORTS[name], fromlist=[name]), name)
+    assert sorted(latte.__all__) == sorted(["__version__", *latte._EXPORTS])
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         latte.nope  # noqa: B018
 

@@ -55,7 +55,6 @@ def markdown(profiles: dict, seq: int) -> list[str]:
     ]
     for label, p in profiles.items():
         tops = "; ".join(f"{t['op'][6:]} {t['self_ms_per_step']:.1f} ({t['calls_per_step']:.0f})" for t in p["top"][:5])
-        out.append(
-            f"| {label} | {p['wall_ms_per_step']:.1f} | {p['aten_calls_per_step']:.0f} | {p['aten_self_ms_per_step']:.1f} | {tops} |"
-        )
+        cells = [f"{p['wall_ms_per_step']:.1f}", f"{p['aten_calls_per_step']:.0f}", f"{p['aten_self_ms_per_step']:.1f}"]
+        out.append(f"| {label} | {' | '.join(cells)} | {tops} |")
     return out

@@ -127,7 +127,7 @@ def sharpen_key_logits(model, ids, std: float) -> None:
     for m in layers:
         seen = []
         hook = m.b_proj.register_forward_hook(
-            lambda mod, inp, out: seen.append(out.detach().std())
+            lambda mod, inp, out, seen=seen: seen.append(out.detach().std())
         )  # -> None: output kept
         with torch.no_grad():
             model(ids)

@@ -175,7 +175,10 @@ def markdown(res: dict) -> str:
         hdr = ["T"] + provs + ["tiles/flex", "flex compile s", "max abs(flex - tiles)"]
         rows = []
         for T in cfg["seqs"]:
-            get = lambda p: cell.get((p, T, mode), {})  # noqa: E731
+
+            def get(p, T=T, mode=mode):
+                return cell.get((p, T, mode), {})
+
             med = {p: None if get(p).get("skipped") else get(p).get("median_ms") for p in provs}
             ratio = med["tiles"] / med["flex"] if med.get("flex") and med.get("tiles") else None
             flex = get("flex")

@@ -17,9 +17,9 @@ keys with the suffix `_2`.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -48,7 +48,7 @@ class Sequences:
             )
 
     @classmethod
-    def from_list(cls, seqs: Iterable[Sequence[int]], *, vocab_size: int) -> "Sequences":
+    def from_list(cls, seqs: Iterable[Sequence[int]], *, vocab_size: int) -> Sequences:
         arrays = [np.asarray(s, dtype=np.int64).reshape(-1) for s in seqs]
         lengths = np.array([len(a) for a in arrays], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
@@ -71,7 +71,7 @@ class Sequences:
         np.save(f"{prefix}.offsets.npy", self.offsets)
 
     @classmethod
-    def load(cls, prefix: Path) -> "Sequences":
+    def load(cls, prefix: Path) -> Sequences:
         return cls(np.load(f"{prefix}.tokens.npy", mmap_mode="r"), np.load(f"{prefix}.offsets.npy"))
 
 
@@ -174,7 +174,7 @@ class ClassificationData:
         atomic_write(folder / f"{split}.json", json.dumps(meta, indent=1) + "\n")
 
     @classmethod
-    def load(cls, folder: Path, split: str) -> "ClassificationData":
+    def load(cls, folder: Path, split: str) -> ClassificationData:
         folder = Path(folder)
         meta = json.loads((folder / f"{split}.json").read_text())
         first = Sequences.load(folder / split)
@@ -188,7 +188,7 @@ class ClassificationData:
             cls_id=meta["cls_id"],
         )
 
-    def with_cls(self, cls_id: int | None) -> "ClassificationData":
+    def with_cls(self, cls_id: int | None) -> ClassificationData:
         """The same examples with (or without) a classification token."""
         return ClassificationData(
             self.inputs if self.is_pair else self.inputs[0],

@@ -180,7 +180,7 @@ def _load_hf(spec: str, text_field: str) -> list[Document]:
 
 def _unit_hash(name: str, seed: int) -> float:
     """A uniform number in [0, 1) fixed by (name, seed) alone."""
-    digest = hashlib.sha256(f"{seed}\0{name}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{seed}\0{name}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -127,7 +127,7 @@ class SampleLoader:
         n = len(self.windows)
         return [int(self.epoch_order(p // n)[p % n]) for p in range(start, start + count)]
 
-    def __iter__(self) -> "SampleLoader":
+    def __iter__(self) -> SampleLoader:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 EOS_TOKEN = "<|endoftext|>"
 # Other end-of-text spellings accepted when loading a foreign tokenizer.json.
@@ -92,7 +92,7 @@ class Tokenizer:
         return out
 
     @classmethod
-    def load(cls, path: str | Path) -> "Tokenizer":
+    def load(cls, path: str | Path) -> Tokenizer:
         return load_tokenizer(path)
 
     def __repr__(self) -> str:

@@ -9,7 +9,7 @@ but softmax).
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

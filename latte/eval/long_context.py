@@ -124,7 +124,8 @@ def converted_nll(
             t1 = time.perf_counter()
             probe = copy.deepcopy(cache)
             ms = _time_steps(
-                lambda tok: model(tok, past_key_values=probe, use_cache=True), ids[stop : stop + decode_steps]
+                lambda tok, probe=probe: model(tok, past_key_values=probe, use_cache=True),
+                ids[stop : stop + decode_steps],
             )
             decode[stop] = {"ms_per_token": ms, "state_bytes": float(cache.nbytes())}
             spent += time.perf_counter() - t1

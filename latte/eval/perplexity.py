@@ -19,7 +19,6 @@ from latte.data import TokenWindows, iter_eval_batches
 from latte.models import IGNORE_INDEX
 from latte.train.validation import summarize, token_nll
 
-
 # --------------------------------------------------------------------------- by position
 
 

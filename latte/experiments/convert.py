@@ -35,8 +35,6 @@ from pathlib import Path
 
 import torch
 
-from .results import Sweep, provenance, write_results
-
 RECIPES = {  # name -> latte convert overrides of the shipped config, each one spelled out in full
     "end_to_end+lora8": ["conversion.lora_rank=8"],
     "end_to_end": ["conversion.lora_rank=0"],

@@ -84,7 +84,8 @@ def eval_tables(records: list[dict], contexts) -> str:
     lines = [
         "Perplexity over the first C tokens of held-out plays (all positions < C), by model:",
         "",
-        "| context C | original | swa (before up-training) | converted | documents (orig / others) | tokens (converted) |",
+        "| context C | original | swa (before up-training) | converted | documents (orig / others) "
+        "| tokens (converted) |",
         "|---|---|---|---|---|---|",
     ]
     for c in contexts:
@@ -313,7 +314,9 @@ def plot(records: list[dict], path: Path) -> None:
 
 
 def sample_md(sample: dict) -> str:
-    quote = lambda text: "\n".join("> " + line for line in text.strip().splitlines()) or "> (empty)"
+    def quote(text: str) -> str:
+        return "\n".join("> " + line for line in text.strip().splitlines()) or "> (empty)"
+
     return (
         f"Sample: the converted model continues `{sample['document']}` after its first "
         f"{sample['prompt_tokens']:,} tokens (temperature 0.7, top-k 50, 60 tokens, {sample['wall_s']:.0f} s). "

@@ -139,7 +139,7 @@ def _plot_variants(groups: dict, path: Path) -> bool:
     plt, fig, ax = _figure((7, 3.8))
     if plt is None:
         return False
-    for i, (v, rs) in enumerate(groups.items()):
+    for i, rs in enumerate(groups.values()):
         ys = [r["val_ppl"] for r in rs]
         ax.bar(i, statistics.mean(ys), color=f"C{i}", alpha=0.6)
         ax.plot([i] * len(ys), ys, "k.", ms=5)

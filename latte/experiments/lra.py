@@ -180,10 +180,9 @@ def train_overrides(task: str, mixer: str, work: Path, extra: list[str]) -> tupl
 
 def run_training(task: str, mixer: str, work: Path, extra: list[str]) -> dict:
     """Trains one cell in this process (resuming its run folder) and reads back its summary."""
+    from latte.train.checkpoint import find_latest_checkpoint
     from latte.train.config import load_run_config
     from latte.train.loop import train
-
-    from latte.train.checkpoint import find_latest_checkpoint
 
     config, overrides = train_overrides(task, mixer, work, extra)
     cfg = load_run_config(config, overrides)

@@ -26,8 +26,8 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from ..bench.common import machine_info, pyplot, save_figure, update_readme  # noqa: F401 (re-exported)
 from ..config_io import atomic_write

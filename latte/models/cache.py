@@ -12,8 +12,9 @@ was given, so a prefix state can be reused for several continuations.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -37,15 +38,15 @@ class LatteCache:
     def layer_nbytes(self) -> list[int]:
         return [state_nbytes(s) for s in self.layers]
 
-    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "LatteCache":
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> LatteCache:
         """A new cache with `fn` applied to every tensor whose first dim is the batch."""
         return LatteCache([map_state(fn, s) for s in self.layers], self.seen_tokens, fn(self.pos))
 
-    def select(self, index: torch.Tensor) -> "LatteCache":
+    def select(self, index: torch.Tensor) -> LatteCache:
         """Rows `index` (reorder, drop or repeat rows: beam search, batch pruning)."""
         return self.map(lambda t: t.index_select(0, index.to(t.device)))
 
-    def repeat_interleave(self, repeats: int) -> "LatteCache":
+    def repeat_interleave(self, repeats: int) -> LatteCache:
         return self.map(lambda t: t.repeat_interleave(repeats, dim=0))
 
 

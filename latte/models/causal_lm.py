@@ -4,8 +4,8 @@ and generation (chunked prefill, then one recurrent step per token), whole
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 from torch import nn

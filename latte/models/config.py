@@ -118,7 +118,7 @@ class LatteConfig:
     # ------------------------------------------------------------------ presets
 
     @classmethod
-    def tiny(cls, mixer: str | list[str] = "latte", **overrides: Any) -> "LatteConfig":
+    def tiny(cls, mixer: str | list[str] = "latte", **overrides: Any) -> LatteConfig:
         """A model of a few thousand parameters for tests: runs in milliseconds.
         The window (8) and chunk (8) are small so short sequences cross both."""
         base = dict(
@@ -136,7 +136,7 @@ class LatteConfig:
         return cls(**{**base, **overrides})
 
     @classmethod
-    def paper_table6(cls, mixer: str | list[str] = "latte", **overrides: Any) -> "LatteConfig":
+    def paper_table6(cls, mixer: str | list[str] = "latte", **overrides: Any) -> LatteConfig:
         """The paper's language model (Table 6, docs/math.md §6): 8 layers, 8 heads,
         D 512, GELU feed-forward 2048, 256 latents (32 per head), window 128,
         conv kernel 3, dropout 0.1, learned positions, GPT-2 BPE vocabulary.
@@ -171,7 +171,7 @@ class LatteConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, where: str = "LatteConfig") -> "LatteConfig":
+    def from_dict(cls, data: dict[str, Any], *, where: str = "LatteConfig") -> LatteConfig:
         """Builds from a plain dict; unknown keys, wrong types and out-of-range
         values are all reported together in one ValueError headed by `where`."""
         if not isinstance(data, dict):
@@ -195,7 +195,7 @@ class LatteConfig:
         atomic_write(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
-    def load_json(cls, path: str | os.PathLike) -> "LatteConfig":
+    def load_json(cls, path: str | os.PathLike) -> LatteConfig:
         return cls.from_dict(read_json(path), where=str(path))
 
 

@@ -87,7 +87,7 @@ class LatteHFConfig(PreTrainedConfig):
         return LatteConfig.from_dict({**data, "num_labels": self.num_labels}, where="LatteHFConfig")
 
     @classmethod
-    def from_latte_config(cls, config: LatteConfig, **kwargs: Any) -> "LatteHFConfig":
+    def from_latte_config(cls, config: LatteConfig, **kwargs: Any) -> LatteHFConfig:
         return cls(**config.to_dict(), **kwargs)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 

@@ -46,8 +46,11 @@ def main(argv=None) -> None:
         a, b = (torch.randn(1, T, H, L, requires_grad=True) for _ in range(2))
         v = torch.randn(1, T, H, D, requires_grad=True)
         q, k, vv = (torch.randn(1, H, T, D, requires_grad=True) for _ in range(3))
-        t_latte = _time(lambda: latte_causal(a, b, v)[0].sum().backward(), args.repeats)
-        t_sdpa = _time(lambda: F.scaled_dot_product_attention(q, k, vv, is_causal=True).sum().backward(), args.repeats)
+        t_latte = _time(lambda a=a, b=b, v=v: latte_causal(a, b, v)[0].sum().backward(), args.repeats)
+        t_sdpa = _time(
+            lambda q=q, k=k, vv=vv: F.scaled_dot_product_attention(q, k, vv, is_causal=True).sum().backward(),
+            args.repeats,
+        )
         print(f"| {T} | {t_latte:.1f} | {t_sdpa:.1f} | {t_sdpa / t_latte:.2f}x |", flush=True)
 
 

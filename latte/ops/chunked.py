@@ -44,13 +44,12 @@ from .intra_chunk import (
     log_normalisers,
     queries,
     query_factors,
-    sub_chunks,
     sub_chunk_ends,
     sub_chunk_size,
+    sub_chunks,
     suffix_sums,
 )
 from .layout import without_autocast
-
 
 # Chunks per segment are chosen so one segment's [n, G, C, width] temporaries
 # hold about this many floats (16 MB): small enough for the allocator to reuse

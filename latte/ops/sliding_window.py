@@ -52,7 +52,8 @@ def check_qkv(q, k, v, mask, suffix=""):
     check_same(f"k{suffix}, v{suffix}", [k.shape[lead], v.shape[lead]], "key/value head counts")
     if q.shape[lead] % k.shape[lead]:
         raise ValueError(
-            f"q{suffix}, k{suffix}: query heads ({q.shape[lead]}) must be a multiple of key/value heads ({k.shape[lead]})"
+            f"q{suffix}, k{suffix}: query heads ({q.shape[lead]}) must be a multiple of "
+            f"key/value heads ({k.shape[lead]})"
         )
     check_mask("mask" + suffix, mask, tuple(q.shape[:lead]))
 
@@ -100,7 +101,10 @@ def extend_window(k, v, window_size, mask, state, lengths, work):
         return kk, vv, km, WindowState(kk[:, T:], vv[:, T:], km[:, T:])
     # the P slots before each row's end: [len_b, len_b + P) of cache + sequence
     idx = lengths.to(k.device)[:, None] + torch.arange(P, device=k.device)[None, :]  # [B, P]
-    take = lambda x: x.gather(1, idx.view(B, P, *([1] * (x.dim() - 2))).expand(B, P, *x.shape[2:]))
+
+    def take(x: torch.Tensor) -> torch.Tensor:
+        return x.gather(1, idx.view(B, P, *([1] * (x.dim() - 2))).expand(B, P, *x.shape[2:]))
+
     return kk, vv, km, WindowState(take(kk), take(vv), take(km))
 
 

@@ -14,7 +14,6 @@ from torch.autograd.function import once_differentiable
 
 from .layout import without_autocast
 
-
 # One segment's score tensor holds about this many floats (16 MB), as in the
 # chunked Latte kernel.
 _SEGMENT_ELEMS = 1 << 22

@@ -45,8 +45,9 @@ import platform
 import re
 import shutil
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 from safetensors import SafetensorError

@@ -338,8 +338,7 @@ def _eval_batches(data, batch_size: int, env: D.DistEnv, lockstep: bool):
         return
     mine = -(-len(range(env.rank, len(data), env.world_size)) // batch_size)
     most = -(-len(range(0, len(data), env.world_size)) // batch_size)  # rank 0 has the most
-    for batch in batches:
-        yield batch
+    yield from batches
     for _ in range(most - mine):
         yield {**data.batch([0]), "_dummy": torch.ones(1)}
 

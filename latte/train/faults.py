@@ -38,7 +38,7 @@ class Faults:
     nan_rank: int | None = None
 
     @classmethod
-    def from_env(cls) -> "Faults":
+    def from_env(cls) -> Faults:
         spec = os.environ.get(ENV, "").strip()
         if not spec:
             return cls()

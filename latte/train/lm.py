@@ -25,8 +25,8 @@ from torch import nn
 
 from latte.data import (
     SampleLoader,
-    TokenWindows,
     Tokenizer,
+    TokenWindows,
     load_documents,
     load_tokenizer,
     pack_documents,
@@ -34,8 +34,7 @@ from latte.data import (
     train_bpe,
     unigram_perplexity,
 )
-from latte.models import LatteForCausalLM, num_parameters
-from latte.models import IGNORE_INDEX
+from latte.models import IGNORE_INDEX, LatteForCausalLM, num_parameters
 from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint
 from latte.train.config import ARCHITECTURE_FIELDS, LMRunConfig
@@ -76,7 +75,7 @@ class LanguageModelingTask(Task):
     def build_model(self) -> LatteForCausalLM:
         return LatteForCausalLM(self.cfg.model.to_latte_config(self.vocab_size))
 
-    def train_batches(self, start_index: int) -> "WindowBatches":
+    def train_batches(self, start_index: int) -> WindowBatches:
         t = self.cfg.train
         return WindowBatches(
             SampleLoader(
@@ -183,7 +182,7 @@ class WindowBatches:
     def sample_index(self) -> int:
         return self.loader.sample_index
 
-    def __iter__(self) -> "WindowBatches":
+    def __iter__(self) -> WindowBatches:
         return self
 
     def __next__(self) -> Batch:

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from latte.models import IGNORE_INDEX
 from latte.train.distributed import DistEnv, all_reduce, gradient_sync
 
 # Stop requests, agreed over ranks as the maximum: stop after the step, then

@@ -6,7 +6,6 @@ import importlib.util
 import json
 
 import pytest
-
 import torch
 
 from latte.bench import audit, common, decode, fixed_shapes, inputs, ops, providers, train

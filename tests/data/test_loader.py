@@ -53,7 +53,7 @@ def test_resume_from_state_equals_continuing():
     rest_b = take(b, 10)
     c = SampleLoader(windows(), global_batch_size=6, seed=7, start_index=state["sample_index"])
     rest_c = take(c, 10)
-    for (xa, ya), (xb, yb), (xc, yc) in zip(rest_a, rest_b, rest_c):
+    for (xa, ya), (xb, yb), (xc, _) in zip(rest_a, rest_b, rest_c):
         assert torch.equal(xa, xb) and torch.equal(ya, yb) and torch.equal(xa, xc)
 
 

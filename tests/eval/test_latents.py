@@ -1,7 +1,6 @@
 """Latent utilisation: the metrics on distributions of known entropy, the
 window share against the Macchiato op's own mix, and `latte eval --latents`."""
 
-import json
 import math
 
 import pytest

@@ -11,8 +11,8 @@ import torch
 
 from latte.data import TokenWindows
 from latte.eval.perplexity import extrapolation, perplexity_by_position, position_buckets
-from latte.train.validation import batches_per_rank, nll_sums, perplexity, subset
 from latte.models import LatteConfig, LatteForCausalLM
+from latte.train.validation import batches_per_rank, nll_sums, perplexity, subset
 
 
 def model(**kw) -> LatteForCausalLM:

@@ -17,7 +17,7 @@ def test_spread_formats_mean_std_and_range():
 def test_every_variant_is_a_shipped_config():
     from latte.train.config import load_run_config
 
-    for name, (config, mixer, qk) in LV.VARIANTS.items():
+    for config, mixer, qk in LV.VARIANTS.values():
         cfg = load_run_config(config)
         assert cfg.model.mixer == mixer
         assert cfg.model.to_latte_config(4096).qk_mixer == (qk or cfg.model.to_latte_config(4096).qk_mixer)

@@ -58,8 +58,8 @@ def patch_triton():
 
 def main() -> int:
     patch_triton()
-    from latte.ops import LatteState, latte_causal, latte_causal_step, reference as R
-    from latte.ops import backend
+    from latte.ops import LatteState, backend, latte_causal, latte_causal_step
+    from latte.ops import reference as R
     from tests.helpers import grads_of, rel_err
 
     backend._fla_error = lambda x: None  # CPU tensors: the interpreter runs the kernels on them
@@ -77,7 +77,7 @@ def main() -> int:
         worst = max(worst, *errs)
         print(
             f"{name:34s} forward {errs[0]:.1e}"
-            + (f"  grads (a b v S0 z0) " + " ".join(f"{e:.1e}" for e in errs[1:]) if len(errs) > 1 else ""),
+            + ("  grads (a b v S0 z0) " + " ".join(f"{e:.1e}" for e in errs[1:]) if len(errs) > 1 else ""),
             flush=True,
         )
 

@@ -10,7 +10,8 @@ import os
 import pytest
 import torch
 
-from latte.ops import LatteState, latte_causal, latte_causal_step, macchiato, reference as R
+from latte.ops import LatteState, latte_causal, latte_causal_step, macchiato
+from latte.ops import reference as R
 from latte.ops.backend import fla_missing
 from latte.ops.flex_window import flex_window
 from latte.ops.sliding_window import WindowState

@@ -6,8 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from latte.layers import RGLRU, DepthwiseConv, QKMixer
-from latte.layers.mixers import sqrt_bounded_grad
-from latte.layers.mixers import MAX_SQRT_GRAD
+from latte.layers.mixers import MAX_SQRT_GRAD, sqrt_bounded_grad
 
 
 def rglru(dim=12, blocks=3, seed=0):

@@ -173,7 +173,7 @@ def test_gradient_checkpointing_through_transformers(saved, make_ids):
                 hfm.gradient_checkpointing_enable()
             assert hfm.model.gradient_checkpointing
         runs = []
-        hfm.model.blocks[1].register_forward_pre_hook(lambda *a: runs.append(1))
+        hfm.model.blocks[1].register_forward_pre_hook(lambda *a, runs=runs: runs.append(1))
         hfm(x, labels=x).loss.backward()
         assert len(runs) == (2 if enable else 1)
         grads.append({n: p.grad for n, p in hfm.named_parameters()})

@@ -136,7 +136,7 @@ def test_gradient_checkpointing_recomputes_blocks_with_the_same_gradients(make_l
             model.gradient_checkpointing_enable()
         assert model.is_gradient_checkpointing == enable
         runs = []
-        model.model.blocks[0].register_forward_pre_hook(lambda *a: runs.append(1))
+        model.model.blocks[0].register_forward_pre_hook(lambda *a, runs=runs: runs.append(1))
         torch.manual_seed(7)
         loss = model(x, labels=x, attention_mask=mask).loss
         loss.backward()

@@ -10,8 +10,9 @@ kernel and its gradients on CUDA.
 import pytest
 import torch
 
-from latte.ops import MacchiatoState, macchiato, reference as R
+from latte.ops import MacchiatoState, macchiato
 from latte.ops import backend as BK
+from latte.ops import reference as R
 from latte.ops.flex_window import BLOCK, band_blocks, flex_window
 from latte.ops.sliding_window import WindowState, window_blocked
 from tests.helpers import rel_err

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from latte.ops import LatteState, latte_causal, latte_causal_step, reference as R
+from latte.ops import LatteState, gla, latte_causal, latte_causal_step
 from latte.ops import backend as BK
-from latte.ops import gla
+from latte.ops import reference as R
 from tests.helpers import grads_of, rel_err
 
 

@@ -4,7 +4,8 @@ forward and gradients; masks, states and the bidirectional form."""
 import pytest
 import torch
 
-from latte.ops import LinearAttentionState, linear_attention, linear_attention_step, reference as R
+from latte.ops import LinearAttentionState, linear_attention, linear_attention_step
+from latte.ops import reference as R
 from latte.ops.linear_attention import EPS
 
 f64 = torch.float64

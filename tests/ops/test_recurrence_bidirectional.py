@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from latte.ops import latte_bidirectional, linear_recurrence, reference as R
+from latte.ops import latte_bidirectional, linear_recurrence
+from latte.ops import reference as R
 from tests.helpers import grads_of, rel_err
 
 f64 = torch.float64

@@ -8,10 +8,12 @@ import torch
 from latte.ops import (
     macchiato,
     macchiato_step,
-    reference as R,
     sliding_window_attention,
     sliding_window_attention_lse,
     sliding_window_step,
+)
+from latte.ops import (
+    reference as R,
 )
 from tests.helpers import grads_of, rel_err
 

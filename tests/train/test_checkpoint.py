@@ -167,7 +167,7 @@ def test_flipped_byte_in_weights_is_detected(tmp_path, caplog):
     data = bytearray(weights.read_bytes())
     data[-5] ^= 0x01  # inside the tensor data, not the header
     weights.write_bytes(bytes(data))
-    load_checkpoint(path, verify="none").model_state  # safetensors itself does not notice ...
+    _ = load_checkpoint(path, verify="none").model_state  # safetensors itself does not notice ...
     with pytest.raises(ValueError, match=r"model\.safetensors: sha256 mismatch"):  # ... the manifest does
         load_checkpoint(path)
     with caplog.at_level(logging.WARNING):
@@ -182,7 +182,7 @@ def test_truncated_optimizer_file_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"optimizer\.pt: \d+ bytes but the manifest says \d+ \(truncated"):
         load_checkpoint(path)
     with pytest.raises(ValueError, match=r"optimizer\.pt: cannot be read, truncated or corrupt"):
-        load_checkpoint(path, verify="none").optimizer_state  # the torch error is wrapped and names the file too
+        _ = load_checkpoint(path, verify="none").optimizer_state  # the torch error is wrapped and names the file too
     assert find_latest_checkpoint(tmp_path) is None
 
 
@@ -265,7 +265,7 @@ def test_pickle_payload_is_refused(tmp_path):
     }
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match=r"optimizer\.pt: refused"):
-        load_checkpoint(path).optimizer_state
+        _ = load_checkpoint(path).optimizer_state
     assert not marker.exists()
 
 

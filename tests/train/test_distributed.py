@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import pickle
+import shutil
 import socket
 
 import pytest

@@ -20,9 +20,9 @@ STEPS = 6
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory, corpus, cache_dir):
     """The uninterrupted reference: 6 steps, checkpoints every 2."""
-    from tests.train.runs import tiny_config_dict
     from latte.config_io import build
     from latte.train.config import LMRunConfig
+    from tests.train.runs import tiny_config_dict
 
     root = tmp_path_factory.mktemp("faults")
 

@@ -14,11 +14,11 @@ from safetensors.torch import load_file
 
 from latte.train.checkpoint import find_latest_checkpoint, load_checkpoint
 from latte.train.distributed import DistEnv
-from latte.train.loop import train
 from latte.train.lm import LanguageModelingTask, summed_loss
+from latte.train.loop import train
+from latte.train.metrics import read_csv
 from latte.train.step import NonFiniteError, SkipGuard, StepResult, train_step
 from latte.train.task import Task
-from latte.train.metrics import read_csv
 from tests.train.runs import losses
 
 

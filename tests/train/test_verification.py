@@ -79,7 +79,7 @@ def test_generate_and_eval_do_not_need_the_optimizer(run, capsys):
     assert main(["eval", "--run", str(step), "--lengths", "1", "--max-tokens", "256"]) == 0
     capsys.readouterr()
     with pytest.raises(CheckpointError, match=r"optimizer\.pt: cannot be read"):
-        load_checkpoint(step).optimizer_state  # resuming training does need it, and says why
+        _ = load_checkpoint(step).optimizer_state  # resuming training does need it, and says why
     # a truncated optimizer (the manifest disagrees) does not stop inference either,
     # while resuming skips that step and takes the one before
     (step / "optimizer.pt").write_bytes(b"x")

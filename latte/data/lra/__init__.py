@@ -16,8 +16,8 @@ longest input) and what produced the data (settings, label counts, speed).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from latte.data.classification import ClassificationData
 from latte.data.lra import files, listops, pathfinder

@@ -22,9 +22,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterator
 
 from latte.config_io import atomic_write
 from latte.data.classification import ClassificationData

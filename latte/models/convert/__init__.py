@@ -9,8 +9,8 @@
 """
 
 from .cache import MacchiatoCache
-from .families import SUPPORTED
 from .config import ConversionConfig, ConvertedConfig
+from .families import SUPPORTED
 from .io import base_reference, save_converted
 from .modeling import ConvertedForCausalLM, convert, convert_pretrained, load_converted, register
 

@@ -163,7 +163,7 @@ class ConvertedAttention(nn.Module):
         return q.transpose(1, 2), k.transpose(1, 2), v
 
     @torch.no_grad()
-    def log_masses(self, x: torch.Tensor, position_embeddings) -> "LogMasses":
+    def log_masses(self, x: torch.Tensor, position_embeddings) -> LogMasses:
         """Log-masses of the mixture's parts on input x (see LogMasses)."""
         B, T, _ = x.shape
         q, k, v = self._qkv(x, position_embeddings)

@@ -67,7 +67,7 @@ class ConversionConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "conversion") -> "ConversionConfig":
+    def from_dict(cls, data: dict[str, Any], where: str = "conversion") -> ConversionConfig:
         return build(cls, dict(data), where=where)
 
 

@@ -16,15 +16,16 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import AutoConfig, GenerationMixin, PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from latte.models.sampling import check_eos, check_sampling_args, token_stream
@@ -193,7 +194,7 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
     @classmethod
     def from_pretrained(
         cls, pretrained_model_name_or_path, *args: Any, base_path=None, dtype=None, torch_dtype=None, **kwargs: Any
-    ) -> "ConvertedForCausalLM":
+    ) -> ConvertedForCausalLM:
         """A folder written by save_pretrained (local only; the hub keywords
         AutoModelForCausalLM adds are ignored)."""
         dtype = dtype if dtype is not None else torch_dtype

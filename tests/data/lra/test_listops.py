@@ -204,7 +204,7 @@ def test_load_task_generates_caches_and_reads_the_release(tmp_path):
     np.testing.assert_array_equal(first["train"].inputs[0].tokens, again["train"].inputs[0].tokens)
     assert info["vocab_size"] == L.VOCAB_SIZE and info["num_classes"] == 10 and info["max_length"] < 120
     assert sum(info["label_counts"]["train"]) == 30 and info2["generator"]["candidates_drawn"] > 0
-    for split, name in (("train", "basic_train.tsv"), ("validation", "basic_val.tsv"), ("test", "basic_test.tsv")):
+    for name in ("basic_train.tsv", "basic_val.tsv", "basic_test.tsv"):
         (tmp_path / name).write_text("Source\tTarget\n( ( ( [MAX 2 ) 9 ) ] )\t9\n")
     release, info3 = load_task("listops", path=str(tmp_path))
     assert release["test"].inputs[0][0].tolist() == [L.MAX_ID, D[2], D[9], END] and info3["source"] == str(tmp_path)
