@@ -9,9 +9,19 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from .lm_plans import PLANS
 from .results import pyplot, save_figure
 
-ORDER = ("softmax", "macchiato", "latte-conv_rglru", "latte-conv", "latte-none", "swa", "linear")
+ORDER = (
+    "softmax",
+    "macchiato",
+    "latte-conv_rglru",
+    "latte-conv_rglru-L256",
+    "latte-conv",
+    "latte-none",
+    "swa",
+    "linear",
+)
 
 
 def _by_variant(records: list[dict]) -> dict[str, list[dict]]:
@@ -32,9 +42,13 @@ def _recipe(records: list[dict], sets: list[str]) -> str:
     r = records[0]
     steps, tokens = r["steps"], r["tokens_seen"]
     extra = f"; overrides {' '.join(sets)}" if sets else ""
+    if r.get("train_tokens"):  # the LM summary records the training split's size since issue 27
+        epochs = f", {tokens / r['train_tokens']:.1f} epochs of the {r['train_tokens']:,}-token training split"
+    else:
+        epochs = ""
     return (
         f"Every run is a real `latte train` of a shipped config `latte/configs/mixers/*.yaml`: the same "
-        f"tokens, width, depth, optimizer and {steps} steps ({tokens:,} training tokens) for every "
+        f"tokens, width, depth, optimizer and {steps} steps ({tokens:,} training tokens{epochs}) for every "
         f"variant, which differ only in the token mixer{extra}. Validation perplexity on the whole "
         f"validation split ({r['val_tokens']:,} tokens of documents never seen in training); tokens/s of "
         "the training steps alone; wall time of the whole job (tokenizer, packing, validation "
@@ -69,52 +83,23 @@ def variants_report(records: list[dict], out: Path, **kw) -> tuple[list[dict], s
         f"Total training wall time: {sum(r['wall_s'] for r in records) / 3600:.2f} h over {len(records)} runs.",
     ]
     seeds = min(len(rs) for rs in groups.values())
-    if seeds < 3:
+    plan = kw.get("plan", "table1")
+    asked = len(PLANS[plan].seeds.split(","))
+    if seeds < asked:
         parts.insert(
             1,
-            f"**Seeds: {seeds} per variant where the protocol asks for 3 (a reduced CPU budget), so the "
+            f"**Seeds: {seeds} per variant where the protocol asks for {asked} (a reduced CPU budget), so the "
             "table shows no spread and differences of a few percent are within seed noise.** The full "
-            "run is `latte experiment lm-variants` (seeds 0, 1, 2).",
+            f"run is `latte experiment lm-variants --plan {plan}` (seeds {PLANS[plan].seeds.replace(',', ', ')}).",
+        )
+    elif asked == 1:
+        parts.insert(
+            1,
+            "**One seed per variant**: differences within the spread over seeds of the same recipe at "
+            "300 steps (the std column of results/lm_variants) are not evidence of an ordering.",
         )
     images = ["val_ppl.png"] if _plot_variants(groups, Path(out) / "val_ppl.png") else []
     return records, "\n\n".join(parts), images
-
-
-def curve_table(cells: list[dict], runs: Path) -> str:
-    """Validation perplexity at every evaluation of every run that has one
-    (its val.csv), finished or not: an unfinished run still compares with the
-    others at the steps it reached. The intermediate evaluations use the
-    config's eval_batches, the last one the whole validation split."""
-    rows, steps = [], set()
-    for c in cells:
-        path = Path(runs) / c["variant"] / f"seed-{c['seed']}" / "val.csv"
-        if not path.is_file():
-            continue
-        lines = path.read_text().splitlines()
-        head = lines[0].split(",")
-        vals = {
-            int(r[head.index("step")]): (float(r[head.index("val_ppl")]), int(r[head.index("val_tokens")]))
-            for r in (line.split(",") for line in lines[1:] if line)
-        }
-        done = (Path(runs) / c["variant"] / f"seed-{c['seed']}" / "summary.json").is_file()
-        rows.append((c, vals, done))
-        steps |= set(vals)
-    if not rows:
-        return ""
-    steps = sorted(steps)
-    tokens = {s: v[1] for _, vals, _ in rows for s, v in vals.items()}
-    lines = [
-        "| variant | seed | " + " | ".join(f"step {s} ({tokens[s]:,} tokens)" for s in steps) + " | run |",
-        "|---|---|" + "---|" * (len(steps) + 1),
-    ]
-    for c, vals, done in sorted(
-        rows, key=lambda r: (ORDER.index(r[0]["variant"]) if r[0]["variant"] in ORDER else len(ORDER), r[0]["seed"])
-    ):
-        cells_ = [f"{vals[s][0]:.1f}" if s in vals else "" for s in steps]
-        lines.append(
-            f"| {c['variant']} | {c['seed']} | " + " | ".join(cells_) + f" | {'finished' if done else 'not finished'} |"
-        )
-    return "Validation perplexity at each evaluation during training (from each run's val.csv):\n\n" + "\n".join(lines)
 
 
 def eval_cost(records: list[dict]) -> str:

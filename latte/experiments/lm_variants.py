@@ -17,10 +17,15 @@ differing only in the token mixer (and Latte's qk mixer), each trained with
                  -> results/latents: entropy, effective latents, used fraction, p(window|t)
 
 A killed sweep continues where it stopped: finished stages are not redone,
-and an interrupted `latte train` resumes from its last checkpoint.
+and an interrupted `latte train` resumes from its last checkpoint. `--plan`
+picks what runs (latte/experiments/lm_plans.py): `table1` (the above, the
+default), `long` (ten times the tokens, one seed, whole-split validation at
+steps 300, 1,000, 2,000, 3,000, plus latte with 256 latents) and
+`macchiato-vs-swa` (training length 1,024 with window 64).
 
     latte experiment lm-variants --quick          # a tiny version of every stage (the end-to-end test)
     latte experiment lm-variants --readme README.md
+    latte experiment lm-variants --plan long      # results/lm_variants_long (hours per variant)
 """
 
 from __future__ import annotations
@@ -34,18 +39,11 @@ from pathlib import Path
 
 import torch
 
-from .lm_report import curve_table, extrapolation_report, latents_report, variants_report
+from .lm_curves import curve_table
+from .lm_plans import PLANS, VARIANT_SETS, VARIANTS, stage_outputs
+from .lm_report import extrapolation_report, latents_report, variants_report
 from .results import Sweep, provenance, run_latte, write_results
 
-VARIANTS = {  # name -> (shipped config, mixer, qk_mixer)
-    "softmax": ("mixers/softmax", "softmax", None),
-    "linear": ("mixers/linear", "linear", None),
-    "swa": ("mixers/swa", "swa", None),
-    "latte-none": ("mixers/latte-none", "latte", "none"),
-    "latte-conv": ("mixers/latte-conv", "latte", "conv"),
-    "latte-conv_rglru": ("mixers/latte", "latte", "conv_rglru"),
-    "macchiato": ("mixers/macchiato", "macchiato", "conv_rglru"),
-}
 STAGES = ("train", "extrapolation", "latents")
 # --quick: every stage on a model of a few thousand parameters, in seconds.
 QUICK_SET = [
@@ -78,7 +76,7 @@ def train_args(name: str, seed: int, run_dir: Path, threads: int, sets: list[str
         f"--train.run_dir={run_dir}",
         f"--train.num_threads={threads}",
         "--train.tensorboard=false",
-        *[f"--{s}" for s in sets],
+        *[f"--{s}" for s in (*sets, *VARIANT_SETS.get(name, ()))],
     ]
 
 
@@ -100,6 +98,7 @@ def train_cell(cell: dict, a: argparse.Namespace, sets: list[str]) -> dict:
         "wall_s": s["wall_time_s"],
         "steps": s["step"],
         "tokens_seen": s["tokens_seen"],
+        "train_tokens": s.get("train_tokens"),
         "parameters": s["parameters"],
         "val_tokens": s["val_tokens"],
         "resumed": resumed,
@@ -113,7 +112,7 @@ def train_cell(cell: dict, a: argparse.Namespace, sets: list[str]) -> dict:
 def eval_cell(cell: dict, a: argparse.Namespace, stage: str) -> dict:
     run_dir = Path(a.runs) / cell["variant"] / f"seed-{cell['seed']}"
     out = run_dir / ("eval.json" if stage == "extrapolation" else "latents.json")
-    args = ["eval", "--run", str(run_dir), "--max-tokens", str(a.eval_tokens), "--out", str(out)]
+    args = ["eval", "--run", str(run_dir), "--max-tokens", str(a.eval_tokens), "--out", str(out)]  # 0: all
     args += ["--lengths", a.lengths] if stage == "extrapolation" else ["--latents"]
     t0, load0 = time.time(), os.getloadavg()[0]
     run_latte(args, run_dir.parent / f"seed-{cell['seed']}.log", a.threads)
@@ -131,38 +130,48 @@ def eval_cell(cell: dict, a: argparse.Namespace, stage: str) -> dict:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="latte experiment lm-variants", description=__doc__.split("\n\n")[0])
+    p.add_argument("--plan", default="table1", choices=list(PLANS), help="what to run (latte/experiments/lm_plans.py)")
     p.add_argument("--quick", action="store_true", help="tiny models, 2 steps: the end-to-end test")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"among {', '.join(VARIANTS)}")
-    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--variants", default=None, help=f"among {', '.join(VARIANTS)} (default: the plan's)")
+    p.add_argument("--seeds", default=None, help="default: the plan's (table1: 0,1,2)")
     p.add_argument("--stages", default=",".join(STAGES), help=f"among {', '.join(STAGES)}")
-    p.add_argument("--lengths", default="1,2,4,8,16", help="extrapolation: multiples of the training length")
+    p.add_argument("--lengths", default=None, help="extrapolation: multiples of the training length (plan's)")
     p.add_argument(
-        "--eval-tokens", type=int, default=None, help="validation tokens per evaluation (default 65536, quick 512)"
+        "--eval-tokens",
+        type=int,
+        default=None,
+        help="validation tokens per evaluation, 0 = the whole split (default: the plan's, quick 512)",
     )
-    p.add_argument("--runs", default=None, help="run folders (default runs/lm_variants, quick runs/lm_variants-quick)")
+    p.add_argument("--runs", default=None, help="run folders (default: the plan's, e.g. runs/lm_variants)")
     p.add_argument(
         "--results",
         default=None,
-        help="folder holding lm_variants/, extrapolation/, latents/ (default results, quick results/quick)",
+        help="folder holding the plan's result folders (default results, quick results/quick)",
     )
     p.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="SECTION.FIELD=VALUE",
-        help="a config override for every training run (repeatable), e.g. train.steps=100",
+        help="a config override for every training run (repeatable, after the plan's), e.g. train.steps=100",
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads of each run")
     p.add_argument(
         "--report-only", action="store_true", help="write the results of the finished cells of each stage, run none"
     )
-    p.add_argument("--readme", default=None, help="replace the README sections results:lm_variants, ...")
+    p.add_argument("--readme", default=None, help="replace the README sections of the plan's results")
     a = p.parse_args(argv)
-    a.runs = a.runs or ("runs/lm_variants-quick" if a.quick else "runs/lm_variants")
+    plan = a.plan_ = PLANS[a.plan]
+    a.variants = a.variants or ",".join(plan.variants)
+    a.seeds = a.seeds or plan.seeds
+    quick_runs = f"{plan.runs}-quick"
+    a.runs = a.runs or (quick_runs if a.quick else plan.runs)
     a.results = Path(a.results or ("results/quick" if a.quick else "results"))
-    a.eval_tokens = a.eval_tokens or (512 if a.quick else 65536)
-    if a.quick and a.lengths == "1,2,4,8,16":
-        a.lengths = "1,2"
+    if a.eval_tokens is None:
+        a.eval_tokens = 512 if a.quick else plan.eval_tokens
+    if a.eval_tokens < 0:
+        raise ValueError(f"--eval-tokens {a.eval_tokens}: expected >= 0 (0 = the whole validation split)")
+    a.lengths = a.lengths or ("1,2" if a.quick else plan.lengths)
     for name, values, allowed in (("--variants", a.variants, VARIANTS), ("--stages", a.stages, STAGES)):
         bad = [v for v in values.split(",") if v not in allowed]
         if bad:
@@ -174,7 +183,7 @@ def main(argv: list[str]) -> int:
     a = parse_args(argv)
     started = time.time()
     torch.set_num_threads(a.threads)  # what the runs use (OMP_NUM_THREADS), so the provenance says it
-    sets = (QUICK_SET if a.quick else []) + a.set
+    sets = list(a.plan_.sets) + (QUICK_SET if a.quick else []) + a.set
     variants, seeds = a.variants.split(","), [int(s) for s in a.seeds.split(",")]
     # seed-major: every variant's first seed before any second seed, so a sweep
     # cut short still compares every variant
@@ -193,23 +202,21 @@ def main(argv: list[str]) -> int:
         sweep = Sweep(work / stage, stage_cells)
         done[stage] = sweep.records() if a.report_only else sweep.run(fn, desc=f"lm-variants {stage}")
         missing[stage] = [f"{c['variant']} seed {c['seed']}" for c in sweep.pending()]
-    builders = {
-        "train": ("lm_variants", variants_report),
-        "extrapolation": ("extrapolation", extrapolation_report),
-        "latents": ("latents", latents_report),
-    }
+    builders = {"train": variants_report, "extrapolation": extrapolation_report, "latents": latents_report}
+    outputs = stage_outputs(a.results, a.plan_.name)
     for stage, records in done.items():
         if not records:
             print(f"lm-variants {stage}: no finished cells to report", file=sys.stderr)
             continue
-        name, build = builders[stage]
-        out = a.results / name
-        flat, tables, images = build(records, out, runs=Path(a.runs), sets=sets)
+        out, name = outputs[stage]
+        flat, tables, images = builders[stage](records, out, runs=Path(a.runs), sets=sets, plan=a.plan)
         if missing[stage]:
             tables += f"\n\n**Not run (reduced CPU budget): {', '.join(missing[stage])}.**"
         if stage == "train":
-            curves = curve_table(cells, Path(a.runs))
+            steps = () if a.quick else a.plan_.curve_steps  # quick runs stop before the plan's steps
+            curves, curve_png = curve_table(cells, Path(a.runs), steps=steps, out=out)
             tables += f"\n\n{curves}" if curves else ""
+            images += [curve_png] if curve_png else []
         write_results(
             out,
             name,

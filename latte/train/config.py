@@ -147,6 +147,9 @@ class TrainConfig:
     micro-batches. eval_every / save_every / sample_every: in steps, 0 = only
     at the end. eval_batches: global batches per periodic validation (0 = the
     whole validation split, which the final validation always uses).
+    eval_whole_at: steps with an extra validation on the whole split, on or
+    off the eval_every grid (a learning curve at a few exact points without
+    paying for the whole split at every eval_every).
     resume: "auto" (the newest verified checkpoint in run_dir; refuses a
     run_dir whose step folders all fail verification), "never" (start over:
     earlier step folders and logs are moved aside to run_dir/abandoned/) or a
@@ -164,6 +167,7 @@ class TrainConfig:
     global_batch_size: int = 16
     eval_every: int = 100
     eval_batches: int = 8
+    eval_whole_at: list[int] = field(default_factory=list)
     save_every: int = 100
     keep: int = 2
     seed: int = 0
@@ -190,6 +194,7 @@ class TrainConfig:
         e.check(self.global_batch_size >= 1, "global_batch_size", self.global_batch_size, ">= 1")
         for name in ("eval_every", "eval_batches", "save_every", "sample_every", "sample_tokens"):
             e.check(getattr(self, name) >= 0, name, getattr(self, name), ">= 0")
+        e.check(all(s >= 1 for s in self.eval_whole_at), "eval_whole_at", self.eval_whole_at, "steps >= 1")
         e.check(self.keep >= 2, "keep", self.keep, ">= 2 (a crash while saving must leave one good checkpoint)")
         e.check(self.max_consecutive_skips >= 1, "max_consecutive_skips", self.max_consecutive_skips, ">= 1")
         e.check(bool(self.run_dir), "run_dir", self.run_dir, "a non-empty path")

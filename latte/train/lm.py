@@ -157,9 +157,10 @@ class LanguageModelingTask(Task):
         if not self.env.is_main:
             return {}
         return {
+            "train_tokens": len(self.train_windows.tokens),  # epochs = tokens_seen / train_tokens
             "unigram_ppl": unigram_perplexity(
                 self.train_windows.tokens, self.val_windows.tokens, self.tokenizer.vocab_size
-            )
+            ),
         }
 
     def describe(self, model: nn.Module) -> str:

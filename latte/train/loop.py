@@ -69,7 +69,9 @@ def fit(run: Run) -> None:
         while run.step < t.steps and not run.stop:
             _one_step(run)
             done = run.step >= t.steps or bool(run.stop)
-            if _due(run.step, t.eval_every) and not done:  # the final validation is in `evaluate`
+            if run.step in t.eval_whole_at and not done:
+                _validate_whole(run)
+            elif _due(run.step, t.eval_every) and not done:  # the final validation is in `evaluate`
                 _validate(run, final=False)
             if _due(run.step, t.sample_every) and not done:
                 _sample(run)
@@ -172,6 +174,19 @@ def _validate(run: Run, *, final: bool) -> dict:
         run.eval_speedup = size / seconds / run.recent_rate
     run.logger.validation(run.step, metrics, run.task.format_metrics(metrics))
     return metrics
+
+
+def _validate_whole(run: Run) -> dict:
+    """A periodic validation on the whole split (train.eval_whole_at): the
+    tasks read train.eval_batches, whose 0 means the whole validation split
+    (TrainConfig); set for this one call, not the final evaluation (which
+    may also score a test split)."""
+    t = run.cfg.train
+    batches, t.eval_batches = t.eval_batches, 0
+    try:
+        return _validate(run, final=False)
+    finally:
+        t.eval_batches = batches
 
 
 def _sample(run: Run) -> str | None:

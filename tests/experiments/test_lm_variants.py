@@ -81,3 +81,42 @@ def test_latents_by_layer_shows_where_a_collapse_sits():
     assert table[2] == "| variant | layer 0 | layer 1 |"
     assert "| latte-none | 7.0 (6.0) | 1.2 (1.1) |" in table
     assert "| macchiato | 4.0 (4.0); p(window) 0.90 | - |" in table
+
+
+def test_long_plan_defaults_and_its_result_folders(tmp_path):
+    from latte.experiments.lm_plans import stage_outputs
+
+    a = LV.parse_args(["--plan", "long"])
+    assert a.seeds == "0" and a.runs == "runs/lm_variants_long" and a.eval_tokens == 65536
+    assert "latte-conv_rglru-L256" in a.variants.split(",") and "train.steps=3000" in a.plan_.sets
+    assert LV.train_args("latte-conv_rglru-L256", 0, tmp_path, 1, list(a.plan_.sets))[-1] == "--model.num_latents=256"
+    outs = stage_outputs(tmp_path, "lm_variants_long")
+    assert outs["latents"] == (tmp_path / "lm_variants_long" / "latents", "lm_variants_long-latents")
+    assert stage_outputs(tmp_path, None)["train"] == (tmp_path / "lm_variants", "lm_variants")
+    with pytest.raises(ValueError, match="--eval-tokens"):
+        LV.parse_args(["--eval-tokens", "-1"])
+
+
+def test_curve_table_at_chosen_steps_relative_to_softmax_with_epochs(tmp_path):
+    from latte.experiments.lm_curves import curve_table
+
+    def run(variant: str, rows: list[tuple[int, float, int]], finished: bool) -> None:
+        d = tmp_path / variant / "seed-0"
+        d.mkdir(parents=True)
+        (d / "val.csv").write_text(
+            "step,val_loss,val_ppl,val_tokens\n" + "".join(f"{s},0,{p},{n}\n" for s, p, n in rows)
+        )
+        (d / "config.yaml").write_text("train:\n  global_batch_size: 16\ndata:\n  seq_len: 256\n")
+        if finished:
+            (d / "summary.json").write_text(json.dumps({"train_tokens": 4096 * 250}))
+
+    run("softmax", [(100, 300.0, 64), (300, 200.0, 1000), (400, 180.0, 64), (1000, 100.0, 1000)], True)
+    run("latte-none", [(100, 400.0, 64), (300, 250.0, 1000)], False)
+    cells = [{"variant": v, "seed": 0} for v in ("softmax", "latte-none")]
+    text, png = curve_table(cells, tmp_path, steps=(300, 1000, 2000), out=tmp_path)
+    assert "| variant | seed | step 300 (1,000 tokens) | step 1000 (1,000 tokens) | run |" in text
+    assert "| latte-none | 0 | 250.0 |  | not finished |" in text
+    assert "| latte-none | 0 | 1.25 |  |" in text and "| softmax | 0 | 1.00 | 1.00 |" in text
+    assert "step 300: 1.20, step 1000: 4.00" in text  # 300 x 4,096 tokens over a 1,024,000-token split
+    all_steps, _ = curve_table(cells, tmp_path)  # no steps: every evaluation, no relative table
+    assert "step 400 (64 tokens)" in all_steps and "relative to softmax" not in all_steps

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -51,6 +52,24 @@ def test_run_writes_run_folder_and_beats_nothing_silly(make_config, tmp_path):
     ckpt = load_checkpoint(run / "step-00000004")
     assert ckpt.trainer_state["sample_index"] == 4 * 4 and ckpt.trainer_state["tokens_seen"] == 4 * 4 * 32
     assert ckpt.config["train"]["steps"] == 4 and (run / "step-00000004" / "tokenizer.json").is_file()
+
+
+def test_eval_whole_at_adds_whole_split_validations_off_the_grid(make_config):
+    extra = {"train.eval_whole_at": "[3]", "train.eval_batches": 1}
+    cfg = make_config(**{"train.steps": 5, "train.eval_every": 2, **extra})
+    summary = train(cfg)
+    val = {int(r["step"]): int(r["val_tokens"]) for r in read_csv(Path(cfg.train.run_dir) / "val.csv")}
+    assert sorted(val) == [2, 3, 4, 5]  # the grid (2, 4), the extra whole one (3), the final (5)
+    assert val[3] == val[5] == summary["val_tokens"] > val[2] == val[4]
+    assert cfg.train.eval_batches == 1  # restored after the whole-split validation
+    assert summary["train_tokens"] > summary["val_tokens"]
+
+
+def test_eval_whole_at_refuses_steps_below_one(make_config):
+    from latte.config_io import ConfigError
+
+    with pytest.raises(ConfigError, match="eval_whole_at"):
+        make_config(**{"train.eval_whole_at": "[0, 3]"})
 
 
 def test_resume_in_process_is_bitwise_and_rerun_is_a_no_op(make_config, tmp_path):
