@@ -18,6 +18,8 @@ model): as in Zoology, lr is selected on the test accuracy.
     latte experiment mqar --out results/mqar       # the committed sweep (hours)
     latte experiment mqar --mixers softmax --settings 64x4 --dims 64   # a slice
     latte experiment mqar ... --deadline 2026-11-22T18:45   # cells stop there, recorded as incomplete
+    latte experiment mqar --settings 256x16 --mixers linear-conv --seeds 1,2   # more seeds of a cell
+    latte experiment mqar --restore-from results/mqar --report-only   # rebuild the work folder, then the report
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from latte.data.mqar import MQARData, mqar_splits
 from latte.models import LatteConfig, LatteForCausalLM
 from latte.train.schedule import lr_at
 
+from .mqar_cells import cell_file_key, other_protocol_records, restore_cells, with_protocol
 from .mqar_report import flat_records, report
 from .mqar_train import accuracy, adamw, batches, scored_logits
 from .results import StepClock, Sweep, provenance, utc_deadline, write_results
@@ -115,11 +118,13 @@ def state_bytes(
     return {"state_bytes": 4 * (attn + qk), "attn_state_bytes": 4 * attn, "qk_mixer_state_bytes": 4 * qk}
 
 
-def cells_for(settings, dims, families, latent_multiples, lrs) -> list[dict]:
-    """Every (setting, model, dim, num_latents, lr), in the order they run:
-    the first lr before the others, dim 64 before 128, Latte at num_latents =
-    dim (linear attention's state) before its other sizes, then setting and
-    family; so a sweep cut short has the most comparable cells first."""
+def cells_for(settings, dims, families, latent_multiples, lrs, seeds=(0,), max_epochs=FULL.epochs) -> list[dict]:
+    """Every (setting, model, dim, num_latents, lr, seed), in the order they
+    run: the first lr before the others, the first seed before the others,
+    dim 64 before 128, Latte at num_latents = dim (linear attention's state)
+    before its other sizes, then setting and family; so a sweep cut short has
+    the most comparable cells first. Every cell carries its protocol fields
+    (seed, max_epochs; see mqar_cells)."""
     cells = []
     for seq_len, pairs in settings:
         for dim in dims:
@@ -128,21 +133,25 @@ def cells_for(settings, dims, families, latent_multiples, lrs) -> list[dict]:
                 multiples = latent_multiples if mixer == "latte" else ((lat,) if lat else (None,))
                 for m in multiples:
                     for lr in lrs:
-                        cells.append(
-                            {
-                                "seq_len": seq_len,
-                                "num_kv_pairs": pairs,
-                                "model": fam,
-                                "dim": dim,
-                                "num_latents": int(m * dim) if m else None,
-                                "lr": lr,
-                            }
-                        )
+                        for seed in seeds:
+                            cells.append(
+                                {
+                                    "seq_len": seq_len,
+                                    "num_kv_pairs": pairs,
+                                    "model": fam,
+                                    "dim": dim,
+                                    "num_latents": int(m * dim) if m else None,
+                                    "lr": lr,
+                                    "seed": seed,
+                                    "max_epochs": max_epochs,
+                                }
+                            )
 
     def priority(c: dict) -> tuple:
         multiple = c["num_latents"] / c["dim"] if c["num_latents"] else 1.0
         return (
             lrs.index(c["lr"]),
+            seeds.index(c["seed"]),
             dims.index(c["dim"]),
             multiple != 1.0,
             settings.index((c["seq_len"], c["num_kv_pairs"])),
@@ -182,7 +191,10 @@ def train_cell(
 ) -> dict:
     """Train one model on one setting at one lr; returns the record's fields.
     Test accuracy is measured every `budget.eval_every` steps and at the end;
-    training stops at the first measurement >= TARGET."""
+    training stops at the first measurement >= TARGET. The cell's own seed
+    and max_epochs, when it has them, replace `seed` and budget.epochs."""
+    seed = cell.get("seed", seed)
+    budget = dataclasses.replace(budget, epochs=cell.get("max_epochs", budget.epochs))
     torch.manual_seed(seed)
     model = LatteForCausalLM(model_config(cell, train.vocab_size))
     opt = adamw(model, cell["lr"])
@@ -278,7 +290,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help=f"Latte's num_latents as multiples of dim (default {','.join(map(str, LATENT_MULTIPLES))})",
     )
     p.add_argument("--train-examples", type=int, default=None, help="training examples per setting")
-    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--epochs", type=int, default=None, help="most epochs per run (default 3; cells carry it)")
+    p.add_argument("--seeds", default="0", help="training seeds (model init and batch order), e.g. 0,1,2")
+    p.add_argument(
+        "--restore-from",
+        default=None,
+        metavar="RESULTS_DIR",
+        help="first write the work folder's missing cell files back from RESULTS_DIR/results.json and "
+        "step_times.json (the published cells, on a machine without the original work folder)",
+    )
     p.add_argument("--random-fillers", action="store_true", help="random tokens instead of 0 between queries")
     p.add_argument("--shard", default="0/1", help="K/N: run every N-th pending cell from K (parallel workers)")
     p.add_argument("--report-only", action="store_true", help="write the results of the finished cells, run none")
@@ -306,6 +326,10 @@ def _plan(a: argparse.Namespace):
     settings = QUICK_SETTINGS if a.quick else SETTINGS
     if a.settings:
         settings = tuple(tuple(int(v) for v in s.split("x")) for s in a.settings.split(","))
+    try:
+        seeds = tuple(int(x) for x in a.seeds.split(","))
+    except ValueError:
+        raise ValueError(f"--seeds {a.seeds!r}: expected comma-separated integers like 0,1,2") from None
     budget = dataclasses.replace(
         budget,
         train_examples={T: a.train_examples or budget.train_examples.get(T, 100000) for T, _ in settings},
@@ -325,7 +349,7 @@ def _plan(a: argparse.Namespace):
                 f"--latent-multiples {a.latent_multiples}: each must be > 0 and give a whole "
                 f"num_latents at every width in {dims}"
             )
-    return budget, settings, dims, families, multiples
+    return budget, settings, dims, families, multiples, seeds
 
 
 def _scope(a: argparse.Namespace) -> str:
@@ -341,6 +365,7 @@ def _scope(a: argparse.Namespace) -> str:
             ("latent multiples", a.latent_multiples),
             ("training examples", a.train_examples),
             ("epochs", a.epochs),
+            ("seeds", a.seeds if a.seeds != "0" else None),
         )
         if v
     }
@@ -359,10 +384,13 @@ def main(argv: list[str]) -> int:
     a = parse_args(argv)
     started = time.time()
     torch.set_num_threads(a.threads)
-    budget, settings, dims, families, multiples = _plan(a)
+    budget, settings, dims, families, multiples, seeds = _plan(a)
     out = Path(a.out or ("results/mqar-quick" if a.quick else "results/mqar"))
-    cells = cells_for(settings, dims, families, multiples, budget.lrs)
-    sweep = Sweep(a.work or f"runs/experiments/{out.name}", cells)
+    cells = cells_for(settings, dims, families, multiples, budget.lrs, seeds, budget.epochs)
+    sweep = Sweep(a.work or f"runs/experiments/{out.name}", cells, key=cell_file_key)
+    if a.restore_from:
+        n = restore_cells(a.restore_from, sweep.work)
+        print(f"mqar: restored {n} cell files from {a.restore_from} into {sweep.work}", file=sys.stderr)
     k, n = (int(x) for x in a.shard.split("/"))
     data: dict = {}
     deadline = utc_deadline(a.deadline, "--deadline")
@@ -389,14 +417,15 @@ def main(argv: list[str]) -> int:
             f"shard {k}/{n} runs {len(pending[k::n])} of the other {len(pending)}",
             file=sys.stderr,
         )
-        Sweep(sweep.work, pending[k::n]).run(
+        Sweep(sweep.work, pending[k::n], key=cell_file_key).run(
             run, desc=f"mqar {k}/{n}", stop=lambda: deadline is not None and time.time() >= deadline
         )
-    records = sweep.records()
+    records = [with_protocol(r) for r in sweep.records()] + other_protocol_records(sweep.work, cells)
     if not records:
         print("mqar: no finished cells to report", file=sys.stderr)
         return 1
-    tables, images = report(records, out, budget=budget, pending=sweep.pending(), planned=sweep.cells, scope=_scope(a))
+    pending = sweep.pending()
+    tables, images = report(records, out, budget=budget, pending=pending, planned=sweep.cells, scope=_scope(a))
     # named after the folder: results/NAME/ fills the README section results:NAME
     write_results(
         out,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from .results import pyplot, save_figure
+from .mqar_cells import LEGACY, SERIES
+from .mqar_plot import _bytes, plot
 
 MODEL_KEY = ("model", "dim", "num_latents")
 
@@ -26,10 +28,6 @@ def _label(r: dict) -> str:
     if r["mixer"] == "macchiato":
         return f"macchiato L={r['num_latents']} w={r['window_size']}"
     return r["model"]
-
-
-def _bytes(n: int) -> str:
-    return f"{n / 1000:,.1f}K" if n < 10**6 else f"{n / 1e6:,.2f}M"
 
 
 def accuracy_table(best: list[dict]) -> str:
@@ -80,69 +78,6 @@ def equal_state_table(best: list[dict]) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
-def _byte_ticks(ax) -> None:
-    """Label a log axis of byte counts at 1K, 2K, 4K, ... inside its current
-    limits (matplotlib's default minor labels, "2x10^3 3x10^3 ...", overlap
-    on a narrow panel)."""
-    from matplotlib.ticker import NullFormatter
-
-    lo, hi = ax.get_xlim()
-    ticks = [1000 * 2**k for k in range(24) if lo <= 1000 * 2**k <= hi]
-    if ticks:
-        ax.set_xticks(ticks, [_bytes(t).replace(".0K", "K") for t in ticks])
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlim(lo, hi)
-
-
-def plot(best: list[dict], path: Path) -> bool:
-    """Accuracy vs state bytes per layer, one panel per (T, pairs), one line
-    per model family and width (Zoology's figure)."""
-    plt = pyplot()
-    if plt is None:
-        return False
-    settings = sorted({(r["seq_len"], r["num_kv_pairs"]) for r in best})
-    fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings) + 1.5, 4.5), squeeze=False)
-    models = sorted({r["model"] for r in best})
-    color = {m: f"C{i % 10}" for i, m in enumerate(models)}
-    for ax, (T, P) in zip(axes[0], settings):
-        for m in models:
-            for dim, marker in ((64, "o"), (128, "s"), (16, "^")):
-                pts = sorted(
-                    (r["state_bytes"], r["accuracy"])
-                    for r in best
-                    if r["model"] == m and r["dim"] == dim and (r["seq_len"], r["num_kv_pairs"]) == (T, P)
-                )
-                if pts:
-                    ax.plot(
-                        *zip(*pts),
-                        marker=marker,
-                        ms=5,
-                        color=color[m],
-                        lw=1,
-                        label=m if dim == min(r["dim"] for r in best) else None,
-                    )
-        ax.set_xscale("log")
-        _byte_ticks(ax)
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_title(f"MQAR T={T}, {P} key-value pairs")
-        ax.set_xlabel("state bytes per layer (float32)")
-        ax.set_ylabel("test accuracy (best lr)")
-        ax.grid(alpha=0.3)
-    # outside the panels: inside, it hid the points in its corner (dim 128's near 0.25 at T=64)
-    seen = {}
-    for ax in axes[0]:  # every family, whichever panels it ran in
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            seen.setdefault(lab, h)
-    names = sorted(seen)
-    axes[0][-1].legend([seen[n] for n in names], names, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    fig.suptitle("circles: dim 64, squares: dim 128; latte lines: num_latents = dim/4, dim, 4 dim", fontsize=9)
-    save_figure(plt, fig, path, dpi=110)
-    return True
-
-
-SERIES = ("interval_ms_per_step", "interval_cpu_ms_per_step", "epoch_train_seconds", "accuracy_curve")
-
-
 def flat_records(records: list[dict]) -> list[dict]:
     """results.json's records: the per-interval and per-epoch step times
     (lists) summarised by their first and last values; the series themselves
@@ -160,7 +95,63 @@ def flat_records(records: list[dict]) -> list[dict]:
     return flat
 
 
-def step_time_table(records: list[dict], eval_every: int) -> str:
+def headline(records: list[dict], epochs: int) -> tuple[list[dict], list[dict]]:
+    """(headline, other): the headline runs are seed 0 at `epochs` (the plan's),
+    or, in a report of other seeds only, those of its smallest seed."""
+    first = min(r["seed"] for r in records)
+    head = [r for r in records if r["seed"] == first and r["max_epochs"] == epochs] or [
+        r for r in records if r["seed"] == first
+    ]
+    return head, [r for r in records if r not in head]
+
+
+def seed_table(head: list[dict], other: list[dict], epochs: int) -> str:
+    """Accuracy per seed, mean ± std, for each (setting, model, lr, epochs)
+    of the cells that ran at another seed or epoch budget than the headline."""
+    if not other:
+        return ""
+
+    def cell(r: dict) -> tuple:
+        return r["seq_len"], r["num_kv_pairs"], r["dim"], _label(r)
+
+    shown = {cell(r) for r in other}
+    groups = defaultdict(list)
+    for r in head + other:
+        if cell(r) in shown:
+            groups[(*cell(r), r["lr"], r["max_epochs"])].append(r)
+    lines = [
+        "| T, pairs | dim | model | lr | epochs (most) | seeds | accuracy per seed | mean ± std (min-max) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for key in sorted(groups, key=lambda k: (k[:4], -k[4], k[5])):
+        T, P, dim, label, lr, max_epochs = key
+        rs = sorted(groups[key], key=lambda r: r["seed"])
+        accs = [r["accuracy"] for r in rs]
+        spread = (
+            f"{statistics.mean(accs):.3f} ± {statistics.stdev(accs):.3f} ({min(accs):.3f}-{max(accs):.3f})"
+            if len(accs) > 1
+            else f"{accs[0]:.3f}"
+        )
+        lines.append(
+            f"| {T}, {P} | {dim} | {label} | {lr:g} | {max_epochs} | {', '.join(str(r['seed']) for r in rs)} | "
+            + ", ".join(_acc(r) for r in rs)
+            + f" | {spread} |"
+        )
+    return (
+        "A seed sets the model's initialisation and the order of the batches; the training and test "
+        "examples are the same for every seed. The tables above show seed 0 at the plan's epochs.\n\n"
+        + "\n".join(lines)
+    )
+
+
+def _protocol(r: dict, epochs: int) -> str:
+    """ " seed 1", " 6 epochs": what sets a run apart from the plan's headline runs."""
+    return (f" seed {r['seed']}" if r["seed"] else "") + (
+        f" {r['max_epochs']} epochs" if r["max_epochs"] != epochs else ""
+    )
+
+
+def step_time_table(records: list[dict], eval_every: int, epochs: int) -> str:
     """Training time per step (evaluations excluded) through each run: flat
     if the step cost does not depend on what the model has learnt."""
     timed = [r for r in records if r.get("interval_ms_per_step")]
@@ -172,14 +163,15 @@ def step_time_table(records: list[dict], eval_every: int) -> str:
         "load at start, end |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(timed, key=lambda r: (r["seq_len"], r["model"], r["num_latents"] or 0)):
+    for r in sorted(timed, key=lambda r: (r["seq_len"], r["model"], r["num_latents"] or 0, r["seed"], r["max_epochs"])):
         ms = r["interval_ms_per_step"]
-        epochs = ", ".join(f"{s:.0f}" for s in r["epoch_train_seconds"])
+        per_epoch = ", ".join(f"{s:.0f}" for s in r["epoch_train_seconds"])
         cpu = r.get("interval_cpu_ms_per_step")
         cpu_cell = f"{cpu[0]:.0f}, {cpu[-1]:.0f}" if cpu else "not recorded"
         lines.append(
-            f"| {_label(r)} | {r['seq_len']}, {r['num_kv_pairs']} | {r['steps']} | {r['accuracy']:.3f} | "
-            f"{r['ms_per_step']:.0f} | {ms[0]:.0f} | {ms[-1]:.0f} | {max(ms) / min(ms):.2f} | {cpu_cell} | {epochs} | "
+            f"| {_label(r)}{_protocol(r, epochs)} | {r['seq_len']}, {r['num_kv_pairs']} | {r['steps']} | "
+            f"{r['accuracy']:.3f} | {r['ms_per_step']:.0f} | {ms[0]:.0f} | {ms[-1]:.0f} | {max(ms) / min(ms):.2f} | "
+            f"{cpu_cell} | {per_epoch} | "
             f"{r['loadavg_start']:.1f}, {r['loadavg_end']:.1f} |"
         )
     return (
@@ -241,7 +233,10 @@ def _unfinished(pending: list[dict], planned: list[dict]) -> str:
         plan_s = group(plan[(dim, lr)], setting)
         for (T, P), cs in group(cells, setting).items():
             names = ", ".join(
-                c["model"] + (f" L={c['num_latents']}" if c["num_latents"] not in (None, c["dim"]) else "") for c in cs
+                c["model"]
+                + (f" L={c['num_latents']}" if c["num_latents"] not in (None, c["dim"]) else "")
+                + (f" seed {c['seed']}" if c.get("seed") else "")
+                for c in cs
             )
             settings.append(f"T={T}: all {len(cs)} runs" if len(cs) == len(plan_s[(T, P)]) else f"T={T}: {names}")
         parts.append(f"dim {dim}, lr {lr:g}: " + "; ".join(settings))
@@ -255,8 +250,12 @@ def report(
     records: list[dict], out: Path, *, budget, pending: list[dict], planned: list[dict] | None = None, scope: str = ""
 ) -> tuple[str, list[str]]:
     """(markdown tables, names of the PNGs written in out). `scope`: a
-    sentence saying what part of the full protocol ran (empty: all of it)."""
-    best = best_lr(records)
+    sentence saying what part of the full protocol ran (empty: all of it).
+    The accuracy, equal-state and lr tables and the plot show the headline
+    runs (seed 0 at the plan's epochs); runs at other seeds or epochs of the
+    same cells get their own table."""
+    head, other = headline(records, budget.epochs)
+    best = best_lr(head)
     png = Path(out) / "accuracy_vs_state.png"
     Path(out).mkdir(parents=True, exist_ok=True)
     plotted = plot(best, png)
@@ -285,14 +284,17 @@ def report(
     eq = equal_state_table(best)
     if eq:
         parts += ["## Latte against linear attention at equal attention state (num_latents = dim)", eq]
-    by_lr = lr_table(records)
+    seeds = seed_table(head, other, budget.epochs)
+    if seeds:
+        parts += ["## Seeds and longer training (the cells run at more than one seed or epoch budget)", seeds]
+    by_lr = lr_table(head)
     if by_lr:
         parts += ["## Accuracy at each learning rate (the runs tried at more than one)", by_lr]
-    steps = step_time_table(records, budget.eval_every)
+    steps = step_time_table(records, budget.eval_every, budget.epochs)
     if steps:
         parts += ["## Step time through training", steps]
         series = [
-            {k: r.get(k) for k in ("model", "seq_len", "num_kv_pairs", "dim", "num_latents", "lr", *SERIES)}
+            {k: r.get(k) for k in ("model", "seq_len", "num_kv_pairs", "dim", "num_latents", "lr", *LEGACY, *SERIES)}
             for r in records
             if r.get("interval_ms_per_step")
         ]

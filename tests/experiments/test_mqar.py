@@ -170,6 +170,14 @@ def test_quick_run_writes_results_and_resumes(tmp_path, capsys):
     capsys.readouterr()
     assert M.main(argv) == 0
     assert "3 of 3 cells already done" in capsys.readouterr().err
+    # another seed of one cell, run by a narrower command into the same work folder, is
+    # reported by the standard command beside the seed-0 runs
+    assert M.main([*argv[:-2], "--mixers", "softmax", "--seeds", "1"]) == 0
+    assert M.main([*argv, "--report-only"]) == 0
+    md = (out / "results.md").read_text()
+    assert "## Seeds and longer training" in md and "| 16, 2 | 16 | softmax | 0.003 | 1 | 0, 1 |" in md
+    assert "| softmax seed 1 | 16, 2 |" in md  # its step-time row
+    assert {r["seed"] for r in json.loads((out / "results.json").read_text())} == {0, 1}
 
 
 def test_a_narrowed_sweep_says_so_and_rejects_bad_latent_multiples():
@@ -194,3 +202,64 @@ def test_a_deadline_stops_a_cell_where_it_is_and_marks_it_incomplete():
     assert not M.train_cell(cell, train, test, budget)["incomplete"]
     with pytest.raises(ValueError, match="--deadline"):
         M.utc_deadline("18h45", "--deadline")
+
+
+def test_restored_cells_reproduce_the_published_report(tmp_path):
+    """The published results/mqar rebuilt from its own results.json and
+    step_times.json: the same tables, the same records (plus the protocol
+    fields seed 0 and 3 epochs that the old cells imply)."""
+    import shlex
+    from pathlib import Path
+
+    published = Path(__file__).resolve().parents[2] / "results" / "mqar"
+    command = shlex.split(json.loads((published / "run.json").read_text())["command"])
+    argv = [a for a in command[3:] if a not in ("--readme", "README.md")]
+    work, out = tmp_path / "work", tmp_path / "out"
+    assert M.main([*argv, "--restore-from", str(published), "--work", str(work), "--out", str(out)]) == 0
+    body = lambda p: (p / "results.md").read_text().split("\n\n")[3:]  # noqa: E731 (after command and machine)
+    assert body(out) == body(published)
+
+    def without_protocol(path):
+        return [{k: v for k, v in r.items() if k not in ("seed", "max_epochs")} for r in json.loads(path.read_text())]
+
+    for name in ("results.json", "step_times.json"):
+        assert without_protocol(out / name) == without_protocol(published / name), name
+    assert {(r["seed"], r["max_epochs"]) for r in json.loads((out / "results.json").read_text())} == {(0, 3)}
+    assert M.restore_cells(published, work) == 0  # already there: nothing rewritten
+
+
+def test_cells_carry_seed_and_epochs_keeping_the_old_file_names():
+    from latte.experiments.mqar_cells import LEGACY, cell_file_key, with_protocol
+
+    assert LEGACY["max_epochs"] == M.FULL.epochs
+    cells = M.cells_for(((256, 16),), (64,), ("linear-conv",), (1.0,), (3e-3,), seeds=(0, 1, 2))
+    assert [c["seed"] for c in cells] == [0, 1, 2] and {c["max_epochs"] for c in cells} == {3}
+    old = "dim=64,lr=0.003,model=linear-conv,num_kv_pairs=16,num_latents=None,seq_len=256"
+    assert [cell_file_key(c) for c in cells] == [old] + [
+        f"dim=64,lr=0.003,model=linear-conv,num_kv_pairs=16,num_latents=None,seed={s},seq_len=256" for s in (1, 2)
+    ]
+    six = dict(cells[0], max_epochs=6)
+    assert "max_epochs=6" in cell_file_key(six) and "seed" not in cell_file_key(six)
+    legacy = {"seq_len": 64, "lr": 3e-3, "accuracy": 0.5}
+    assert list(with_protocol(legacy)) == ["seq_len", "lr", "seed", "max_epochs", "accuracy"]
+
+
+def test_other_seeds_and_epochs_get_their_own_table():
+    from latte.experiments.mqar_report import headline, seed_table
+
+    def rec(model, seed, acc, epochs=3):
+        base = {"seq_len": 256, "num_kv_pairs": 16, "dim": 64, "lr": 3e-3, "mixer": "latte", "num_latents": 64}
+        return {**base, "model": model, "seed": seed, "max_epochs": epochs, "accuracy": acc}
+
+    records = [rec("latte-conv", 0, 0.684), rec("latte-conv", 1, 0.70), rec("latte-conv", 2, 0.60)]
+    records += [rec("latte-none", 0, 0.1), rec("macchiato", 0, 0.044), rec("macchiato", 0, 0.5, epochs=6)]
+    records[-2]["mixer"] = records[-1]["mixer"] = "macchiato"
+    records[-2]["window_size"] = records[-1]["window_size"] = 16
+    head, other = headline(records, 3)
+    assert [r["model"] for r in head] == ["latte-conv", "latte-none", "macchiato"] and len(other) == 3
+    table = seed_table(head, other, 3)
+    assert "| 256, 16 | 64 | latte-conv L=64 | 0.003 | 3 | 0, 1, 2 | 0.684, 0.700, 0.600 | 0.661 ± 0.054" in table
+    assert "| macchiato L=64 w=16 | 0.003 | 3 | 0 | 0.044 | 0.044 |" in table
+    assert "| macchiato L=64 w=16 | 0.003 | 6 | 0 | 0.500 | 0.500 |" in table
+    assert "latte-none" not in table  # one seed, one budget: only in the headline tables
+    assert headline([rec("latte-conv", 1, 0.7)], 3)[0][0]["seed"] == 1  # a report of other seeds only
