@@ -20,7 +20,7 @@ A killed sweep continues where it stopped: finished stages are not redone,
 and an interrupted `latte train` resumes from its last checkpoint.
 
     latte experiment lm-variants --quick          # a tiny version of every stage (the end-to-end test)
-    latte experiment lm-variants --readme README.md
+    latte experiment lm-variants --readme results/README.md
 """
 
 from __future__ import annotations
@@ -156,7 +156,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--report-only", action="store_true", help="write the results of the finished cells of each stage, run none"
     )
-    p.add_argument("--readme", default=None, help="replace the README sections results:lm_variants, ...")
+    p.add_argument(
+        "--readme",
+        default=None,
+        help="replace the sections results:lm_variants, results:extrapolation and results:latents of this "
+        "markdown file (the repository's: results/README.md)",
+    )
     a = p.parse_args(argv)
     a.runs = a.runs or ("runs/lm_variants-quick" if a.quick else "runs/lm_variants")
     a.results = Path(a.results or ("results/quick" if a.quick else "results"))
