@@ -139,6 +139,7 @@ def test_bench_command_runs_and_updates_a_readme_section(tmp_path):
     text = readme.read_text()
     assert "old numbers" not in text and "latte bench ops (quick)" in text
     assert text.startswith("intro\n") and text.endswith("rest\n")
+    assert "![ops](bench/ops.png)" in text  # the plot's link works from the README's folder
     assert (out / "ops.json").exists()
 
 

@@ -305,7 +305,8 @@ def add_common_args(p, *, repeats: int = 5) -> None:
         "--readme",
         type=Path,
         default=None,
-        help="also replace this benchmark's section of a README (between its bench markers)",
+        help="also replace this benchmark's section (between its bench markers) in this markdown file; "
+        "the repository's is benchmarks/README.md",
     )
 
 
@@ -335,6 +336,7 @@ def write_outputs(args, name: str, res: dict, markdown: str, plot, *, image_in_r
     (args.out / f"{name}.md").write_text(markdown)
     png = args.out / f"{name}.png"
     plot(res, png)
-    if args.readme is not None:
-        update_readme(args.readme, name, markdown, str(png) if image_in_readme else None)
+    if args.readme is not None:  # the image link must work from the README's folder
+        image = Path(os.path.relpath(png, Path(args.readme).parent)).as_posix() if image_in_readme else None
+        update_readme(args.readme, name, markdown, image)
     print(markdown)

@@ -12,7 +12,7 @@ Providers (docs/evaluation.md §1 shapes as on CPU: B=1, H=8, Lh=32, dv=64, W=12
                  context (FlashAttention in bfloat16/float16)
 Each point is timed with a CUDA synchronize after every call, providers in
 interleaved rounds; peak memory is torch.cuda.max_memory_allocated over one
-call. Not measured on a GPU by this project yet (see README, "GPU").
+call. Not measured on a GPU by this project yet (docs/gpu.md §5).
 """
 
 from __future__ import annotations

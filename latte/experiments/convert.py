@@ -23,7 +23,7 @@ A killed sweep continues where it stopped (finished cells are kept; an
 interrupted training run resumes from its checkpoint).
 
     latte experiment convert --quick                 # tiny stand-in model, seconds (the test)
-    latte experiment convert --readme README.md      # what produced results/convert*
+    latte experiment convert --readme results/README.md   # what produced results/convert*
 """
 
 from __future__ import annotations
@@ -75,7 +75,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--sink-context", type=int, default=4096, help="tokens per document of the sinks stage (quadratic mask)"
     )
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--readme", default=None)
+    p.add_argument(
+        "--readme",
+        default=None,
+        help="replace the sections results:convert and results:convert-recipes of this markdown file "
+        "(the repository's: results/README.md)",
+    )
     p.add_argument("--quick", action="store_true", help="a tiny stand-in model and corpus, seconds")
     return p.parse_args(argv)
 

@@ -325,7 +325,7 @@ def sample_md(sample: dict) -> str:
     )
 
 
-FULL_COMMAND = "latte experiment convert --readme README.md"
+FULL_COMMAND = "latte experiment convert --readme results/README.md"
 
 
 def cells_wall_s(recipe_rows, cells, sample) -> float:

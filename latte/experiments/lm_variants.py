@@ -24,7 +24,7 @@ steps 300, 1,000, 2,000, 3,000, plus latte with 256 latents) and
 `macchiato-vs-swa` (training length 1,024 with window 64).
 
     latte experiment lm-variants --quick          # a tiny version of every stage (the end-to-end test)
-    latte experiment lm-variants --readme README.md
+    latte experiment lm-variants --readme results/README.md
     latte experiment lm-variants --plan long      # results/lm_variants_long (hours per variant)
 """
 
@@ -159,7 +159,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--report-only", action="store_true", help="write the results of the finished cells of each stage, run none"
     )
-    p.add_argument("--readme", default=None, help="replace the README sections of the plan's results")
+    p.add_argument(
+        "--readme",
+        default=None,
+        help="replace the sections of the plan's results (e.g. results:lm_variants, results:extrapolation, "
+        "results:latents) in this markdown file (the repository's: results/README.md)",
+    )
     a = p.parse_args(argv)
     plan = a.plan_ = PLANS[a.plan]
     a.variants = a.variants or ",".join(plan.variants)

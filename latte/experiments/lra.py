@@ -89,7 +89,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     p.add_argument("--mixers", nargs="+", default=list(MIXERS), choices=MIXERS)
     p.add_argument("--parts", nargs="+", default=["generators", "train"], choices=["generators", "train"])
-    p.add_argument("--readme", default=None, help="README to update (section results:lra); default: none")
+    p.add_argument(
+        "--readme",
+        default=None,
+        help="markdown file whose section results:lra to replace (the repository's: results/README.md)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes: seconds, for tests")
     p.add_argument(
         "--budget",
@@ -336,7 +340,7 @@ def _budget_note(runs: list[dict]) -> list[str]:
         "machine (2 cores shared by several jobs, one thread per run) could not fit the full protocol for "
         "all three mixers in the time there was. Every mixer of a task has the same budget. Rows marked "
         "`full` ran the configs' budget (the control, and any full-budget cells already finished). "
-        "Full mode: `latte experiment lra --readme README.md`.",
+        "Full mode: `latte experiment lra --readme results/README.md`.",
         "",
     ]
 

@@ -316,7 +316,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="UTC wall clock at which a cell stops where it is and is recorded as incomplete "
         "(rerun by the next sweep); no new cell starts after it",
     )
-    p.add_argument("--readme", default=None, help="replace README section results:mqar")
+    p.add_argument(
+        "--readme",
+        default=None,
+        help="replace the section results:NAME (NAME: the --out folder's name) of this markdown file "
+        "(the repository's: results/README.md)",
+    )
     p.add_argument("--note", default=None, help="a sentence for the results' text (how or where the cells ran)")
     return p.parse_args(argv)
 

@@ -30,7 +30,7 @@ kernel by fla's own backward.
 
 fla's kernels run float32 dots in TF32 on Ampere and newer GPUs (relative
 errors ~1e-3); TRITON_F32_DEFAULT=ieee in the environment before the first
-call makes them exact float32 (see README, "GPU").
+call makes them exact float32 (docs/gpu.md §4).
 """
 
 from __future__ import annotations

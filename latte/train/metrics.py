@@ -201,6 +201,7 @@ def plot_loss_curve(run_dir: str | Path) -> Path | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        print("note: no loss_curve.png (pip install 'matplotlib>=3.7,<4' to plot it)", file=sys.stderr)
         return None
     run_dir = Path(run_dir)
     train = read_csv(run_dir / "metrics.csv") if (run_dir / "metrics.csv").is_file() else []

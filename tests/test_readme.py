@@ -1,0 +1,128 @@
+"""The READMEs say what the committed files say: the generated tables match
+tools/readme_tables.py's output, every relative link resolves, the README
+stays short, and CI runs the README's test command line for line."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "tools" / "readme_tables.py")
+    tool = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = tool  # its dataclass looks its module up there
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def test_generated_tables_match_the_committed_results():
+    assert load_tool().run(ROOT, write=False) == []
+
+
+def test_the_check_fails_when_a_result_or_an_index_drifts(tmp_path):
+    tool = load_tool()
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    for name in ("results", "benchmarks"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    assert tool.run(tmp_path, write=False) == []
+
+    lm = tmp_path / "results" / "lm_variants" / "results.json"
+    records = json.loads(lm.read_text())
+    next(r for r in records if r["variant"] == "macchiato")["val_ppl"] += 10.0
+    lm.write_text(json.dumps(records))
+    (tmp_path / "benchmarks" / "decode.md").write_text("# latte bench decode\n\nnew numbers\n")
+    (tmp_path / "results" / "new").mkdir()
+    (tmp_path / "results" / "new" / "results.md").write_text("#### new\n")
+    found = tool.run(tmp_path, write=False)
+    assert any(p.startswith("README.md: the headline table differs") for p in found), found
+    assert any(p.startswith("benchmarks/README.md differs") for p in found), found
+    assert any(p.startswith("results/new: no section in results/README.md") for p in found), found
+
+    shutil.rmtree(tmp_path / "results" / "new")
+    assert tool.run(tmp_path, write=True) == []  # regenerating fixes what can be regenerated
+    assert "new numbers" in (tmp_path / "benchmarks" / "README.md").read_text()
+    assert tool.run(tmp_path, write=False) == []
+
+
+def test_a_headline_row_names_a_missing_record(tmp_path):
+    tool = load_tool()
+    files = tool.Files(ROOT)
+    try:
+        files.one(tool.DECODE, "median_ms", mixer="latte", context=3)
+    except ValueError as e:
+        assert "benchmarks/decode.json" in str(e) and "context" in str(e)
+    else:
+        raise AssertionError("no error for a record that does not exist")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def link_problems(path: Path, base: Path = ROOT) -> list[str]:
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    anchors = {_slug(h) for h in re.findall(r"^#{1,6}\s+(.+)$", text, re.M)}
+    out = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+://|mailto:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        if not file:
+            if anchor not in anchors:
+                out.append(f"{path.relative_to(base)}: no heading for #{anchor}")
+        elif not (path.parent / file).exists():
+            out.append(f"{path.relative_to(base)}: {target} does not exist")
+    return out
+
+
+def test_every_relative_link_resolves():
+    pages = [ROOT / "README.md", ROOT / "results" / "README.md", ROOT / "benchmarks" / "README.md"]
+    pages += sorted((ROOT / "docs").glob("*.md"))
+    found = [p for page in pages for p in link_problems(page)]
+    assert found == []
+    assert len(LINK.findall((ROOT / "README.md").read_text())) > 20  # the check reads the README's links
+
+
+def test_link_check_finds_a_broken_link(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Top\n[ok](#top) [gone](nope.md) [bad](#nowhere) [web](https://x.org)\n```\n[code](x.md)\n```\n")
+    assert link_problems(page, tmp_path) == ["page.md: nope.md does not exist", "page.md: no heading for #nowhere"]
+
+
+def test_the_readme_stays_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+
+
+def test_ci_runs_the_readmes_test_command_line_for_line():
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## Tests and CI\n\n```bash\n(.+?)\n```", readme, re.S).group(1)
+    prefix = "python3 -m venv .venv && . .venv/bin/activate && "
+    assert block.startswith(prefix)
+    ci = (ROOT / ".ci" / "run").read_text()
+    lines = ci.split("keep these lines identical to the README) ---\n", 1)[1].split("\ndeactivate\n", 1)[0]
+    assert " && ".join(lines.splitlines()) == block[len(prefix) :]
+
+
+@pytest.mark.slow  # transformers' import dominates: ~5 s quiet, ~15 s on a loaded 2-core machine
+def test_the_readmes_python_examples_run(tmp_path, monkeypatch):
+    """The quick start's code blocks, in order, in one namespace (the model example saves into the cwd)."""
+    blocks = re.findall(r"```python\n(.+?)```", (ROOT / "README.md").read_text(), re.S)
+    assert len(blocks) >= 3
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)
+    assert (tmp_path / "my-model" / "model.safetensors").is_file()
+    assert namespace["y"].shape == (2, 1000, 4, 32)

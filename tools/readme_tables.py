@@ -1,0 +1,390 @@
+"""The generated parts of the repository's three READMEs, from its committed results files.
+
+    python tools/readme_tables.py           # rewrite them
+    python tools/readme_tables.py --check   # exit 1, naming each file that differs
+
+- README.md, between `<!-- headline:start -->` and `<!-- headline:end -->`: the
+  headline table, every figure read from results/NAME/results.json or
+  benchmarks/NAME.json by the rows of ROWS below. Adding or changing a row is
+  one entry there.
+- results/README.md: an index of results/*/ and every section `results:NAME`,
+  exactly as `latte experiment ... --readme results/README.md` writes it from
+  results/NAME/results.md.
+- benchmarks/README.md: the same for benchmarks/NAME.md and `latte bench ...
+  --readme benchmarks/README.md`.
+
+A script here rather than a `latte` command: it reads the repository's
+results/ and benchmarks/ folders, which an installed wheel does not have.
+tests/test_readme.py runs the check, so a README that disagrees with the
+committed files fails CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout's latte, also when run from elsewhere
+
+from latte.bench.common import update_readme  # noqa: E402
+from latte.experiments.results import readme_body  # noqa: E402
+
+HEADLINE = ("<!-- headline:start -->", "<!-- headline:end -->")
+INDEX = ("<!-- index:start -->", "<!-- index:end -->")
+# the benchmarks whose --readme section ends with their plot (latte/bench/ops.py: image_in_readme=True)
+IMAGE_IN_README = {"ops"}
+
+
+class Files:
+    """The committed results files under one checkout (ROOT, or a copy in a test)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._cache: dict[str, object] = {}
+
+    def load(self, rel: str):
+        if rel not in self._cache:
+            path = self.root / rel
+            if not path.is_file():
+                raise ValueError(f"{rel}: no such file (a headline row reads it)")
+            self._cache[rel] = json.loads(path.read_text())
+        return self._cache[rel]
+
+    def records(self, rel: str) -> list[dict]:
+        """results.json is a list of flat records; a benchmark's JSON keeps them under "results"."""
+        data = self.load(rel)
+        return data if isinstance(data, list) else data["results"]
+
+    def where(self, rel: str, **match) -> list[dict]:
+        found = [r for r in self.records(rel) if all(r.get(k) == v for k, v in match.items())]
+        if not found:
+            raise ValueError(f"{rel}: no record with {match}")
+        return found
+
+    def one(self, rel: str, field: str, **match):
+        found = self.where(rel, **match)
+        if len(found) != 1:
+            raise ValueError(f"{rel}: {len(found)} records with {match}, expected one")
+        return found[0][field]
+
+    def best(self, rel: str, field: str, **match) -> float:
+        """The highest `field` of the matching records (e.g. the best learning rate of a cell)."""
+        return max(r[field] for r in self.where(rel, **match))
+
+    def seeds(self, rel: str, field: str, **match) -> str:
+        """mean ± sample std over the matching records (seeds), as the results tables give it."""
+        xs = [r[field] for r in self.where(rel, **match)]
+        return f"{statistics.mean(xs):.1f} ± {statistics.stdev(xs):.1f}"
+
+    def mean(self, rel: str, field: str, **match) -> float:
+        return statistics.mean(r[field] for r in self.where(rel, **match))
+
+
+@dataclass(frozen=True)
+class Row:
+    claim: str
+    figure: Callable[[Files], str]  # reads the committed files, returns the table cell
+    source: str  # a file under results/ or benchmarks/, linked from the table
+
+
+OPS, DECODE, TRAIN, SWEEP = (f"benchmarks/{n}.json" for n in ("ops", "decode", "train", "train-sweep"))
+LM, EXTRA, MQAR, CONV, LRA = (
+    f"results/{n}/results.json" for n in ("lm_variants", "extrapolation", "mqar", "convert", "lra")
+)
+
+
+def _size(n_bytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:,.1f} {unit}"
+    return f"{n_bytes / 2**10:,.0f} KiB"
+
+
+# The figures, one function per row: each reads the committed files through `f`.
+
+
+def ops_vs_sdpa(f: Files) -> str:
+    r = f.load(OPS)["ratios"]
+    fb, fw = r["sdpa/latte fwdbwd"], r["sdpa/latte fwd"]
+    return (
+        f"forward+backward {fb['512']:.1f}x at T = 512, {fb['16384']:.1f}x at T = 16,384 "
+        f"(forward {fw['512']:.1f}x and {fw['16384']:.1f}x)"
+    )
+
+
+def decode(f: Files) -> str:
+    def at(mixer: str, context: int) -> str:
+        ms = f.one(DECODE, "median_ms", mixer=mixer, context=context)
+        return f"{ms:.1f} ms and {_size(f.one(DECODE, 'state_bytes', mixer=mixer, context=context))}"
+
+    return f"Latte {at('latte', 1024)} at 1K context, {at('latte', 65536)} at 64K; softmax (KV cache) " + (
+        f"{at('softmax', 1024)} at 1K, {at('softmax', 16384)} at 16K"
+    )
+
+
+def lm_perplexity(f: Files) -> str:
+    variants = sorted({r["variant"] for r in f.records(LM)})
+    latte = min((v for v in variants if v.startswith("latte")), key=lambda v: f.mean(LM, "val_ppl", variant=v))
+
+    def ppl(v: str) -> str:
+        return f.seeds(LM, "val_ppl", variant=v)
+
+    return (
+        f"Macchiato {ppl('macchiato')}, softmax {ppl('softmax')}, sliding window {ppl('swa')}; "
+        f"Latte alone {ppl(latte)} (best of {sum(v.startswith('latte') for v in variants)} qk mixers: {latte}); "
+        f"linear attention {ppl('linear')}"
+    )
+
+
+def extrapolation(f: Files) -> str:
+    def ratio(variant: str) -> float:  # mean ppl over seeds at 16x / at 1x, all positions
+        return f.mean(EXTRA, "ppl", variant=variant, multiple=16, bucket="all") / f.mean(
+            EXTRA, "ppl", variant=variant, multiple=1, bucket="all"
+        )
+
+    latte = [ratio(v) for v in sorted({r["variant"] for r in f.records(EXTRA)}) if v.startswith("latte")]
+    return (
+        f"Macchiato {ratio('macchiato'):.2f}, Latte {min(latte):.2f}-{max(latte):.2f}, linear {ratio('linear'):.2f}, "
+        f"sliding window {ratio('swa'):.2f}; softmax with RoPE {ratio('softmax'):.2f}"
+    )
+
+
+def mqar(f: Files) -> str:
+    def acc(model: str, T: int, **match) -> str:  # best learning rate of the cell
+        return f"{f.best(MQAR, 'accuracy', model=model, dim=64, seq_len=T, **match):.3f}"
+
+    pairs = "; ".join(
+        f"T = {T}: {acc('latte-conv', T, num_latents=64)} vs {acc('linear-conv', T)}" for T in (64, 128, 256)
+    )
+    return f"{pairs} (softmax at T = 256: {acc('softmax', 256)}, with a state that grows with T)"
+
+
+def conversion_perplexity(f: Files) -> str:
+    def ppl(model: str, context: int, field: str = "ppl") -> float:
+        return f.one(CONV, field, model=model, context=context)
+
+    within = [ppl("converted", c) / ppl("original", c) for c in (1024, 2048, 4096, 8192)]
+    docs = f.one(CONV, "documents", model="original", context=32768)
+    return (
+        f"{min(within):.2f}-{max(within):.2f}x the original's within its 8K training context (the original's "
+        f"weights with a 128-token window and the first token kept visible, untrained: "
+        f"{ppl('swa-mask-sinks1', 1024) / ppl('original', 1024):.2f}x at 1K); positions 16K-32K: "
+        f"{ppl('converted', 32768, 'bucket_ppl_original_documents'):.1f} vs "
+        f"{ppl('original', 32768, 'bucket_ppl'):,.0f} ({docs} play{'s' if docs > 1 else ''}, "
+        "past the original's training context)"
+    )
+
+
+def conversion_decode(f: Files) -> str:
+    def at(model: str) -> str:
+        ms = f.one(CONV, "decode_ms_per_token", model=model, context=32768)
+        return f"{ms:.0f} ms and {_size(f.one(CONV, 'state_bytes', model=model, context=32768))}"
+
+    return f"converted {at('converted')} of state; original {at('original')} of KV cache"
+
+
+def train_step(f: Files) -> str:
+    def ratio(seq: int) -> float:
+        return f.one(TRAIN, "tokens_per_s", mixer="macchiato", seq=seq) / f.one(
+            TRAIN, "tokens_per_s", mixer="softmax", seq=seq
+        )
+
+    return f"{ratio(512):.2f}x at sequence length 512, {ratio(4096):.2f}x at 4,096"
+
+
+def sweep_step(f: Files) -> str:
+    r = f.load(SWEEP)["ratios"]["over_softmax"]["64"]
+    return f"Latte {r['latte']:.2f}x, Macchiato {r['macchiato']:.2f}x"
+
+
+def lra(f: Files) -> str:
+    def task(name: str) -> str:
+        cell = dict(part="train", task=name, budget="reduced")
+        best, majority = f.best(LRA, "test_accuracy", **cell), f.best(LRA, "majority_baseline", **cell)
+        return f"{best:.3f} (majority class {majority:.3f})"
+
+    return f"ListOps {task('listops')}; Pathfinder {task('pathfinder')}"
+
+
+# The headline table, one row per entry (at most 10): what a sceptical reader
+# asks first, each linked to the file that holds the full table, its command,
+# machine and load.
+ROWS = [
+    Row(
+        "Causal Latte op vs PyTorch SDPA: SDPA's time over Latte's (one layer, 8 heads, CPU)",
+        ops_vs_sdpa,
+        "benchmarks/ops.md",
+    ),
+    Row(
+        "Decoding one token, the paper's Table 6 model (8 layers, width 512), CPU: time, state",
+        decode,
+        "benchmarks/decode.md",
+    ),
+    Row(
+        "Perplexity of 7 token mixers on one recipe (2.4-2.7M parameters, 1.2M tokens of Shakespeare, 3 seeds)",
+        lm_perplexity,
+        "results/lm_variants/results.md",
+    ),
+    Row(
+        "Perplexity at 16x the training length (4,096 tokens) over 1x, the same runs",
+        extrapolation,
+        "results/extrapolation/results.md",
+    ),
+    Row(
+        "Recall (MQAR) at equal state, Latte vs linear attention, both with a short convolution (one seed)",
+        mqar,
+        "results/mqar/results.md",
+    ),
+    Row(
+        "SmolLM2-135M converted to Macchiato, perplexity on held-out plays of its up-training corpus",
+        conversion_perplexity,
+        "results/convert/results.md",
+    ),
+    Row(
+        "The converted SmolLM2 decoding one token after 32K tokens of context, CPU",
+        conversion_decode,
+        "results/convert/results.md",
+    ),
+    Row(
+        "Training step of the Table 6 model, CPU: Macchiato's tokens/s over softmax's",
+        train_step,
+        "benchmarks/train.md",
+    ),
+    Row(
+        "Training step of a small model (width 64, T = 64, 1 thread): time over softmax's (goal: 1.2x)",
+        sweep_step,
+        "benchmarks/train-sweep.md",
+    ),
+    Row("Long Range Arena at 1/8 of the configs' training budget: best test accuracy", lra, "results/lra/results.md"),
+]
+
+
+def headline(files: Files) -> str:
+    if len(ROWS) > 10:
+        raise ValueError(f"ROWS: {len(ROWS)} headline rows; the README shows at most 10")
+    lines = ["| claim | figure | source |", "|---|---|---|"]
+    for row in ROWS:
+        if not (files.root / row.source).is_file():
+            raise ValueError(f"ROWS: the row {row.claim[:40]!r}... links {row.source}, which does not exist")
+        lines.append(f"| {row.claim} | {row.figure(files)} | [{row.source}]({row.source}) |")
+    return "\n".join(lines)
+
+
+def _replace(text: str, markers: tuple[str, str], body: str, where: str) -> str:
+    start, end = markers
+    if text.count(start) != 1 or text.count(end) != 1:
+        raise ValueError(f"{where}: needs exactly one {start} ... {end}")
+    head, rest = text.split(start, 1)
+    return f"{head}{start}\n{body}\n{end}{rest.split(end, 1)[1]}"
+
+
+def _sections(text: str, kind: str) -> list[str]:
+    return re.findall(rf"<!-- {kind}:([\w.-]+):start -->", text)
+
+
+def _results_index(root: Path, names: list[str]) -> str:
+    lines = ["| results | written (UTC) | machine, threads | records | plots |", "|---|---|---|---|---|"]
+    for name in names:
+        run = json.loads((root / "results" / name / "run.json").read_text())
+        m = run["machine"]
+        n = len(json.loads((root / "results" / name / "results.json").read_text()))
+        pngs = ", ".join(f"[{p.stem}]({name}/{p.name})" for p in sorted((root / "results" / name).glob("*.png")))
+        lines.append(
+            f"| [{name}]({name}/results.md) | {m['time_utc'][:16].replace('T', ' ')} | "
+            f"{m['cpu_model']}, {m['threads']} | {n} | {pngs or '-'} |"
+        )
+    return "\n".join(lines)
+
+
+def _bench_index(root: Path, names: list[str]) -> str:
+    lines = [
+        "| benchmark | written (UTC) | machine, threads | load (1 min), start -> end | files |",
+        "|---|---|---|---|---|",
+    ]
+    for name in names:
+        m = json.loads((root / "benchmarks" / f"{name}.json").read_text())["machine"]
+        files = ", ".join(
+            f"[{ext}]({name}.{ext})"
+            for ext in ("md", "json", "png")
+            if (root / "benchmarks" / f"{name}.{ext}").is_file()
+        )
+        load = f"{m['loadavg_start'][0]:.1f} -> {m['loadavg_end'][0]:.1f}" if "loadavg_end" in m else "-"
+        lines.append(
+            f"| {name} | {m['time_utc'][:16].replace('T', ' ')} | {m['cpu_model']}, {m['threads']} | {load} | {files} |"
+        )
+    return "\n".join(lines)
+
+
+def _index_readme(root: Path, folder: str, kind: str, found: list[str], write: bool) -> list[str]:
+    """Fill one index README (results/ or benchmarks/): its index table and every section, each from
+    the file the command wrote. Returns the problems; writes the file when `write`."""
+    path = root / folder / "README.md"
+    text = path.read_text()
+    listed = _sections(text, kind)
+    problems = [
+        f"{folder}/{n}: no section in {folder}/README.md (add <!-- {kind}:{n}:start --> and "
+        f"<!-- {kind}:{n}:end --> under a heading, then run python tools/readme_tables.py)"
+        for n in found
+        if n not in listed
+    ] + [f"{folder}/README.md: section {kind}:{n} has no {folder}/{n} files" for n in listed if n not in found]
+    if problems:
+        return problems
+    new = path.with_name("README.md.new")  # update_readme works on a file: fill a copy
+    new.write_text(_replace(text, INDEX, (_results_index if kind == "results" else _bench_index)(root, listed), path))
+    try:
+        for n in listed:
+            if kind == "results":
+                out = root / "results" / n
+                update_readme(new, n, readme_body((out / "results.md").read_text(), out, new), kind="results")
+            else:
+                update_readme(
+                    new, n, (root / "benchmarks" / f"{n}.md").read_text(), f"{n}.png" if n in IMAGE_IN_README else None
+                )
+        generated = new.read_text()
+    finally:
+        new.unlink()
+    if generated != text:
+        if not write:
+            return [f"{folder}/README.md differs from what python tools/readme_tables.py generates"]
+        path.write_text(generated)
+    return []
+
+
+def run(root: Path = ROOT, *, write: bool) -> list[str]:
+    """Generate every table; return the problems (a file that differs, when not writing)."""
+    root = Path(root)
+    problems = []
+    readme = root / "README.md"
+    text = readme.read_text()
+    generated = _replace(text, HEADLINE, headline(Files(root)), "README.md")
+    if generated != text:
+        if write:
+            readme.write_text(generated)
+        else:
+            problems.append("README.md: the headline table differs from what python tools/readme_tables.py generates")
+    results = sorted(p.parent.name for p in (root / "results").glob("*/results.md"))
+    benches = sorted(p.stem for p in (root / "benchmarks").glob("*.md") if p.name != "README.md")
+    problems += _index_readme(root, "results", "results", results, write)
+    problems += _index_readme(root, "benchmarks", "bench", benches, write)
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file differs")
+    a = p.parse_args(argv)
+    problems = run(ROOT, write=not a.check)
+    for line in problems:
+        print(line, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
