@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handlers[command](rest)
     except SystemExit as e:  # argparse: usage and message already printed
+        if isinstance(e.code, str):  # SystemExit("message"): nothing printed yet
+            print(f"latte {command}: error: {e.code}", file=sys.stderr)
         return e.code if isinstance(e.code, int) else 2
     except (ValueError, ImportError) as e:  # a user can fix it: config, data, checkpoint, missing extra
         print(f"latte {command}: error: {e}", file=sys.stderr)
