@@ -49,11 +49,11 @@ def _stages_table(state: dict) -> list[str]:
     rows = state.get("stages") or {}
     if not rows:
         return ["No stage has run yet."]
-    lines = ["| stage | status | wall s | limit s | when (UTC) | command |", "|---|---|---|---|---|---|"]
+    lines = ["| stage | status | wall s | limit s | GPU | when (UTC) | command |", "|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         cmd = r.get("command") or r.get("reason", "")
         lines.append(
-            f"| {name} | {r['status']} | {r.get('wall_s', '-')} | {r.get('limit_s', '-')} | "
+            f"| {name} | {r['status']} | {r.get('wall_s', '-')} | {r.get('limit_s', '-')} | {r.get('gpu') or '-'} | "
             f"{r.get('when_utc', '-')} | `{cmd}` |"
         )
     return lines

@@ -210,6 +210,7 @@ def run(todo: list, args, argv: list[str], *, require_cuda: bool = True, validat
             "limit_s": round(limit, 1),
             "budget_s": stage.budget_s,
             "when_utc": _utc(),
+            "gpu": inv["machine"].get("gpu_name") or inv["machine"].get("gpu"),  # stages may run on several machines
             "command": " ".join(f"{k}={v}" for k, v in stage.env)
             + " " * bool(stage.env)
             + shlex.join(["python3", *stage.argv]),

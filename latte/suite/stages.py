@@ -71,61 +71,62 @@ LRA_OVERRIDES = (  # the LRA protocol's ListOps budget: 5K steps x batch 32; war
     "train.save_every=250",
     "data.num_workers=8",
 )
+CONTEXTS = "1024,4096,16384,65536,131072"
 LM_SETS = ("data.seq_len=512", "model.window_size=128", "model.max_position_embeddings=512", "train.steps=300")
+
+
+def _benches(out: Path, quick: bool) -> list[Stage]:
+    """The measurements: tests, correctness and speed (limits and expected seconds are guesses
+    until a first run's suite.json replaces them)."""
+    ieee = (("TRITON_F32_DEFAULT", "ieee"), ("TRITON_CACHE_DIR", "{fresh}"))
+    ops = ("--device", "cuda", "--point-cap", "60", "--time-budget", "330")
+    full = lambda *a: () if quick else a  # noqa: E731  arguments of the full-size run only
+    return [
+        Stage("tests", _pytest(out, "tests-tf32.xml"), 420, 240, ("core", "tests"), what="tests/gpu, TF32"),
+        Stage("check", _bench("check", out, quick, "--device", "cuda"), 180, 60, what="fla vs float64 on the device"),
+        Stage(
+            "ops-bf16",
+            _bench("ops", out, quick, *ops, "--dtype", "bfloat16"),
+            420,
+            300,
+            what="latte-fla vs sdpa (flash) vs chunk_gla vs torch, 1K..128K, bfloat16",
+        ),
+        Stage(
+            "train",
+            _bench("train", out, quick, "--device", "cuda", *full("--tokens-per-step", "32768")),
+            360,
+            180,
+            what="Table 6 model, one AdamW step per mixer: tokens/s",
+        ),
+        Stage(
+            "decode",
+            _bench("decode", out, quick, "--device", "cuda", "--prefill-cap", "60", *full("--contexts", CONTEXTS)),
+            300,
+            120,
+            what="ms/token from the state vs the SDPA KV cache, 1K..128K",
+        ),
+        Stage("tests-ieee", _pytest(out, "tests-ieee.xml"), 420, 180, ("core", "tests"), ieee, what="tests/gpu, IEEE"),
+        Stage(
+            "ops-fp32",
+            _bench("ops", out, quick, *ops, "--dtype", "float32", "--providers", "latte,latte-fla,fla-gla,sdpa"),
+            420,
+            240,
+            what="the sweep in float32 (no macchiato)",
+        ),
+        Stage(
+            "window",
+            _bench("window", out, quick, "--device", "cuda", *full("--seqs", "1024,4096,16384")),
+            360,
+            180,
+            what="Macchiato's window: tiles vs flex vs sdpa",
+        ),
+    ]
 
 
 def stages(out: Path = DEFAULT_OUT, work: Path = DEFAULT_WORK, quick: bool = False) -> list[Stage]:
     """The suite, in priority order (what a 10-minute window must not miss first)."""
     q = ("--quick",) if quick else ()
-    ieee = (("TRITON_F32_DEFAULT", "ieee"), ("TRITON_CACHE_DIR", "{fresh}"))
-    fla = ("core",)  # without fla-core the benchmarks still run, their fla rows "unavailable"
-    ops_rest = ("--device", "cuda", "--point-cap", "60")
-    return [
-        Stage("tests", _pytest(out, "tests-tf32.xml"), 300, 150, ("core", "tests"), what="tests/gpu, TF32"),
-        Stage("check", _bench("check", out, quick, "--device", "cuda"), 180, 60, fla, what="fla vs float64"),
-        Stage(
-            "ops-bf16",
-            _bench("ops", out, quick, *ops_rest, "--dtype", "bfloat16", "--time-budget", "330"),
-            420,
-            240,
-            fla,
-            what="latte-fla vs sdpa (flash) vs chunk_gla, 1K..128K",
-        ),
-        Stage(
-            "train",
-            _bench("train", out, quick, "--device", "cuda", *(() if quick else ("--tokens-per-step", "32768"))),
-            300,
-            120,
-            fla,
-            what="Table 6 model, one AdamW step per mixer: tokens/s",
-        ),
-        Stage(
-            "decode",
-            _bench(
-                "decode",
-                out,
-                quick,
-                "--device",
-                "cuda",
-                "--prefill-cap",
-                "60",
-                *(() if quick else ("--contexts", "1024,4096,16384,65536,131072")),
-            ),  # fmt: skip
-            300,
-            120,
-            fla,
-            what="ms/token from the state vs the SDPA KV cache, 1K..128K",
-        ),
-        Stage("tests-ieee", _pytest(out, "tests-ieee.xml"), 300, 150, ("core", "tests"), ieee, what="IEEE f32"),
-        Stage(
-            "ops-fp32",
-            _bench("ops", out, quick, *ops_rest, "--dtype", "float32", "--time-budget", "330"),
-            420,
-            240,
-            fla,
-            what="the same sweep in float32",
-        ),
-        Stage("window", _bench("window", out, quick, "--device", "cuda"), 300, 120, fla, what="tiles vs flex vs sdpa"),
+    return _benches(out, quick) + [
         Stage(
             "lra",
             ("-m", "latte", "experiment", "lra", "--tasks", "listops", "--mixers", "latte", "softmax", "linear")
@@ -133,7 +134,6 @@ def stages(out: Path = DEFAULT_OUT, work: Path = DEFAULT_WORK, quick: bool = Fal
             + (() if quick else ("--override", *LRA_OVERRIDES)),
             1800,
             300,
-            ("core",),
             optional=True,
             resumable=True,
             outputs=("results/lra-gpu", str(work / "lra")),

@@ -21,7 +21,8 @@ def test_dry_run_checks_every_stage(capsys):
     out = capsys.readouterr().out
     for s in suite.stages():
         assert f"] {s.name}" in out
-    assert "86 points, T 1024..131072, batch x T 131072" in out  # the bf16 and fp32 CUDA sweeps
+    assert "84 points, T 1024..131072, batch x T 131072" in out  # the bf16 CUDA sweep
+    assert "64 points, T 1024..131072, batch x T 131072" in out  # fp32: no macchiato
     assert "3 runs, 5000 steps x 32" in out  # ListOps at the LRA budget
     assert "seq 512, 300 steps x 16" in out
     assert "dry run: every command checked" in out
@@ -83,7 +84,7 @@ def test_runner_budgets_records_resume_and_pack(tmp_path, monkeypatch):
     with tarfile.open(tmp_path / "pack" / "gpu-suite.tar.gz") as tar:
         names = tar.getnames()
     assert "o/suite.json" in names and "o/README.md" in names and "runs/w/ckpt" in names
-    assert "| long | cut |" in (tmp_path / "pack" / "README.md").read_text()
+    assert "| long | cut | " in (tmp_path / "pack" / "README.md").read_text()
     # again: only the cut stage runs (and --redo'ne ones)
     args = suite.parse_args(
         ["--out", "o", "--site", "site", "--wheels", "w", "--budget-s", "20", "--redo", "ok"],
