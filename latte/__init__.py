@@ -31,7 +31,7 @@ _EXPORTS = {
     "SlidingWindowAttention": "latte.layers",
     "LinearAttention": "latte.layers",
 }
-_SUBPACKAGES = ("ops", "layers", "models", "data", "train", "eval", "bench", "experiments")
+_SUBPACKAGES = ("ops", "layers", "models", "data", "train", "eval", "bench", "experiments", "suite")
 
 # Written out (not built from _EXPORTS) so that linters and IDEs see the
 # re-exports; tests/test_package.py checks the two agree.

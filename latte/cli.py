@@ -8,7 +8,7 @@
     latte eval --run RUN_DIR --latents [--max-tokens N] [--out latents.json]   (latent utilisation)
     latte export RUN_DIR OUT_DIR      (a folder transformers loads after latte.models.hf.register())
     latte harness [lm_eval arguments] (lm-evaluation-harness with the latte models registered)
-    latte bench {ops,decode,train,window,audit} [args...]
+    latte bench {ops,decode,train,window,audit,check,suite} [args...]   (suite: the CUDA suite)
     latte experiment NAME [args...]   (latte experiment --help lists them)
 
 Multi-process: torchrun --standalone --nproc_per_node=2 -m latte train ...
@@ -27,7 +27,16 @@ import sys
 from pathlib import Path
 
 USAGE = __doc__.split("\n\n")[1]
-BENCHES = ("ops", "decode", "train", "window", "audit")
+# `latte bench NAME` -> the module whose main(argv) runs it
+BENCHES = {
+    "ops": "latte.bench.ops",
+    "decode": "latte.bench.decode",
+    "train": "latte.bench.train",
+    "window": "latte.bench.window",
+    "audit": "latte.bench.audit",
+    "check": "latte.bench.cuda_check",
+    "suite": "latte.suite.stages",  # above bench and experiments: it runs both (latte/suite)
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handlers[command](rest)
     except SystemExit as e:  # argparse: usage and message already printed
+        if isinstance(e.code, str):  # SystemExit("message"): nothing printed yet
+            print(f"latte {command}: error: {e.code}", file=sys.stderr)
         return e.code if isinstance(e.code, int) else 2
     except (ValueError, ImportError) as e:  # a user can fix it: config, data, checkpoint, missing extra
         print(f"latte {command}: error: {e}", file=sys.stderr)
@@ -400,19 +411,19 @@ def cmd_bench(args: list[str]) -> int:
     if not args or args[0] not in BENCHES:
         print(f"usage: latte bench {{{','.join(BENCHES)}}} [args...]", file=sys.stderr)
         return 2
-    name = f"latte.bench.{args[0]}"
+    name = BENCHES[args[0]]
     try:
         module = importlib.import_module(name)
     except ModuleNotFoundError as e:
-        if e.name not in (name, "latte.bench"):
+        if e.name not in (name, name.rpartition(".")[0]):
             raise  # a missing dependency of the benchmark: show it as it is
         print(f"latte bench {args[0]}: {name} is not available in this installation", file=sys.stderr)
         return 2
     if not hasattr(module, "main"):
         print(f"latte bench {args[0]}: {name} has no main(argv)", file=sys.stderr)
         return 2
-    module.main(args[1:])  # returns the results dict; failures raise
-    return 0
+    res = module.main(args[1:])  # the results dict (failures raise), or an exit code
+    return res if isinstance(res, int) else 0
 
 
 # --------------------------------------------------------------------------- experiment

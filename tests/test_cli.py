@@ -117,6 +117,14 @@ def test_bench_dispatches_lazily(monkeypatch, capsys):
     assert main(["bench", "nope"]) == 2
 
 
+def test_bench_device_cuda_without_a_gpu_exits_2_saying_why(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["bench", "ops", "--device", "cuda", "--quick", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "latte bench: error: --device cuda: torch.cuda.is_available() is False" in err and "--device cpu" in err
+
+
 def test_python_dash_m_latte():
     proc = subprocess.run(
         [sys.executable, "-m", "latte", "--help"],

@@ -1,6 +1,6 @@
 """The package as a user and a reader meet it: the names `import latte`
 offers, and imports that run one way (ops <- layers <- models <- train <-
-eval/bench/experiments <- cli, data beside), with no cycle inside a package."""
+eval/bench/experiments <- suite <- cli, data beside), with no cycle inside a package."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ ALLOWED = {
     "eval": {"base", "ops", "layers", "models", "data", "train"},
     "bench": {"base", "ops", "layers", "models", "data", "train"},
     "experiments": {"base", "ops", "layers", "models", "data", "train", "eval", "bench"},
+    "suite": {"base", "ops", "layers", "models", "data", "train", "eval", "bench", "experiments"},
     "configs": set(),
 }
 

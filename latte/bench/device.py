@@ -39,7 +39,11 @@ def resolve_device_args(p, args, *, cpu_dtypes=("float32",)) -> None:
 
 def check_device(device: str) -> None:
     if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch.cuda.is_available() is False on this machine")
+        why = "a CPU build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda} but sees no GPU"
+        raise SystemExit(
+            f"--device cuda: torch.cuda.is_available() is False on this machine (torch {torch.__version__}: "
+            f"{why}); run with --device cpu"
+        )
 
 
 def synced(fn, device: str):

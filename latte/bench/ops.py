@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from . import common, fixed_shapes
+from . import common, cuda, fixed_shapes
 from . import inputs as dists
 from . import providers as P
 from .cuda import PROVIDERS as CUDA_PROVIDERS
@@ -38,7 +38,8 @@ MODE_NAME = {"fwd": "forward", "fwdbwd": "forward+backward"}
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="latte bench ops", description=__doc__.split("\n\n")[0])
     common.add_common_args(p)
-    add_device_args(p)  # --device cuda: latte.bench.cuda (its own providers)
+    add_device_args(p)  # --device cuda: latte.bench.cuda (its own providers and options)
+    cuda.add_args(p)
     p.add_argument("--providers", default=None, help="comma-separated subset")
     p.add_argument("--time-cap", type=float, default=20.0, help="seconds per point for the slow loop providers")
     p.add_argument("--naive-mem-cap-gb", type=float, default=6.0, help="skip naive-softmax above this estimate")
@@ -69,6 +70,7 @@ def parse_args(argv=None):
     bad = [x for x in args.providers if x not in allowed]
     if bad:
         p.error(f"--providers: unknown {bad}; allowed {list(allowed)}")
+    cuda.resolve_args(p, args)
     return args
 
 
@@ -430,10 +432,8 @@ def plot(res: dict, path) -> bool:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.device == "cuda":
-        from .cuda import main_ops
-
         check_device(args.device)
-        return main_ops(args)
+        return cuda.main_ops(args)
     res = run(args)
     common.write_outputs(args, "ops", res, markdown(res), plot, image_in_readme=True)
     return res

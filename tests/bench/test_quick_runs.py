@@ -196,22 +196,40 @@ def test_train_compile_and_sweep_preset(tmp_path):
 
 def test_cuda_ops_plumbing_runs_on_cpu(tmp_path, monkeypatch):
     """latte bench ops --device cuda with its device swapped for the CPU: every
-    provider is timed or recorded as unavailable (fla's need CUDA), and the
-    markdown is written. The CUDA numbers themselves need a GPU."""
+    provider is timed or recorded as unavailable (fla's need CUDA), batch x T
+    stays constant, and the files are written. The CUDA numbers need a GPU."""
     from latte.bench import cuda
 
     monkeypatch.setattr(cuda, "DEVICE", "cpu")
-    monkeypatch.setattr(cuda, "FULL_T", [16])
-    args = ops.parse_args(["--device", "cuda", "--repeats", "5", "--warmup", "0", "--out", str(tmp_path)])
+    argv = ["--device", "cuda", "--quick", "--repeats", "5", "--warmup", "0", "--out", str(tmp_path)]
+    args = ops.parse_args(argv + ["--seqs", "32,64", "--macchiato-seqs", "64", "--tokens", "128"])
+    assert (args.heads, args.latents, args.dv, args.tokens) == (2, 16, 16, 128)
     args.dtype = "float32"  # CPU SDPA and the torch kernels
     res = cuda.main_ops(args)
-    got = {(r["provider"], r["mode"]): r for r in res["results"]}
-    assert set(got) == {(p, m) for p in cuda.PROVIDERS for m in cuda.MODES}
+    got = {(r["provider"], r["T"], r["mode"]): r for r in res["results"]}
+    want = {(p, T, m) for p in cuda.PROVIDERS for T in (32, 64) for m in cuda.MODES}
+    assert set(got) == want - {("macchiato-fla", 32, m) for m in cuda.MODES}
+    assert {(r["T"], r["B"]) for r in res["results"]} == {(32, 4), (64, 2)}
     for p in ("latte", "macchiato", "sdpa"):
-        _check_point(got[(p, "fwdbwd")])
+        _check_point(got[(p, 64, "fwdbwd")])
     for p in ("latte-fla", "fla-gla", "macchiato-fla"):
-        assert got[(p, "fwd")]["skipped"] and "unavailable" in got[(p, "fwd")]["reason"]
-    assert (tmp_path / "ops-cuda.md").read_text().startswith("# latte bench ops --device cuda")
+        assert got[(p, 64, "fwd")]["skipped"] and "unavailable" in got[(p, 64, "fwd")]["reason"]
+    assert (tmp_path / "ops-cuda-float32.md").read_text().startswith("# latte bench ops --device cuda (float32")
+    assert "sdpa/latte-fla" not in json.dumps(res["ratios"])  # nothing to divide by on CPU
+
+
+def test_cuda_ops_options_are_checked():
+    with pytest.raises(SystemExit):  # the CUDA sweep's options on the CPU run
+        ops.parse_args(["--seqs", "1024"])
+    for bad in (["--seqs", "0"], ["--seqs", "1k"], ["--tokens", "0"], ["--point-cap", "0"]):
+        with pytest.raises(SystemExit):
+            ops.parse_args(["--device", "cuda", *bad])
+    args = ops.parse_args(["--device", "cuda"])
+    from latte.bench import cuda
+
+    pts = cuda.plan(args)
+    assert {p["T"] * p["B"] for p in pts} == {131072} and max(p["T"] for p in pts) == 131072
+    assert {p["T"] for p in pts if p["provider"] == "macchiato-fla"} == set(cuda.MACCHIATO_T)
 
 
 @pytest.mark.slow

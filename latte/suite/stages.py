@@ -1,0 +1,217 @@
+"""`latte bench suite`: everything issue 26 runs on a GPU, in one resumable
+command that fits short GPU windows (docs/gpu.md §5, docs/evaluation.md §1.2).
+
+    python3 -m latte bench suite --dry-run                 # every stage's command checked, no GPU
+    python3 -m latte bench suite --wheels .whl --budget-s 540 --pack "$OUT"
+
+A bare CUDA machine with a copy of the repo is enough: this module and
+machine.py use the standard library only until the stages start. In order:
+1. what the machine has (torch + CUDA, triton, fla-core, ...; nvidia-smi),
+   and the missing packages installed from wheels in --wheels (machine.py);
+2. the dry run again, so that a typo costs seconds, not a stage;
+3. the stages (STAGES below) in priority order, each a subprocess with its
+   own time limit, its log in OUT/logs/, its files in OUT; a stage starts only
+   when its expected time fits in what is left of --budget-s, and a later,
+   shorter one may run in its place;
+4. after every stage: OUT/suite.json (status, wall time, command of every
+   stage; the machine of every invocation), OUT/README.md (targets met or
+   missed, latte.bench.cuda_report; report.py), and, with --pack DIR, one tarball of
+   everything written (DIR/gpu-suite.tar.gz) plus DIR/README.md.
+Run it again and it continues: finished stages are not redone (--redo NAME
+does), and a cut-off resumable stage continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_OUT = Path("benchmarks/cuda")
+DEFAULT_WORK = Path("runs/gpu")  # run folders of the training stages (ignored by git: carry them)
+DEFAULT_BUDGET_S = 1140.0  # 19 minutes; one call of the device tool: --budget-s 540
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of the suite: `python3 ARGV...` with its limits.
+
+    budget_s: its own wall-clock limit; est_s: what it usually takes (it
+    starts only when that fits in what is left); needs: the REQUIREMENTS
+    groups (machine.REQUIREMENTS) without which it cannot run; env: extra variables
+    ("{fresh}" becomes a new empty folder); resumable: started again after a
+    cut-off, it continues; outputs: folders it writes besides OUT."""
+
+    name: str
+    argv: tuple[str, ...]
+    budget_s: float
+    est_s: float
+    needs: tuple[str, ...] = ("core",)  # hard needs; a missing fla-core only turns fla rows "unavailable"
+    env: tuple[tuple[str, str], ...] = ()
+    optional: bool = False
+    resumable: bool = False
+    outputs: tuple[str, ...] = ()
+    what: str = ""
+
+
+def _pytest(out: Path, junit: str) -> tuple[str, ...]:
+    return ("-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "tests/gpu", f"--junitxml={out / junit}")
+
+
+def _bench(name: str, out: Path, quick: bool, *rest: str) -> tuple[str, ...]:
+    return ("-m", "latte", "bench", name, "--out", str(out), *(("--quick",) if quick else ()), *rest)
+
+
+LRA_OVERRIDES = (  # the LRA protocol's ListOps budget: 5K steps x batch 32; warm-up 1/16 of the steps
+    "train.steps=5000",
+    "train.global_batch_size=32",
+    "optim.warmup_steps=312",
+    "train.eval_every=500",
+    "train.save_every=250",
+    "data.num_workers=8",
+)
+CONTEXTS = "1024,4096,16384,65536,131072"
+LM_SETS = ("data.seq_len=512", "model.window_size=128", "model.max_position_embeddings=512", "train.steps=300")
+
+
+def _benches(out: Path, quick: bool) -> list[Stage]:
+    """The measurements: tests, correctness and speed (limits and expected seconds are guesses
+    until a first run's suite.json replaces them)."""
+    ieee = (("TRITON_F32_DEFAULT", "ieee"), ("TRITON_CACHE_DIR", "{fresh}"))
+    ops = ("--device", "cuda", "--point-cap", "60", "--time-budget", "330")
+    full = lambda *a: () if quick else a  # noqa: E731  arguments of the full-size run only
+    return [
+        Stage("tests", _pytest(out, "tests-tf32.xml"), 420, 240, ("core", "tests"), what="tests/gpu, TF32"),
+        Stage("check", _bench("check", out, quick, "--device", "cuda"), 180, 60, what="fla vs float64 on the device"),
+        Stage(
+            "ops-bf16",
+            _bench("ops", out, quick, *ops, "--dtype", "bfloat16"),
+            420,
+            300,
+            what="latte-fla vs sdpa (flash) vs chunk_gla vs torch, 1K..128K, bfloat16",
+        ),
+        Stage(
+            "train",
+            _bench("train", out, quick, "--device", "cuda", *full("--tokens-per-step", "32768")),
+            360,
+            180,
+            what="Table 6 model, one AdamW step per mixer: tokens/s",
+        ),
+        Stage(
+            "decode",
+            _bench("decode", out, quick, "--device", "cuda", "--prefill-cap", "60", *full("--contexts", CONTEXTS)),
+            300,
+            120,
+            what="ms/token from the state vs the SDPA KV cache, 1K..128K",
+        ),
+        Stage("tests-ieee", _pytest(out, "tests-ieee.xml"), 420, 180, ("core", "tests"), ieee, what="tests/gpu, IEEE"),
+        Stage(
+            "ops-fp32",
+            _bench("ops", out, quick, *ops, "--dtype", "float32", "--providers", "latte,latte-fla,fla-gla,sdpa"),
+            420,
+            240,
+            what="the sweep in float32 (no macchiato)",
+        ),
+        Stage(
+            "window",
+            _bench("window", out, quick, "--device", "cuda", *full("--seqs", "1024,4096,16384")),
+            360,
+            180,
+            what="Macchiato's window: tiles vs flex vs sdpa",
+        ),
+    ]
+
+
+def stages(out: Path = DEFAULT_OUT, work: Path = DEFAULT_WORK, quick: bool = False) -> list[Stage]:
+    """The suite, in priority order (what a 10-minute window must not miss first)."""
+    q = ("--quick",) if quick else ()
+    return _benches(out, quick) + [
+        Stage(
+            "lra",
+            ("-m", "latte", "experiment", "lra", "--tasks", "listops", "--mixers", "latte", "softmax", "linear")
+            + ("--parts", "train", "--work", str(work / "lra"), "--out", "results/lra-gpu", *q)
+            + (() if quick else ("--override", *LRA_OVERRIDES)),
+            1800,
+            300,
+            optional=True,
+            resumable=True,
+            outputs=("results/lra-gpu", str(work / "lra")),
+            what="ListOps at the LRA budget (5K steps x 32), latte/softmax/linear",
+        ),
+        Stage(
+            "lm",
+            ("-m", "latte", "experiment", "lm-variants", "--variants", "softmax,latte-conv_rglru,macchiato,swa")
+            + ("--seeds", "0", "--stages", "train", "--runs", str(work / "lm"), "--results", "results/gpu-seq512")
+            + q
+            + tuple(x for s in (() if quick else LM_SETS) for x in ("--set", s)),
+            1200,
+            300,
+            ("core", "lm"),
+            (("LATTE_BACKEND", "auto"),),
+            optional=True,
+            resumable=True,
+            outputs=("results/gpu-seq512", str(work / "lm")),
+            what="LM variants at sequence 512, one token budget",
+        ),
+    ]
+
+
+def parse_args(argv=None, names: list[str] | None = None):
+    p = argparse.ArgumentParser(prog="latte bench suite", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the suite's folder (default benchmarks/cuda)")
+    p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="run folders of the training stages")
+    p.add_argument("--wheels", type=Path, default=Path(".whl"), help="wheels of the missing packages (.whl/)")
+    p.add_argument("--site", type=Path, default=Path("/tmp/latte-gpu-site"), help="where the wheels are installed")
+    p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="seconds for this invocation")
+    p.add_argument("--stages", default=None, help="comma-separated subset, in the suite's order (default all)")
+    p.add_argument("--skip", default="", help="comma-separated stages to leave out")
+    p.add_argument("--no-optional", action="store_true", help="leave out the optional stages (lra, lm)")
+    p.add_argument("--redo", default="", help="comma-separated stages to run again although recorded")
+    p.add_argument("--pack", type=Path, default=None, help="after each stage, tarball everything written here")
+    p.add_argument("--quick", action="store_true", help="every stage at its tiny size (checks the plumbing)")
+    p.add_argument("--dry-run", action="store_true", help="check every stage's command; run nothing")
+    p.add_argument("--report-only", action="store_true", help="rewrite OUT's tables from its JSON; run nothing")
+    args = p.parse_args(argv)
+    names = names or [s.name for s in stages()]
+    for flag in ("stages", "skip", "redo"):
+        given = [x for x in (getattr(args, flag) or "").split(",") if x]
+        bad = [x for x in given if x not in names]
+        if bad:
+            p.error(f"--{flag}: unknown stage(s) {bad}; the stages are {', '.join(names)}")
+        setattr(args, flag, given)
+    if args.budget_s <= 0:
+        p.error(f"--budget-s: expected seconds > 0, got {args.budget_s:g}")
+    return args
+
+
+def selected(args) -> list[Stage]:
+    return [
+        s
+        for s in stages(args.out, args.work, args.quick)
+        if (not args.stages or s.name in args.stages)
+        and s.name not in args.skip
+        and not (args.no_optional and s.optional and s.name not in args.stages)
+    ]
+
+
+def main(argv=None) -> int:
+    from . import runner
+
+    args = parse_args(argv)
+    if args.report_only:
+        from .report import regenerate
+
+        for path in regenerate(args.out):
+            print(f"wrote {path}")
+        return 0
+    todo = selected(args)
+    if args.dry_run:
+        from .dryrun import dry_run
+
+        return dry_run(todo, args)
+    return runner.run(todo, args, argv if argv is not None else sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
