@@ -15,6 +15,12 @@ exactly, and the token distribution sums to 1 (the review of the paper's v4
 summed two separately normalised attentions instead). sigmoid of a difference
 of log-normalisers is the stable form: nothing is exponentiated unbounded.
 beta (per head, default 0) also applies to "gate" as a bias of the latents.
+
+With num_sinks = S > 0 the local branch is the window plus each document's
+first S tokens (attention sinks, docs/math.md §4.1): a separate small branch
+(sinks.py) over the sinks outside the window, merged with the window's
+(y, lse) by log-sum-exp before the mixing, so lse_window above becomes the
+log-normaliser of the window and the sinks together.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from ._checks import check_cu_seqlens, check_positive_int, check_rank, check_sha
 from ._exp import exp_floor, logsumexp
 from .backend import resolve_latent, resolve_window
 from .causal import LatteState, causal_chunked, check_latte_state, fla_chunked, latte_causal_step
+from .sinks import SinkState, check_num_sinks, check_sink_state, merge, sink_sequence, sink_step
 from .sliding_window import (
     WindowState,
     check_qkv,
@@ -43,6 +50,7 @@ MIXES = ("joint", "gate")
 class MacchiatoState(NamedTuple):
     latte: LatteState
     window: WindowState
+    sinks: SinkState | None = None  # the first num_sinks tokens (None when num_sinks = 0)
 
 
 def _repeat_kv(v: torch.Tensor, heads: int) -> torch.Tensor:
@@ -52,10 +60,11 @@ def _repeat_kv(v: torch.Tensor, heads: int) -> torch.Tensor:
     return v.repeat_interleave(heads // v.shape[-2], dim=-2)
 
 
-def _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, step, softcap=None):
+def _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, step, softcap=None, num_sinks=0):
     sfx = "_t" if step else ""
     check_qkv(q, k, v, mask, suffix=sfx)
     check_softcap(softcap)
+    check_num_sinks(num_sinks)
     check_positive_int("window_size", window_size)
     check_positive_int("chunk_size", chunk_size)
     if mix not in MIXES:
@@ -124,6 +133,7 @@ def macchiato(
     output_final_state=False,
     cu_seqlens=None,
     softcap=None,
+    num_sinks=0,
     backend=None,
 ):
     """Latte-Macchiato attention over a sequence.
@@ -138,6 +148,9 @@ def macchiato(
             sliding-window attention), default 0.
         scale: window score scale, default 1/sqrt(E).
         softcap: None, or c > 0 for window scores c * tanh(e / c) (Gemma 2).
+        num_sinks: the first num_sinks real tokens of each row (of each
+            document with cu_seqlens) stay visible to every query next to
+            its window, under the same normaliser (docs/math.md §4.1).
         mask: [B, T] bool, False for padding.
         chunk_size, initial_state (MacchiatoState), output_final_state,
             cu_seqlens (packed documents, B == 1): as in latte_causal.
@@ -146,7 +159,7 @@ def macchiato(
     Returns:
         (y [B, T, H, D] in v's dtype, MacchiatoState or None)
     """
-    _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, step=False, softcap=softcap)
+    _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, False, softcap, num_sinks)
     B, T, H, L = a.shape
     D = v.shape[-1]
     if T == 0:
@@ -156,11 +169,16 @@ def macchiato(
     window, latents = _kernels(backend, q, chunk_size, softcap)
 
     def run(a, b, v, q, k, gate, mask, state):
-        lat_state, win_state = state if state is not None else (None, None)
+        lat_state, win_state, sink_state = state if state is not None else (None, None, None)
         y_win, lse, win_state = window(q, k, v, window_size, scale, mask, win_state, lengths)
+        if num_sinks:  # the sinks outside each query's window, one softmax with it
+            y_s, lse_s, sink_state = sink_sequence(
+                q, k, v, num_sinks, window_size, scale, mask, sink_state, lengths, softcap
+            )
+            y_win, lse = merge(y_win, lse, y_s, lse_s)
         y_lat, lat_state = latents(a, b, _repeat_kv(v, H), lat_state, mask)
         y = _mix(y_win, lse, y_lat, a.to(y_lat.dtype), gate, beta, mix)
-        return y, MacchiatoState(lat_state, win_state)
+        return y, MacchiatoState(lat_state, win_state, sink_state)
 
     n, lengths = B, None
     if cu_seqlens is not None:
@@ -179,6 +197,7 @@ def macchiato(
             window_size,
             name="initial_state.window",
         )
+        check_sink_state(initial_state.sinks, n, k, v, num_sinks, name="initial_state.sinks")
     tensors = (a, b, v, q, k, gate)
     if cu_seqlens is not None:
         y, state = run_packed(run, tensors, cu_seqlens, mask, initial_state)
@@ -202,26 +221,31 @@ def macchiato_step(
     scale=None,
     mask_t=None,
     softcap=None,
+    num_sinks=0,
     backend=None,
 ):
     """One decoding step: a_t, b_t [B, H, Lh], v_t [B, K, D], q_t [B, H, E],
     k_t [B, K, E], gate_t [B, H]; state: the MacchiatoState so far (None:
     empty). Returns (y_t [B, H, D], MacchiatoState); constant time and memory
-    in the context (the window is a W - 1 buffer)."""
-    _check(a_t, b_t, v_t, q_t, k_t, gate_t, beta, mix, window_size, 1, mask_t, step=True, softcap=softcap)
-    lat_state = win_state = None
+    in the context (the window is a W - 1 buffer, the sinks num_sinks slots)."""
+    _check(a_t, b_t, v_t, q_t, k_t, gate_t, beta, mix, window_size, 1, mask_t, True, softcap, num_sinks)
+    lat_state = win_state = sink_state = None
     if state is not None:
         if not isinstance(state, MacchiatoState):
             raise ValueError(f"state: expected a MacchiatoState, got {type(state).__name__}")
         check_window_state(state.window, q_t, k_t, v_t, window_size, name="state.window")
-        lat_state, win_state = state
+        check_sink_state(state.sinks, q_t.shape[0], k_t, v_t, num_sinks, name="state.sinks")
+        lat_state, win_state, sink_state = state
     scale = q_t.shape[-1] ** -0.5 if scale is None else scale
     y_win, lse, win_state = window_step(
         q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=win_state, softcap=softcap
     )
+    if num_sinks:
+        y_s, lse_s, sink_state = sink_step(q_t, k_t, v_t, num_sinks, window_size, scale, mask_t, sink_state, softcap)
+        y_win, lse = merge(y_win, lse, y_s, lse_s)
     work = state_dtype(a_t.dtype)
     y_lat, lat_state = latte_causal_step(
         a_t.to(work), b_t.to(work), _repeat_kv(v_t, q_t.shape[1]).to(work), lat_state, mask_t=mask_t, backend=backend
     )
     y = _mix(y_win, lse, y_lat, a_t.to(work), gate_t, beta, mix)
-    return y.to(v_t.dtype), MacchiatoState(lat_state, win_state)
+    return y.to(v_t.dtype), MacchiatoState(lat_state, win_state, sink_state)

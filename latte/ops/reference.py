@@ -71,9 +71,10 @@ def latte_causal(a, b, v, initial_state=None, mask=None):
     return y, (vbar[:, :, :, -1], z)
 
 
-def window_matrix_logits(q, k, window_size, scale=None, mask=None, softcap=None):
-    """Scores e[b, h, t, s] over the window (t - W, t], -inf elsewhere
-    (soft-capped to c * tanh(e / c) when softcap = c is given)."""
+def window_matrix_logits(q, k, window_size, scale=None, mask=None, softcap=None, num_sinks=0):
+    """Scores e[b, h, t, s] over the window (t - W, t] and, with num_sinks,
+    the row's first num_sinks real tokens s <= t (docs/math.md §4.1); -inf
+    elsewhere (soft-capped to c * tanh(e / c) when softcap = c is given)."""
     B, T, H, E = q.shape
     kk = k.to(f64).repeat_interleave(H // k.shape[2], 2)
     scale = E**-0.5 if scale is None else scale
@@ -83,23 +84,27 @@ def window_matrix_logits(q, k, window_size, scale=None, mask=None, softcap=None)
     t = torch.arange(T)[:, None]
     s = torch.arange(T)[None, :]
     allowed = (s <= t) & (s > t - window_size)
-    allowed = allowed[None, None] & (True if mask is None else mask[:, None, None, :])
+    real = torch.ones(B, T, dtype=torch.bool) if mask is None else mask
+    sink = real & (real.cumsum(1) <= num_sinks)  # [B, T(s)]: the first num_sinks real tokens
+    allowed = (allowed[None, None] | (sink[:, None, None, :] & (s <= t))) & real[:, None, None, :]
     allowed = allowed | (s == t)  # a query always sees its own key
     return e.masked_fill(~allowed, NEG_INF)
 
 
-def sliding_window_attention(q, k, v, window_size, scale=None, mask=None, softcap=None):
+def sliding_window_attention(q, k, v, window_size, scale=None, mask=None, softcap=None, num_sinks=0):
     """Returns (y [B, T, H, D], lse [B, T, H])."""
-    e = window_matrix_logits(q, k, window_size, scale, mask, softcap)
+    e = window_matrix_logits(q, k, window_size, scale, mask, softcap, num_sinks)
     vv = v.to(f64).repeat_interleave(q.shape[2] // v.shape[2], 2)
     lse = torch.logsumexp(e, -1)  # [B, H, T]
     y = torch.einsum("bhts,bshd->bthd", torch.softmax(e, -1), vv)
     return y, lse.transpose(1, 2)
 
 
-def macchiato_matrix(a, b, q, k, window_size, mix="joint", gate=None, beta=None, scale=None, mask=None, softcap=None):
+def macchiato_matrix(
+    a, b, q, k, window_size, mix="joint", gate=None, beta=None, scale=None, mask=None, softcap=None, num_sinks=0
+):
     """p(s|t) of docs/math.md §4 built term by term: [B, H, T, T]."""
-    e = window_matrix_logits(q, k, window_size, scale, mask, softcap)  # [B, H, T, T]
+    e = window_matrix_logits(q, k, window_size, scale, mask, softcap, num_sinks)  # [B, H, T, T]
     a64 = a.to(f64) + (0 if beta is None else beta.to(f64)[None, None, :, None])
     log_lat = a64.permute(0, 2, 1, 3)  # [B, H, T, L] log of unnormalised p(l|t)
     # log of the window state's unnormalised mass: its scores (joint) or the gate logit
@@ -115,8 +120,10 @@ def macchiato_matrix(a, b, q, k, window_size, mix="joint", gate=None, beta=None,
     return torch.exp(log_win - log_z) * p_win_rows + lat
 
 
-def macchiato(a, b, v, q, k, window_size, mix="joint", gate=None, beta=None, scale=None, mask=None, softcap=None):
-    A = macchiato_matrix(a, b, q, k, window_size, mix, gate, beta, scale, mask, softcap)
+def macchiato(
+    a, b, v, q, k, window_size, mix="joint", gate=None, beta=None, scale=None, mask=None, softcap=None, num_sinks=0
+):
+    A = macchiato_matrix(a, b, q, k, window_size, mix, gate, beta, scale, mask, softcap, num_sinks)
     vv = v.to(f64).repeat_interleave(q.shape[2] // v.shape[2], 2)
     return torch.einsum("bhts,bshd->bthd", A, vv)
 

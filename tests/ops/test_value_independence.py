@@ -114,7 +114,7 @@ def latte_call(name, B=2, T=80, H=2, L=8, D=4, state=True):
     return call
 
 
-def macchiato_call(name, B=2, T=80, H=2, L=8, D=4):
+def macchiato_call(name, B=2, T=80, H=2, L=8, D=4, num_sinks=0):
     a, b = _logits((B, T, H, L), name, 1), _logits((B, T, H, L), name, 2)
     q, k = _logits((B, T, H, 6), name, 4), _logits((B, T, 1, 6), name, 5)
     v = _logits((B, T, 1, D), "std1", 3)
@@ -122,7 +122,7 @@ def macchiato_call(name, B=2, T=80, H=2, L=8, D=4):
     m = _mask(name, B, T)
 
     def call():
-        y, _ = macchiato(a, b, v, q, k, window_size=20, chunk_size=32, mask=m)
+        y, _ = macchiato(a, b, v, q, k, window_size=20, chunk_size=32, mask=m, num_sinks=num_sinks)
         _grads(y, leaves)
 
     return call
@@ -164,7 +164,7 @@ def bidirectional_call(name):
     return lambda: _grads(latte_bidirectional(a, b, v, mask=m), leaves)
 
 
-def steps_call(name, T=12):
+def steps_call(name, T=12, num_sinks=0):
     a, b = _logits((2, T, 2, 8), name, 1), _logits((2, T, 2, 8), name, 2)
     q, k, v = _logits((2, T, 2, 6), name, 3), _logits((2, T, 1, 6), name, 4), _logits((2, T, 1, 4), "std1", 5)
     m = _mask(name, 2, T)
@@ -173,7 +173,9 @@ def steps_call(name, T=12):
         s1 = s2 = s3 = None
         for t in range(T):
             _, s1 = latte_causal_step(a[:, t], b[:, t], v[:, t].expand(-1, 2, -1), s1, mask_t=m[:, t])
-            _, s2 = macchiato_step(a[:, t], b[:, t], v[:, t], q[:, t], k[:, t], s2, window_size=5, mask_t=m[:, t])
+            _, s2 = macchiato_step(
+                a[:, t], b[:, t], v[:, t], q[:, t], k[:, t], s2, window_size=5, mask_t=m[:, t], num_sinks=num_sinks
+            )
             _, s3 = sliding_window_step(q[:, t], k[:, t], v[:, t], s3, window_size=5, mask_t=m[:, t])
 
     return call
@@ -183,11 +185,13 @@ OPS = {
     "latte_causal": latte_call,
     "latte_causal_no_state": lambda name: latte_call(name, state=False),
     "macchiato": macchiato_call,
+    "macchiato_sinks": lambda name: macchiato_call(name, num_sinks=4),
     "sliding_window": window_call,
     "linear_recurrence": recurrence_call,
     "linear_cross_entropy": cross_entropy_call,
     "latte_bidirectional": bidirectional_call,
     "decode_steps": steps_call,
+    "decode_steps_sinks": lambda name: steps_call(name, num_sinks=2),
 }
 
 
