@@ -3,7 +3,9 @@
 Legend: B batch, T time, H query heads, K key/value heads, L latents per head
 (num_latents / H), E head width (head_dim, for q, k and v).
 
-  window branch: q = RoPE(x W_q) [B,T,H,E], k = RoPE(x W_k) [B,T,K,E]
+  window branch: q = RoPE(x W_q) [B,T,H,E], k = RoPE(x W_k) [B,T,K,E]; it
+                 sees the last window_size tokens plus the first num_sinks
+                 (attention sinks, docs/math.md §4.1)
   values:        v = x W_v [B,T,K,E], shared by both branches
   latent branch: u = qk_mixer(x); a = u W_a, b = u W_b [B,T,H,L]
   mixing:        "joint" (one normaliser over window scores and latent
@@ -30,6 +32,7 @@ from torch import nn
 from latte._checks import check_positive_int
 from latte.ops import MacchiatoState, macchiato, macchiato_step
 from latte.ops.macchiato import MIXES
+from latte.ops.sinks import check_num_sinks
 
 from ._checks import (
     check_backend,
@@ -49,7 +52,7 @@ from .rope import layer_positions
 class MacchiatoLayerState(NamedTuple):
     """Decoding state of MacchiatoAttention: constant in T."""
 
-    attn: MacchiatoState  # latte (S, z) + window ring buffer of window_size - 1 keys/values
+    attn: MacchiatoState  # latte (S, z) + window ring buffer of window_size - 1 keys/values (+ the sinks)
     conv: torch.Tensor | None  # [B, conv_size - 1, dim] (float32), None without conv
     h: torch.Tensor | None  # [B, dim] RG-LRU state (float32), None without RG-LRU
     pos: torch.Tensor | None  # [B] int64 real tokens seen so far; None inside a model (its cache counts)
@@ -61,6 +64,8 @@ class MacchiatoAttention(nn.Module):
     Args:
         dim, num_heads, num_latents: as LatteAttention (num_latents total).
         window_size: tokens each query sees in the window branch (itself included).
+        num_sinks: the first tokens every query also sees there (attention
+            sinks, kept once in the decoding state); 0 = none.
         mix: "joint" or "gate" (adds gate_proj: dim -> num_heads).
         num_kv_heads: key/value heads, divides num_heads (default num_heads).
         head_dim: q/k/v head width (default dim / num_heads).
@@ -79,6 +84,7 @@ class MacchiatoAttention(nn.Module):
         num_latents: int,
         *,
         window_size: int = 128,
+        num_sinks: int = 0,
         mix: str = "joint",
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
@@ -105,6 +111,7 @@ class MacchiatoAttention(nn.Module):
             check_divides("num_heads", num_heads, "dim", dim)
             head_dim = dim // num_heads
         check_positive_int("head_dim", head_dim)
+        check_num_sinks(num_sinks)
         check_divides("num_heads", num_heads, "num_latents", num_latents)
         check_divides("num_kv_heads", num_kv_heads, "num_heads", num_heads)
         check_choice("mix", mix, MIXES)
@@ -113,6 +120,7 @@ class MacchiatoAttention(nn.Module):
         self.dim, self.num_heads, self.num_latents = dim, num_heads, num_latents
         self.num_kv_heads, self.head_dim, self.window_size = num_kv_heads, head_dim, window_size
         self.mix, self.chunk_size, self.qk_mixer = mix, chunk_size, qk_mixer
+        self.num_sinks = num_sinks
         self.backend = backend
         add_qkvo(self, dim, num_heads, num_kv_heads, head_dim, rope_theta, bias)
         self.mixer = QKMixer(dim, num_heads, qk_mixer, conv_size=conv_size, causal=True)
@@ -145,7 +153,9 @@ class MacchiatoAttention(nn.Module):
         b = self.b_proj(u).view(B, T, H, L)
         gate = None if self.gate_proj is None else self.gate_proj(x)  # [B, T, H]
         prev = None if state is None else state.attn
-        common = dict(window_size=self.window_size, mix=self.mix, beta=self.beta, backend=self.backend)
+        common = dict(
+            window_size=self.window_size, mix=self.mix, beta=self.beta, num_sinks=self.num_sinks, backend=self.backend
+        )
         if T == 1:  # decoding: constant-time step
             y, attn = macchiato_step(
                 a[:, 0],
@@ -180,5 +190,6 @@ class MacchiatoAttention(nn.Module):
         return (
             f"dim={self.dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
             f"head_dim={self.head_dim}, num_latents={self.num_latents}, window_size={self.window_size}, "
+            f"num_sinks={self.num_sinks}, "
             f"mix={self.mix!r}, qk_mixer={self.qk_mixer!r}, chunk_size={self.chunk_size}"
         )

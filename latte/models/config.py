@@ -46,6 +46,9 @@ class LatteConfig:
         recall comparison, docs/evaluation.md §4).
     num_kv_heads: key/value heads of the softmax-style branches (softmax, swa,
         the macchiato window); None means num_heads.
+    num_sinks: "macchiato" only: the first num_sinks tokens stay visible to
+        every query next to its window (attention sinks, docs/math.md §4.1);
+        0 (default) = the window alone.
     mlp: "swiglu", "gelu", or "none" for attention-only blocks (no MLP and no
         second norm: the 2-layer models of the Zoology MQAR sweeps).
     ffn_dim: MLP hidden width; None derives it from mlp_ratio: mlp_ratio * dim
@@ -68,6 +71,7 @@ class LatteConfig:
     num_kv_heads: int | None = None
     mixer: Mixer | list[Mixer] = "latte"
     window_size: int = 128
+    num_sinks: int = 0
     mix: Literal[MIXES] = "joint"  # ("joint", "gate"), defined by latte.ops.macchiato
     qk_mixer: Literal[QK_MIXERS] | None = None  # ("none", "conv", "rglru", "conv_rglru")
     linear_qk_mixer: Literal[QK_MIXERS] = "none"
@@ -249,6 +253,9 @@ def _check_types(cfg: LatteConfig, errs: ConfigErrors) -> set[str]:
         v = getattr(cfg, name)
         if errs.check(_is_int(v), name, v, "an integer >= 1"):
             errs.check(v >= 1, name, v, "an integer >= 1")
+    v = cfg.num_sinks
+    if errs.check(_is_int(v), "num_sinks", v, "an integer >= 0"):
+        errs.check(v >= 0, "num_sinks", v, "an integer >= 0")
     for name in ("num_kv_heads", "ffn_dim"):
         v = getattr(cfg, name)
         if v is not None and errs.check(_is_int(v), name, v, "None or an integer >= 1"):

@@ -52,6 +52,7 @@ def build_mixer(config: LatteConfig, kind: str) -> nn.Module:
             c.num_heads,
             c.num_latents,
             window_size=c.window_size,
+            num_sinks=c.num_sinks,
             mix=c.mix,
             num_kv_heads=c.num_kv_heads,
             rope_theta=c.rope_theta,

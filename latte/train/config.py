@@ -79,6 +79,7 @@ class ModelConfig:
     num_kv_heads: int | None = LatteConfig.num_kv_heads
     mixer: Mixer | list[Mixer] = LatteConfig.mixer
     window_size: int = LatteConfig.window_size
+    num_sinks: int = LatteConfig.num_sinks
     mix: Literal["joint", "gate"] = LatteConfig.mix
     qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] | None = LatteConfig.qk_mixer
     linear_qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] = LatteConfig.linear_qk_mixer

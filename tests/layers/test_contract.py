@@ -35,6 +35,10 @@ LAYERS = {
     "macchiato-gate-conv_rglru": lambda: MacchiatoAttention(
         DIM, HEADS, LATENTS, window_size=4, mix="gate", num_kv_heads=1, head_dim=6, chunk_size=4, bias=True
     ),
+    "macchiato-joint-sinks": lambda: MacchiatoAttention(
+        DIM, HEADS, LATENTS, window_size=4, num_sinks=2, num_kv_heads=1, chunk_size=4
+    ),
+    "macchiato-gate-sinks": lambda: MacchiatoAttention(DIM, HEADS, LATENTS, window_size=3, num_sinks=5, mix="gate"),
     "softmax": lambda: SoftmaxAttention(DIM, HEADS),
     "softmax-gqa": lambda: SoftmaxAttention(DIM, HEADS, num_kv_heads=1, bias=True),
     "linear": lambda: LinearAttention(DIM, HEADS, chunk_size=4),

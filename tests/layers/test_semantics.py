@@ -38,10 +38,11 @@ def test_latte_layer_matches_reference(kind):
     torch.testing.assert_close(state.attn.z, z)
 
 
-@pytest.mark.parametrize("mix", ["joint", "gate"])
-def test_macchiato_layer_matches_reference(mix):
+@pytest.mark.parametrize("mix,sinks", [("joint", 0), ("gate", 0), ("joint", 2)])
+def test_macchiato_layer_matches_reference(mix, sinks):
     torch.manual_seed(0)
-    layer = MacchiatoAttention(DIM, HEADS, LATENTS, window_size=3, mix=mix, num_kv_heads=1, chunk_size=4).double()
+    kw = dict(window_size=3, mix=mix, num_kv_heads=1, chunk_size=4, num_sinks=sinks)
+    layer = MacchiatoAttention(DIM, HEADS, LATENTS, **kw).double()
     with torch.no_grad():
         layer.beta.copy_(torch.tensor([0.5, -1.0]))
     x = x64()
@@ -54,7 +55,7 @@ def test_macchiato_layer_matches_reference(mix):
         k = layer.rope(layer.k_proj(x).view(2, 11, 1, 8), positions(2, 11))
         v = layer.v_proj(x).view(2, 11, 1, 8)
         gate = layer.gate_proj(x) if mix == "gate" else None
-        y_ref = reference.macchiato(a, b, v, q, k, 3, mix=mix, gate=gate, beta=layer.beta)
+        y_ref = reference.macchiato(a, b, v, q, k, 3, mix=mix, gate=gate, beta=layer.beta, num_sinks=sinks)
         y_ref = layer.o_proj(y_ref.flatten(2))
     torch.testing.assert_close(y, y_ref)
 
