@@ -7,13 +7,14 @@ head, E head width, F model width (hidden_size).
   window branch: q, k, v = the original q_proj, k_proj, v_proj (+ q/k norms),
                  RoPE from the model's own (cos, sin), the original score
                  scale and soft-cap, restricted to the last window_size tokens
+                 and the first num_sinks (attention sinks, docs/math.md §4.1)
   latent branch: u = qk_mixer(x); a = u W_a, b = u W_b [B, T, H, L] (new)
   mixing:        latte.ops.macchiato ("joint": one normaliser; beta [H] new)
   output:        the original o_proj
 
 With beta very negative the latents carry no mass and the layer is exactly
-the original attention restricted to the window (a sliding-window version of
-the pretrained model). Optional LoRA adapters (rank r) add (x A^T) B^T to
+the original attention restricted to the window and the sinks (a
+sliding-window version of the pretrained model). Optional LoRA adapters (rank r) add (x A^T) B^T to
 q/k/v/o; B starts at zero, so they change nothing until trained.
 
 The module keeps the original's q_proj, k_proj, v_proj, o_proj (and q_norm,
@@ -32,6 +33,7 @@ from torch import nn
 
 from latte.layers import QKMixer
 from latte.ops import MacchiatoState, macchiato, macchiato_step, sliding_window_attention_lse
+from latte.ops.sinks import window_sinks_lse
 
 from .families import AttentionSpec
 
@@ -41,7 +43,7 @@ _ORIGINAL_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
 class ConvertedLayerState(NamedTuple):
     """Decoding state of one converted layer: constant in the context."""
 
-    attn: MacchiatoState  # latent (S, z) + ring buffer of window_size - 1 keys/values
+    attn: MacchiatoState  # latent (S, z) + ring buffer of window_size - 1 keys/values + the sinks
     conv: torch.Tensor | None  # qk-mixer conv state [B, conv_size - 1, F] or None
     h: torch.Tensor | None  # qk-mixer RG-LRU state [B, F] or None
 
@@ -50,7 +52,7 @@ class LogMasses(NamedTuple):
     """[B, T, H] float32 logs, beta excluded. joint: p(latents) =
     sigmoid(latent + beta - window); gate: sigmoid(latent + beta - gate)."""
 
-    window: torch.Tensor  # log sum of exp(scores) over the window
+    window: torch.Tensor  # log sum of exp(scores) over the window and the sinks
     full: torch.Tensor  # the same over every key the original sees
     latent: torch.Tensor  # logsumexp of the latent logits a
     gate: torch.Tensor | None  # the gate logit (mix="gate")
@@ -105,6 +107,7 @@ class ConvertedAttention(nn.Module):
         dim: int,
         window_size: int,
         latents_per_head: int,
+        num_sinks: int = 0,
         qk_mixer: str,
         conv_size: int,
         mix: str,
@@ -121,6 +124,9 @@ class ConvertedAttention(nn.Module):
         self.spec, self.layer_idx, self.mix, self.chunk_size = spec, layer_idx, mix, chunk_size
         # the original's own local window (sliding layers) caps the converted one
         self.window_size = window_size if spec.window is None else min(window_size, spec.window)
+        # sinks only where conversion shortens what the layer saw: a native local layer
+        # kept at its own window stays the original exactly (docs/conversion.md §1)
+        self.num_sinks = num_sinks if spec.window is None or window_size < spec.window else 0
         H, L = spec.num_heads, latents_per_head
         self.latents_per_head = L
         self.mixer = QKMixer(dim, H, qk_mixer, conv_size=conv_size, causal=True)
@@ -168,7 +174,7 @@ class ConvertedAttention(nn.Module):
         B, T, _ = x.shape
         q, k, v = self._qkv(x, position_embeddings)
         kw = dict(scale=self.spec.scale, softcap=self.spec.softcap)
-        _, window, _ = sliding_window_attention_lse(q, k, v, window_size=self.window_size, **kw)
+        _, window = window_sinks_lse(q, k, v, window_size=self.window_size, num_sinks=self.num_sinks, **kw)
         _, full, _ = sliding_window_attention_lse(q, k, v, window_size=self.spec.window or T, **kw)
         gate = None if self.gate_proj is None else self.gate_proj(x).float()
         u, _, _ = self.mixer(x)
@@ -198,7 +204,12 @@ class ConvertedAttention(nn.Module):
         b = self.b_proj(u).view(B, T, H, L)
         gate = None if self.gate_proj is None else self.gate_proj(x)  # [B, T, H]
         common = dict(
-            window_size=self.window_size, mix=self.mix, beta=self.beta, scale=self.spec.scale, softcap=self.spec.softcap
+            window_size=self.window_size,
+            num_sinks=self.num_sinks,
+            mix=self.mix,
+            beta=self.beta,
+            scale=self.spec.scale,
+            softcap=self.spec.softcap,
         )
         if T == 1 and prev is not None:  # decoding: one constant-time step
             y, attn = macchiato_step(
@@ -235,6 +246,7 @@ class ConvertedAttention(nn.Module):
         s = self.spec
         return (
             f"heads={s.num_heads}, kv_heads={s.num_kv_heads}, head_dim={s.head_dim}, "
-            f"window_size={self.window_size}, latents_per_head={self.latents_per_head}, mix={self.mix!r}, "
+            f"window_size={self.window_size}, num_sinks={self.num_sinks}, "
+            f"latents_per_head={self.latents_per_head}, mix={self.mix!r}, "
             f"scale={s.scale:.4g}, softcap={s.softcap}"
         )

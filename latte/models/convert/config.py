@@ -29,6 +29,9 @@ class ConversionConfig:
 
     window_size: tokens the pretrained attention keeps seeing (itself
         included); capped per layer by the original's own local window.
+    num_sinks: the first tokens of the sequence every query also keeps
+        seeing (attention sinks, docs/math.md §4.1; docs/conversion.md §1
+        says how the default was chosen); 0 = the window alone.
     latents_per_head: L, new latent states per query head.
     qk_mixer, conv_size: the latent branch's input mixer (latte.layers.QKMixer).
     mix: "joint" (one normaliser over window scores and latent logits) or "gate".
@@ -39,6 +42,7 @@ class ConversionConfig:
     """
 
     window_size: int = 128
+    num_sinks: int = 0
     latents_per_head: int = 32
     qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] = "conv"
     conv_size: int = 4
@@ -55,6 +59,9 @@ class ConversionConfig:
             e.check(_is_int(v) and v >= 1, name, v, "an integer >= 1")
         e.check(
             _is_int(self.lora_rank) and self.lora_rank >= 0, "lora_rank", self.lora_rank, "an integer >= 0 (0 = off)"
+        )
+        e.check(
+            _is_int(self.num_sinks) and self.num_sinks >= 0, "num_sinks", self.num_sinks, "an integer >= 0 (0 = none)"
         )
         e.check(self.qk_mixer in QK_MIXERS, "qk_mixer", self.qk_mixer, f"one of {QK_MIXERS}")
         e.check(self.mix in MIXES, "mix", self.mix, f"one of {MIXES}")
@@ -95,7 +102,10 @@ class ConvertedConfig(PreTrainedConfig):
     use_cache: bool = True
 
     def __post_init__(self, **kwargs):
-        self.conversion = ConversionConfig.from_dict(self.conversion or {}, where="config.conversion").to_dict()
+        conversion = dict(self.conversion or {})
+        if conversion and "num_sinks" not in conversion:  # written before sinks existed: it had none
+            conversion["num_sinks"] = 0
+        self.conversion = ConversionConfig.from_dict(conversion, where="config.conversion").to_dict()
         super().__post_init__(**kwargs)
         for name in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id"):
             if getattr(self, name, None) is None:  # generation reads these at the top level

@@ -132,11 +132,11 @@ def calibrate_beta(model: ConvertedForCausalLM, records: list[LayerRecord], late
         m = attn.log_masses(rec.x, rec.position_embeddings)  # [B, T, H] each
         rival = m.window if m.gate is None else m.gate  # what the latents compete with in the mix
         if latent_mass is None:
-            W = attn.window_size
+            W = attn.window_size + attn.num_sinks  # from token W on, a key is outside window and sinks
             if rec.x.shape[1] <= W:
                 raise ValueError(
                     f"calibrate_beta: recorded sequences of {rec.x.shape[1]} tokens do not exceed the "
-                    f"window ({W}); nothing is lost to calibrate against"
+                    f"window and sinks ({W}); nothing is lost to calibrate against"
                 )
             share = (m.window - m.full)[:, W:].clamp(max=-1e-6)  # log of the window's share of the original's mass
             odds = torch.log1p(-share.exp()) - share  # log(Z_out / Z_window): latents vs window

@@ -82,6 +82,7 @@ def patch_attention(model: nn.Module, conversion: ConversionConfig) -> list[Conv
             i,
             dim=config.hidden_size,
             window_size=conversion.window_size,
+            num_sinks=conversion.num_sinks,
             latents_per_head=conversion.latents_per_head,
             qk_mixer=conversion.qk_mixer,
             conv_size=conversion.conv_size,
