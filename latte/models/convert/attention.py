@@ -33,7 +33,7 @@ from torch import nn
 
 from latte.layers import QKMixer
 from latte.ops import MacchiatoState, macchiato, macchiato_step, sliding_window_attention_lse
-from latte.ops.sinks import window_sinks_lse
+from latte.ops.sinks import check_num_sinks, window_sinks_lse
 
 from .families import AttentionSpec
 
@@ -124,9 +124,7 @@ class ConvertedAttention(nn.Module):
         self.spec, self.layer_idx, self.mix, self.chunk_size = spec, layer_idx, mix, chunk_size
         # the original's own local window (sliding layers) caps the converted one
         self.window_size = window_size if spec.window is None else min(window_size, spec.window)
-        # sinks only where conversion shortens what the layer saw: a native local layer
-        # kept at its own window stays the original exactly (docs/conversion.md §1)
-        self.num_sinks = num_sinks if spec.window is None or window_size < spec.window else 0
+        self.use_sinks(num_sinks)
         H, L = spec.num_heads, latents_per_head
         self.latents_per_head = L
         self.mixer = QKMixer(dim, H, qk_mixer, conv_size=conv_size, causal=True)
@@ -144,6 +142,14 @@ class ConvertedAttention(nn.Module):
             )
         ref = self.q_proj.weight
         self.to(device=ref.device, dtype=ref.dtype)
+
+    def use_sinks(self, num_sinks: int) -> None:
+        """See the first num_sinks tokens next to the window from now on. Only
+        where conversion shortened what the layer saw: a native local layer
+        kept at its own window stays the original exactly (docs/conversion.md §1)."""
+        check_num_sinks(num_sinks)
+        shortened = self.spec.window is None or self.window_size < self.spec.window
+        self.num_sinks = num_sinks if shortened else 0
 
     def new_parameters(self):
         """(name, parameter) of what conversion added: latent branch, beta, LoRA."""

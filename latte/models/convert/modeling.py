@@ -167,23 +167,27 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
             self.base.config._attn_implementation = ATTN_IMPLEMENTATION
 
     @contextlib.contextmanager
-    def as_sliding_window(self):
+    def as_sliding_window(self, num_sinks: int | None = None):
         """Within the block the model is the sliding-window version of the
         original (as converted with the default beta_init, before
         up-training): every beta at PURE_WINDOW_BETA (no latent mass) and
-        LoRA adapters, if any, switched off. Restored after."""
-        saved = [(attn.beta.detach().clone(), attn.lora) for attn in self.converted]
+        LoRA adapters, if any, switched off. The window keeps the model's
+        attention sinks, or the first `num_sinks` tokens when given
+        (training-free window + sinks). Restored after."""
+        saved = [(attn.beta.detach().clone(), attn.lora, attn.num_sinks) for attn in self.converted]
         try:
             with torch.no_grad():
                 for attn in self.converted:
                     attn.beta.fill_(PURE_WINDOW_BETA)
                     attn.lora = None
+                    if num_sinks is not None:
+                        attn.use_sinks(num_sinks)
             yield self
         finally:
             with torch.no_grad():
-                for attn, (beta, lora) in zip(self.converted, saved):
+                for attn, (beta, lora, sinks) in zip(self.converted, saved):
                     attn.beta.copy_(beta)
-                    attn.lora = lora
+                    attn.lora, attn.num_sinks = lora, sinks
 
     def save_pretrained(self, save_directory, *, self_contained: bool | None = None, **kwargs: Any) -> None:
         """See latte.models.convert.io.save_converted (only the new parameters

@@ -136,3 +136,18 @@ def test_calibration_counts_the_sinks_as_seen():
         lost = torch.logsumexp(e.masked_fill(~outside, float("-inf")), -1)[:, :, W + 2 :]
         ref = lost.permute(0, 2, 1).flatten(0, 1).median(0).values - torch.log(torch.tensor(4.0))
         assert torch.allclose(attn.beta, ref.float(), atol=1e-3)
+
+
+def test_as_sliding_window_with_sinks_is_the_masked_original_and_restores():
+    model = trained_like("gemma3_text", lora_rank=2, num_sinks=1)  # local layers: window 8 < their 16
+    x = ids(B=1, T=40)[0]
+    before = converted_nll(model, x, contexts=(), chunk=16).nll
+    for k in (0, 4):
+        with model.as_sliding_window(num_sinks=k):
+            assert [a.num_sinks for a in model.converted] == [k, k]
+            got = converted_nll(model, x, contexts=(), chunk=16).nll
+        assert (got - original_window_nll(model, x, window=W, sinks=k).nll).abs().max() < 1e-4
+    assert [a.num_sinks for a in model.converted] == [1, 1]
+    assert torch.equal(converted_nll(model, x, contexts=(), chunk=16).nll, before)
+    with pytest.raises(ValueError, match="num_sinks"), model.as_sliding_window(num_sinks=-2):
+        pass
