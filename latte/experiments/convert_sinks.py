@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     docs = documents(encode, a.documents, contexts[-1])
     cells = [{"model": "original", "document": d} for d in docs]
     cells += [{"model": "window", "sinks": k, "window": a.window, "document": d} for k in sinks for d in docs]
-    sweep = Sweep(Path(a.runs) / "cells", cells)
+    sweep = Sweep(a.runs, cells)
     with torch.no_grad():
         sweep.run(cell_fn(model, docs), desc="convert-sinks")
     done = sweep.records()
