@@ -78,17 +78,18 @@ def _attend(q, ks, vs, keep, scale, softcap):
     Work dtype; no exp of an argument below the floor (_exp.py)."""
     B, T, H, E = q.shape
     K = ks.shape[2]
-    s = torch.einsum("btkge,bske->btkgs", q.reshape(B, T, K, H // K, E), ks) * scale
-    if softcap is not None:
-        s = torch.tanh(s / softcap) * softcap
-    keep = keep[:, :, None, None, :]  # [B, T, 1, 1, S]
-    s = s.masked_fill(~keep, float("-inf"))
-    some = keep.any(-1)  # [B, T, 1, 1]
-    m = torch.where(some, s.detach().amax(-1), 0.0).unsqueeze(-1)  # exact for any m: a stabiliser only
-    p = exp_floored(s - m) * keep  # masked slots exactly 0
-    total = p.sum(-1) + ~some  # 1 where nothing is kept: no 0/0, no log(0)
-    y = torch.einsum("btkgs,bskd->btkgd", p, vs) / total.unsqueeze(-1)
-    lse = torch.where(some, m.squeeze(-1) + total.log(), float("-inf"))
+    with torch.autocast(q.device.type, enabled=False):  # the work dtype, as the window kernel
+        s = torch.einsum("btkge,bske->btkgs", q.reshape(B, T, K, H // K, E), ks) * scale
+        if softcap is not None:
+            s = torch.tanh(s / softcap) * softcap
+        keep = keep[:, :, None, None, :]  # [B, T, 1, 1, S]
+        s = s.masked_fill(~keep, float("-inf"))
+        some = keep.any(-1)  # [B, T, 1, 1]
+        m = torch.where(some, s.detach().amax(-1), 0.0).unsqueeze(-1)  # exact for any m: a stabiliser only
+        p = exp_floored(s - m) * keep  # masked slots exactly 0
+        total = p.sum(-1) + ~some  # 1 where nothing is kept: no 0/0, no log(0)
+        y = torch.einsum("btkgs,bskd->btkgd", p, vs) / total.unsqueeze(-1)
+        lse = torch.where(some, m.squeeze(-1) + total.log(), float("-inf"))
     return y.reshape(B, T, H, -1), lse.reshape(B, T, H)
 
 

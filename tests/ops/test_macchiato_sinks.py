@@ -193,3 +193,14 @@ def test_float32_spread_scores_and_bf16_stay_finite():
     assert torch.isfinite(y).all() and rel_err(y, y_ref) < 1e-4
     yb, _ = macchiato(*(x.bfloat16() for x in (a, b, v, q, k)), window_size=16, num_sinks=4)
     assert yb.dtype == torch.bfloat16 and torch.isfinite(yb).all()
+
+
+def test_under_bf16_autocast_the_sinks_compute_in_float32():
+    a, b, v, q, k = (x.float() for x in inputs(80))
+    leaves = [x.clone().requires_grad_() for x in (a, b, v, q, k)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, _ = macchiato(*leaves, window_size=16, chunk_size=16, num_sinks=4)
+    y.float().sum().backward()
+    ref, _ = macchiato(a, b, v, q, k, window_size=16, chunk_size=16, num_sinks=4)
+    assert rel_err(y.float(), ref) < 1e-5
+    assert all(torch.isfinite(x.grad).all() for x in leaves)
