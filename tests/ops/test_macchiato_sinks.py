@@ -204,3 +204,16 @@ def test_under_bf16_autocast_the_sinks_compute_in_float32():
     ref, _ = macchiato(a, b, v, q, k, window_size=16, chunk_size=16, num_sinks=4)
     assert rel_err(y.float(), ref) < 1e-5
     assert all(torch.isfinite(x.grad).all() for x in leaves)
+
+
+def test_sinks_merge_with_the_flex_window_too(monkeypatch):
+    """The flex_attention window (CUDA; pretended here on CPU) returns the same
+    (y, lse) the sinks merge with."""
+    import importlib
+
+    M = importlib.import_module("latte.ops.macchiato")
+    monkeypatch.setattr(M, "resolve_window", lambda backend, x: "flex")
+    a, b, v, q, k = inputs(90)
+    mask = padded(2, 90)
+    y, _ = macchiato(a, b, v, q, k, window_size=12, chunk_size=16, mask=mask, num_sinks=3, backend="auto")
+    assert rel_err(y[mask], R.macchiato(a, b, v, q, k, 12, mask=mask, num_sinks=3)[mask]) < 1e-12
