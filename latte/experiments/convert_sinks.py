@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     cells = [{"model": "original", "document": d} for d in docs]
     cells += [{"model": "window", "sinks": k, "window": a.window, "document": d} for k in sinks for d in docs]
     sweep = Sweep(a.runs, cells)
+    reused = len(cells) - len(sweep.pending())
     with torch.no_grad():
         sweep.run(cell_fn(model, docs), desc="convert-sinks")
     done = sweep.records()
@@ -191,9 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     loads = [c["load"] for c in done]
     note = (
         f"\n\nPerplexity over the first C tokens (ratio to the original on the same tokens); window {a.window}, "
-        f"beta at its initial value (exactly the window + k sinks model). Cells: {len(done)}, "
-        f"{sum(c['wall_s'] for c in done):,.0f} s in all, {a.threads} thread(s), 1-min load average "
-        f"{min(loads):.1f}-{max(loads):.1f} at their starts."
+        f"beta at its initial value (exactly the window + k sinks model); the sinks are each document's first "
+        f"tokens (no BOS is added). Documents (the longest held-out of each kind): {', '.join(docs)}. "
+        f"Cells: {len(done)}, {sum(c['wall_s'] for c in done):,.0f} s in all, {a.threads} thread(s), 1-min load "
+        f"average {min(loads):.1f}-{max(loads):.1f} at their starts"
+        + (f"; {reused} were reused from an earlier invocation (the wall time above is this one's)." if reused else ".")
     )
     run = provenance("convert-sinks", argv, started, threads=a.threads)
     write_results(a.out, "convert-sinks", recs, table(recs, contexts) + note, run)

@@ -175,7 +175,7 @@ def _eval_cell(cell, trained, docs, rank, contexts, a) -> dict:
         limit = a.max_context if rank[cell["document"]] < a.original_full_documents else min(SHORT, a.max_context)
         res = original_nll(model, ids[: limit + 1])
     elif cell["model"] == "swa":
-        with model.as_sliding_window():
+        with model.as_sliding_window(num_sinks=0):  # the window alone (the sinks stage adds them)
             res = converted_nll(model, ids, contexts=contexts, decode_steps=DECODE_STEPS)
     else:
         res = converted_nll(model, ids, contexts=contexts, decode_steps=DECODE_STEPS)

@@ -12,7 +12,7 @@ from tests.models.convert.test_decode_and_io import W, ids, trained_like
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_window_mask_equals_the_converted_model_before_up_training(family):
-    model = trained_like(family)
+    model = trained_like(family, num_sinks=0)  # the window alone; tests/models/convert/test_sinks.py adds sinks
     with torch.no_grad():
         for attn in model.converted:
             attn.beta.fill_(-30.0)
@@ -35,7 +35,7 @@ def test_window_arguments_are_checked():
 
 
 def test_as_sliding_window_switches_off_lora_and_the_latents():
-    model = trained_like("llama", lora_rank=2)  # LoRA B non-zero: the adapters change q/k/v/o
+    model = trained_like("llama", lora_rank=2, num_sinks=0)  # LoRA B non-zero: the adapters change q/k/v/o
     x = ids(B=1, T=40)[0]
     before = converted_nll(model, x, contexts=(), chunk=16).nll
     with model.as_sliding_window():

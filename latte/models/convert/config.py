@@ -30,7 +30,7 @@ class ConversionConfig:
     window_size: tokens the pretrained attention keeps seeing (itself
         included); capped per layer by the original's own local window.
     num_sinks: the first tokens of the sequence every query also keeps
-        seeing (attention sinks, docs/math.md §4.1; docs/conversion.md §1
+        seeing (attention sinks, docs/math.md §4.1; docs/conversion.md §8
         says how the default was chosen); 0 = the window alone.
     latents_per_head: L, new latent states per query head.
     qk_mixer, conv_size: the latent branch's input mixer (latte.layers.QKMixer).
@@ -42,7 +42,7 @@ class ConversionConfig:
     """
 
     window_size: int = 128
-    num_sinks: int = 0
+    num_sinks: int = 4  # measured: results/convert-sinks (docs/conversion.md §8)
     latents_per_head: int = 32
     qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] = "conv"
     conv_size: int = 4
