@@ -12,7 +12,7 @@ context C, and its ratio to the original's on the same tokens. One cell per
 (model, document), resumable.
 
     latte experiment convert-sinks --quick            # tiny stand-in model, seconds (the test)
-    latte experiment convert-sinks                    # what produced results/convert-sinks
+    latte experiment convert-sinks --threads 1 --readme results/README.md   # results/convert-sinks
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--runs", default="runs/convert-sinks", help="folder of the sweep cells")
     p.add_argument("--out", default=None, help="default results/convert-sinks (--quick: inside --runs)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--readme", default=None, help="replace its results:convert-sinks section (results/README.md)")
     p.add_argument("--quick", action="store_true", help="a tiny random Llama and byte tokens, seconds")
     return p.parse_args(argv)
 
@@ -199,6 +200,6 @@ def main(argv: list[str] | None = None) -> int:
         + (f"; {reused} were reused from an earlier invocation (the wall time above is this one's)." if reused else ".")
     )
     run = provenance("convert-sinks", argv, started, threads=a.threads)
-    write_results(a.out, "convert-sinks", recs, table(recs, contexts) + note, run)
+    write_results(a.out, "convert-sinks", recs, table(recs, contexts) + note, run, readme=a.readme)
     print(table(recs, contexts))
     return 0
