@@ -27,6 +27,7 @@ import torch
 
 from ._checks import check_mask, check_shape, state_dtype
 from ._exp import exp_floored, logaddexp
+from .sliding_window import sliding_window_attention_lse
 
 
 class SinkState(NamedTuple):
@@ -158,8 +159,6 @@ def window_sinks_lse(q, k, v, *, window_size, num_sinks, scale=None, mask=None, 
     """Softmax attention over the window plus the first num_sinks tokens, with
     its log-normaliser: (y [B, T, H, D] in v's dtype, lse [B, T, H] float32).
     num_sinks = 0 is sliding_window_attention_lse."""
-    from .sliding_window import sliding_window_attention_lse
-
     y, lse, _ = sliding_window_attention_lse(q, k, v, window_size=window_size, scale=scale, mask=mask, softcap=softcap)
     check_num_sinks(num_sinks)
     if num_sinks:
