@@ -5,7 +5,18 @@ was received and what is allowed: a user can cause all of these."""
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
+
+
+def is_int(value: Any) -> bool:
+    """An integer of any kind (Python, numpy, ...) but not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value: Any) -> bool:
+    """A real number of any kind (ints included) but not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def check_positive_int(name: str, value: Any) -> None:

@@ -389,7 +389,7 @@ def cmd_export(args: list[str]) -> int:
     p.add_argument("run", help="run folder (newest verified checkpoint) or a step-N folder")
     p.add_argument("out", help="output folder (created; files in it are replaced)")
     a = p.parse_args(args)
-    from latte.models.export import export_for_transformers
+    from latte.models.pretrained import export_for_transformers
     from latte.train.runs import open_run
 
     trained = _open_lm_run(a.run, "export", open_run)

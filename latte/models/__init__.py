@@ -1,24 +1,22 @@
 """Models built from the attention layers: config, causal LM, sequence
 classifier, decoding cache, and save/load (config.json + model.safetensors).
 
-Modules, bottom to top: config (+ hf_names, the transformers spelling of its
-fields), weights (the safetensors format), inputs (validation at the model
-boundary), lm_loss, sampling, cache, modeling (the backbone), pretrained
-(config.json + weights, the mixin), causal_lm and classification, auto
-(the class named in config.json), export (a folder transformers loads).
+Modules, bottom to top: config (LatteConfig), weights (the safetensors
+format), modeling (input validation at the model boundary, the decoding
+cache, the backbone), pretrained (model folders: config.json + weights, the
+transformers spelling of the fields, the mixin, the folder `latte export`
+writes), causal_lm (loss, sampling, the LM) and classification. A causal LM's
+forward and generate read in config, modeling and causal_lm.
 
 The optional Hugging Face adapter lives in `latte.models.hf` (imports
 transformers; not imported here).
 """
 
-from .auto import from_pretrained
-from .cache import LatteCache, map_state
-from .causal_lm import CausalLMOutput, LatteForCausalLM
+from .causal_lm import IGNORE_INDEX, CausalLMOutput, LatteForCausalLM, causal_lm_loss
 from .classification import LatteForPairClassification, LatteForSequenceClassification, SequenceClassifierOutput
 from .config import MIXERS, LatteConfig
-from .lm_loss import IGNORE_INDEX, causal_lm_loss
-from .modeling import Block, LatteModel
-from .pretrained import load_config, num_parameters, save_pretrained
+from .modeling import Block, LatteCache, LatteModel, map_state
+from .pretrained import from_pretrained, load_config, num_parameters, save_pretrained
 from .weights import load_weights, read_weights, save_weights
 
 __all__ = [

@@ -1,22 +1,211 @@
-"""`LatteForCausalLM`: the backbone, a language-model head, the shifted loss
-and generation (chunked prefill, then one recurrent step per token), whole
-(`generate`) or token by token (`stream`)."""
+"""`LatteForCausalLM`: the backbone (`modeling.py`), a language-model head,
+the shifted loss and generation (chunked prefill, then one recurrent step per
+token), whole (`generate`) or token by token (`stream`).
+
+In reading order: the loss (labels shifted inside: position t predicts token
+t + 1; IGNORE_INDEX (-100) and padded positions ignored; the mean over the
+remaining targets; the fused chunked head + cross-entropy that never forms
+[B, T, V] logits when training), choosing the next token (greedy or sampled:
+temperature, then top-k, then nucleus top-p, with the one validation of these
+arguments that `generate` and `stream` share), then the model.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from .cache import LatteCache
+from latte._checks import is_int, is_real
+from latte.ops import linear_cross_entropy
+
 from .config import LatteConfig
-from .inputs import value_checks
-from .lm_loss import head_and_loss, next_token_targets
-from .modeling import LatteModel
-from .pretrained import PretrainedMixin
-from .sampling import check_eos, check_sampling_args, token_stream
+from .modeling import LatteCache, LatteModel, value_checks
+from .pretrained import PretrainedMixin, architecture
+
+# ---- the loss -------------------------------------------------------------------
+
+IGNORE_INDEX = -100  # the target value that contributes no loss (PyTorch's and transformers' convention)
+
+
+def _check_labels(name: str, labels: torch.Tensor, shape: tuple, V: int, values: bool) -> None:
+    if not isinstance(labels, torch.Tensor) or tuple(labels.shape) != shape:
+        got = tuple(labels.shape) if isinstance(labels, torch.Tensor) else type(labels).__name__
+        raise ValueError(f"{name}: expected shape {shape} like input_ids, got {got}")
+    if labels.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{name}: expected an integer tensor, got dtype {labels.dtype}")
+    if not values:  # the value check is a host sync (see latte/models/modeling.py, "Validation")
+        return
+    bad = labels[(labels != IGNORE_INDEX) & ((labels < 0) | (labels >= V))]
+    if bad.numel():
+        raise ValueError(f"{name}: found {int(bad[0])}; {name} must be in [0, {V - 1}] or -100 (ignored)")
+
+
+def next_token_targets(
+    labels: torch.Tensor | None,
+    shift_labels: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    shape: tuple,
+    V: int,
+    *,
+    values: bool = True,
+) -> torch.Tensor:
+    """Targets [B, T] aligned with the positions (position t predicts
+    targets[:, t]; -100 = no loss there).
+
+    labels: input_ids-aligned; shifted here, so the last position has no
+    target, and labels at padded positions (mask False) are ignored.
+    shift_labels: already shifted (what a loader of (x, y) windows yields),
+    used as they are. Exactly one of the two is given. values=False skips
+    the range check of the ids (a host sync)."""
+    if (labels is None) == (shift_labels is None):
+        raise ValueError(
+            "labels, shift_labels: give exactly one (labels are shifted inside, shift_labels are already shifted)"
+        )
+    if shift_labels is not None:
+        _check_labels("shift_labels", shift_labels, shape, V, values)
+        return shift_labels.long()
+    _check_labels("labels", labels, shape, V, values)
+    labels = labels.long()
+    if mask is not None:
+        labels = labels.masked_fill(~mask, IGNORE_INDEX)
+    return F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+
+
+def mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits [B, T, V] against position-aligned targets
+    (-100 ignored; 0 when every target is ignored)."""
+    total = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Next-token cross-entropy: position t predicts labels[t + 1]. Targets
+    equal to -100 or at padded positions (mask False) are ignored; the loss is
+    the mean over the remaining targets (0 if there are none)."""
+    B, T, V = logits.shape
+    return mean_cross_entropy(logits, next_token_targets(labels, None, mask, (B, T), V))
+
+
+def head_and_loss(
+    hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor | None, return_logits: bool | None, training: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(logits or None, mean loss or None) of an LM head over hidden [B, T, D].
+
+    return_logits None means: skip the logits exactly when a loss is computed
+    in training mode with gradients on (the usual training step). Without
+    logits the loss comes from the fused, chunked head + cross-entropy
+    (latte.ops.linear_cross_entropy), which never forms [B, T, V]."""
+    if return_logits is None:
+        return_logits = not (targets is not None and training and torch.is_grad_enabled())
+    if return_logits:
+        logits = head(hidden)
+        return logits, None if targets is None else mean_cross_entropy(logits, targets)
+    if targets is None:
+        raise ValueError("return_logits=False needs labels or shift_labels: there would be nothing to return")
+    if head.bias is not None:
+        raise ValueError("return_logits=False: the fused loss supports an LM head without bias")
+    total = linear_cross_entropy(
+        hidden.reshape(-1, hidden.shape[-1]), head.weight, targets.reshape(-1), ignore_index=IGNORE_INDEX
+    )
+    return None, total / (targets != IGNORE_INDEX).sum().clamp(min=1)
+
+
+# ---- choosing the next token ---------------------------------------------------
+
+
+def check_sampling_args(max_new_tokens, temperature, top_k, top_p, do_sample=None) -> bool:
+    """Validates the generation arguments; returns True for greedy decoding
+    (temperature 0 or do_sample=False). Each bad value is a ValueError that
+    names the argument, the value and what is allowed."""
+    if not is_int(max_new_tokens) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens: expected an integer >= 0, got {max_new_tokens!r}")
+    if not is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature: expected a finite number >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None and (not is_int(top_k) or top_k < 0):
+        raise ValueError(f"top_k: expected None or an integer >= 0 (0 = off), got {top_k!r}")
+    if top_p is not None and (not is_real(top_p) or not 0 < top_p <= 1):  # NaN fails the comparison
+        raise ValueError(f"top_p: expected None or a number in (0, 1] (1 = off), got {top_p!r}")
+    if do_sample is not None and not isinstance(do_sample, bool):
+        raise ValueError(f"do_sample: expected None, True or False, got {do_sample!r}")
+    if do_sample and temperature == 0:
+        raise ValueError("do_sample=True needs temperature > 0 (temperature 0 means greedy)")
+    return temperature == 0 or do_sample is False
+
+
+def check_eos(eos_token_id, vocab_size: int, device) -> torch.Tensor | None:
+    """None, an id or a list of ids in [0, vocab_size) -> tensor of ids or None."""
+    if eos_token_id is None:
+        return None
+    ids = [eos_token_id] if is_int(eos_token_id) else eos_token_id
+    if not isinstance(ids, (list, tuple)) or not ids or not all(is_int(i) and 0 <= i < vocab_size for i in ids):
+        raise ValueError(
+            f"eos_token_id: expected None, an id or a list of ids in [0, {vocab_size - 1}], got {eos_token_id!r}"
+        )
+    return torch.tensor([int(i) for i in ids], device=device)
+
+
+def sample(
+    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None
+) -> torch.Tensor:
+    """One token per row of logits [B, V]: temperature, top-k, nucleus (top-p)."""
+    logits = logits / temperature
+    if top_k and top_k < logits.shape[-1]:  # None or 0: off
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # [B, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs >= top_p  # keep the smallest prefix with mass >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = logits.softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def next_token(
+    logits: torch.Tensor,
+    greedy: bool,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """logits [B, V] -> token ids [B]."""
+    return logits.argmax(-1) if greedy else sample(logits, temperature, top_k, top_p, generator)
+
+
+def token_stream(
+    logits: torch.Tensor,
+    step: Callable[[torch.Tensor], torch.Tensor],
+    max_new_tokens: int,
+    eos: torch.Tensor | None,
+    pick: dict,
+) -> Iterator[torch.Tensor]:
+    """The decoding loop shared by the models' `stream`: from the last
+    prompt position's logits [B, V], yields one token per row [B] per step;
+    `step(tok)` feeds the tokens and returns the next logits. A row stops at
+    eos (then repeats it); the loop ends after max_new_tokens or when every
+    row has stopped. `pick`: next_token's arguments."""
+    done = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    for i in range(max_new_tokens):
+        tok = next_token(logits.float(), **pick)  # [B]
+        if eos is not None:
+            tok = torch.where(done, eos[0], tok)
+            done = done | torch.isin(tok, eos)
+        yield tok
+        if i + 1 == max_new_tokens or bool(done.all()):
+            break
+        logits = step(tok)
+
+
+# ---- the model ------------------------------------------------------------------
 
 
 @dataclass
@@ -26,6 +215,7 @@ class CausalLMOutput:
     state: LatteCache | None  # continues after the last token
 
 
+@architecture
 class LatteForCausalLM(PretrainedMixin, nn.Module):
     """Causal language model. `forward(input_ids, *, labels=None, shift_labels=None,
     state=None, use_cache=False, attention_mask=None, return_logits=None)
@@ -68,7 +258,7 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
         cross-entropy is used and `logits` is None (a [B, T, V] tensor is
         50257 x 4 bytes per token). True or False forces either way.
         The state is returned when use_cache is set or a state was given.
-        Inputs are validated once here (see latte.models.inputs)."""
+        Inputs are validated once here (see latte/models/modeling.py, "Validation")."""
         mask = self.model.check_inputs(input_ids, attention_mask)
         targets = None
         if labels is not None or shift_labels is not None:

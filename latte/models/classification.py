@@ -10,9 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import LatteConfig
-from .inputs import value_checks
-from .modeling import LatteModel
-from .pretrained import PretrainedMixin
+from .modeling import LatteModel, value_checks
+from .pretrained import PretrainedMixin, architecture
 
 
 @dataclass
@@ -21,6 +20,7 @@ class SequenceClassifierOutput:
     logits: torch.Tensor  # [B, num_labels]
 
 
+@architecture
 class LatteForSequenceClassification(PretrainedMixin, nn.Module):
     """`forward(input_ids, *, labels=None, attention_mask=None)`. Padded
     positions (attention_mask 0) are excluded from every mixer and from the
@@ -60,6 +60,7 @@ class LatteForSequenceClassification(PretrainedMixin, nn.Module):
         return SequenceClassifierOutput(loss, logits)
 
 
+@architecture
 class LatteForPairClassification(LatteForSequenceClassification):
     """A two-tower classifier of PAIRS of sequences (the LRA retrieval task:
     do two papers cite each other?). One shared encoder reads each sequence

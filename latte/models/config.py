@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from latte.ops.macchiato import MIXES
 
+from .._checks import is_int
 from ..config_io import ConfigError, ConfigErrors, atomic_write
 from ..layers import QK_MIXERS
 
@@ -242,7 +243,8 @@ _CHOICES = {
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    # a Python int (not numpy's): the value is written to config.json and YAML
+    return is_int(v) and isinstance(v, int)
 
 
 def _check_types(cfg: LatteConfig, errs: ConfigErrors) -> set[str]:

@@ -12,7 +12,7 @@ tree (`model.*`, `lm_head.*` / `head.*`), so the native `model.safetensors`
 loads as it is, and `LatteHFConfig` reads the native `config.json` (the
 LatteConfig fields, validated by LatteConfig, with `model_type: "latte"`). A
 folder written by the HF `save_pretrained` loads back natively too
-(`latte.models.from_pretrained`, through `latte.models.hf_names`, without
+(`latte.models.from_pretrained`, through `latte.models.pretrained`, without
 transformers).
 
 Training: `gradient_checkpointing_enable()` recomputes each block in the
@@ -27,7 +27,7 @@ holding the native `LatteCache`, in `past_key_values`. `generate` prefills
 with one chunked forward, then feeds one token per step with the full
 attention mask, of which the forward keeps the last columns.
 
-With `latte.models.hf_names` (the field map), the only module that uses
+With the field map in `latte.models.pretrained`, the only module that uses
 Hugging Face names (hidden_size, num_hidden_layers, past_key_values, ...).
 """
 
@@ -49,14 +49,11 @@ from transformers import (
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutput
 
-from .cache import LatteCache
-from .causal_lm import LatteForCausalLM
+from .causal_lm import LatteForCausalLM, head_and_loss, next_token_targets
 from .classification import LatteForSequenceClassification, check_class_labels, pool
 from .config import LatteConfig
-from .hf_names import HF_ATTRIBUTE_MAP, NATIVE_FIELDS
-from .inputs import value_checks
-from .lm_loss import head_and_loss, next_token_targets
-from .modeling import MLP, LatteModel, init_module
+from .modeling import MLP, LatteCache, LatteModel, init_module, value_checks
+from .pretrained import HF_ATTRIBUTE_MAP, NATIVE_FIELDS
 
 
 class LatteHFConfig(PreTrainedConfig):

@@ -1,4 +1,4 @@
-"""The backbone: pre-norm blocks around a token mixer, and `LatteModel`.
+"""The backbone `LatteModel`, what it takes and what it returns.
 
     x = embed(ids) [+ absolute position]           [B, T, dim]
     for each block:  x = x + mixer(norm(x))         (latte, macchiato, softmax, linear or swa)
@@ -8,12 +8,37 @@
 Padding: `attention_mask` [B, T] (True / 1 = real token) goes to every mixer,
 which excludes padded positions; absolute positions count real tokens only,
 so left padding shifts nothing. Outputs at padded positions are unspecified.
+
+In reading order: the validation of input_ids and attention_mask (done once,
+at the model boundary), the decoding cache `LatteCache`, then the blocks and
+the backbone. The heads (`causal_lm.py`, `classification.py`) build on this.
+
+Validation. Structural checks (type, dtype, shape) read only tensor metadata:
+free, and always on. Value checks (ids in range, a mask of 0/1, an all-ones
+mask dropped for the unmasked fast path) read the values: each is a
+device-to-host synchronisation and, under torch.compile, a graph break. They
+run in eager mode by default and are skipped while torch.compile traces
+(`torch.compiler.is_compiling()`) or when a model's `validate_inputs` is
+False, so compiled code has no graph break and a tight loop no sync; eager
+users keep the clear error.
+
+The cache. One state per layer, as returned by the layer's `forward` (a tuple
+of tensors of a size independent of the context for every mixer but
+softmax), plus the number of positions fed so far and the number of real
+tokens per row (the absolute position of the next token when padding is
+involved). A cache is a value: `forward` returns a new one and never changes
+the one it was given, so a prefix state can be reused for several
+continuations.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,10 +51,125 @@ from ..layers import (
     MacchiatoAttention,
     SlidingWindowAttention,
     SoftmaxAttention,
+    state_nbytes,
 )
-from .cache import LatteCache
 from .config import LatteConfig
-from .inputs import check_inputs, value_checks
+
+# ---- input validation ------------------------------------------------------------
+
+INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def value_checks(enabled: bool) -> bool:
+    """Whether value checks (host syncs) run: enabled and not compiling."""
+    return enabled and not torch.compiler.is_compiling()
+
+
+def check_input_ids(input_ids, vocab_size: int, *, values: bool = True) -> tuple[int, int]:
+    """input_ids: integer tensor [B, T >= 1] with ids in [0, vocab_size).
+    Runs before any compute so a bad id never reaches an embedding lookup."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise ValueError(f"input_ids: expected an integer tensor [B, T], got {type(input_ids).__name__}")
+    if input_ids.dtype not in INT_DTYPES:
+        raise ValueError(f"input_ids: expected an integer dtype (torch.long), got {input_ids.dtype}")
+    if input_ids.dim() != 2 or input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids: expected shape [B, T >= 1] with B >= 1, got {tuple(input_ids.shape)}")
+    if values and input_ids.numel():
+        lo, hi = torch.aminmax(input_ids)
+        lo, hi = int(lo), int(hi)  # one host sync for both
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(
+                f"input_ids: found id {bad}, but ids must be in [0, {vocab_size - 1}] "
+                f"(max id {vocab_size - 1}, vocab_size {vocab_size})"
+            )
+    return tuple(input_ids.shape)
+
+
+def check_attention_mask(attention_mask, shape: tuple[int, int], *, values: bool = True) -> torch.Tensor | None:
+    """[B, T] bool, or integers 0/1 (1 = real token) -> bool mask; None when
+    there is no mask or (with value checks) every token is real, which
+    selects the unmasked fast path."""
+    if attention_mask is None:
+        return None
+    m = attention_mask
+    if not isinstance(m, torch.Tensor) or tuple(m.shape) != tuple(shape):
+        got = tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
+        raise ValueError(f"attention_mask: expected shape {tuple(shape)} like input_ids, got {got}")
+    if m.dtype != torch.bool:
+        if m.dtype not in INT_DTYPES:
+            raise ValueError(f"attention_mask: expected bool or 0/1 integers (1 = real token), got dtype {m.dtype}")
+        if values:
+            bad = m[(m != 0) & (m != 1)]
+            if bad.numel():
+                raise ValueError(
+                    f"attention_mask: expected bool or 0/1 integers (1 = real token), found value {int(bad[0])}"
+                )
+        m = m != 0
+    return None if values and bool(m.all()) else m
+
+
+def check_inputs(
+    input_ids, attention_mask, vocab_size: int, *, values: bool = True
+) -> tuple[int, int, torch.Tensor | None]:
+    """Both checks: (B, T, bool mask or None)."""
+    B, T = check_input_ids(input_ids, vocab_size, values=values)
+    return B, T, check_attention_mask(attention_mask, (B, T), values=values)
+
+
+# ---- the decoding cache --------------------------------------------------------
+
+
+@dataclass
+class LatteCache:
+    layers: list[Any]  # one layer state per block (None for a layer that keeps none)
+    seen_tokens: int  # positions fed so far, padding included
+    pos: torch.Tensor  # [B] int64 real tokens fed so far, per row
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.pos.shape[0])
+
+    def nbytes(self) -> int:
+        """Bytes held by all layer states (the `pos` counter excluded)."""
+        return sum(state_nbytes(s) for s in self.layers)
+
+    def layer_nbytes(self) -> list[int]:
+        return [state_nbytes(s) for s in self.layers]
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> LatteCache:
+        """A new cache with `fn` applied to every tensor whose first dim is the batch."""
+        return LatteCache([map_state(fn, s) for s in self.layers], self.seen_tokens, fn(self.pos))
+
+    def select(self, index: torch.Tensor) -> LatteCache:
+        """Rows `index` (reorder, drop or repeat rows: beam search, batch pruning)."""
+        return self.map(lambda t: t.index_select(0, index.to(t.device)))
+
+    def repeat_interleave(self, repeats: int) -> LatteCache:
+        return self.map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+
+def map_state(fn: Callable[[torch.Tensor], torch.Tensor], state: Any) -> Any:
+    """Applies `fn` to every tensor in a nested state (NamedTuples, tuples,
+    lists, dicts, dataclasses), keeping the structure; None stays None."""
+    if state is None or isinstance(state, (int, float, bool, str)):
+        return state
+    if isinstance(state, torch.Tensor):
+        return fn(state)
+    if isinstance(state, tuple) and hasattr(state, "_fields"):  # NamedTuple
+        return type(state)(*(map_state(fn, s) for s in state))
+    if isinstance(state, (tuple, list)):
+        return type(state)(map_state(fn, s) for s in state)
+    if isinstance(state, dict):
+        return {k: map_state(fn, v) for k, v in state.items()}
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        return dataclasses.replace(
+            state, **{f.name: map_state(fn, getattr(state, f.name)) for f in dataclasses.fields(state) if f.init}
+        )
+    raise TypeError(f"cannot map over a state of type {type(state).__name__}")
+
+
+# ---- the backbone ---------------------------------------------------------------
 
 
 def build_mixer(config: LatteConfig, kind: str) -> nn.Module:
@@ -146,7 +286,7 @@ class LatteModel(nn.Module):
     """Embeddings, `num_layers` blocks and the final norm: ids -> hidden states.
 
     validate_inputs: run the value checks of input_ids / attention_mask (each
-    a host sync; see latte.models.inputs). gradient_checkpointing: recompute
+    a host sync; see "Validation" above). gradient_checkpointing: recompute
     each block in the backward instead of keeping its activations (set by
     `gradient_checkpointing_enable()` on the model, or by transformers)."""
 

@@ -14,19 +14,14 @@ decay) is `base_lr` too. "constant" keeps `base_lr` after warm-up forever.
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
+
+from latte._checks import is_int, is_real
 
 DECAYS = ("linear", "cosine", "constant")
 
 
 def _check_args(step, base_lr, warmup_steps, total_steps, decay, min_lr_ratio) -> None:
     problems = []
-
-    def is_int(x) -> bool:
-        return isinstance(x, Integral) and not isinstance(x, bool)
-
-    def is_real(x) -> bool:
-        return isinstance(x, Real) and not isinstance(x, bool)
 
     if not is_int(step) or step < 0:
         problems.append(f"step: got {step!r}, expected an int >= 0")

@@ -105,7 +105,7 @@ def test_inputs_are_checked_once_and_positions_counted_once(make_lm, make_ids, m
     positions come from the model: no layer counts them again, and the
     cache holds the one counter (layer states carry none)."""
     import latte.layers.rope as rope
-    import latte.models.inputs as inputs
+    import latte.models.modeling as modeling
 
     model = make_lm(["macchiato", "softmax"])
     x = make_ids(2, 9)
@@ -120,8 +120,8 @@ def test_inputs_are_checked_once_and_positions_counted_once(make_lm, make_ids, m
 
         return wrapped
 
-    monkeypatch.setattr(inputs, "check_input_ids", counting("ids", inputs.check_input_ids))
-    monkeypatch.setattr(inputs, "check_attention_mask", counting("mask", inputs.check_attention_mask))
+    monkeypatch.setattr(modeling, "check_input_ids", counting("ids", modeling.check_input_ids))
+    monkeypatch.setattr(modeling, "check_attention_mask", counting("mask", modeling.check_attention_mask))
     monkeypatch.setattr(rope, "real_positions", counting("layer positions", rope.real_positions))
     out = model(x, labels=x, attention_mask=mask, use_cache=True)
     assert calls == {"ids": 1, "mask": 1, "layer positions": 0}

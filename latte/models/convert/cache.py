@@ -18,7 +18,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from ...layers import state_nbytes
-from ..cache import map_state
+from ..modeling import map_state
 
 
 class MacchiatoCache(Cache):

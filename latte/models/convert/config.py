@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from transformers import AutoConfig, PreTrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
+from latte._checks import is_int, is_real
 from latte.config_io import ConfigErrors, build
 from latte.layers import QK_MIXERS
 
@@ -56,9 +56,9 @@ class ConversionConfig:
         e = ConfigErrors(type(self).__name__)
         for name in ("window_size", "latents_per_head", "conv_size", "chunk_size"):
             v = getattr(self, name)
-            e.check(_is_int(v) and v >= 1, name, v, "an integer >= 1")
+            e.check(is_int(v) and v >= 1, name, v, "an integer >= 1")
         e.check(
-            _is_int(self.lora_rank) and self.lora_rank >= 0, "lora_rank", self.lora_rank, "an integer >= 0 (0 = off)"
+            is_int(self.lora_rank) and self.lora_rank >= 0, "lora_rank", self.lora_rank, "an integer >= 0 (0 = off)"
         )
         e.check(
             _is_int(self.num_sinks) and self.num_sinks >= 0, "num_sinks", self.num_sinks, "an integer >= 0 (0 = none)"
@@ -67,7 +67,7 @@ class ConversionConfig:
         e.check(self.mix in MIXES, "mix", self.mix, f"one of {MIXES}")
         for name in ("beta_init", "lora_alpha"):
             v = getattr(self, name)
-            e.check(_is_real(v) and math.isfinite(v), name, v, "a finite number")
+            e.check(is_real(v) and math.isfinite(v), name, v, "a finite number")
         e.raise_if_any()
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,14 +76,6 @@ class ConversionConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "conversion") -> ConversionConfig:
         return build(cls, dict(data), where=where)
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _is_real(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
 class ConvertedConfig(PreTrainedConfig):

@@ -28,7 +28,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from latte.models.sampling import check_eos, check_sampling_args, token_stream
+from latte.models.causal_lm import check_eos, check_sampling_args, token_stream
 from latte.models.weights import check_state, load_weights, read_weights
 
 from .attention import ConvertedAttention
