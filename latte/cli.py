@@ -313,7 +313,7 @@ def cmd_eval(args: list[str]) -> int:
         "source": cfg.data.source,
         "results": results,
     }
-    print(format_table(results))  # shown even if writing the file fails
+    print(perplexity_table(results))  # shown even if writing the file fails
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}", file=sys.stderr)
     return 0
@@ -321,8 +321,7 @@ def cmd_eval(args: list[str]) -> int:
 
 def _eval_latents(a: argparse.Namespace, out: Path) -> int:
     from latte.data import TokenWindows
-    from latte.eval.latents import format_table as latents_table
-    from latte.eval.latents import latent_utilisation, plot_latents
+    from latte.eval.latents import latent_utilisation, latents_table, plot_latents
     from latte.train.lm import pack_split
     from latte.train.runs import open_run
     from latte.train.validation import subset
@@ -353,7 +352,7 @@ def _eval_latents(a: argparse.Namespace, out: Path) -> int:
     return 0
 
 
-def format_table(results: list[dict]) -> str:
+def perplexity_table(results: list[dict]) -> str:
     buckets = []
     for r in results:
         for b in r.get("buckets", []):

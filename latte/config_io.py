@@ -19,7 +19,6 @@ errors rather than silently keeping the last one.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import difflib
@@ -33,6 +32,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from latte.files import atomic_write
+
 __all__ = [
     "ConfigError",
     "ConfigErrors",
@@ -42,7 +43,6 @@ __all__ = [
     "merge",
     "to_dict",
     "save_yaml",
-    "atomic_write",
 ]
 
 
@@ -379,29 +379,6 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, os.PathLike):
         return os.fspath(obj)
     return obj
-
-
-def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
-    """Writes `path` so that it holds either the old or the new content, even
-    across a crash: temp file in the same directory, fsync, os.replace, then
-    fsync the directory so the rename itself is durable."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as e:  # e.g. disk full: name the file, leave no temp file behind
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise OSError(e.errno, f"cannot write {path}: {e.strerror or e}", str(path)) from e
 
 
 def save_yaml(obj: Any, path: str | os.PathLike) -> None:

@@ -33,8 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout's latte, also when run from elsewhere
 
-from latte.bench.common import update_readme  # noqa: E402
 from latte.experiments.results import readme_body  # noqa: E402
+from latte.reporting import update_readme  # noqa: E402
 
 HEADLINE = ("<!-- headline:start -->", "<!-- headline:end -->")
 INDEX = ("<!-- index:start -->", "<!-- index:end -->")

@@ -3,7 +3,7 @@
 Every op whose work could depend on the values (the causal and
 bidirectional Latte ops, Macchiato, the sliding window, the RG-LRU scan, the
 fused cross-entropy, the decoding steps) is timed at one shape on every
-distribution of latte.bench.inputs (std 1 ... 100 logits, +80 spikes,
+distribution of latte.ops.distributions (std 1 ... 100 logits, +80 spikes,
 all-padding rows), forward+backward, the distributions of an op in
 interleaved rounds (drift lands on all of them alike). The rule: the
 slowest distribution may take at most RULE x the fastest.
@@ -20,8 +20,10 @@ import os
 import torch
 import torch.nn.functional as F
 
+from latte import reporting
+from latte.ops import distributions as dists
+
 from . import common
-from . import inputs as dists
 from .providers import as_call
 
 RULE = 1.3
@@ -129,7 +131,7 @@ def op_calls(dist: str, quick: bool) -> dict:
 
 def run(args) -> dict:
     common.set_threads(args.threads)
-    info = common.machine_info()
+    info = reporting.machine_info()
     rows = []
     calls = {d: op_calls(d, args.quick) for d in dists.DISTRIBUTIONS}
     for op, (note, _) in calls[dists.DISTRIBUTIONS[0]].items():
@@ -183,7 +185,7 @@ def markdown(res: dict) -> str:
     ]
     hdr = ["op", "shape"] + list(dists.DISTRIBUTIONS) + ["max/min", "within rule"]
     out.append(
-        common.md_table(
+        reporting.md_table(
             hdr,
             [
                 [r["name"], r["shape"]]
@@ -198,7 +200,7 @@ def markdown(res: dict) -> str:
 
 def plot(res: dict, path) -> bool:
     """max/min per op (no log-log sweep here: one bar per op)."""
-    plt = common.pyplot()
+    plt = reporting.pyplot()
     if plt is None:
         return False
     rows = res["results"]
@@ -207,7 +209,7 @@ def plot(res: dict, path) -> bool:
     ax.axvline(res["rule"], color="C3", ls="--", label=f"rule {res['rule']}")
     ax.set_xlabel("slowest / fastest input distribution")
     ax.legend()
-    common.save_figure(plt, fig, path)
+    reporting.save_figure(plt, fig, path)
     return True
 
 

@@ -1,4 +1,6 @@
-"""Shared benchmark machinery: timing, peak memory, machine info, JSON, plots.
+"""Shared benchmark machinery: timing, peak memory, the log-log plot and the
+NAME.json / .md / .png outputs of every benchmark (machine info, tables and
+figures come from latte.reporting).
 
 What is measured (numbers are recorded, never asserted):
 - time: `time_call` runs warm-up calls, then >= 5 timed calls; the median and
@@ -22,7 +24,6 @@ import gc
 import importlib
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -32,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from latte import allocator
+from latte import allocator, reporting
+from latte.files import write_json
 
 DEFAULT_THREADS = 2
 DEFAULT_OUT = "bench-results"
@@ -120,45 +122,6 @@ def matmul_ceiling(n: int = 2048, repeats: int = 5) -> dict:
     }
 
 
-def _cpu_model() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        m = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-        if m:
-            return m.group(1).strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def machine_info() -> dict:
-    """Where the numbers come from; the load average says how busy it was."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    mem = None
-    try:
-        m = re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text())
-        mem = round(int(m.group(1)) / 2**20, 1) if m else None
-    except OSError:
-        pass
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_model": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "usable_cores": usable,
-        "mem_total_gb": mem,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "allocator": allocator.tune() or "default",
-        "loadavg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
 # ---- peak memory ---------------------------------------------------------------
 
 
@@ -223,55 +186,12 @@ def memory_points(
 # ---- output --------------------------------------------------------------------
 
 
-def write_json(path: Path, obj: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=2) + "\n")
-
-
-def fmt(x, digits: int = 1) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, str):
-        return x
-    return f"{x:,.{digits}f}" if abs(x) < 1e5 else f"{x:,.0f}"
-
-
-def md_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(fmt(c) if not isinstance(c, str) else c for c in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend, or None after a note on stderr
-    when the optional extra "plot" is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("note: matplotlib is not installed (pip install 'latte[plot]'); no plot written", file=sys.stderr)
-        return None
-    return plt
-
-
-def save_figure(plt, fig, path, *, dpi: int = 120) -> Path:
-    """Lay out, write (creating the folder) and close a figure."""
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return Path(path)
-
-
 def plot_loglog(
     path: Path, panels: dict[str, dict[str, tuple[list, list]]], *, xlabel: str, ylabel: str, title: str
 ) -> bool:
     """One log-log panel per key of `panels` ({panel: {label: (xs, ys)}}).
     matplotlib is optional (extra "plot"): without it, print a note and return False."""
-    plt = pyplot()
+    plt = reporting.pyplot()
     if plt is None:
         return False
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
@@ -291,7 +211,7 @@ def plot_loglog(
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
-    save_figure(plt, fig, path)
+    reporting.save_figure(plt, fig, path)
     return True
 
 
@@ -310,25 +230,6 @@ def add_common_args(p, *, repeats: int = 5) -> None:
     )
 
 
-def update_readme(path: Path, name: str, markdown: str, image: str | None = None, *, kind: str = "bench") -> None:
-    """Replace the text between `<!-- KIND:NAME:start -->` and
-    `<!-- KIND:NAME:end -->` in `path` with `markdown` (+ an image link), so
-    the README's numbers always come from a benchmark or experiment run
-    (kind "bench" or "results"), never by hand."""
-    path = Path(path)
-    text = path.read_text()
-    start, end = f"<!-- {kind}:{name}:start -->", f"<!-- {kind}:{name}:end -->"
-    if start not in text or end not in text:
-        raise ValueError(f"{path}: no {start} ... {end} markers to replace")
-    # the benchmark's own headings sit three levels below the README's section
-    body = "\n".join("###" + line if line.startswith("#") else line for line in markdown.strip().splitlines())
-    if image:
-        body += f"\n\n![{name}]({image})"
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    path.write_text(f"{head}{start}\n{body}\n{end}{tail}")
-
-
 def write_outputs(args, name: str, res: dict, markdown: str, plot, *, image_in_readme: bool = False) -> None:
     """NAME.json, NAME.md and NAME.png in args.out, the README section when
     --readme is given, and the table on stdout: the same for every benchmark."""
@@ -338,5 +239,5 @@ def write_outputs(args, name: str, res: dict, markdown: str, plot, *, image_in_r
     plot(res, png)
     if args.readme is not None:  # the image link must work from the README's folder
         image = Path(os.path.relpath(png, Path(args.readme).parent)).as_posix() if image_in_readme else None
-        update_readme(args.readme, name, markdown, image)
+        reporting.update_readme(args.readme, name, markdown, image)
     print(markdown)

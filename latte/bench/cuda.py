@@ -34,6 +34,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from latte import reporting
+
 from . import common
 from .cuda_report import markdown_ops, ops_ratios, plot_ops
 from .device import DTYPES, cuda_peak_mb, device_info, synced
@@ -231,7 +233,7 @@ def output_name(dtype: str) -> str:
 
 def main_ops(args) -> dict:
     torch.manual_seed(0)
-    info = {**common.machine_info(), **device_info(DEVICE), "dynamo_recompile_limit": _recompile_limit()}
+    info = {**reporting.machine_info(), **device_info(DEVICE), "dynamo_recompile_limit": _recompile_limit()}
     res = {"benchmark": "ops-cuda", "machine": info, "config": config_of(args), "results": []}
     last, t_start = {}, time.perf_counter()
     by_point: dict[tuple, list[dict]] = {}

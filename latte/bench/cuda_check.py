@@ -1,7 +1,7 @@
 """`latte bench check`: causal Latte on the device against float64, at
 benchmark sizes, on the key logits training produces (docs/evaluation.md §1.2).
 
-For each T and key-logit distribution (std 1, std 40, +80 spikes; latte.bench.inputs)
+For each T and key-logit distribution (std 1, std 40, +80 spikes; latte.ops.distributions)
 and each path (torch kernels float32, fla float32, fla bfloat16): the forward
 output and the gradients of a, b, v under one random cotangent, as relative
 errors max|x - ref| / max|ref| against float64 on the same device: the exact
@@ -24,8 +24,10 @@ from pathlib import Path
 
 import torch
 
+from latte import reporting
+from latte.ops import distributions as dists
+
 from . import common
-from . import inputs as dists
 from .device import DEVICES, check_device, device_info
 
 FULL_T, QUICK_T = [256, 4096], [32]
@@ -136,7 +138,7 @@ def _fmt_row(r: dict) -> str:
 def run(args) -> dict:
     check_device(args.device)
     common.set_threads(args.threads)
-    info = {**common.machine_info(), **device_info(args.device)}
+    info = {**reporting.machine_info(), **device_info(args.device)}
     t0, rows = time.perf_counter(), []
     for T in args.seqs:
         for i, dist in enumerate(DISTS):
@@ -186,7 +188,7 @@ def markdown(res: dict) -> str:
         f"the torch kernels in float64 beyond); decode: the last {cfg['decode_steps']} tokens stepped from the "
         "prefix's state against the same path's forward.",
         "",
-        common.md_table(hdr, rows),
+        reporting.md_table(hdr, rows),
     ]
     skips = sorted({r["reason"] for r in res["results"] if r.get("skipped")})
     return "\n".join(out + ([""] + [f"- {x}" for x in skips] if skips else [])) + "\n"

@@ -16,6 +16,8 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from latte import reporting
+
 from . import common
 
 MODE_NAME = {"fwd": "forward", "fwdbwd": "forward+backward"}
@@ -79,9 +81,9 @@ def markdown_ops(res: dict) -> str:
             + [ratios.get(mode, {}).get(str(T), {}).get(n, "-") for n in names]
             for T in cfg["T"]
         ]
-        out += ["", f"## {MODE_NAME[mode]}: median ms", "", common.md_table(["T", "B", *provs, *names], rows)]
+        out += ["", f"## {MODE_NAME[mode]}: median ms", "", reporting.md_table(["T", "B", *provs, *names], rows)]
         rows = [[str(T), str(batch.get(T, "-"))] + [val(p, T, mode, "peak_mb") for p in provs] for T in cfg["T"]]
-        out += ["", f"## {MODE_NAME[mode]}: peak extra MiB", "", common.md_table(["T", "B", *provs], rows)]
+        out += ["", f"## {MODE_NAME[mode]}: peak extra MiB", "", reporting.md_table(["T", "B", *provs], rows)]
     first = {}
     for r in res["results"]:
         if r.get("skipped"):
@@ -228,4 +230,4 @@ def targets(folder: Path) -> list[dict]:
 
 
 def targets_markdown(rows: list[dict]) -> str:
-    return common.md_table(["target", "figure", "status"], [[r["target"], r["figure"], r["status"]] for r in rows])
+    return reporting.md_table(["target", "figure", "status"], [[r["target"], r["figure"], r["status"]] for r in rows])

@@ -25,6 +25,8 @@ import time
 
 import torch
 
+from latte import reporting
+
 from . import common
 from .device import DTYPES, add_device_args, check_device, device_info, resolve_device_args
 
@@ -173,7 +175,7 @@ def run(args) -> dict:
 
     check_device(args.device)
     common.set_threads(args.threads)
-    info = {**common.machine_info(), **device_info(args.device)}
+    info = {**reporting.machine_info(), **device_info(args.device)}
     rows, status = [], {}
     for mx, backend in [(m, b) for m in args.mixers for b in (args.backends if m != "softmax" else ["torch"])]:
         m = mx if backend == "torch" else f"{mx}[{backend}]"
@@ -261,7 +263,7 @@ def markdown(res: dict) -> str:
         f"round by round. Latency at the longest over the shortest "
         f"measured context: {flat}.",
         "",
-        common.md_table(hdr, rows),
+        reporting.md_table(hdr, rows),
     ]
     skips = [f"- {r['mixer']} @ {r['context']}: {r['reason']}" for r in res["results"] if r.get("skipped")]
     return "\n".join(out + ([""] + skips if skips else [])) + "\n"

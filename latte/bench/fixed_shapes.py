@@ -11,8 +11,10 @@ Legend: B batch, T time, H heads, Lh latents per head, Dv value width.
 
 from __future__ import annotations
 
+from latte import reporting
+from latte.ops import distributions as dists
+
 from . import common
-from . import inputs as dists
 from . import providers as P
 from .audit import seeded_randn, timing_line, timing_row
 from .providers import MODE_NAME, MODES, as_call
@@ -59,7 +61,7 @@ def causal_markdown(rows: list[dict]) -> list[str]:
         "Key logits b ~ N(0, std^2); query logits and values N(0, 1); default chunk_size. "
         "The distributions of a row are timed in interleaved rounds.",
         "",
-        common.md_table(
+        reporting.md_table(
             hdr, [[r["name"]] + [r["median_ms"][d] for d in CAUSAL_DISTS] + [f"{r['max_over_min']:.2f}"] for r in rows]
         ),
     ]
@@ -100,5 +102,5 @@ def sweep_shape_table(res: dict) -> list[str]:
         f"## A research-sweep model's attention: B={r0['B']} T={r0['T']} H={r0['heads']} "
         f"Lh={r0['latents']} Dv=E={r0['dv']} (median ms)",
         "",
-        common.md_table(hdr, body),
+        reporting.md_table(hdr, body),
     ]

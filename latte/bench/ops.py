@@ -19,8 +19,10 @@ import time
 
 import torch
 
+from latte import reporting
+from latte.ops import distributions as dists
+
 from . import common, cuda, fixed_shapes
-from . import inputs as dists
 from . import providers as P
 from .cuda import PROVIDERS as CUDA_PROVIDERS
 from .device import add_device_args, check_device, resolve_device_args
@@ -259,7 +261,7 @@ def ratios(results, dist) -> dict:
 
 def run(args) -> dict:
     common.set_threads(args.threads)
-    info = common.machine_info()
+    info = reporting.machine_info()
     ceiling = common.matmul_ceiling(512 if args.quick else 2048, repeats=args.repeats)
     print(f"matmul ceiling: {ceiling['gflops_median']:.1f} GFLOP/s (median), threads {args.threads}", flush=True)
     t0 = time.perf_counter()
@@ -342,7 +344,7 @@ def _by_dist_tables(res: dict) -> list[str]:
                 nums = [x for x in cells if isinstance(x, float)]
                 row += cells + [f"{max(nums) / min(nums):.2f}" if len(nums) == len(ds) else ""]
             rows.append(row)
-        out += ["", f"## {MODE_NAME[mode]} by key-logit distribution: median ms", "", common.md_table(hdr, rows)]
+        out += ["", f"## {MODE_NAME[mode]} by key-logit distribution: median ms", "", reporting.md_table(hdr, rows)]
     return out
 
 
@@ -374,7 +376,7 @@ def markdown(res: dict) -> str:
                 if with_ratio:
                     row += [res["ratios"][f"{k} {mode}"].get(str(T), "") for k in ("sdpa/latte", "latte/proj")]
                 rows.append([x if x != "" else "" for x in row])
-            out += ["", f"## {MODE_NAME[mode]}: {title}", "", common.md_table(hdr, rows)]
+            out += ["", f"## {MODE_NAME[mode]}: {title}", "", reporting.md_table(hdr, rows)]
     out += _by_dist_tables(res)
     if res.get("causal_by_distribution"):
         out += fixed_shapes.causal_markdown(res["causal_by_distribution"])

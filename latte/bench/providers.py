@@ -23,7 +23,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import inputs as dists
+from latte.ops import distributions as dists
+
 from .paper_scan import paper_scan
 
 MODEL_DIM, HEADS, LATENTS, DV = 512, 8, 256, 64  # Lh = LATENTS // HEADS = 32
@@ -112,7 +113,7 @@ def make_inputs(
     latents: int = LATENTS // HEADS,
     dv: int = DV,
 ) -> tuple[list[torch.Tensor], callable]:
-    """(inputs, fn) with fn(*inputs) -> output tensor. `dist` (latte.bench.inputs)
+    """(inputs, fn) with fn(*inputs) -> output tensor. `dist` (latte.ops.distributions)
     shapes the key-side logits: b for the Latte providers, k for the softmax
     and linear ones (Macchiato: both); the rest stays standard normal.
     heads / latents (per head) / dv override the docs/evaluation.md §1 shape."""

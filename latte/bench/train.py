@@ -27,8 +27,10 @@ import time
 
 import torch
 
+from latte import reporting
+from latte.ops import distributions as dists
+
 from . import common
-from . import inputs as dists
 from .device import DTYPES, add_device_args, check_device, device_info, resolve_device_args, synced
 from .step_profile import profile_step
 from .train_report import markdown, output_name, plot, step_ratios
@@ -289,7 +291,7 @@ def run(args) -> dict:
 
     check_device(args.device)
     common.set_threads(args.threads)
-    info = {**common.machine_info(), **device_info(args.device)}
+    info = {**reporting.machine_info(), **device_info(args.device)}
     rows = []
     try:
         for seq in args.seqs:

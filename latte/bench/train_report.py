@@ -3,6 +3,8 @@ the same run (each variant over softmax, eager over compiled), plot."""
 
 from __future__ import annotations
 
+from latte import reporting
+
 from . import common, step_profile
 
 _COMPILED = " compiled"
@@ -43,7 +45,7 @@ def _ratio_table(ratios: dict, seqs: list, labels: list) -> list[str]:
         "Ratios from the same run (step time over softmax's, eager with eager and compiled with "
         "compiled; eager over compiled step time per mixer):",
         "",
-        common.md_table(hdr, [[c if isinstance(c, str) else f"{c:.2f}" for c in r] for r in rows]),
+        reporting.md_table(hdr, [[c if isinstance(c, str) else f"{c:.2f}" for c in r] for r in rows]),
     ]
 
 
@@ -113,7 +115,7 @@ def markdown(res: dict) -> str:
         f"layers' key projections scaled so their key logits have std N, as in a trained model."
         + (f" Load average {load[0]:.1f} at the start." if load else ""),
         "",
-        common.md_table(hdr, rows),
+        reporting.md_table(hdr, rows),
     ]
     if res.get("merged"):
         pm = res["merged"]["machine"]

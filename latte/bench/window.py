@@ -23,6 +23,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from latte import reporting
+
 from . import common
 from .device import DTYPES, add_device_args, check_device, device_info, resolve_device_args, synced
 from .providers import as_call
@@ -93,7 +95,7 @@ def _max_diff(points) -> float | None:
 def run(args) -> dict:
     check_device(args.device)
     common.set_threads(args.threads)
-    info = {**common.machine_info(), **device_info(args.device)}
+    info = {**reporting.machine_info(), **device_info(args.device)}
     providers = ["tiles", "flex"] + (["sdpa"] if args.device == "cuda" else [])
     rows = []
     for T in args.seqs:
@@ -195,7 +197,7 @@ def markdown(res: dict) -> str:
             "",
             f"## {'forward' if mode == 'fwd' else 'forward+backward'}: median ms",
             "",
-            common.md_table(hdr, rows),
+            reporting.md_table(hdr, rows),
         ]
     skips = {r["reason"] for r in res["results"] if r.get("skipped")}
     out += [""] + [f"- {s}" for s in sorted(skips)] if skips else []

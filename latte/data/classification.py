@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from latte.config_io import atomic_write
 from latte.data.loader import SampleLoader, _epoch_seed
 from latte.data.packing import check_token_ids, token_dtype
+from latte.files import atomic_write
 
 
 @dataclass

@@ -178,9 +178,10 @@ def _load_hf(spec: str, text_field: str) -> list[Document]:
     return [Document(f"{name}[{i}]", t) for i, t in enumerate(data[text_field])]
 
 
-def _unit_hash(name: str, seed: int) -> float:
-    """A uniform number in [0, 1) fixed by (name, seed) alone."""
-    digest = hashlib.sha256(f"{seed}\0{name}".encode()).digest()
+def unit_hash(text: str) -> float:
+    """A uniform number in [0, 1) fixed by `text` alone: the stable,
+    order-independent coin of every train/validation split."""
+    digest = hashlib.sha256(text.encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
@@ -206,7 +207,7 @@ def split_documents(
         raise ValueError("docs is empty: nothing to split")
     if len(docs) == 1:
         return _split_one(docs[0], val_fraction)
-    keys = [_unit_hash(d.name, seed) for d in docs]
+    keys = [unit_hash(f"{seed}\0{d.name}") for d in docs]
     is_val = [k < val_fraction for k in keys]
     if not any(is_val):
         is_val[min(range(len(docs)), key=keys.__getitem__)] = True

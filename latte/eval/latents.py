@@ -31,6 +31,7 @@ from latte.layers import LatteAttention, MacchiatoAttention
 from latte.layers.llama_projections import project_qkv
 from latte.layers.rope import real_positions
 from latte.ops import sliding_window_attention_lse
+from latte.reporting import pyplot, save_figure
 
 HIST_BINS = 20
 
@@ -162,7 +163,7 @@ def _layer_report(i: int, layer: nn.Module, tot: _Totals, windows_seen: int) -> 
     return {"layer": i, "kind": "macchiato" if isinstance(layer, MacchiatoAttention) else "latte", "heads": heads}
 
 
-def format_table(report: dict) -> str:
+def latents_table(report: dict) -> str:
     """A markdown table: one row per layer and head."""
     mac = any(layer["kind"] == "macchiato" for layer in report["layers"])
     head = (
@@ -190,12 +191,8 @@ def format_table(report: dict) -> str:
 def plot_latents(report: dict, path, title: str = "") -> bool:
     """Heat map of pbar x L (1 = uniform use) per layer and head; for
     Macchiato also p(window|t) by position. False when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot(note=None)
+    if plt is None:
         return False
     rows = [(f"layer {lay['layer']} head {h['head']}", h) for lay in report["layers"] for h in lay["heads"]]
     mac = [r for r in rows if "p_window_by_position" in r[1]]
@@ -219,7 +216,5 @@ def plot_latents(report: dict, path, title: str = "") -> bool:
         ax.legend(fontsize=6)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(plt, fig, path, dpi=100)
     return True

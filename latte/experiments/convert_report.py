@@ -6,9 +6,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from ..bench.common import update_readme
+from ..reporting import pyplot, save_figure, update_readme
 from .convert_stages import SHORT, nll_of
-from .results import provenance, pyplot, readme_body, save_figure, write_results
+from .results import provenance, readme_body, write_results
 
 MODELS = ("original", "swa", "converted")
 

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from ..config_io import load_yaml
+from ..reporting import save_figure
 from .lm_report import ORDER, _figure
-from .results import save_figure
 
 
 def _val_curve(path: Path) -> dict[int, tuple[float, int]]:

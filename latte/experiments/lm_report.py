@@ -9,8 +9,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from ..reporting import pyplot, save_figure
 from .lm_plans import PLANS
-from .results import pyplot, save_figure
 
 ORDER = (
     "softmax",

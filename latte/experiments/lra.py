@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from latte.experiments.results import Sweep, provenance, pyplot, save_figure, write_results
+from latte.experiments.results import Sweep, provenance, write_results
+from latte.reporting import pyplot, save_figure
 
 NAME = "lra"
 TASKS = ("listops", "pathfinder", "listops-short")

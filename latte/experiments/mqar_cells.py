@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..config_io import atomic_write
+from ..files import atomic_write
 from .results import cell_key
 
 SETTING_FIELDS = ("seq_len", "num_kv_pairs", "model", "dim", "num_latents", "lr")

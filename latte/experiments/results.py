@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ..bench.common import machine_info, pyplot, save_figure, update_readme  # noqa: F401 (re-exported)
-from ..config_io import atomic_write
+from ..files import atomic_write
+from ..reporting import machine_info, update_readme
 
 
 def cell_key(cell: dict) -> str:

@@ -19,7 +19,8 @@ from typing import Any, Literal
 from latte.ops.macchiato import MIXES
 
 from .._checks import is_int
-from ..config_io import ConfigError, ConfigErrors, atomic_write
+from ..config_io import ConfigError, ConfigErrors
+from ..files import atomic_write
 from ..layers import QK_MIXERS
 
 Mixer = Literal["latte", "macchiato", "softmax", "linear", "swa"]

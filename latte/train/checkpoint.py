@@ -36,7 +36,6 @@ checkpoint) and removes never-committed folders older than the new step.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -53,7 +52,8 @@ import torch
 from safetensors import SafetensorError
 
 import latte
-from latte.config_io import atomic_write, load_yaml, save_yaml
+from latte.config_io import load_yaml, save_yaml
+from latte.files import atomic_write, sha256_file
 from latte.models.weights import check_state, read_weights, save_weights
 
 log = logging.getLogger(__name__)
@@ -221,14 +221,6 @@ def save_checkpoint(
     if barrier is not None:
         barrier()  # no rank returns (and maybe resumes) before the commit
     return step_dir
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _saved_files(step_dir: Path, world_size: int, fmt: str, extra: list[str]) -> list[str]:

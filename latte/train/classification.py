@@ -33,10 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from latte.config_io import ConfigError, ConfigErrors, atomic_write
+from latte.config_io import ConfigError, ConfigErrors
 from latte.data import iter_eval_batches
 from latte.data.classification import BucketedSampleLoader, ClassificationData, majority_baseline
 from latte.data.lra import VOCAB, ListOpsSpec, PathfinderSpec, load_task
+from latte.files import atomic_write
 from latte.models import LatteConfig, LatteForPairClassification, LatteForSequenceClassification, num_parameters
 from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint

@@ -21,6 +21,8 @@ import math
 import sys
 from pathlib import Path
 
+from latte.reporting import pyplot, save_figure
+
 
 def train_fields(unit: str) -> list[str]:
     return ["step", "loss", "lr", "grad_norm", unit, f"{unit}_per_s", "applied", "elapsed_s"]
@@ -195,13 +197,8 @@ def _progress_bar(start_step: int, total_steps: int):
 
 
 def plot_loss_curve(run_dir: str | Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("note: no loss_curve.png (pip install 'matplotlib>=3.7,<4' to plot it)", file=sys.stderr)
+    plt = pyplot(note="note: no loss_curve.png (pip install 'matplotlib>=3.7,<4' to plot it)")
+    if plt is None:
         return None
     run_dir = Path(run_dir)
     train = read_csv(run_dir / "metrics.csv") if (run_dir / "metrics.csv").is_file() else []
@@ -221,8 +218,4 @@ def plot_loss_curve(run_dir: str | Path) -> Path | None:
     ax.set_title(run_dir.name)
     ax.grid(alpha=0.3)
     ax.legend()
-    out = run_dir / "loss_curve.png"
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(plt, fig, run_dir / "loss_curve.png", dpi=110)

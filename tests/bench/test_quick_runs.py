@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from latte.bench import audit, common, decode, fixed_shapes, inputs, ops, providers, train
+from latte.bench import audit, common, decode, fixed_shapes, ops, providers, train
+from latte.ops import distributions
 
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 FAST = ["--quick", "--threads", "1", "--warmup", "0"]
@@ -87,7 +88,7 @@ def test_audit_quick(tmp_path, capsys):
         "decode steps",
     }
     for r in res["results"]:
-        assert set(r["median_ms"]) == set(inputs.DISTRIBUTIONS)
+        assert set(r["median_ms"]) == set(distributions.DISTRIBUTIONS)
         assert r["max_over_min"] >= 1 and r["within_rule"] == (r["max_over_min"] <= audit.RULE)
         for t in r["times"].values():
             _check_point(t)

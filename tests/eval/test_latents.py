@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from latte.data import TokenWindows
-from latte.eval.latents import format_table, latent_utilisation, layer_probs, utilisation
+from latte.eval.latents import latent_utilisation, latents_table, layer_probs, utilisation
 from latte.layers import MacchiatoAttention
 from latte.models import LatteConfig, LatteForCausalLM
 from latte.ops import latte_causal, macchiato, sliding_window_attention
@@ -70,7 +70,7 @@ def test_model_with_constant_latent_logits_uses_every_latent_alike(mixer):
     for layer in latent_utilisation(model, _windows())["layers"]:
         for h in layer["heads"]:
             assert h["effective_latents"] == pytest.approx(1.0, abs=1e-6) and h["used_fraction"] == 0.25
-    assert "| layer | head |" in format_table(report)
+    assert "| layer | head |" in latents_table(report)
 
 
 def test_window_share_is_the_mix_the_op_applies():

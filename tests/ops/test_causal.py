@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from latte.bench.inputs import DISTRIBUTIONS
-from latte.bench.inputs import logits as dist_logits
-from latte.bench.inputs import mask as dist_mask
 from latte.ops import LatteState, latte_causal, latte_causal_step
 from latte.ops import reference as R
+from latte.ops.distributions import DISTRIBUTIONS
+from latte.ops.distributions import logits as dist_logits
+from latte.ops.distributions import mask as dist_mask
 from tests.helpers import grads_of, rel_err
 
 # (T, Lh, Dv, chunk): the odd shapes of the contract, chunks that do and do not divide T

@@ -16,7 +16,6 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from latte.bench import inputs as dists
 from latte.ops import (
     LatteState,
     latte_bidirectional,
@@ -29,6 +28,7 @@ from latte.ops import (
     sliding_window_attention,
     sliding_window_step,
 )
+from latte.ops import distributions as dists
 from latte.ops.cross_entropy import LinearCrossEntropy
 
 aten = torch.ops.aten

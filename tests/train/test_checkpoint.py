@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch import nn
 
+from latte.files import sha256_file
 from latte.models import weights
 from latte.train import checkpoint as ck
 from latte.train.checkpoint import check_state_against, find_latest_checkpoint, load_checkpoint, save_checkpoint
@@ -261,7 +262,7 @@ def test_pickle_payload_is_refused(tmp_path):
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["files"]["optimizer.pt"] = {
         "size": (path / "optimizer.pt").stat().st_size,
-        "sha256": ck.sha256_file(path / "optimizer.pt"),
+        "sha256": sha256_file(path / "optimizer.pt"),
     }
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match=r"optimizer\.pt: refused"):

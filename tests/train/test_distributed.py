@@ -28,7 +28,8 @@ import pytest
 import torch
 
 from latte.config_io import build
-from latte.train.checkpoint import load_checkpoint, sha256_file, verify_checkpoint
+from latte.files import sha256_file
+from latte.train.checkpoint import load_checkpoint, verify_checkpoint
 from latte.train.config import LMRunConfig
 from latte.train.loop import train
 from latte.train.metrics import read_csv

@@ -147,12 +147,12 @@ def test_run_dir_that_is_a_file_is_named(make_config, tmp_path):
 def test_disk_full_at_startup_names_the_file_and_leaves_no_temp_file(make_config, tmp_path, monkeypatch):
     import errno
 
-    import latte.config_io
+    import latte.files
 
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(latte.config_io.os, "fsync", full)
+    monkeypatch.setattr(latte.files.os, "fsync", full)
     with pytest.raises(OSError) as e:
         train(make_config())
     assert e.value.errno == errno.ENOSPC and str(tmp_path / "run" / "config.yaml") in str(e.value)

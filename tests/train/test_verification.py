@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from latte.cli import main
+from latte.files import sha256_file
 from latte.models.weights import read_weights, save_weights
-from latte.train.checkpoint import CheckpointError, load_checkpoint, sha256_file, verify_checkpoint
+from latte.train.checkpoint import CheckpointError, load_checkpoint, verify_checkpoint
 from latte.train.loop import train
 from latte.train.runs import open_run
 

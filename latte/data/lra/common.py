@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from latte.config_io import atomic_write
 from latte.data.classification import ClassificationData
+from latte.files import atomic_write
 
 SPLITS = ("train", "validation", "test")
 CACHE_VERSION = 1  # bump when a generator or the file layout changes

@@ -23,7 +23,6 @@ CIFAR pixels: value v -> v, 256 cls (vocabulary 257).
 from __future__ import annotations
 
 import csv
-import hashlib
 import pickle
 import sys
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from latte.data.classification import ClassificationData, Sequences
+from latte.data.corpus import unit_hash
 
 BYTE_PAD_ID, BYTE_CLS_ID, BYTE_OFFSET, BYTE_VOCAB_SIZE = 0, 1, 2, 258
 PIXEL_CLS_ID, PIXEL_VOCAB_SIZE = 256, 257
@@ -73,7 +73,7 @@ def load_imdb(path: str | Path, *, max_length: int = 4000, val_fraction: float =
         if not files:
             raise ValueError(f"LRA text: {root / split} holds no reviews (*.txt under pos/ and neg/)")
         splits[split] = files
-    held = [_unit_hash(p.name) < val_fraction for p, _ in splits["train"]]
+    held = [unit_hash(p.name) < val_fraction for p, _ in splits["train"]]
     parts = {
         "train": [f for f, h in zip(splits["train"], held) if not h],
         "validation": [f for f, h in zip(splits["train"], held) if h],
@@ -83,10 +83,6 @@ def load_imdb(path: str | Path, *, max_length: int = 4000, val_fraction: float =
         name: _byte_data([encode_bytes(p.read_bytes(), max_length) for p, _ in files], [label for _, label in files])
         for name, files in parts.items()
     }
-
-
-def _unit_hash(name: str) -> float:
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") / 2.0**64
 
 
 def _byte_data(seqs, labels, second=None) -> ClassificationData:

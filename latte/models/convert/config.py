@@ -61,7 +61,7 @@ class ConversionConfig:
             is_int(self.lora_rank) and self.lora_rank >= 0, "lora_rank", self.lora_rank, "an integer >= 0 (0 = off)"
         )
         e.check(
-            _is_int(self.num_sinks) and self.num_sinks >= 0, "num_sinks", self.num_sinks, "an integer >= 0 (0 = none)"
+            is_int(self.num_sinks) and self.num_sinks >= 0, "num_sinks", self.num_sinks, "an integer >= 0 (0 = none)"
         )
         e.check(self.qk_mixer in QK_MIXERS, "qk_mixer", self.qk_mixer, f"one of {QK_MIXERS}")
         e.check(self.mix in MIXES, "mix", self.mix, f"one of {MIXES}")

@@ -17,7 +17,6 @@ module knows files, not the model class); so does
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -26,20 +25,12 @@ from typing import Any
 
 import torch
 
-from ...config_io import atomic_write
+from ...files import atomic_write, sha256_file
 from ..weights import save_weights
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _weight_files(path: Path, gguf_file: str | None) -> list[Path]:

@@ -1,4 +1,4 @@
-"""Input distributions for the benchmarks and the cost audit of the ops.
+"""Input distributions for the tests, the benchmarks and the cost audit of the ops.
 
 Trained models do not produce standard-normal logits: key logits sharpen as
 training goes on (std 10 and more), some positions spike, batches carry
