@@ -26,6 +26,9 @@ import math
 import sys
 from pathlib import Path
 
+from latte.allocator import tune
+from latte.experiments import EXPERIMENTS
+
 USAGE = __doc__.split("\n\n")[1]
 # `latte bench NAME` -> the module whose main(argv) runs it
 BENCHES = {
@@ -58,7 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     if command not in handlers:
         print(f"latte: unknown command {command!r}; expected one of {', '.join(handlers)}\n{USAGE}", file=sys.stderr)
         return 2
-    from latte.allocator import tune
 
     tune()  # reuse freed memory instead of page-faulting it back in (LATTE_MALLOC=default: off)
     try:
@@ -105,6 +107,7 @@ def _split_train_args(args: list[str]) -> tuple[str | None, list[str]]:
 
 def cmd_train(args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in args):
+        # on use: the CLI starts without torch (docs/design.md §10)
         from latte.train.config import shipped_configs
 
         print(
@@ -114,9 +117,10 @@ def cmd_train(args: list[str]) -> int:
             "train and the task's own (lm: data, model; see latte/train/config.py)"
         )
         return 0
-    from latte.train.config import load_run_config
+    # on use: the CLI starts without torch (docs/design.md §10)
     from latte.train.loop import train
     from latte.train.step import NonFiniteError
+    from latte.train.task import load_run_config
 
     config, overrides = _split_train_args(args)
     cfg = load_run_config(config, overrides)
@@ -195,6 +199,7 @@ def cmd_generate(args: list[str]) -> int:
     a = p.parse_args(args)
     import torch
 
+    # on use: the CLI starts without torch (docs/design.md §10)
     from latte.eval.generation import IncrementalDecoder, stream_tokens
     from latte.train.runs import open_run
 
@@ -283,6 +288,7 @@ def cmd_eval(args: list[str]) -> int:
             raise ValueError(f"--out {out}: cannot create its folder {out.parent} ({e.strerror})") from None
     if a.latents:
         return _eval_latents(a, out)
+    # on use: the CLI starts without torch (docs/design.md §10)
     from latte.eval.perplexity import extrapolation
     from latte.train.lm import pack_split
     from latte.train.runs import open_run
@@ -320,6 +326,7 @@ def cmd_eval(args: list[str]) -> int:
 
 
 def _eval_latents(a: argparse.Namespace, out: Path) -> int:
+    # on use: the CLI starts without torch (docs/design.md §10)
     from latte.data import TokenWindows
     from latte.eval.latents import latent_utilisation, latents_table, plot_latents
     from latte.train.lm import pack_split
@@ -388,6 +395,7 @@ def cmd_export(args: list[str]) -> int:
     p.add_argument("run", help="run folder (newest verified checkpoint) or a step-N folder")
     p.add_argument("out", help="output folder (created; files in it are replaced)")
     a = p.parse_args(args)
+    # on use: the CLI starts without torch; the export needs the optional transformers
     from latte.models.pretrained import export_for_transformers
     from latte.train.runs import open_run
 
@@ -398,6 +406,7 @@ def cmd_export(args: list[str]) -> int:
 
 
 def cmd_harness(args: list[str]) -> int:
+    # on use: the optional lm-eval and transformers
     from latte.eval.harness import main as harness_main
 
     return harness_main(args)
@@ -429,8 +438,6 @@ def cmd_bench(args: list[str]) -> int:
 
 
 def cmd_experiment(args: list[str]) -> int:
-    from latte.experiments import EXPERIMENTS
-
     if not args or args[0] in ("-h", "--help") or args[0] not in EXPERIMENTS:
         known = ", ".join(EXPERIMENTS) or "(none in this installation)"
         print(

@@ -20,7 +20,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from latte import reporting
+from latte import ops, reporting
 from latte.ops import distributions as dists
 
 from . import common
@@ -41,7 +41,6 @@ def _masked(fn, dist, B, T):
 
 def op_calls(dist: str, quick: bool) -> dict:
     """{op: (shape note, zero-argument call)} for one distribution."""
-    from latte import ops
 
     s = 8 if quick else 1  # quick: every size / 8
     B, T, H, L, D = 4, 512 // s, 4, 32, 32

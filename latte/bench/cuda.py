@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from latte import reporting
+from latte.ops import latte_causal, macchiato
 
 from . import common
 from .cuda_report import markdown_ops, ops_ratios, plot_ops
@@ -119,7 +120,6 @@ def _sdpa_context(dtype):
 
 def make_inputs(provider: str, T: int, dtype, B: int = 1, shape=(HEADS, LATENTS, DV), seed: int = 0):
     """(inputs on DEVICE, fn) for one provider; shape = (H, Lh, Dv)."""
-    from latte.ops import latte_causal, macchiato
 
     g = torch.Generator().manual_seed(seed)
     H, L, D = shape

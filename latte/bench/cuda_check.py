@@ -26,6 +26,8 @@ import torch
 
 from latte import reporting
 from latte.ops import distributions as dists
+from latte.ops import latte_causal, latte_causal_step
+from latte.ops import reference as R
 
 from . import common
 from .device import DEVICES, check_device, device_info
@@ -78,16 +80,12 @@ def _run(fn, a, b, v, cot, dtype):
 
 
 def _reference(a, b, v, cot, exact: bool):
-    from latte.ops import latte_causal
-    from latte.ops import reference as R
-
     fn = (lambda *x: R.latte_causal(*x)[0]) if exact else (lambda *x: latte_causal(*x, backend="torch")[0])
     return _run(fn, a, b, v, cot, f64)
 
 
 def _decode_err(a, b, v, backend: str, dtype, steps: int) -> float:
     """Prefix forward + `steps` decoding steps against the forward of the whole sequence."""
-    from latte.ops import latte_causal, latte_causal_step
 
     a, b, v = (x.to(dtype) for x in (a, b, v))
     with torch.no_grad():
@@ -102,8 +100,6 @@ def _decode_err(a, b, v, backend: str, dtype, steps: int) -> float:
 
 
 def check_case(T: int, dist: str, args, seed: int = 0) -> list[dict]:
-    from latte.ops import latte_causal
-
     shape = QUICK_SHAPE if args.quick else FULL_SHAPE
     a, b, v, cot = _inputs(T, dist, shape, args.device, seed)
     exact = T <= args.exact_max_t

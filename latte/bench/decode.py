@@ -26,6 +26,9 @@ import time
 import torch
 
 from latte import reporting
+from latte.layers import state_nbytes
+from latte.models import LatteConfig, LatteForCausalLM
+from latte.ops import set_backend
 
 from . import common
 from .device import DTYPES, add_device_args, check_device, device_info, resolve_device_args
@@ -76,7 +79,6 @@ def max_len(args) -> int:
 
 def make_config(mixer: str, quick: bool, max_len: int):
     """Table 6 preset (tiny config in --quick), positions long enough for max_len."""
-    from latte.models import LatteConfig
 
     if quick:
         return LatteConfig.tiny(mixer=mixer, max_position_embeddings=max(4096, max_len))
@@ -93,9 +95,6 @@ def bench_mixer(mixer: str, args, rows: list[dict], backend: str = "torch") -> N
     is). Phase 2 times one greedy decoding step from each saved state, the
     contexts interleaved round by round, so drift on a shared machine falls
     on every context alike and the long/short ratio stays meaningful."""
-    from latte.layers import state_nbytes
-    from latte.models import LatteForCausalLM
-    from latte.ops import set_backend
 
     set_backend(backend)  # run() restores the default
     dev = getattr(args, "device", "cpu")
@@ -171,8 +170,6 @@ def bench_mixer(mixer: str, args, rows: list[dict], backend: str = "torch") -> N
 
 
 def run(args) -> dict:
-    from latte.ops import set_backend
-
     check_device(args.device)
     common.set_threads(args.threads)
     info = {**reporting.machine_info(), **device_info(args.device)}

@@ -14,6 +14,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
+from latte.ops.backend import fla_missing
+
 DEVICES = ("cpu", "cuda")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -73,7 +75,6 @@ def device_info(device: str) -> dict:
     """What the machine_info of a CPU run lacks on a GPU: the device and the libraries."""
     if device != "cuda":
         return {"device": "cpu"}
-    from latte.ops.backend import fla_missing
 
     props = torch.cuda.get_device_properties(0)
     info = {

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from latte import reporting
 from latte.ops import distributions as dists
+from latte.ops import latte_causal
 
 from . import common
 from . import providers as P
@@ -29,8 +30,6 @@ CAUSAL_DISTS = ("std1", "std10", "std20", "std100")
 
 
 def causal_call(shape, dist):
-    from latte.ops import latte_causal
-
     B, T, H, L, D = shape
     args = [
         seeded_randn(B, T, H, L, seed=1),

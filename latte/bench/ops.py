@@ -20,7 +20,9 @@ import time
 import torch
 
 from latte import reporting
+from latte.layers import LatteAttention
 from latte.ops import distributions as dists
+from latte.ops import linear_recurrence
 
 from . import common, cuda, fixed_shapes
 from . import providers as P
@@ -187,7 +189,6 @@ def add_memory(results, args) -> None:
 
 def rglru(args) -> dict:
     """linear_recurrence's chunked scan vs a per-step Python loop, [1, T, 512]."""
-    from latte.ops import linear_recurrence
 
     T = args.rglru_t or (128 if args.quick else 4096)
     g = torch.Generator().manual_seed(0)
@@ -222,7 +223,6 @@ def rglru_share(x, args) -> dict:
     """Forward+backward of the RG-LRU mixer (gates and scan) against the whole
     causal LatteAttention layer it sits in (qk_mixer conv_rglru, docs/evaluation.md §1
     shapes), timed in interleaved rounds."""
-    from latte.layers import LatteAttention
 
     torch.manual_seed(0)
     layer = LatteAttention(P.MODEL_DIM, P.HEADS, P.LATENTS, qk_mixer="conv_rglru", chunk_size=P.CHUNK)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from latte.ops import distributions as dists
+from latte.ops import latte_causal, latte_causal_step, linear_attention, macchiato
 
 from .paper_scan import paper_scan
 
@@ -72,23 +73,7 @@ def naive_bytes(T: int, mode: str, B: int = 1) -> int:
     return B * HEADS * T * T * 4 * (3 if mode == "fwd" else 6)
 
 
-def linear_attention_fn():
-    """latte.ops.linear_attention if it exists yet (another engineer writes it)."""
-    try:
-        from latte.ops.linear_attention import linear_attention
-    except ImportError:
-        try:
-            from latte.ops import linear_attention  # type: ignore[attr-defined]
-        except ImportError as e:
-            raise RuntimeError(f"unavailable: {e}") from None
-    if not callable(linear_attention):
-        raise RuntimeError("unavailable: latte.ops.linear_attention is not a function")
-    return linear_attention
-
-
 def _recurrent(a, b, v):
-    from latte.ops import latte_causal_step
-
     state, ys = None, []
     for t in range(a.shape[1]):
         y, state = latte_causal_step(a[:, t], b[:, t], v[:, t], state)
@@ -117,7 +102,6 @@ def make_inputs(
     shapes the key-side logits: b for the Latte providers, k for the softmax
     and linear ones (Macchiato: both); the rest stays standard normal.
     heads / latents (per head) / dv override the docs/evaluation.md §1 shape."""
-    from latte.ops import latte_causal, macchiato
 
     g = torch.Generator().manual_seed(seed)
     H, L, D = heads, latents, dv
@@ -149,10 +133,9 @@ def make_inputs(
         )
         return [r(B, H, T, D), key(B, H, T, D), r(B, H, T, D)], fn  # [B, H, T, E]
     if provider == "linear":
-        lin = linear_attention_fn()
 
         def fn(q, k, v):  # elu + 1 feature map (Katharopoulos et al.), part of the cost
-            return lin(F.elu(q) + 1, F.elu(k) + 1, v, chunk_size=CHUNK)[0]
+            return linear_attention(F.elu(q) + 1, F.elu(k) + 1, v, chunk_size=CHUNK)[0]
 
         return [r(B, T, H, D), key(B, T, H, D), r(B, T, H, D)], fn
     if provider == "proj":  # three nn.Linear-style projections, weights as inputs

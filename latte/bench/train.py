@@ -28,7 +28,9 @@ import time
 import torch
 
 from latte import reporting
+from latte.models import LatteConfig, LatteForCausalLM
 from latte.ops import distributions as dists
+from latte.ops import set_backend
 
 from . import common
 from .device import DTYPES, add_device_args, check_device, device_info, resolve_device_args, synced
@@ -96,7 +98,6 @@ def parse_args(argv=None):
 
 def make_config(spec: str, quick: bool, seq: int, preset: str = "table6"):
     """spec: a LatteConfig mixer, optionally with its qk mixer ("latte:none")."""
-    from latte.models import LatteConfig
 
     mixer, _, qk = spec.partition(":")
     extra = {"qk_mixer": qk} if qk else {}
@@ -148,8 +149,6 @@ def build_point(spec: str, seq: int, args, dist: str = "std1", backend: str = "t
     of the same shape (times num_layers: the step's attention share). On CUDA
     the calls synchronise and run under autocast to --dtype; `backend`
     (latte.ops.set_backend) is set by each call, so points can interleave."""
-    from latte.models import LatteForCausalLM
-    from latte.ops import set_backend
 
     cfg = make_config(spec, args.quick, seq, args.preset)
     torch.manual_seed(0)
@@ -287,8 +286,6 @@ def _model_dict(args) -> dict | None:
 
 
 def run(args) -> dict:
-    from latte.ops import set_backend
-
     check_device(args.device)
     common.set_threads(args.threads)
     info = {**reporting.machine_info(), **device_info(args.device)}

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from latte import reporting
+from latte.ops.flex_window import flex_window, window_block_mask
+from latte.ops.sliding_window import window_blocked
 
 from . import common
 from .device import DTYPES, add_device_args, check_device, device_info, resolve_device_args, synced
@@ -54,8 +56,6 @@ def _qkv(T, args, bhte=False):
 
 def make(provider: str, T: int, mode: str, args):
     """(zero-argument call, compile seconds or None) for one point."""
-    from latte.ops.flex_window import flex_window, window_block_mask
-    from latte.ops.sliding_window import window_blocked
 
     scale = E**-0.5
     compile_s = None

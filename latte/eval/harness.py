@@ -35,7 +35,7 @@ def register() -> None:
     from lm_eval.api.registry import model_registry, register_model
     from lm_eval.models.huggingface import HFLM
 
-    from latte.models import hf
+    from latte.models import hf  # optional dependency: hf imports transformers (extra "hf")
 
     hf.register()
     if MODEL_NAME in model_registry:

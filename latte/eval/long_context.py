@@ -108,7 +108,7 @@ def converted_nll(
 ) -> DocumentEval:
     """Per-token NLL of a converted model on ids [T], fed `chunk` tokens at a
     time through its cache; decode timed at each context in `contexts`."""
-    from latte.models.convert import MacchiatoCache
+    from latte.models.convert import MacchiatoCache  # optional dependency: imports transformers (extra "hf")
 
     t0, spent = time.perf_counter(), 0.0
     N = ids.shape[0] - 1  # tokens fed: the last one only serves as a target

@@ -35,17 +35,10 @@ from pathlib import Path
 
 import torch
 
-RECIPES = {  # name -> latte convert overrides of the shipped config, each one spelled out in full
-    "end_to_end+lora8": ["conversion.lora_rank=8"],
-    "end_to_end": ["conversion.lora_rank=0"],
-    "kl_only": ["distill.lm_weight=0", "conversion.lora_rank=0"],
-    "layerwise": ["distill.objective=layerwise", "conversion.lora_rank=0"],
-}
-# the recipe the shipped config runs and the long-context evaluation reads:
-# the best of the recipe comparison (results/convert-recipes)
-DEFAULT_RECIPE = "end_to_end+lora8"
-CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
-MODELS = ("original", "swa", "converted")
+from latte.data import load_documents, train_bpe
+
+from .convert_report import report
+from .convert_stages import CONTEXTS, RECIPES, eval_stage, recipes_stage, sample_stage, sinks_stage
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -98,14 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(stages) - {"recipes", "eval", "sinks", "sample"}
     if unknown:
         raise ValueError(f"--stages: unknown {sorted(unknown)}; expected recipes, eval, sinks, sample")
-    from .convert_stages import eval_stage, recipes_stage, sample_stage, sinks_stage
-
     recipe_rows = recipes_stage(a) if "recipes" in stages else None
     rows = eval_stage(a) if "eval" in stages else None
     sinks = sinks_stage(a) if "sinks" in stages else None
     sample = sample_stage(a) if "sample" in stages else None
-    from .convert_report import report
-
     report(a, argv, started, recipe_rows, rows, sample, sinks)
     return 0
 
@@ -113,9 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 def quick_setup(a: argparse.Namespace) -> None:
     """A tiny random Llama and a BPE of Python's help text stand in for
     SmolLM2 and its tokenizer: every stage runs in seconds."""
-    import transformers as tf
-
-    from latte.data import load_documents, train_bpe
+    import transformers as tf  # optional dependency (extra "hf"): only the quick stand-in model needs it here
 
     root = Path(a.runs) / "quick-base"
     if not (root / "base" / "config.json").is_file():

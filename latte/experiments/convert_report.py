@@ -6,8 +6,10 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from latte.eval.long_context import perplexities
+
 from ..reporting import pyplot, save_figure, update_readme
-from .convert_stages import SHORT, nll_of
+from .convert_stages import CONTEXTS, DEFAULT_RECIPE, SHORT, nll_of
 from .results import provenance, readme_body, write_results
 
 MODELS = ("original", "swa", "converted")
@@ -17,7 +19,6 @@ def eval_records(cells: list[dict], contexts) -> list[dict]:
     """One record per (model, context): perplexity over the first `context`
     tokens and over the position bucket, tokens, documents, wall time,
     decode ms/token and state bytes at that context."""
-    from latte.eval.long_context import perplexities
 
     decode = {c["context"]: c for c in cells if c["model"] == "original-decode"}
     originals = [c for c in cells if c["model"] == "original"]
@@ -55,7 +56,6 @@ def _on_original_documents(mine: list[dict], originals: list[dict], ctx: int, co
     """The model's perplexities at ctx over only the documents the original
     read that far (it reads most of them to 8K only): a like-for-like
     comparison past 8K."""
-    from latte.eval.long_context import perplexities
 
     names = {o["document"] for o in originals if nll_of(o).shape[0] >= ctx}
     rows = perplexities([nll_of(c) for c in mine if c["document"] in names], contexts)
@@ -186,7 +186,6 @@ def statements(records: list[dict], contexts) -> str:
 def sink_records(cells: list[dict], contexts) -> list[dict]:
     """One record per (sinks, context) of the sinks stage: perplexity of the
     original under the window mask with the first `sinks` tokens visible."""
-    from latte.eval.long_context import perplexities
 
     out = []
     for k in sorted({c["sinks"] for c in cells}):
@@ -256,7 +255,6 @@ def recipe_table(rows: list[dict]) -> str:
 def recipe_statement(rows: list[dict]) -> str:
     """Which recipe came out best, and whether the comparison is at equal
     training tokens (a time budget can stop runs at different steps)."""
-    from .convert import DEFAULT_RECIPE
 
     trained = [r for r in rows if not r["recipe"].startswith("none")]
     if not trained:
@@ -339,7 +337,6 @@ def cells_wall_s(recipe_rows, cells, sample) -> float:
 def budget_md(a, argv, trained: dict | None, cells_s: float = 0.0, wall_s: float = 0.0) -> str:
     """What this run did against the full protocol (docs/evaluation.md §7):
     contexts not evaluated, training tokens and time, the load it ran under."""
-    from .convert import CONTEXTS
 
     missing = [c for c in CONTEXTS if c not in a.contexts]
     parts = []
@@ -371,8 +368,6 @@ def budget_md(a, argv, trained: dict | None, cells_s: float = 0.0, wall_s: float
 
 
 def report(a, argv, started, recipe_rows, cells, sample, sinks=None) -> None:
-    from .convert import DEFAULT_RECIPE
-
     out = Path(a.out)
     trained = next((r for r in recipe_rows or [] if r["recipe"] == DEFAULT_RECIPE), None)
     run = provenance("convert", argv, started, threads=a.threads)

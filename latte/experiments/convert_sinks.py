@@ -26,6 +26,9 @@ from pathlib import Path
 
 import torch
 
+from latte.data.heldout import eval_essays, eval_plays
+from latte.eval.long_context import converted_nll, original_nll
+
 from .results import Sweep, provenance, write_results
 
 SINKS = (0, 1, 4, 8)
@@ -48,6 +51,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def load_model(a):
     """(converted model at beta's initial value, encode: str -> list[int])."""
+    # optional dependency: latte.models.convert imports transformers (extra "hf")
     from latte.models.convert import ConversionConfig, convert, convert_pretrained
 
     # latents carry exactly no weight at beta_init: one per head keeps their cost out of the way
@@ -68,7 +72,7 @@ def load_model(a):
         return model.eval(), lambda text: list(text.encode("utf-8"))
     from transformers import AutoTokenizer
 
-    from latte.models.convert.io import resolve_base
+    from latte.models.convert.io import resolve_base  # optional dependency: transformers
 
     folder, gguf = resolve_base("smollm2")
     tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)
@@ -78,8 +82,6 @@ def load_model(a):
 
 def documents(encode, n: int, max_context: int) -> dict[str, torch.Tensor]:
     """ "source/name" -> ids [<= max_context + 1]: the n longest held-out plays and essays."""
-    from latte.data.heldout import eval_essays, eval_plays
-
     out = {}
     for source, docs in (("plays", eval_plays()), ("essays", eval_essays())):
         ids = [(d.name, encode(d.text)) for d in docs]
@@ -89,8 +91,6 @@ def documents(encode, n: int, max_context: int) -> dict[str, torch.Tensor]:
 
 
 def cell_fn(model, docs):
-    from latte.eval.long_context import converted_nll, original_nll
-
     def run(cell: dict) -> dict:
         load0, ids = os.getloadavg()[0], docs[cell["document"]]
         if cell["model"] == "original":

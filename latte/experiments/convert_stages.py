@@ -10,7 +10,24 @@ from pathlib import Path
 
 import torch
 
+from latte.data import TokenWindows
+from latte.eval.long_context import converted_nll, original_decode, original_nll, original_window_nll
+from latte.train.lm import pack_split, split_corpus
+from latte.train.runs import open_run
+from latte.train.validation import nll_sums, subset, summarize
+
 from .results import Sweep, run_latte
+
+RECIPES = {  # name -> latte convert overrides of the shipped config, each one spelled out in full
+    "end_to_end+lora8": ["conversion.lora_rank=8"],
+    "end_to_end": ["conversion.lora_rank=0"],
+    "kl_only": ["distill.lm_weight=0", "conversion.lora_rank=0"],
+    "layerwise": ["distill.objective=layerwise", "conversion.lora_rank=0"],
+}
+# the recipe the shipped config runs and the long-context evaluation reads:
+# the best of the recipe comparison (results/convert-recipes)
+DEFAULT_RECIPE = "end_to_end+lora8"
+CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
 
 SHORT = 8192  # the original reads its other documents this far (its training context)
 
@@ -23,8 +40,6 @@ def run_dir(a, recipe: str) -> Path:
 
 
 def recipes_stage(a) -> list[dict]:
-    from .convert import DEFAULT_RECIPE, RECIPES
-
     names = [r for r in a.recipes.split(",") if r]
     bad = [r for r in names if r not in RECIPES]
     if bad or DEFAULT_RECIPE not in names:
@@ -37,8 +52,6 @@ def recipes_stage(a) -> list[dict]:
 
 
 def _recipe_cell(cell: dict, a) -> dict:
-    from .convert import DEFAULT_RECIPE, RECIPES
-
     recipe = cell["recipe"]
     if recipe.startswith("none"):  # the untrained baselines on the same validation windows
         return _baseline_ppl(run_dir(a, DEFAULT_RECIPE), original="original" in recipe)
@@ -78,8 +91,6 @@ def _baseline_ppl(run: Path, *, original: bool) -> dict:
     """Validation perplexity (the trainer's windows) of the converted model
     before up-training (as_sliding_window: beta = -30, no LoRA) or of
     the original."""
-    from latte.train.runs import open_run
-    from latte.train.validation import nll_sums, summarize
 
     trained = open_run(run)
     model = trained.model.model  # Distiller -> the converted model
@@ -103,10 +114,6 @@ def _baseline_ppl(run: Path, *, original: bool) -> dict:
 
 
 def _val_windows(trained):
-    from latte.data import TokenWindows
-    from latte.train.lm import pack_split
-    from latte.train.validation import subset
-
     c = trained.config.data
     return subset(TokenWindows(pack_split(trained.config, trained.tokenizer, "validation"), c.seq_len), c.val_windows)
 
@@ -119,7 +126,6 @@ DECODE_STEPS = 9  # timed decode steps after each context (the first is a warm-u
 def held_out_documents(trained, n: int, max_context: int) -> list[tuple[str, torch.Tensor]]:
     """The n longest held-out documents, tokenized, cut at max_context + 1
     tokens plus the few that decode timing feeds after the last context."""
-    from latte.train.lm import split_corpus
 
     _, val_docs = split_corpus(trained.config)
     docs = sorted(val_docs, key=lambda d: -len(d.text))[:n]
@@ -131,8 +137,6 @@ def held_out_documents(trained, n: int, max_context: int) -> list[tuple[str, tor
 
 
 def eval_stage(a) -> list[dict]:
-    from .convert import DEFAULT_RECIPE
-
     trained = _open(run_dir(a, DEFAULT_RECIPE))
     docs = held_out_documents(trained, a.documents, a.max_context)
     contexts = a.contexts
@@ -157,14 +161,10 @@ def eval_stage(a) -> list[dict]:
 
 
 def _open(run: Path):
-    from latte.train.runs import open_run
-
     return open_run(run)
 
 
 def _eval_cell(cell, trained, docs, rank, contexts, a) -> dict:
-    from latte.eval.long_context import converted_nll, original_decode, original_nll
-
     model = trained.model.model
     load0 = os.getloadavg()[0]
     if cell["model"] == "original-decode":
@@ -203,7 +203,6 @@ SINKS = (0, 1, 4)  # first tokens kept visible next to the window
 def sinks_stage(a) -> list[dict]:
     """Per held-out document and number of sinks: the original's per-token
     loss under the window mask (docs/conversion.md §6)."""
-    from .convert import DEFAULT_RECIPE
 
     trained = _open(run_dir(a, DEFAULT_RECIPE))
     docs = dict(held_out_documents(trained, a.documents, a.sink_context))
@@ -214,8 +213,6 @@ def sinks_stage(a) -> list[dict]:
     ]
 
     def cell_fn(cell):
-        from latte.eval.long_context import original_window_nll
-
         model, load0 = trained.model.model, os.getloadavg()[0]
         window = model.converted[0].window_size
         res = original_window_nll(
@@ -238,16 +235,12 @@ def sinks_stage(a) -> list[dict]:
 
 
 def sample_stage(a) -> dict:
-    from .convert import DEFAULT_RECIPE
-
     cells = [{"sample": "long-context", "context": a.sample_context, "recipe": DEFAULT_RECIPE}]
     return Sweep(Path(a.runs) / "cells-sample", cells).run(lambda c: _sample_cell(c, a), desc="sample")[0]
 
 
 @torch.no_grad()
 def _sample_cell(cell, a) -> dict:
-    from .convert import DEFAULT_RECIPE
-
     trained = _open(run_dir(a, DEFAULT_RECIPE))
     name, ids = held_out_documents(trained, 1, cell["context"] + 64)[0]
     prompt = ids[: cell["context"]]

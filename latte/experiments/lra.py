@@ -33,8 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
+from latte.data.lra import listops, load_task, pathfinder
 from latte.experiments.results import Sweep, provenance, write_results
 from latte.reporting import pyplot, save_figure
+from latte.train.checkpoint import find_latest_checkpoint
+from latte.train.loop import train
+from latte.train.metrics import read_csv
+from latte.train.task import load_run_config
 
 NAME = "lra"
 TASKS = ("listops", "pathfinder", "listops-short")
@@ -129,7 +134,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def generator_speed(task: str, quick: bool) -> dict:
     """Examples (ListOps) or images (Pathfinder) per second in this one process."""
-    from latte.data.lra import listops, pathfinder
 
     load = os.getloadavg()
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -185,9 +189,6 @@ def train_overrides(task: str, mixer: str, work: Path, extra: list[str]) -> tupl
 
 def run_training(task: str, mixer: str, work: Path, extra: list[str]) -> dict:
     """Trains one cell in this process (resuming its run folder) and reads back its summary."""
-    from latte.train.checkpoint import find_latest_checkpoint
-    from latte.train.config import load_run_config
-    from latte.train.loop import train
 
     config, overrides = train_overrides(task, mixer, work, extra)
     cfg = load_run_config(config, overrides)
@@ -234,7 +235,6 @@ def curves(path: Path, work: Path, records: list[dict]) -> Path | None:
     plt = pyplot()
     if plt is None:
         return None
-    from latte.train.metrics import read_csv
 
     runs = [r for r in records if r.get("part") == "train"]
     tasks = sorted({r["task"] for r in runs}, key=TASKS.index)
@@ -475,8 +475,6 @@ def budget_of(task: str, budget: str) -> str:
 
 def _pathfinder_test_split(extra: list[str]):
     """The test split the Pathfinder runs use (read from the data cache)."""
-    from latte.data.lra import load_task
-    from latte.train.config import load_run_config
 
     d = load_run_config("lra/pathfinder", extra).data
     splits, _ = load_task(

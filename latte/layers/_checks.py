@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from latte._checks import check_positive_int
+from latte.ops.backend import BACKENDS
 
 from .states import state_batch_size
 
@@ -40,8 +41,6 @@ def check_choice(name: str, value, allowed: tuple) -> None:
 
 
 def check_backend(backend) -> None:
-    from latte.ops.backend import BACKENDS
-
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS} or None (the process default), got {backend!r}")
 

@@ -38,8 +38,10 @@ from ._checks import (
 from ._exp import exp_floored, limit_spread, logaddexp
 from .backend import resolve_latent
 from .chunked import LatteChunked
+from .gla import gla_chunked, gla_step
 from .intra_chunk import padded_chunk_size
 from .layout import from_chunks, to_chunks
+from .varlen import run_packed
 
 
 class LatteState(NamedTuple):
@@ -111,7 +113,6 @@ def causal_chunked(a, b, v, chunk_size, state, mask):
 
 def fla_chunked(a, b, v, state, mask, cu_seqlens=None):
     """causal_chunked on fla-core's chunk_gla (gla.py): (y in the work dtype, LatteState)."""
-    from .gla import gla_chunked
 
     y, S, z = gla_chunked(
         a, b, v, None if state is None else state.S, None if state is None else state.z, mask, cu_seqlens
@@ -157,8 +158,6 @@ def latte_causal(
     B, T, H, L = a.shape
     D = v.shape[-1]
     if cu_seqlens is not None:
-        from .varlen import run_packed
-
         check_cu_seqlens(cu_seqlens, B, T)
         n_docs = cu_seqlens.numel() - 1
         if initial_state is not None:
@@ -216,8 +215,6 @@ def latte_causal_step(
         check_latte_state(state, B, H, L, D, name="state")
         S, z = state.S.to(work), state.z.to(work)
     if resolve_latent(backend, a_t) == "fla":  # fused CUDA kernel (gla.py)
-        from .gla import gla_step
-
         y, S_new, z_new = gla_step(a_t, b_t, v_t, S, z, mask_t)
         return y.to(v_t.dtype), LatteState(S_new, z_new)
     b, v = mask_keys(b_t.to(work), v_t.to(work), mask_t)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import NEG, state_dtype
+from .varlen import pack, unpack
 
 # Smallest log-decay passed to the kernels (see the module docstring).
 G_FLOOR = -40.0
@@ -105,7 +106,6 @@ def gla_chunked(a, b, v, S0=None, z0=None, mask=None, cu_seqlens=None):
         q, k, g, z = gla_inputs(a, b, mask=mask, z0=z0)
         y, S = _call(_kernels()[0], q, k, v, g, S0)
         return y.to(state_dtype(v.dtype)), S, z
-    from .varlen import pack, unpack
 
     (a_pad, doc), (b_pad, _) = unpack(a, cu_seqlens), unpack(b, cu_seqlens)
     run_mask = doc if mask is None else doc & unpack(mask.unsqueeze(-1), cu_seqlens)[0].squeeze(-1)

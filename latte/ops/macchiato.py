@@ -33,6 +33,7 @@ from ._checks import check_cu_seqlens, check_positive_int, check_rank, check_sha
 from ._exp import exp_floor, logsumexp
 from .backend import resolve_latent, resolve_window
 from .causal import LatteState, causal_chunked, check_latte_state, fla_chunked, latte_causal_step
+from .flex_window import flex_window
 from .sinks import SinkState, check_num_sinks, check_sink_state, merge, sink_sequence, sink_step
 from .sliding_window import (
     WindowState,
@@ -107,7 +108,7 @@ def _kernels(backend, x, chunk_size, softcap):
         return window_blocked(q, k, v, window_size, scale, mask, state, lengths, softcap)
 
     if softcap is None and resolve_window(backend, x) == "flex":
-        from .flex_window import flex_window as window
+        window = flex_window  # the flex kernel replaces the tiles one
     if resolve_latent(backend, x) == "fla":
         latents = fla_chunked
     else:

@@ -55,6 +55,7 @@ def _check_bench(name: str, rest: list[str]) -> tuple[list[str], str]:
     problems = [p for p in [_writable(args.out)] if p]
     detail = ""
     if name == "ops" and args.device == "cuda":
+        # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
         from latte.bench import cuda
 
         pts = cuda.plan(args)
@@ -66,8 +67,9 @@ def _check_bench(name: str, rest: list[str]) -> tuple[list[str], str]:
 
 
 def _check_lra(rest: list[str]) -> tuple[list[str], str]:
+    # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
     from latte.experiments import lra
-    from latte.train.config import load_run_config
+    from latte.train.task import load_run_config
 
     args, err = _parse(lra.parse_args, rest)
     if err:
@@ -89,8 +91,9 @@ def _check_lra(rest: list[str]) -> tuple[list[str], str]:
 
 
 def _check_lm(rest: list[str]) -> tuple[list[str], str]:
+    # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
     from latte.experiments import lm_variants as lm
-    from latte.train.config import load_run_config
+    from latte.train.task import load_run_config
 
     args, err = _parse(lm.parse_args, rest)
     if err:

@@ -126,6 +126,7 @@ def pack(args, todo: list, state: dict) -> Path | None:
 
 
 def _finish_stage(args, todo, state) -> None:
+    # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
     from .report import write_report
 
     save_state(args.out, state)
@@ -161,6 +162,7 @@ def run(todo: list, args, argv: list[str], *, require_cuda: bool = True, validat
     when it ran (the outcomes are in the records), 2 when it could not start."""
     import importlib
 
+    # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
     from .dryrun import dry_run
 
     t0 = time.monotonic()

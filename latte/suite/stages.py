@@ -196,10 +196,12 @@ def selected(args) -> list[Stage]:
 
 
 def main(argv=None) -> int:
+    # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
     from . import runner
 
     args = parse_args(argv)
     if args.report_only:
+        # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
         from .report import regenerate
 
         for path in regenerate(args.out):
@@ -207,6 +209,7 @@ def main(argv=None) -> int:
         return 0
     todo = selected(args)
     if args.dry_run:
+        # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
         from .dryrun import dry_run
 
         return dry_run(todo, args)

@@ -1,11 +1,13 @@
 """`latte train`: a trainer that survives kill -9, pluggable by task.
 
-task.py        the Task interface (what is trained); lm.py, the language model
+task.py        the Task interface (what is trained), the task registry and
+               build_run_config / load_run_config; lm.py, the language model
 config.py      RunConfig (task, optim, train) and the LM's sections
 loop.py        train(cfg): setup, fit, evaluate
 setup.py       everything fit needs, built in order
 step.py        one optimizer step, the non-finite guard
-checkpoint.py  the commit protocol (manifest last), verification, retention
+checkpoint.py  the commit protocol (manifest last), retention, loading
+manifest.py    the checkpoint folder's layout, its manifest and verification
 sharded.py     FSDP2 checkpoints with torch.distributed.checkpoint
 rundir.py      the run-folder lock, which checkpoint to resume, branches
 runs.py        open a trained run for inference (generate, eval, export)

@@ -1,16 +1,6 @@
-"""Crash-safe checkpoints (docs/reliability.md, "Checkpoints").
-
-Layout of one checkpoint, ``run_dir/step-00001200/``::
-
-    model.safetensors    weights, written by rank 0         } "full" format
-    optimizer.pt         optimizer state_dict (torch.save)  }
-    dcp/                 weights + optimizer state as torch.distributed.checkpoint
-                         shards, one file per rank ("sharded" format, FSDP2)
-    trainer_state.json   step, samples seen, data position, skip counts, health
-    config.yaml          the resolved run config
-    rng-rank{r}.pt       RNG states as tensors, one file per rank
-    <extra files>        the task's, e.g. tokenizer.json
-    manifest.json        written LAST by rank 0: the commit marker
+"""Crash-safe checkpoints (docs/reliability.md, "Checkpoints"): saving a step
+folder, retention, and reading one back. The folder's layout and its manifest
+are train/manifest.py.
 
 Commit protocol: every file is fsynced; a barrier; then rank 0 writes the
 manifest (names, sizes, sha256, versions) via tmp + fsync + rename +
@@ -20,10 +10,8 @@ previous checkpoint as the latest. Step folders are never renamed while
 saving (renames of directories broke Hugging Face's trainer on shared
 multi-node filesystems).
 
-Verification: the manifest must list and hash every file that loading reads
-(the required files of its format and world size; `Checkpoint.file` refuses
-any other name), and nothing is unpickled: ``torch.load(weights_only=True)``,
-and DCP's metadata through a restricted unpickler (train/sharded.py).
+Verification: nothing is unpickled: ``torch.load(weights_only=True)``, and
+DCP's metadata through a restricted unpickler (train/sharded.py).
 `verify_checkpoint` checks every file; `load_checkpoint(verify="read")`
 checks each file when it is first read, which is what `latte generate` and
 `latte eval` use: they read the weights, the config and the tokenizer, so a
@@ -40,10 +28,7 @@ import json
 import logging
 import os
 import pickle
-import platform
-import re
 import shutil
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -51,43 +36,29 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-import latte
 from latte.config_io import load_yaml, save_yaml
-from latte.files import atomic_write, sha256_file
+from latte.files import atomic_write
 from latte.models.weights import check_state, read_weights, save_weights
+from latte.train.manifest import (
+    CONFIG,
+    DCP_DIR,
+    MANIFEST,
+    MODEL,
+    NAME_RE,
+    OPTIMIZER,
+    TRAINER,
+    CheckpointError,
+    file_problem,
+    manifest_json,
+    read_manifest,
+    rng_name,
+    step_dir_name,
+    step_dirs,
+    verify_checkpoint,
+)
+from latte.train.sharded import load_sharded, save_sharded
 
 log = logging.getLogger(__name__)
-
-MANIFEST = "manifest.json"
-MODEL, OPTIMIZER, TRAINER, CONFIG = "model.safetensors", "optimizer.pt", "trainer_state.json", "config.yaml"
-DCP_DIR = "dcp"
-FORMAT_VERSION = 2
-_STEP_RE = re.compile(r"^step-(\d{8,})$")
-_NAME_RE = re.compile(r"^(dcp/)?[A-Za-z0-9_][A-Za-z0-9_.+-]*$|^dcp/\.metadata$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be trusted or read: no or bad manifest, a
-    file missing, unlisted, truncated, corrupted or refused."""
-
-
-def step_dir_name(step: int) -> str:
-    """Zero-padded so that names sort by step (up to 10**8 steps)."""
-    return f"step-{step:08d}"
-
-
-def rng_name(rank: int) -> str:
-    return f"rng-rank{rank}.pt"
-
-
-def step_dirs(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """(step, path) of every step folder in `run_dir`, newest first."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := _STEP_RE.match(p.name)) and p.is_dir()]
-    return sorted(found, reverse=True)
-
 
 # --------------------------------------------------------------------------- save
 
@@ -141,7 +112,7 @@ def _check_inputs(step, trainer_state, rng_state, extra_files, rank, world_size,
         raise ValueError(f"rng_state: values must be Tensors (no pickled objects); not tensors: {bad}")
     reserved = {MODEL, OPTIMIZER, TRAINER, CONFIG, MANIFEST, DCP_DIR}
     for name in extra_files or {}:
-        if not _NAME_RE.match(name) or "/" in name or name in reserved or name.startswith("rng-rank"):
+        if not NAME_RE.match(name) or "/" in name or name in reserved or name.startswith("rng-rank"):
             raise ValueError(f"extra_files: {name!r} is not allowed as a checkpoint file name")
     try:
         return json.dumps(trainer_state, indent=2, sort_keys=True)
@@ -195,8 +166,6 @@ def save_checkpoint(
         sync()  # no rank writes shards before the stale ones are gone
     _write(step_dir / rng_name(rank), _torch_save(dict(rng_state)))
     if sharded_state is not None:
-        from latte.train.sharded import save_sharded
-
         save_sharded(sharded_state, step_dir / DCP_DIR)
     if rank == 0:
         _write(step_dir / TRAINER, lambda p: p.write_text(trainer_json, encoding="utf-8"))
@@ -215,40 +184,12 @@ def save_checkpoint(
         barrier()  # every rank's files are durable before the commit marker
     if rank == 0:
         fmt = "sharded" if sharded_state is not None else "full"
-        manifest = _manifest_json(step_dir, step, world_size, fmt, list(extra_files or {}))
+        manifest = manifest_json(step_dir, step, world_size, fmt, list(extra_files or {}))
         _write(step_dir / MANIFEST, lambda p: atomic_write(p, manifest))
         apply_retention(Path(run_dir), step, keep, protect=set(protect))
     if barrier is not None:
         barrier()  # no rank returns (and maybe resumes) before the commit
     return step_dir
-
-
-def _saved_files(step_dir: Path, world_size: int, fmt: str, extra: list[str]) -> list[str]:
-    files = [TRAINER, CONFIG, *extra, *(rng_name(r) for r in range(world_size))]
-    if fmt == "full":
-        return files + [MODEL, OPTIMIZER]
-    shards = sorted(p.name for p in (step_dir / DCP_DIR).iterdir() if p.is_file() and not p.name.endswith(".tmp"))
-    return files + [f"{DCP_DIR}/{name}" for name in shards]
-
-
-def _manifest_json(step_dir: Path, step: int, world_size: int, fmt: str, extra: list[str]) -> str:
-    entries = {}
-    for name in sorted(_saved_files(step_dir, world_size, fmt, extra)):
-        path = step_dir / name
-        if not path.is_file():  # e.g. a rank that failed before the barrier
-            raise FileNotFoundError(f"checkpoint save: expected file {path} is missing; not committing")
-        entries[name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
-    manifest = {
-        "format": "latte-checkpoint",
-        "format_version": FORMAT_VERSION,
-        "weights": fmt,
-        "step": step,
-        "world_size": world_size,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "versions": {"torch": torch.__version__, "latte": latte.__version__, "python": platform.python_version()},
-        "files": entries,
-    }
-    return json.dumps(manifest, indent=2)
 
 
 def apply_retention(run_dir: Path, new_step: int, keep: int, *, protect: set[int] = frozenset()) -> None:
@@ -276,44 +217,6 @@ def apply_retention(run_dir: Path, new_step: int, keep: int, *, protect: set[int
 # --------------------------------------------------------------------------- load
 
 
-def _read_manifest(step_dir: Path) -> dict:
-    """The manifest, checked for shape and for listing every file that
-    loading will read (a file it omits would otherwise load unchecked)."""
-    path = step_dir / MANIFEST
-    if not path.is_file():
-        raise CheckpointError(f"{step_dir}: no {MANIFEST}, so the save did not complete (or this is not a checkpoint)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: unreadable manifest ({e})") from None
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    ws = manifest.get("world_size", 1) if isinstance(manifest, dict) else None
-    if (
-        not isinstance(files, dict)
-        or not isinstance(manifest.get("step"), int)
-        or not isinstance(ws, int)
-        or ws < 1
-        or not all(isinstance(e, dict) and {"size", "sha256"} <= e.keys() for e in files.values())
-    ):
-        raise CheckpointError(
-            f"{path}: not a latte manifest (needs 'step', 'world_size' and 'files' with size and sha256)"
-        )
-    bad = [n for n in files if not isinstance(n, str) or not _NAME_RE.match(n)]
-    if bad:
-        raise CheckpointError(f"{path}: manifest names files outside the checkpoint folder: {bad}")
-    fmt = manifest.get("weights", "full")
-    required = [TRAINER, CONFIG, *(rng_name(r) for r in range(ws))]
-    required += [MODEL, OPTIMIZER] if fmt == "full" else [f"{DCP_DIR}/.metadata"]
-    missing = [n for n in required if n not in files]
-    if fmt not in ("full", "sharded") or missing:
-        raise CheckpointError(
-            f"{path}: the manifest does not list {', '.join(missing) or 'its weights format'}, "
-            "which loading reads: refusing files that no checksum covers (tampered or "
-            "not written by latte)"
-        )
-    return manifest
-
-
 class Checkpoint:
     """A committed checkpoint, read lazily: each file is loaded (and, with
     verify="read", checked against the manifest) on first use, so a command
@@ -337,7 +240,7 @@ class Checkpoint:
             raise CheckpointError(f"{self.path}: {name} is not listed in {MANIFEST}; refusing to read it")
         path = self.path / name
         if self._verify_reads and name not in self._verified:
-            problem = _file_problem(path, self.manifest["files"][name])
+            problem = file_problem(path, self.manifest["files"][name])
             if problem:
                 raise CheckpointError(f"checkpoint {self.path} failed verification:\n  {problem}")
             self._verified.add(name)
@@ -382,37 +285,10 @@ class Checkpoint:
         place from the DCP shards, resharding to this process group."""
         if self.format != "sharded":
             raise CheckpointError(f"{self.path}: not a sharded checkpoint")
-        from latte.train.sharded import load_sharded
-
         names = [n for n in self.manifest["files"] if n.startswith(f"{DCP_DIR}/")]
         for name in names:
             self.file(name)  # verified before DCP reads any of it
         load_sharded(state, self.path / DCP_DIR, listed={n.split("/", 1)[1] for n in names})
-
-
-def _file_problem(path: Path, entry: dict) -> str | None:
-    if not path.is_file():
-        return f"{path}: missing"
-    if (size := path.stat().st_size) != entry["size"]:
-        return f"{path}: {size} bytes but the manifest says {entry['size']} (truncated or modified)"
-    if sha256_file(path) != entry["sha256"]:
-        return f"{path}: sha256 mismatch (corrupted or modified after the save)"
-    return None
-
-
-def verify_checkpoint(step_dir: str | os.PathLike) -> dict:
-    """Checks every file's size and sha256 against the manifest; returns the
-    manifest or raises one ValueError naming each bad file and why."""
-    step_dir = Path(step_dir)
-    manifest = _read_manifest(step_dir)
-    problems = []
-    m = _STEP_RE.match(step_dir.name)
-    if m and int(m.group(1)) != manifest["step"]:
-        problems.append(f"{MANIFEST}: says step {manifest['step']} but the folder is {step_dir.name}")
-    problems += [p for name, entry in manifest["files"].items() if (p := _file_problem(step_dir / name, entry))]
-    if problems:
-        raise CheckpointError(f"checkpoint {step_dir} failed verification:\n  " + "\n  ".join(problems))
-    return manifest
 
 
 def _torch_load(path: Path, map_location: Any) -> Any:
@@ -457,7 +333,7 @@ def load_checkpoint(
     if verify not in ("all", "read", "none"):
         raise ValueError(f"verify: got {verify!r}, expected 'all', 'read' or 'none'")
     step_dir = Path(step_dir)
-    manifest = verify_checkpoint(step_dir) if verify == "all" else _read_manifest(step_dir)
+    manifest = verify_checkpoint(step_dir) if verify == "all" else read_manifest(step_dir)
     return Checkpoint(step_dir, manifest, verify_reads=verify == "read", map_location=map_location)
 
 

@@ -10,8 +10,9 @@
       model: ModelConfig      the `LatteConfig` fields (vocab_size from the tokenizer)
 
 A task's config subclasses `RunConfig` with its own sections and gives
-`task` its name as default; `build_run_config` reads the `task` key of a
-YAML mapping (default "lm") and builds that task's class, so each task's
+`task` its name as default; `build_run_config` (train/task.py, beside the
+task registry) reads the `task` key of a YAML mapping (default "lm") and
+builds that task's class, so each task's
 sections are validated like the rest. Built from YAML plus
 ``--section.field=value`` overrides with `latte.config_io.build`, which
 reports every unknown key, wrong type and out-of-range value at once. The
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from latte.config_io import ConfigError, ConfigErrors, build, load_yaml, merge, parse_overrides
+from latte.config_io import ConfigError, ConfigErrors
 from latte.models import LatteConfig
 from latte.models.config import Mixer
 
@@ -275,25 +276,6 @@ def resolve_config(config: str | Path | None) -> Path:
     raise ValueError(
         f"--config {config}: no such file, and not a shipped config name; shipped: {', '.join(shipped_configs())}"
     )
-
-
-def build_run_config(data: dict, *, where: str) -> RunConfig:
-    """A plain mapping (YAML + overrides, or a saved config.yaml) -> the
-    validated config of its task (the `task` key, default "lm")."""
-    from latte.train.task import task_class  # the task registry imports this module
-
-    name = data.get("task", "lm") if isinstance(data, dict) else "lm"
-    cls = task_class(name, where=where)
-    return build(cls.config_class, data, where=where)
-
-
-def load_run_config(config_path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
-    """YAML at `config_path` or a shipped config name (default: tiny) + CLI
-    overrides -> a validated config of the task it names. Every problem is
-    reported at once (a ValueError)."""
-    path = resolve_config(config_path)
-    data = merge(load_yaml(path), parse_overrides(list(overrides)))
-    return build_run_config(data, where=str(path) + (" + overrides" if overrides else ""))
 
 
 def check_world_size(cfg: RunConfig, world_size: int) -> None:

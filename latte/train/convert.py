@@ -34,7 +34,10 @@ from torch import nn
 
 from latte.config_io import ConfigErrors
 from latte.data import load_tokenizer
+from latte.models.convert import convert_pretrained
 from latte.models.convert.config import ConversionConfig
+from latte.models.convert.distill import Distiller, calibrate_beta, freeze_base, record_layers
+from latte.models.convert.io import resolve_base
 from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint
 from latte.train.config import DataConfig, RunConfig
@@ -152,8 +155,6 @@ class ConversionTask(LanguageModelingTask):
             elif d.tokenizer == "base":
                 from transformers import AutoTokenizer
 
-                from latte.models.convert.io import resolve_base
-
                 folder, gguf = resolve_base(self.cfg.base.path, self.cfg.base.gguf_file)
                 kw = {"gguf_file": gguf} if gguf else {}
                 AutoTokenizer.from_pretrained(str(folder), **kw).save_pretrained(run_dir / HF_TOKENIZER_DIR)
@@ -169,10 +170,6 @@ class ConversionTask(LanguageModelingTask):
         return self.tokenizer.vocab_size
 
     def build_model(self) -> nn.Module:
-        from latte.models.convert import convert_pretrained
-        from latte.models.convert.distill import Distiller, calibrate_beta, freeze_base, record_layers
-        from latte.models.convert.io import resolve_base
-
         c = self.cfg
         folder, gguf = resolve_base(c.base.path, c.base.gguf_file)
         model = convert_pretrained(folder, c.conversion, gguf_file=gguf)

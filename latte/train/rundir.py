@@ -38,7 +38,8 @@ import socket
 import time
 from pathlib import Path
 
-from latte.train.checkpoint import MANIFEST, scan_checkpoints, step_dirs, verify_checkpoint
+from latte.train.checkpoint import scan_checkpoints
+from latte.train.manifest import MANIFEST, step_dirs, verify_checkpoint
 
 log = logging.getLogger("latte.train")
 LOCK_NAME = "train.lock"

@@ -19,19 +19,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from latte.train.checkpoint import (
-    MANIFEST,
-    MODEL,
-    Checkpoint,
-    CheckpointError,
-    check_finite,
-    check_state_against,
-    load_checkpoint,
-    step_dirs,
-)
-from latte.train.config import RunConfig, build_run_config
+from latte.train.checkpoint import Checkpoint, check_finite, check_state_against, load_checkpoint
+from latte.train.config import RunConfig
 from latte.train.distributed import DistEnv
-from latte.train.task import Task, task_class
+from latte.train.manifest import MANIFEST, MODEL, CheckpointError, step_dirs
+from latte.train.task import Task, build_run_config, task_class
 
 log = logging.getLogger("latte.train")
 

@@ -24,14 +24,14 @@ from torch import nn
 from latte.config_io import save_yaml, to_dict
 from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint, check_finite, check_state_against, load_checkpoint, nonfinite_tensors
-from latte.train.config import RunConfig, build_run_config, check_world_size
+from latte.train.config import RunConfig, check_world_size
 from latte.train.faults import Faults
 from latte.train.metrics import NullLogger, RunLogger
 from latte.train.rng import restore_rng_state
 from latte.train.rundir import RunLock, choose_resume, prepare_run_dir
 from latte.train.sharded import apply_sharded_state, sharded_state
 from latte.train.step import STOP_NONE, SkipGuard
-from latte.train.task import Batches, Task, task_class
+from latte.train.task import Batches, Task, build_run_config, task_class
 
 log = logging.getLogger("latte.train")
 

@@ -4,7 +4,8 @@ With `train.checkpoint_format: sharded` (the default under FSDP2) every rank
 writes its own shards of the weights and optimizer moments into
 ``step-N/dcp/`` (one ``__{rank}_0.distcp`` file per rank plus DCP's
 ``.metadata``), so no rank ever holds the full state. The files live inside
-the usual step folder and the usual commit protocol (train/checkpoint.py):
+the usual step folder and the usual commit protocol (train/checkpoint.py,
+train/manifest.py):
 the manifest, written last by rank 0, lists the size and sha256 of every
 shard. DCP reshards on load, so a checkpoint saved by N ranks resumes on any
 number of ranks, or in a single process (`latte generate`, `latte eval`).
@@ -34,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from latte.train.checkpoint import CheckpointError
+from latte.train.manifest import CheckpointError
 
 _DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
 _ALLOWED_FUNCTIONS = {("torch.serialization", "_get_layout")}

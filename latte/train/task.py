@@ -75,11 +75,11 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import nn
 
-from latte.config_io import ConfigError
+from latte.config_io import ConfigError, build, load_yaml, merge, parse_overrides
 from latte.models import IGNORE_INDEX
 from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint
-from latte.train.config import RunConfig
+from latte.train.config import RunConfig, resolve_config
 
 # name -> "module:Class", imported when used (a task may need optional packages).
 TASKS: dict[str, str] = {
@@ -230,3 +230,20 @@ def task_class(name: str, *, where: str = "config") -> type[Task]:
     if not (isinstance(cls, type) and issubclass(cls, Task)):
         raise ConfigError(where, [("task", f"{name!r}: {target} is not a latte.train.task.Task subclass")])
     return cls
+
+
+def build_run_config(data: dict, *, where: str) -> RunConfig:
+    """A plain mapping (YAML + overrides, or a saved config.yaml) -> the
+    validated config of its task (the `task` key, default "lm")."""
+    name = data.get("task", "lm") if isinstance(data, dict) else "lm"
+    cls = task_class(name, where=where)
+    return build(cls.config_class, data, where=where)
+
+
+def load_run_config(config_path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    """YAML at `config_path` or a shipped config name (default: tiny) + CLI
+    overrides -> a validated config of the task it names. Every problem is
+    reported at once (a ValueError)."""
+    path = resolve_config(config_path)
+    data = merge(load_yaml(path), parse_overrides(list(overrides)))
+    return build_run_config(data, where=str(path) + (" + overrides" if overrides else ""))

@@ -15,7 +15,7 @@ def test_spread_formats_mean_std_and_range():
 
 
 def test_every_variant_is_a_shipped_config():
-    from latte.train.config import load_run_config
+    from latte.train.task import load_run_config
 
     for config, mixer, qk in LV.VARIANTS.values():
         cfg = load_run_config(config)

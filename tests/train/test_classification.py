@@ -13,10 +13,10 @@ import torch
 
 from latte.config_io import ConfigError, merge, parse_overrides
 from latte.train.classification import ClassificationRunConfig, confusion_metrics
-from latte.train.config import build_run_config, load_run_config
 from latte.train.loop import train
 from latte.train.metrics import read_csv
 from latte.train.runs import open_run
+from latte.train.task import build_run_config, load_run_config
 from tests.train.runs import losses, run_cli, write_config
 
 TINY = {

@@ -13,9 +13,9 @@ import torch
 
 from latte.data import train_bpe
 from latte.train.checkpoint import find_latest_checkpoint, load_checkpoint
-from latte.train.config import build_run_config
 from latte.train.convert import ConvertRunConfig
 from latte.train.loop import train
+from latte.train.task import build_run_config
 from tests.train.runs import losses, run_cli, write_config, write_corpus
 
 

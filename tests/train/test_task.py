@@ -12,11 +12,10 @@ import torch
 
 from latte.config_io import ConfigError
 from latte.train.checkpoint import find_latest_checkpoint, load_checkpoint
-from latte.train.config import build_run_config, load_run_config
 from latte.train.loop import train
 from latte.train.metrics import read_csv
 from latte.train.runs import open_run
-from latte.train.task import task_class
+from latte.train.task import build_run_config, load_run_config, task_class
 from tests.train.runs import losses, run_cli, write_config
 from tests.train.toy_task import TASK, ToyRunConfig, ToyTask
 

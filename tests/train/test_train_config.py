@@ -16,10 +16,10 @@ from latte.train.config import (
     LMRunConfig,
     ModelConfig,
     check_world_size,
-    load_run_config,
     resolve_config,
     shipped_configs,
 )
+from latte.train.task import load_run_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "latte" / "configs"
 MIXERS = ("latte", "macchiato", "softmax", "linear", "swa")

@@ -35,6 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
+from latte.data.classification import ClassificationData, Sequences
+from latte.data.lra.common import run_shards, split_stream
+
 PAD_ID, CLS_ID = 0, 1
 DIGIT0 = 2  # digit d has id DIGIT0 + d
 MIN_ID, MAX_ID, MED_ID, SM_ID = 12, 13, 14, 15
@@ -227,8 +230,6 @@ def generate_listops(
     expressions, and a report (candidates drawn, duplicates dropped,
     examples/s). Duplicates are dropped across all splits, keeping the first
     occurrence, so no test expression also occurs in training."""
-    from latte.data.lra.common import run_shards, split_stream
-
     needed = sum(sizes.values())
     seen: set[bytes] = set()
     unique: list[tuple[bytes, int]] = []
@@ -265,8 +266,6 @@ def generate_listops(
 
 def to_data(seqs, labels):
     """ClassificationData of expressions (token id sequences) and their values."""
-    from latte.data.classification import ClassificationData, Sequences
-
     return ClassificationData(
         Sequences.from_list(seqs, vocab_size=VOCAB_SIZE),
         labels,

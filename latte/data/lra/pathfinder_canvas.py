@@ -5,14 +5,10 @@ seed / grow / undo steps, each one numpy pass over the images."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from latte.data.lra.pathfinder_draw import unit
-
-if TYPE_CHECKING:
-    from latte.data.lra.pathfinder import PathfinderSpec
+from latte.data.lra.pathfinder_draw import PathfinderSpec, unit
 
 
 class Canvas:

@@ -1,11 +1,63 @@
-"""Pathfinder images from their geometry: rendering, and an independent
-check of the label from the paddles alone (see pathfinder.py for the process)."""
+"""Pathfinder's settings (`PathfinderSpec`, used by every stage), images from
+their geometry: rendering, and an independent check of the label from the
+paddles alone (see pathfinder.py for the process)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class PathfinderSpec:
+    """Defaults: the LRA Pathfinder-32 "hard" setting (contour length 14)."""
+
+    image_size: int = 32
+    contour_length: int = 14  # paddles per target snake: 6 easy, 9 intermediate, 14 hard
+    distractor_length: int | None = None  # None: contour_length // 3 (LRA)
+    num_distractors: int | None = None  # None: 20 // distractor_length (LRA)
+    paddle_length: float = 2.0
+    paddle_thickness: float = 0.5
+    paddle_margin: float = 1.0
+    min_gap: float | None = None  # None: 1.5 x paddle_margin
+    continuity: float = 1.0
+    seed_distance: float = 7.0
+    marker_radius: float = 1.5
+    padding: float = 1.0
+    target_contrast: float = 1.5
+    distractor_contrast: float = 2.0
+    supersample: int = 4
+    max_seed_trials: int = 3
+    max_distractor_trials: int = 5
+    max_target_trials: int = 1000
+
+    def __post_init__(self):
+        problems = []
+        if self.image_size < 8:
+            problems.append(f"image_size={self.image_size}: must be >= 8")
+        if self.contour_length < 1:
+            problems.append(f"contour_length={self.contour_length}: must be >= 1")
+        for name in ("paddle_length", "paddle_thickness", "paddle_margin", "seed_distance", "marker_radius"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name}={getattr(self, name)}: must be > 0")
+        if self.supersample < 1:
+            problems.append(f"supersample={self.supersample}: must be >= 1")
+        if problems:
+            raise ValueError("PathfinderSpec: " + "; ".join(problems))
+
+    @property
+    def distractor_paddles(self) -> int:
+        return self.distractor_length if self.distractor_length is not None else max(1, self.contour_length // 3)
+
+    @property
+    def distractor_count(self) -> int:
+        return self.num_distractors if self.num_distractors is not None else 20 // self.distractor_paddles
+
+    @property
+    def gap(self) -> float:
+        return self.min_gap if self.min_gap is not None else 1.5 * self.paddle_margin
 
 
 def unit(theta):

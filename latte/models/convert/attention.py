@@ -35,6 +35,7 @@ from latte.layers import QKMixer
 from latte.ops import MacchiatoState, macchiato, macchiato_step, sliding_window_attention_lse
 from latte.ops.sinks import check_num_sinks, window_sinks_lse
 
+from .cache import MacchiatoCache
 from .families import AttentionSpec
 
 _ORIGINAL_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
@@ -190,8 +191,6 @@ class ConvertedAttention(nn.Module):
     def forward(
         self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs
     ):
-        from .cache import MacchiatoCache
-
         x = hidden_states
         B, T, _ = x.shape
         H, L = self.spec.num_heads, self.latents_per_head
