@@ -101,8 +101,8 @@ def test_past_8k_compares_on_the_documents_the_original_read_that_far():
 
 
 def test_recipe_statement_names_the_best_and_flags_unequal_budgets():
-    from latte.experiments.convert import DEFAULT_RECIPE as D
     from latte.experiments.convert_report import recipe_statement
+    from latte.experiments.convert_stages import DEFAULT_RECIPE as D
 
     def row(recipe, ppl, tokens):
         return {"recipe": recipe, "val_ppl": ppl, "train_tokens": tokens}
