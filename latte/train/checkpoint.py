@@ -30,6 +30,7 @@ import os
 import pickle
 import shutil
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -100,96 +101,118 @@ def _write_weights(path: Path, model_state: dict[str, torch.Tensor], step: int) 
     _write(path, lambda p: save_weights(model_state, p, metadata={"step": str(step)}))
 
 
-def _check_inputs(step, trainer_state, rng_state, extra_files, rank, world_size, keep) -> str:
+@dataclass
+class Snapshot:
+    """What one rank hands `save_checkpoint`: "full" format, rank 0 gives
+    `model_state` and `optimizer_state` (other ranks may give None);
+    "sharded" format, every rank gives `sharded_state` ({"model": ...,
+    "optim": ...} of DTensors), written by torch.distributed.checkpoint."""
+
+    trainer_state: dict  # JSON-serialisable: trainer_state.json (rank 0)
+    rng_state: dict[str, torch.Tensor]  # this rank's RNG streams, as tensors
+    config: Any  # the resolved run config: config.yaml (rank 0)
+    model_state: dict[str, torch.Tensor] | None = None
+    optimizer_state: dict | None = None
+    sharded_state: dict | None = None
+    extra_files: dict[str, str | os.PathLike] | None = None  # the task's files, by name in the folder
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """Who saves: this process's `rank` of `world_size`, and the `barrier`
+    between them (e.g. ``torch.distributed.barrier``; required when
+    world_size > 1: the manifest must be written last)."""
+
+    rank: int = 0
+    world_size: int = 1
+    barrier: Callable[[], None] | None = None
+
+
+def _check_inputs(step: int, snapshot: Snapshot, ranks: Ranks, keep: int) -> str:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"step: got {step!r}, expected an int >= 0")
     if keep < 2:
         raise ValueError(f"keep: got {keep!r}, expected >= 2 (a crash while saving must leave one good checkpoint)")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank: got {rank}, expected 0 <= rank < world_size ({world_size})")
-    bad = [k for k, v in rng_state.items() if not isinstance(v, torch.Tensor)]
+    if not 0 <= ranks.rank < ranks.world_size:
+        raise ValueError(f"rank: got {ranks.rank}, expected 0 <= rank < world_size ({ranks.world_size})")
+    bad = [k for k, v in snapshot.rng_state.items() if not isinstance(v, torch.Tensor)]
     if bad:
         raise ValueError(f"rng_state: values must be Tensors (no pickled objects); not tensors: {bad}")
     reserved = {MODEL, OPTIMIZER, TRAINER, CONFIG, MANIFEST, DCP_DIR}
-    for name in extra_files or {}:
+    for name in snapshot.extra_files or {}:
         if not NAME_RE.match(name) or "/" in name or name in reserved or name.startswith("rng-rank"):
             raise ValueError(f"extra_files: {name!r} is not allowed as a checkpoint file name")
     try:
-        return json.dumps(trainer_state, indent=2, sort_keys=True)
+        trainer_json = json.dumps(snapshot.trainer_state, indent=2, sort_keys=True)
     except (TypeError, ValueError) as e:
         raise ValueError(f"trainer_state must be JSON-serializable: {e}") from e
+    if ranks.world_size > 1 and ranks.barrier is None:
+        raise ValueError("barrier is required when world_size > 1 (the manifest must be written last)")
+    return trainer_json
 
 
 def save_checkpoint(
     run_dir: str | os.PathLike,
     step: int,
+    snapshot: Snapshot,
     *,
-    trainer_state: dict,
-    rng_state: dict[str, torch.Tensor],
-    config: Any,
-    model_state: dict[str, torch.Tensor] | None = None,
-    optimizer_state: dict | None = None,
-    sharded_state: dict | None = None,
-    extra_files: dict[str, str | os.PathLike] | None = None,
-    rank: int = 0,
-    world_size: int = 1,
-    barrier: Callable[[], None] | None = None,
+    ranks: Ranks = Ranks(),
     keep: int = 2,
     protect: Iterable[int] = (),
     before_commit: Callable[[], None] | None = None,
 ) -> Path:
     """Saves ``run_dir/step-{step:08d}/`` and returns that path.
 
-    Every rank calls this (with its own `rng_state`). "full" format: rank 0
-    writes `model_state` and `optimizer_state` (other ranks may pass None).
-    "sharded" format: every rank passes `sharded_state` ({"model": ...,
-    "optim": ...} of DTensors) and torch.distributed.checkpoint writes one
-    file per rank. `barrier` (e.g. ``torch.distributed.barrier``) is required
-    when world_size > 1. `before_commit` runs on every rank once its files
-    are durable, before the commit (the fault tests kill there). Retention runs on rank 0 after the manifest commits:
-    it keeps the `keep` newest committed steps and every step in `protect`.
-    On an I/O error an OSError names the file; no manifest is written.
+    Every rank calls this with its own `snapshot` (its RNG state at least).
+    `before_commit` runs on every rank once its files are durable, before
+    the commit (the fault hooks act there). Retention runs on rank 0 after
+    the manifest commits: it keeps the `keep` newest committed steps and
+    every step in `protect`. On an I/O error an OSError names the file; no
+    manifest is written.
     """
-    trainer_json = _check_inputs(step, trainer_state, rng_state, extra_files, rank, world_size, keep)
-    if world_size > 1 and barrier is None:
-        raise ValueError("barrier is required when world_size > 1 (the manifest must be written last)")
-    sync = barrier or (lambda: None)
+    trainer_json = _check_inputs(step, snapshot, ranks, keep)
     step_dir = Path(run_dir) / step_dir_name(step)
     step_dir.mkdir(parents=True, exist_ok=True)
-    if rank == 0 and (step_dir / MANIFEST).exists():
+    if ranks.rank == 0 and (step_dir / MANIFEST).exists():
         # Re-saving a step (e.g. after resuming from an earlier one): un-commit first.
         os.remove(step_dir / MANIFEST)
         fsync_path(step_dir)
-    if sharded_state is not None:
-        if rank == 0 and (step_dir / DCP_DIR).exists():
-            shutil.rmtree(step_dir / DCP_DIR)  # shards of an uncommitted earlier attempt
-        sync()  # no rank writes shards before the stale ones are gone
-    _write(step_dir / rng_name(rank), _torch_save(dict(rng_state)))
-    if sharded_state is not None:
-        save_sharded(sharded_state, step_dir / DCP_DIR)
-    if rank == 0:
-        _write(step_dir / TRAINER, lambda p: p.write_text(trainer_json, encoding="utf-8"))
-        if sharded_state is None:
-            if model_state is None or optimizer_state is None:
-                raise ValueError("rank 0 needs model_state and optimizer_state (or sharded_state)")
-            _write_weights(step_dir / MODEL, model_state, step)
-            _write(step_dir / OPTIMIZER, _torch_save(optimizer_state))
-        _write(step_dir / CONFIG, lambda p: save_yaml(config, p))
-        for name, src in (extra_files or {}).items():
-            _write(step_dir / name, lambda p, src=src: shutil.copyfile(src, p))
-    _write(step_dir, lambda p: None)  # fsync the directory entries of the new files
+    _write_files(step_dir, step, snapshot, ranks, trainer_json)
     if before_commit is not None:
         before_commit()
-    if barrier is not None:
-        barrier()  # every rank's files are durable before the commit marker
-    if rank == 0:
-        fmt = "sharded" if sharded_state is not None else "full"
-        manifest = manifest_json(step_dir, step, world_size, fmt, list(extra_files or {}))
+    if ranks.barrier is not None:
+        ranks.barrier()  # every rank's files are durable before the commit marker
+    if ranks.rank == 0:
+        fmt = "sharded" if snapshot.sharded_state is not None else "full"
+        manifest = manifest_json(step_dir, step, ranks.world_size, fmt, list(snapshot.extra_files or {}))
         _write(step_dir / MANIFEST, lambda p: atomic_write(p, manifest))
         apply_retention(Path(run_dir), step, keep, protect=set(protect))
-    if barrier is not None:
-        barrier()  # no rank returns (and maybe resumes) before the commit
+    if ranks.barrier is not None:
+        ranks.barrier()  # no rank returns (and maybe resumes) before the commit
     return step_dir
+
+
+def _write_files(step_dir: Path, step: int, s: Snapshot, ranks: Ranks, trainer_json: str) -> None:
+    """Every file of this rank, each fsynced, then the folder."""
+    if s.sharded_state is not None:
+        if ranks.rank == 0 and (step_dir / DCP_DIR).exists():
+            shutil.rmtree(step_dir / DCP_DIR)  # shards of an uncommitted earlier attempt
+        if ranks.barrier is not None:
+            ranks.barrier()  # no rank writes shards before the stale ones are gone
+    _write(step_dir / rng_name(ranks.rank), _torch_save(dict(s.rng_state)))
+    if s.sharded_state is not None:
+        save_sharded(s.sharded_state, step_dir / DCP_DIR)
+    if ranks.rank == 0:
+        _write(step_dir / TRAINER, lambda p: p.write_text(trainer_json, encoding="utf-8"))
+        if s.sharded_state is None:
+            if s.model_state is None or s.optimizer_state is None:
+                raise ValueError("rank 0 needs model_state and optimizer_state (or sharded_state)")
+            _write_weights(step_dir / MODEL, s.model_state, step)
+            _write(step_dir / OPTIMIZER, _torch_save(s.optimizer_state))
+        _write(step_dir / CONFIG, lambda p: save_yaml(s.config, p))
+        for name, src in (s.extra_files or {}).items():
+            _write(step_dir / name, lambda p, src=src: shutil.copyfile(src, p))
+    _write(step_dir, lambda p: None)  # fsync the directory entries of the new files
 
 
 def apply_retention(run_dir: Path, new_step: int, keep: int, *, protect: set[int] = frozenset()) -> None:

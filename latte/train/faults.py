@@ -1,9 +1,14 @@
-"""Test-only fault injection, driven by the LATTE_FAULTS environment variable.
+"""The trainer's test hooks, and the fault injection behind them (LATTE_FAULTS).
+
+The trainer calls one hooks object at four points: before each step, on each
+micro-batch's loss, once a checkpoint's files are durable (before its
+commit) and once it is committed. `TrainerHooks` does nothing at any of
+them; it is what every run gets unless LATTE_FAULTS is set.
 
 The fault tests (tests/train/) run real training processes and need them to
 fail at an exact point: a kill -9 right after a checkpoint commits, a kill -9
 in the middle of a save, a SIGTERM during a step, a NaN loss on one rank.
-Nothing here is active unless LATTE_FAULTS is set, e.g.
+With LATTE_FAULTS set the hooks are a `Faults`, e.g.
 
     LATTE_FAULTS="kill_after_save=4"           SIGKILL self once step-4 is committed
     LATTE_FAULTS="kill_during_save=6"          SIGKILL self after step-6's files, before its manifest
@@ -22,26 +27,48 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 ENV = "LATTE_FAULTS"
 
 
+class TrainerHooks:
+    """Points at which a test can act on a running trainer; all no-ops."""
+
+    def before_step(self, step: int) -> None:
+        """Before optimizer step `step` (0-based)."""
+
+    def loss_hook(self, step: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """A function applied to each micro-batch's summed loss of step
+        `step`, or None (the loss as it is)."""
+        return None
+
+    def before_commit(self, step: int) -> None:
+        """Every rank's files of checkpoint `step` are durable; not committed yet."""
+
+    def after_commit(self, step: int) -> None:
+        """Checkpoint `step` is committed."""
+
+
 @dataclass(frozen=True)
-class Faults:
+class Faults(TrainerHooks):
+    """The faults of LATTE_FAULTS, at the hooks' points, for one rank."""
+
     kill_after_save: int | None = None
     kill_during_save: int | None = None
     sigterm_at: int | None = None
     hold_at: int | None = None
     nan_steps: tuple[range, ...] = ()
     nan_rank: int | None = None
+    rank: int = 0
+    run_dir: Path | None = None  # where hold_at's marker goes (rank 0)
 
     @classmethod
-    def from_env(cls) -> Faults:
-        spec = os.environ.get(ENV, "").strip()
-        if not spec:
-            return cls()
+    def parse(cls, spec: str, *, rank: int = 0, run_dir: Path | None = None) -> Faults:
         kw: dict = {}
         for item in spec.split(","):
             key, _, value = item.strip().partition("=")
@@ -49,43 +76,50 @@ class Faults:
                 if key in ("kill_after_save", "kill_during_save", "sigterm_at", "hold_at"):
                     kw[key] = int(value)
                 elif key == "nan_loss":
-                    steps, _, rank = value.partition("@")
+                    steps, _, on_rank = value.partition("@")
                     start, _, stop = steps.partition(":")
                     kw["nan_steps"] = (
                         *kw.get("nan_steps", ()),
                         range(int(start), int(stop) if stop else int(start) + 1),
                     )
-                    kw["nan_rank"] = int(rank) if rank else None
+                    kw["nan_rank"] = int(on_rank) if on_rank else None
                 else:
                     raise ValueError(f"unknown fault {key!r}")
             except ValueError as e:
                 raise ValueError(f"{ENV}={spec!r}: bad item {item!r} ({e})") from None
-        return cls(**kw)
+        return cls(**kw, rank=rank, run_dir=run_dir)
 
-    def nan_loss(self, step: int, rank: int) -> bool:
-        return any(step in r for r in self.nan_steps) and self.nan_rank in (None, rank)
+    def nan_loss(self, step: int) -> bool:
+        return any(step in r for r in self.nan_steps) and self.nan_rank in (None, self.rank)
 
-    def maybe_sigterm(self, step: int) -> None:
+    def before_step(self, step: int) -> None:
         if self.sigterm_at == step:
             os.kill(os.getpid(), signal.SIGTERM)
+        if self.hold_at == step and self.rank == 0 and self.run_dir is not None:
+            # lets a test act while this trainer is alive at a known point
+            # (e.g. start a second trainer on the same run folder)
+            marker = self.run_dir / "hold"
+            marker.write_text(str(os.getpid()))
+            deadline = time.monotonic() + 600
+            while marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
 
-    def maybe_hold(self, step: int, run_dir: Path, is_main: bool) -> None:
-        """Lets a test act while this trainer is alive at a known point
-        (e.g. start a second trainer on the same run folder)."""
-        if self.hold_at != step or not is_main:
-            return
-        marker = run_dir / "hold"
-        marker.write_text(str(os.getpid()))
-        deadline = time.monotonic() + 600
-        while marker.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+    def loss_hook(self, step: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        return (lambda loss: loss * float("nan")) if self.nan_loss(step) else None
 
-    def maybe_kill_after_save(self, step: int) -> None:
+    def before_commit(self, step: int) -> None:
+        if self.kill_during_save == step:
+            kill_self()
+
+    def after_commit(self, step: int) -> None:
         if self.kill_after_save == step:
-            os.kill(os.getpid(), signal.SIGKILL)
+            kill_self()
 
-    def kills_during_save(self, step: int) -> bool:
-        return self.kill_during_save == step
+
+def hooks_from_env(*, rank: int = 0, run_dir: Path | None = None) -> TrainerHooks:
+    """`Faults` when LATTE_FAULTS is set, else the no-op `TrainerHooks`."""
+    spec = os.environ.get(ENV, "").strip()
+    return Faults.parse(spec, rank=rank, run_dir=run_dir) if spec else TrainerHooks()
 
 
 def kill_self() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,57 +23,47 @@ from torch import nn
 
 from latte.config_io import save_yaml, to_dict
 from latte.train import distributed as D
-from latte.train.checkpoint import Checkpoint, check_finite, check_state_against, load_checkpoint, nonfinite_tensors
+from latte.train.checkpoint import Checkpoint, check_finite, check_state_against, load_checkpoint
 from latte.train.config import RunConfig, check_world_size
-from latte.train.faults import Faults
+from latte.train.faults import TrainerHooks, hooks_from_env
 from latte.train.metrics import NullLogger, RunLogger
 from latte.train.rng import restore_rng_state
 from latte.train.rundir import RunLock, choose_resume, prepare_run_dir
-from latte.train.sharded import apply_sharded_state, sharded_state
-from latte.train.step import STOP_NONE, SkipGuard
-from latte.train.task import Batches, Task, build_run_config, task_class
+from latte.train.state import (
+    Checkpointer,
+    Clock,
+    DataPosition,
+    Health,
+    Progress,
+    Stop,
+    Weights,
+    load_trainer_state,
+)
+from latte.train.step import SkipGuard
+from latte.train.task import Task, build_run_config, task_class
 
 log = logging.getLogger("latte.train")
 
 
 @dataclass
 class Run:
-    """Everything `fit` and `evaluate` need, built by `setup`."""
+    """Everything `fit` and `evaluate` need, built by `setup`: the job, the
+    trainer's state (train/state.py) and its services."""
 
     cfg: RunConfig
     env: D.DistEnv
     run_dir: Path
     task: Task
-    model: nn.Module  # wrapped (DDP / FSDP2) when distributed
-    optimizer: torch.optim.Optimizer
-    batches: Batches
+    weights: Weights  # model (wrapped when distributed) + optimizer
+    data: DataPosition  # the training batches
+    progress: Progress  # steps done, units seen
     guard: SkipGuard
+    checkpointer: Checkpointer
     logger: RunLogger | NullLogger
-    faults: Faults
+    hooks: TrainerHooks  # no-ops unless LATTE_FAULTS is set (train/faults.py)
     lock: RunLock | None  # rank 0's hold on the run folder
-    checkpoint_keys: set[str] | None  # the model state a checkpoint keeps (None: all)
-    step: int = 0  # optimizer steps completed (skipped ones included)
-    seen: int = 0  # loss units (tokens, examples) trained on
-    last_healthy_step: int | None = None  # newest checkpoint saved with no skipped step since the one before
-    skips_at_last_save: int = 0
-    t_start: float = 0.0
-    train_seconds: float = 0.0  # spent in optimizer steps this session
-    train_count: int = 0  # units of those steps
-    recent_rate: float = 0.0  # units per second, moving average of the last steps
-    recent_step_s: float = 0.0  # seconds per step, moving average
-    eval_speedup: float = 3.0  # evaluation units/s over training units/s (forward only), measured
-    stop_request: int = STOP_NONE  # what THIS rank asks for (SIGTERM, time budget)
-    stop: int = STOP_NONE  # agreed by all ranks: stop after the current step
-
-    @property
-    def raw_model(self) -> nn.Module:
-        return D.unwrap(self.model)
-
-    @property
-    def sharded(self) -> bool:
-        """Checkpoints in the sharded (DCP) format: FSDP2 on several ranks."""
-        t = self.cfg.train
-        return self.env.is_distributed and t.distributed == "fsdp2" and t.checkpoint_format in ("auto", "sharded")
+    clock: Clock = field(default_factory=Clock)
+    stop: Stop = field(default_factory=Stop)
 
 
 # =========================================================================== setup
@@ -116,76 +106,55 @@ def _build(cfg: RunConfig, env: D.DistEnv, run_dir: Path, lock: RunLock | None, 
         check_finite(ckpt.model_state, where=str(ckpt.file("model.safetensors")))
     fsdp2 = env.is_distributed and cfg.train.distributed == "fsdp2"
     model = D.wrap_model(model, cfg.train.distributed, env, units=task.shard_units(model) if fsdp2 else None)
-    optimizer = _adamw(model, no_decay, cfg)
-
-    state = {"step": 0, "sample_index": 0, "skipped_steps": 0, "consecutive_skips": 0}
+    sharded = fsdp2 and cfg.train.checkpoint_format in ("auto", "sharded")
+    weights = Weights(model, _adamw(model, no_decay, cfg), keys, sharded, env)
     if ckpt is not None:
-        _load_state(model, optimizer, ckpt, keys, env)
-        _apply_optim_hparams(optimizer, cfg)  # the config wins over the saved param_groups
-        state.update(ckpt.trainer_state)
-    batches = task.train_batches(state["sample_index"])
-    _restore_rng(ckpt, cfg, env, state["step"])
+        weights.load_checkpoint(ckpt)
+        _apply_optim_hparams(weights.optimizer, cfg)  # the config wins over the saved param_groups
+    return _assemble(cfg, env, run_dir, lock, task, weights, ckpt)
 
-    logger = (
-        RunLogger(
+
+def _assemble(cfg: RunConfig, env, run_dir: Path, lock, task: Task, weights: Weights, ckpt: Checkpoint | None) -> Run:
+    """The trainer's state from the checkpoint (or fresh), then RNG, then the
+    logger and the checkpointer."""
+    t = cfg.train
+    progress, guard, data = Progress(task.unit), SkipGuard(t.on_nonfinite, t.max_consecutive_skips), DataPosition(task)
+    health = Health(progress, guard)
+    trainer = {"progress": progress, "guard": guard, "health": health, "data": data}
+    load_trainer_state(trainer, ckpt.trainer_state if ckpt is not None else {})  # creates the batches
+    _restore_rng(ckpt, cfg, env, progress.step)
+    if env.is_main:
+        logger = RunLogger(
             run_dir,
-            start_step=state["step"],
-            total_steps=cfg.train.steps,
+            start_step=progress.step,
+            total_steps=t.steps,
             unit=task.unit,
-            log_every=cfg.train.log_every,
-            tensorboard=cfg.train.tensorboard,
+            log_every=t.log_every,
+            tensorboard=t.tensorboard,
         )
-        if env.is_main
-        else NullLogger()
-    )
-    run = Run(
+    else:
+        logger = NullLogger()
+    hooks = hooks_from_env(rank=env.rank, run_dir=run_dir)
+    checkpointer = Checkpointer(
+        run_dir,
         cfg,
         env,
-        run_dir,
-        task,
-        model,
-        optimizer,
-        batches,
-        SkipGuard(
-            cfg.train.on_nonfinite,
-            cfg.train.max_consecutive_skips,
-            total=state["skipped_steps"],
-            consecutive=state["consecutive_skips"],
-        ),
-        logger,
-        Faults.from_env(),
-        lock,
-        keys,
-        step=state["step"],
-        seen=state.get(f"{task.unit}_seen", 0),
-        last_healthy_step=state.get("last_healthy_step"),
-        skips_at_last_save=state["skipped_steps"],
+        keep=t.keep,
+        trainer=trainer,
+        weights=weights,
+        health=health,
+        task=task,
+        hooks=hooks,
+        log=logger.message,
     )
-    if ckpt is not None and state.get("healthy") is False:
+    run = Run(cfg, env, run_dir, task, weights, data, progress, guard, checkpointer, logger, hooks, lock)
+    if ckpt is not None and ckpt.trainer_state.get("healthy") is False:
         logger.message(
             f"note: {ckpt.path.name} was saved after skipped steps; the newest healthy checkpoint "
-            f"is step {run.last_healthy_step} (resume from it explicitly if this one misbehaves)"
+            f"is step {health.last_healthy_step} (resume from it explicitly if this one misbehaves)"
         )
-    logger.message(_describe(run, ckpt_path))
+    logger.message(_describe(run, ckpt.path if ckpt is not None else None))
     return run
-
-
-def _load_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: Checkpoint, keys: set[str] | None, env: D.DistEnv
-) -> None:
-    """Weights and optimizer state of `ckpt` into the (wrapped) model, from
-    either format, on any world size; refuses non-finite weights."""
-    if ckpt.format == "full":
-        D.load_full_state(model, optimizer, ckpt.model_state, ckpt.optimizer_state, strict=keys is None)
-        return
-    state = sharded_state(model, optimizer, keys)
-    ckpt.load_sharded(state)
-    apply_sharded_state(model, optimizer, state, strict=keys is None)
-    bad = len(nonfinite_tensors(state["model"]))
-    if D.all_reduce(torch.tensor([float(bad)], device=env.device), env, "sum").item():
-        raise ValueError(
-            f"{ckpt.path}: non-finite weights (the run diverged before this save; use an earlier checkpoint)"
-        )
 
 
 def _compare_configs(saved: dict, cfg: RunConfig, where: Path, task: Task, env: D.DistEnv) -> None:
@@ -270,9 +239,9 @@ def _restore_rng(ckpt: Checkpoint | None, cfg: RunConfig, env: D.DistEnv, step: 
 
 def _describe(run: Run, ckpt_path) -> str:
     c, env = run.cfg, run.env
-    how = f"resuming from {ckpt_path} (step {run.step})" if ckpt_path else "starting fresh"
+    how = f"resuming from {ckpt_path} (step {run.progress.step})" if ckpt_path else "starting fresh"
     return (
-        f"run {run.run_dir}: {how}; task {c.task}: {run.task.describe(run.model)}; {env.world_size} rank(s) "
+        f"run {run.run_dir}: {how}; task {c.task}: {run.task.describe(run.weights.model)}; {env.world_size} rank(s) "
         f"({c.train.distributed if env.is_distributed else 'single process'}), {torch.get_num_threads()} "
         "threads"
     )

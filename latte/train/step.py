@@ -18,6 +18,7 @@ all ranks stop after the same step.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -83,14 +84,15 @@ def train_step(
     grad_clip: float = 0.0,
     precision: str = "fp32",
     stop: int = STOP_NONE,
-    inject_nan: bool = False,
+    loss_hook: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> StepResult:
     """One optimizer step on this rank's share of the global batch (a dict
     of tensors, first dimension the local batch); `task` gives the loss and
     count of each micro-batch (latte/train/task.py).
 
     `stop`: this rank's stop request (STOP_*), agreed over ranks in the
-    result. `inject_nan`: test-only, turns this rank's loss into NaN.
+    result. `loss_hook`: the trainer's test hook (train/faults.py), applied to
+    each micro-batch's summed loss.
     """
     for group in optimizer.param_groups:  # lr is a pure function of the step
         group["lr"] = lr
@@ -105,8 +107,8 @@ def train_step(
         with gradient_sync(model, enabled=i == len(micro) - 1):
             with autocast:
                 loss_sum = task.loss(model, m)
-            if inject_nan:
-                loss_sum = loss_sum * float("nan")
+            if loss_hook is not None:
+                loss_sum = loss_hook(loss_sum)
             (loss_sum * scale).backward()
         loss_local += loss_sum.detach().double()
 
@@ -149,3 +151,6 @@ class SkipGuard:
 
     def state_dict(self) -> dict:
         return {"skipped_steps": self.total, "consecutive_skips": self.consecutive}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.total, self.consecutive = state.get("skipped_steps", 0), state.get("consecutive_skips", 0)

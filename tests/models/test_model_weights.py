@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from latte.models import LatteConfig, LatteForCausalLM, load_weights, read_weights, save_weights
 from latte.models.weights import TIED_KEY, tied_aliases
-from latte.train.checkpoint import load_checkpoint, save_checkpoint
+from latte.train.checkpoint import Snapshot, load_checkpoint, save_checkpoint
 
 
 @pytest.fixture
@@ -44,11 +44,9 @@ def test_save_pretrained_and_checkpoint_write_the_same_format(make_lm, tmp_path,
     step = save_checkpoint(
         tmp_path / "run",
         3,
-        model_state=model.state_dict(),
-        optimizer_state={},
-        trainer_state={"step": 3},
-        rng_state={},
-        config={},
+        Snapshot(
+            model_state=model.state_dict(), optimizer_state={}, trainer_state={"step": 3}, rng_state={}, config={}
+        ),
     )
     a = load_file(tmp_path / "pretrained" / "model.safetensors")
     b = load_file(step / "model.safetensors")

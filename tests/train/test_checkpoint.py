@@ -20,7 +20,14 @@ from torch import nn
 from latte.files import sha256_file
 from latte.models import weights
 from latte.train import checkpoint as ck
-from latte.train.checkpoint import check_state_against, find_latest_checkpoint, load_checkpoint, save_checkpoint
+from latte.train.checkpoint import (
+    Ranks,
+    Snapshot,
+    check_state_against,
+    find_latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from latte.train.rng import capture_rng_state, restore_rng_state
 from tests.train.runs import KILLED
 
@@ -51,7 +58,9 @@ def save(run_dir, step, model=None, **kw):
         config={"model": {"dim": 8}, "train": {"lr": 1e-3}},
     )
     args.update(kw)
-    return save_checkpoint(run_dir, step, **args)
+    ranks = Ranks(**{k: args.pop(k) for k in ("rank", "world_size", "barrier") if k in args})
+    options = {k: args.pop(k) for k in ("keep", "protect", "before_commit") if k in args}
+    return save_checkpoint(run_dir, step, Snapshot(**args), ranks=ranks, **options)
 
 
 def steps_on_disk(run_dir: Path) -> list[str]:
@@ -67,12 +76,14 @@ def test_round_trip(tmp_path):
     path = save_checkpoint(
         tmp_path / "run",
         7,
-        model_state=model.state_dict(),
-        optimizer_state=opt_state,
-        trainer_state={"step": 7, "skips": 0},
-        rng_state=rng,
-        config={"model": {"dim": 8}},
-        extra_files={"tokenizer.json": tok},
+        Snapshot(
+            model_state=model.state_dict(),
+            optimizer_state=opt_state,
+            trainer_state={"step": 7, "skips": 0},
+            rng_state=rng,
+            config={"model": {"dim": 8}},
+            extra_files={"tokenizer.json": tok},
+        ),
     )
     assert path.name == "step-00000007" and find_latest_checkpoint(tmp_path / "run") == path
     manifest = json.loads((path / "manifest.json").read_text())
@@ -122,11 +133,11 @@ KILL_CHILD = textwrap.dedent("""
     if where == "mid_manifest":
         ck.atomic_write = half_written_manifest
     if where == "sharded_before_manifest":  # DCP shards written (one process, no group), no manifest
-        ck.save_checkpoint(run_dir, 3, sharded_state={"model": {"w": torch.randn(512, 512)}},
-                           trainer_state={"step": 3}, rng_state={}, config={}, before_commit=die)
-    ck.save_checkpoint(run_dir, 3, model_state={"w": torch.randn(512, 512)}, optimizer_state={},
-                       trainer_state={"step": 3}, rng_state={}, config={},
-                       barrier=die if where == "before_manifest" else None)
+        ck.save_checkpoint(run_dir, 3, ck.Snapshot(sharded_state={"model": {"w": torch.randn(512, 512)}},
+                           trainer_state={"step": 3}, rng_state={}, config={}), before_commit=die)
+    ck.save_checkpoint(run_dir, 3, ck.Snapshot(model_state={"w": torch.randn(512, 512)}, optimizer_state={},
+                       trainer_state={"step": 3}, rng_state={}, config={}),
+                       ranks=ck.Ranks(barrier=die if where == "before_manifest" else None))
     sys.exit(0)  # not reached: the save must have been killed
 """)
 

@@ -260,7 +260,7 @@ def test_nan_step_leaves_parameters_and_optimizer_untouched():
     train_step(model, opt, b, task=LM, lr=1e-2, env=DistEnv())  # some optimizer state to protect
     before = [p.detach().clone() for p in model.parameters()]
     state_before = {k: v["exp_avg"].clone() for k, v in opt.state.items()}
-    r = train_step(model, opt, b, task=LM, lr=1e-2, env=DistEnv(), inject_nan=True)
+    r = train_step(model, opt, b, task=LM, lr=1e-2, env=DistEnv(), loss_hook=lambda loss: loss * float("nan"))
     assert not r.applied and math.isnan(r.loss)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert all(torch.equal(state_before[k], v["exp_avg"]) for k, v in opt.state.items())
@@ -297,15 +297,13 @@ def test_bf16_autocast_step_is_finite(mixer):
 
 
 def test_time_budget_leaves_room_for_the_final_validation():
-    from types import SimpleNamespace
+    from latte.train.state import Clock
 
-    from latte.train.loop import _out_of_time
+    run = Clock(eval_speedup=3.0, recent_rate=0.0, recent_step_s=0.4, t_start=time.perf_counter())
 
-    cfg = SimpleNamespace(train=SimpleNamespace(time_budget_minutes=1.0))
-    task = SimpleNamespace(eval_size=lambda final: 30_000)  # 30,000 validation tokens
-    run = SimpleNamespace(
-        cfg=cfg, task=task, eval_speedup=3.0, recent_rate=0.0, recent_step_s=0.4, t_start=time.perf_counter()
-    )
+    def _out_of_time(clock):  # a 1-minute budget, 30,000 validation tokens
+        return clock.out_of_time(1.0, lambda: 30_000)
+
     assert not _out_of_time(run)  # no speed measured yet
     run.recent_rate = 1000.0  # final validation ~10 s, a step 0.4 s: plenty of time
     assert not _out_of_time(run)

@@ -1,0 +1,293 @@
+"""The trainer's state as objects that save and restore themselves, and the
+`Checkpointer` that collects them (the Stateful pattern of torchtitan's
+checkpointer: each part has `state_dict()` and `load_state_dict()`).
+
+    Progress     steps done, loss units seen              } trainer_state.json,
+    SkipGuard    skipped steps (train/step.py)            } one flat JSON object
+    Health       the newest healthy checkpoint            } of their keys, as
+    DataPosition the next global sample, and the batches  } docs/reliability.md §1
+    Weights      model + optimizer, full or sharded          model.safetensors + optimizer.pt, or dcp/
+    RNG          this rank's generators                      rng-rank{r}.pt
+
+`Clock` (speeds, for the time budget) and `Stop` (stop requests) are the
+run's state that no checkpoint keeps. The file format is train/manifest.py;
+writing and reading it, train/checkpoint.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from latte.train import distributed as D
+from latte.train.checkpoint import Checkpoint, Ranks, Snapshot, nonfinite_tensors, save_checkpoint
+from latte.train.faults import TrainerHooks
+from latte.train.rng import capture_rng_state, restore_rng_state
+from latte.train.sharded import apply_sharded_state, sharded_state
+from latte.train.step import STOP_NONE, SkipGuard
+from latte.train.task import Batches, Task
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class Progress:
+    """Optimizer steps completed (skipped ones included) and loss units
+    (tokens, examples: the task's `unit`) trained on."""
+
+    unit: str
+    step: int = 0
+    seen: int = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, f"{self.unit}_seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.seen = state.get("step", 0), state.get(f"{self.unit}_seen", 0)
+
+
+@dataclass
+class Health:
+    """A checkpoint is healthy when no step was skipped since the one before;
+    retention never deletes the newest healthy one (docs/reliability.md)."""
+
+    progress: Progress
+    guard: SkipGuard
+    last_healthy_step: int | None = None  # newest checkpoint saved with no skipped step since the one before
+    skips_at_last_save: int = 0
+
+    @property
+    def healthy(self) -> bool:
+        return self.guard.total == self.skips_at_last_save
+
+    def newest_healthy(self) -> int | None:
+        """The newest healthy step once the current one is saved."""
+        return self.progress.step if self.healthy else self.last_healthy_step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"healthy": self.healthy, "last_healthy_step": self.newest_healthy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.last_healthy_step = state.get("last_healthy_step")
+        self.skips_at_last_save = state.get("skipped_steps", 0)
+
+    def saved(self) -> None:
+        self.last_healthy_step, self.skips_at_last_save = self.newest_healthy(), self.guard.total
+
+
+class DataPosition:
+    """The task's training batches, restored from one number: the global
+    index of the next sample (any world size continues with it)."""
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.batches: Batches | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sample_index": self.batches.sample_index}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batches = self.task.train_batches(state.get("sample_index", 0))
+
+
+@dataclass
+class Weights:
+    """The (wrapped) model and its optimizer. `keys`: the model entries a
+    checkpoint keeps (None: all); `sharded`: DCP shards (FSDP2 on several
+    ranks) instead of model.safetensors + optimizer.pt. Collective."""
+
+    model: nn.Module  # wrapped (DDP / FSDP2) when distributed
+    optimizer: torch.optim.Optimizer
+    keys: set[str] | None
+    sharded: bool
+    env: D.DistEnv
+
+    @property
+    def raw_model(self) -> nn.Module:
+        return D.unwrap(self.model)
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.sharded:
+            return {"sharded_state": sharded_state(self.model, self.optimizer, self.keys)}
+        model_state = D.full_model_state(self.model)  # gathered to rank 0 (FSDP2), name-keyed
+        if self.keys is not None:
+            model_state = {k: v for k, v in model_state.items() if k in self.keys}
+        optim_state = D.full_optimizer_state(self.model, self.optimizer)
+        main = self.env.is_main
+        return {"model_state": model_state if main else None, "optimizer_state": optim_state if main else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """From either format, on any world size; refuses non-finite shards."""
+        strict = self.keys is None
+        if "sharded_state" not in state:
+            D.load_full_state(self.model, self.optimizer, state["model_state"], state["optimizer_state"], strict=strict)
+            return
+        apply_sharded_state(self.model, self.optimizer, state["sharded_state"], strict=strict)
+        bad = len(nonfinite_tensors(state["sharded_state"]["model"]))
+        if D.all_reduce(torch.tensor([float(bad)], device=self.env.device), self.env, "sum").item():
+            raise ValueError("non-finite weights (the run diverged before this save; use an earlier checkpoint)")
+
+    def load_checkpoint(self, ckpt: Checkpoint) -> None:
+        """Weights and optimizer state of `ckpt`, saved in either format."""
+        if ckpt.format == "full":
+            self.load_state_dict({"model_state": ckpt.model_state, "optimizer_state": ckpt.optimizer_state})
+            return
+        # the checkpoint's format decides, not the one this run saves in
+        state = sharded_state(self.model, self.optimizer, self.keys)  # the shapes DCP fills in place
+        ckpt.load_sharded(state)
+        try:
+            self.load_state_dict({"sharded_state": state})
+        except ValueError as e:
+            raise ValueError(f"{ckpt.path}: {e}") from None
+
+
+class RNG:
+    """This rank's generators (torch, Python, numpy), as tensors."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return capture_rng_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        restore_rng_state(state)
+
+
+class Checkpointer:
+    """Collects the parts' states into a checkpoint and hands each its part
+    back on resume; refuses weights unfit to keep; the hooks act before and
+    after the commit."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        config: Any,
+        env: D.DistEnv,
+        *,
+        keep: int,
+        trainer: dict[str, Stateful],
+        weights: Weights,
+        health: Health,
+        task: Task,
+        hooks: TrainerHooks,
+        log: Callable[[str], None],
+    ):
+        self.run_dir, self.config, self.env, self.keep = run_dir, config, env, keep
+        self.trainer, self.weights, self.health = trainer, weights, health
+        self.task, self.hooks, self.log = task, hooks, log
+        self.rng = RNG()
+
+    def save(self, step: int) -> Path | None:
+        """A checkpoint of `step` (collective: every rank calls it), unless
+        the weights are not fit to keep: after a skipped step (the current
+        weights produced a non-finite loss or gradient) or with non-finite
+        values. Returns the step folder, or None when refused."""
+        refused = self._unfit_to_save()
+        if refused:
+            newest = self.health.last_healthy_step
+            newest = (
+                f"the newest healthy checkpoint is step {newest}"
+                if newest is not None
+                else "there is no healthy checkpoint yet"
+            )
+            self.log(f"step {step}: checkpoint NOT taken: {refused}; {newest}")
+            return None
+        healthy, newest_healthy = self.health.healthy, self.health.newest_healthy()
+        trainer_state = {"world_size": self.env.world_size}
+        for part in self.trainer.values():
+            trainer_state.update(part.state_dict())
+        snapshot = Snapshot(
+            trainer_state=trainer_state,
+            rng_state=self.rng.state_dict(),
+            config=self.config,
+            extra_files=self.task.checkpoint_files(),
+            **self.weights.state_dict(),
+        )
+        path = save_checkpoint(
+            self.run_dir,
+            step,
+            snapshot,
+            ranks=Ranks(self.env.rank, self.env.world_size, lambda: D.barrier(self.env)),
+            keep=self.keep,
+            protect={newest_healthy} if newest_healthy is not None else set(),
+            before_commit=lambda: self.hooks.before_commit(step),
+        )
+        self.health.saved()
+        note = ""
+        if not healthy:
+            keeps = f"step {newest_healthy} stays as the newest healthy one" if newest_healthy is not None else ""
+            note = f" (saved after skipped steps; {keeps or 'none is healthy yet'})"
+        self.log(f"step {step}: checkpoint {path}{note}")
+        self.hooks.after_commit(step)
+        return path
+
+    def _unfit_to_save(self) -> str | None:
+        """Why the current weights must not be checkpointed (agreed over ranks), or None."""
+        guard = self.health.guard
+        if guard.consecutive:
+            return (
+                f"the current weights gave a non-finite loss or gradient ({guard.consecutive} "
+                "consecutive skipped step(s))"
+            )
+        bad = nonfinite_tensors(dict(self.weights.raw_model.named_parameters()))
+        if D.all_reduce(torch.tensor([float(len(bad))], device=self.env.device), self.env, "sum").item():
+            return f"the weights hold NaN or inf values ({'; '.join(bad[:3]) or 'on another rank'})"
+        return None
+
+
+def load_trainer_state(parts: dict[str, Stateful], state: dict[str, Any]) -> None:
+    """Each trainer part from trainer_state.json ({} for a fresh run)."""
+    for part in parts.values():
+        part.load_state_dict(state)
+
+
+@dataclass
+class Clock:
+    """Training speed, measured as the run goes (not saved): what the time
+    budget needs to stop in time for the final evaluation."""
+
+    t_start: float = 0.0
+    train_seconds: float = 0.0  # spent in optimizer steps this session
+    train_count: int = 0  # units of those steps
+    recent_rate: float = 0.0  # units per second, moving average of the last steps
+    recent_step_s: float = 0.0  # seconds per step, moving average
+    eval_speedup: float = 3.0  # evaluation units/s over training units/s (forward only), measured
+
+    def step_done(self, count: int, seconds: float) -> None:
+        self.train_seconds += seconds
+        self.train_count += count
+        rate = count / max(seconds, 1e-9)
+        self.recent_rate = rate if not self.recent_rate else 0.7 * self.recent_rate + 0.3 * rate
+        self.recent_step_s = seconds if not self.recent_step_s else 0.7 * self.recent_step_s + 0.3 * seconds
+
+    def eval_done(self, size: int, seconds: float) -> None:
+        if self.recent_rate and size and seconds > 0:
+            self.eval_speedup = size / seconds / self.recent_rate
+
+    def out_of_time(self, budget_minutes: float | None, final_eval_size: Callable[[], int]) -> bool:
+        """train.time_budget_minutes bounds the WHOLE job: stop training while
+        there is still time for this step, its checkpoint and the final
+        evaluation, estimated from the current training speed (which also
+        tracks a machine that got busier) and the measured evaluation/training
+        ratio. `final_eval_size()`: the units of the final evaluation."""
+        if budget_minutes is None:
+            return False
+        left = 60 * budget_minutes - (time.perf_counter() - self.t_start)
+        if left <= 0 or not self.recent_rate:
+            return left <= 0
+        final_eval_s = final_eval_size() / (self.eval_speedup * self.recent_rate)
+        return left < 1.25 * (self.recent_step_s + final_eval_s) + 5.0  # margin: checkpoint, sample, jitter
+
+
+@dataclass
+class Stop:
+    requested: int = STOP_NONE  # what THIS rank asks for (SIGTERM, time budget)
+    agreed: int = STOP_NONE  # agreed by all ranks: stop after the current step
