@@ -5,6 +5,8 @@ eval/bench/experiments <- suite <- cli, data beside), with no cycle inside a pac
 from __future__ import annotations
 
 import ast
+import importlib
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -225,6 +227,35 @@ def test_top_level_names_are_lazy_and_complete():
     assert sorted(latte.__all__) == sorted(["__version__", *latte._EXPORTS])
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         latte.nope  # noqa: B018
+
+
+def test_public_ops_and_layer_forwards_are_annotated():
+    """Every public op has annotated arguments and return; every layer's
+    forward says what it returns (the signatures are the documentation an
+    IDE shows)."""
+    import inspect
+
+    from torch import nn
+
+    import latte.layers
+    import latte.ops
+
+    bad = []
+    for name in latte.ops.__all__:
+        op = getattr(latte.ops, name)
+        if not inspect.isfunction(op):
+            continue
+        sig = inspect.signature(op)
+        bad += [f"latte.ops.{name}: argument {a}" for a, p in sig.parameters.items() if p.annotation is p.empty]
+        bad += [f"latte.ops.{name}: return"] if sig.return_annotation is sig.empty else []
+    modules = [importlib.import_module(m.name) for m in pkgutil.walk_packages(latte.layers.__path__, "latte.layers.")]
+    for module in modules:
+        for cls in vars(module).values():
+            if isinstance(cls, type) and issubclass(cls, nn.Module) and cls.__module__ == module.__name__:
+                forward = vars(cls).get("forward")
+                if forward is not None and inspect.signature(forward).return_annotation is inspect.Signature.empty:
+                    bad.append(f"{module.__name__}.{cls.__name__}.forward: return")
+    assert not bad, "\n".join(bad)
 
 
 def test_internal_helpers_are_not_public_layer_names():

@@ -92,7 +92,7 @@ class LatteAttention(nn.Module):
         state: LatteLayerState | None = None,
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
-    ):
+    ) -> tuple[torch.Tensor, LatteLayerState | None]:
         """x [B, T, dim], mask [B, T] bool (False = padding) ->
         (y [B, T, dim], LatteLayerState after the last token; None if not causal).
         positions: accepted for a uniform layer interface; Latte takes order

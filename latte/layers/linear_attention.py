@@ -91,7 +91,7 @@ class LinearAttention(nn.Module):
         state: LinearLayerState | None = None,
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
-    ):
+    ) -> tuple[torch.Tensor, LinearLayerState | None]:
         """x [B, T, dim], mask [B, T] bool (False = padding) ->
         (y [B, T, dim], LinearLayerState after the last token; None if not causal).
         positions: accepted for a uniform layer interface (no positional encoding)."""

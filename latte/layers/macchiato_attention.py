@@ -137,7 +137,7 @@ class MacchiatoAttention(nn.Module):
         state: MacchiatoLayerState | None = None,
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
-    ):
+    ) -> tuple[torch.Tensor, MacchiatoLayerState]:
         """x [B, T, dim], mask [B, T] bool (False = padding), positions [B, T]
         (RoPE positions of the window branch; default: real tokens counted
         from state.pos) -> (y [B, T, dim], MacchiatoLayerState after the last token)."""

@@ -83,7 +83,7 @@ class DepthwiseConv(nn.Module):
     def extra_repr(self) -> str:
         return f"dim={self.weight.shape[0]}, kernel_size={self.kernel_size}, causal={self.causal}"
 
-    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T, Fw = x.shape
         K = self.kernel_size
         if not self.causal:
@@ -137,7 +137,9 @@ class RGLRU(nn.Module):
         xb = x.unflatten(-1, (self.num_blocks, -1))  # [B, T, G, W]
         return torch.einsum("btgi,gij->btgj", xb, w).flatten(-2) + c  # [B, T, F]
 
-    def forward(self, x: torch.Tensor, h: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+    def forward(
+        self, x: torch.Tensor, h: torch.Tensor | None = None, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, T, F], h [B, F] float32 or None (zeros), mask [B, T] bool.
         Returns (y [B, T, F] in x's dtype, h after the last token [B, F] float32)."""
         work = state_dtype(x.dtype)
@@ -181,7 +183,14 @@ class QKMixer(nn.Module):
         self.conv = DepthwiseConv(dim, conv_size, causal=causal) if "conv" in kind else None
         self.rglru = RGLRU(dim, num_heads) if "rglru" in kind else None
 
-    def forward(self, x, *, mask=None, conv_state=None, h=None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        mask: torch.Tensor | None = None,
+        conv_state: torch.Tensor | None = None,
+        h: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         if self.kind == "none":
             return x, None, None
         if mask is not None:  # padding carries nothing into the mixer

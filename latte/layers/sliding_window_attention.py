@@ -68,7 +68,7 @@ class SlidingWindowAttention(nn.Module):
         state: WindowLayerState | None = None,
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
-    ):
+    ) -> tuple[torch.Tensor, WindowLayerState]:
         """x [B, T, dim], mask [B, T] bool (False = padding), positions [B, T]
         (RoPE positions; default: real tokens counted from state.pos) ->
         (y [B, T, dim], WindowLayerState after the last token)."""

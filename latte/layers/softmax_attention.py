@@ -81,7 +81,7 @@ class SoftmaxAttention(nn.Module):
         state: KVCache | None = None,
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
-    ):
+    ) -> tuple[torch.Tensor, KVCache | None]:
         """x [B, T, dim], mask [B, T] bool (False = padding), positions [B, T]
         (RoPE positions; default: real tokens counted from state.pos) ->
         (y [B, T, dim], KVCache with every token so far; None if not causal)."""

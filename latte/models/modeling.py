@@ -265,7 +265,14 @@ class Block(nn.Module):
         self.mlp_norm = build_norm(config) if has_mlp else None
         self.mlp = MLP(config) if has_mlp else None
 
-    def forward(self, x, *, state=None, mask=None, positions=None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        state: Any = None,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, Any]:
         y, state = self.mixer(self.mixer_norm(x), state=state, mask=mask, positions=positions)
         x = x + y
         if self.mlp is not None:
@@ -318,7 +325,7 @@ class LatteModel(nn.Module):
         attention_mask: torch.Tensor | None = None,
         use_cache: bool = False,
         inputs_checked: bool = False,
-    ):
+    ) -> tuple[torch.Tensor, LatteCache | None]:
         """input_ids [B, T] -> (hidden [B, T, dim], LatteCache or None).
 
         inputs_checked: the caller already ran `check_inputs` and passes its

@@ -131,7 +131,7 @@ def latte_causal(
     cu_seqlens: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
     backend: str | None = None,
-):
+) -> tuple[torch.Tensor, LatteState | None]:
     """Causal Latte attention, chunked parallel form (docs/math.md §3.2).
 
     Args:
@@ -190,7 +190,7 @@ def latte_causal_step(
     *,
     mask_t: torch.Tensor | None = None,
     backend: str | None = None,
-):
+) -> tuple[torch.Tensor, LatteState]:
     """One decoding step of causal Latte (docs/math.md §3.1): O(1) in the context.
 
     a_t, b_t: [B, H, Lh]; v_t: [B, H, Dv]; mask_t: [B] bool (False = padding,

@@ -104,7 +104,7 @@ def linear_attention(
     initial_state: LinearAttentionState | None = None,
     output_final_state: bool = False,
     mask: torch.Tensor | None = None,
-):
+) -> tuple[torch.Tensor, LinearAttentionState | None]:
     """Normalised linear attention over a sequence.
 
     Args:
@@ -149,7 +149,7 @@ def linear_attention_step(
     state: LinearAttentionState | None = None,
     *,
     mask_t: torch.Tensor | None = None,
-):
+) -> tuple[torch.Tensor, LinearAttentionState]:
     """One causal decoding step: q_t, k_t [B, H, E], v_t [B, H, D], mask_t [B]
     (False = padding, not added to the state). Returns (y_t [B, H, D] in v's
     dtype, LinearAttentionState); O(1) in the context."""

@@ -117,26 +117,26 @@ def _kernels(backend, x, chunk_size, softcap):
 
 
 def macchiato(
-    a,
-    b,
-    v,
-    q,
-    k,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    v: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
     *,
-    window_size,
-    mix="joint",
-    gate=None,
-    beta=None,
-    scale=None,
-    mask=None,
-    chunk_size=64,
-    initial_state=None,
-    output_final_state=False,
-    cu_seqlens=None,
-    softcap=None,
-    num_sinks=0,
-    backend=None,
-):
+    window_size: int,
+    mix: str = "joint",
+    gate: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    scale: float | None = None,
+    mask: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    initial_state: MacchiatoState | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    softcap: float | None = None,
+    num_sinks: int = 0,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, MacchiatoState | None]:
     """Latte-Macchiato attention over a sequence.
 
     Args:
@@ -208,23 +208,23 @@ def macchiato(
 
 
 def macchiato_step(
-    a_t,
-    b_t,
-    v_t,
-    q_t,
-    k_t,
-    state=None,
+    a_t: torch.Tensor,
+    b_t: torch.Tensor,
+    v_t: torch.Tensor,
+    q_t: torch.Tensor,
+    k_t: torch.Tensor,
+    state: MacchiatoState | None = None,
     *,
-    window_size,
-    mix="joint",
-    gate_t=None,
-    beta=None,
-    scale=None,
-    mask_t=None,
-    softcap=None,
-    num_sinks=0,
-    backend=None,
-):
+    window_size: int,
+    mix: str = "joint",
+    gate_t: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    scale: float | None = None,
+    mask_t: torch.Tensor | None = None,
+    softcap: float | None = None,
+    num_sinks: int = 0,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, MacchiatoState]:
     """One decoding step: a_t, b_t [B, H, Lh], v_t [B, K, D], q_t [B, H, E],
     k_t [B, K, E], gate_t [B, H]; state: the MacchiatoState so far (None:
     empty). Returns (y_t [B, H, D], MacchiatoState); constant time and memory

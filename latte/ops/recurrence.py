@@ -96,7 +96,7 @@ def linear_recurrence(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 32,
-):
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scan h_t = exp(log_a_t) * h_{t-1} + x_t along dim 1.
 
     Args:

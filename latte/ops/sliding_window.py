@@ -150,8 +150,17 @@ def window_blocked(q, k, v, window_size, scale, mask, state, lengths=None, softc
 
 
 def sliding_window_attention_lse(
-    q, k, v, *, window_size, scale=None, mask=None, initial_state=None, output_final_state=False, softcap=None
-):
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    window_size: int,
+    scale: float | None = None,
+    mask: torch.Tensor | None = None,
+    initial_state: WindowState | None = None,
+    output_final_state: bool = False,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, WindowState | None]:
     """Like sliding_window_attention, also returning the window log-normaliser.
 
     Returns (y [B, T, H, D] in v's dtype, lse [B, T, H] float32, state or None).
@@ -169,8 +178,17 @@ def sliding_window_attention_lse(
 
 
 def sliding_window_attention(
-    q, k, v, *, window_size, scale=None, mask=None, initial_state=None, output_final_state=False, softcap=None
-):
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    window_size: int,
+    scale: float | None = None,
+    mask: torch.Tensor | None = None,
+    initial_state: WindowState | None = None,
+    output_final_state: bool = False,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, WindowState | None]:
     """Exact causal softmax attention over the last `window_size` tokens.
 
     Args:
@@ -222,7 +240,17 @@ def window_step(q_t, k_t, v_t, *, window_size, scale, mask_t, state, softcap=Non
     return y.reshape(B, H, -1), lse.reshape(B, H), new_state
 
 
-def sliding_window_step(q_t, k_t, v_t, state=None, *, window_size, scale=None, mask_t=None, softcap=None):
+def sliding_window_step(
+    q_t: torch.Tensor,
+    k_t: torch.Tensor,
+    v_t: torch.Tensor,
+    state: WindowState | None = None,
+    *,
+    window_size: int,
+    scale: float | None = None,
+    mask_t: torch.Tensor | None = None,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, WindowState]:
     """One decoding step: q_t [B, H, E], k_t [B, K, E], v_t [B, K, D]; state:
     the WindowState so far (None: empty).
 
