@@ -6,6 +6,7 @@ config.py      RunConfig (task, optim, train) and the LM's sections
 loop.py        train(cfg): setup, fit, evaluate
 setup.py       everything fit needs, built in order
 step.py        one optimizer step, the non-finite guard
+state.py       the trainer's state as Stateful parts; the Checkpointer collecting them
 checkpoint.py  the commit protocol (manifest last), retention, loading
 manifest.py    the checkpoint folder's layout, its manifest and verification
 sharded.py     FSDP2 checkpoints with torch.distributed.checkpoint
@@ -14,5 +15,5 @@ runs.py        open a trained run for inference (generate, eval, export)
 validation.py  LM validation loss and perplexity
 distributed.py torchrun, DDP / FSDP2, collectives
 metrics.py     progress bar, CSV, TensorBoard, loss curve
-schedule.py, rng.py, faults.py (test-only fault injection)
+schedule.py, rng.py, faults.py (the test hooks: no-ops unless LATTE_FAULTS is set)
 """
