@@ -2,12 +2,14 @@
 `Checkpointer` that collects them (the Stateful pattern of torchtitan's
 checkpointer: each part has `state_dict()` and `load_state_dict()`).
 
-    Progress     steps done, loss units seen              } trainer_state.json,
+    Progress     steps done, loss units seen              } trainer_state.json:
     SkipGuard    skipped steps (train/step.py)            } one flat JSON object
-    Health       the newest healthy checkpoint            } of their keys, as
-    DataPosition the next global sample, and the batches  } docs/reliability.md §1
+    Health       the newest healthy checkpoint            } of all their keys
+    DataPosition the next global sample, and the batches  }
     Weights      model + optimizer, full or sharded          model.safetensors + optimizer.pt, or dcp/
     RNG          this rank's generators                      rng-rank{r}.pt
+
+(the files of a checkpoint: docs/reliability.md §1).
 
 `Clock` (speeds, for the time budget) and `Stop` (stop requests) are the
 run's state that no checkpoint keeps. The file format is train/manifest.py;
