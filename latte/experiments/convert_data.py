@@ -44,7 +44,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--mixes", default=",".join(MIXES), help="data.source of each pilot, comma-separated")
     p.add_argument("--config", default="convert/smollm2")
     p.add_argument("--set", action="append", default=[], help="extra override for every pilot (section.field=value)")
-    p.add_argument("--pilot-steps", type=_positive, default=24, help="optimizer steps of every pilot")
+    p.add_argument("--pilot-steps", type=_positive, default=12, help="optimizer steps of every pilot")
+    p.add_argument(
+        "--no-baselines",
+        action="store_true",
+        help="skip the untrained models' cells (for parallel workers: one --mixes each, then a last run with all)",
+    )
     p.add_argument("--curve-run", default=None, help="run folder whose checkpoints the curve stage scores")
     p.add_argument("--eval-len", type=_positive, default=1024)
     p.add_argument("--eval-windows", type=_positive, default=1, help="windows per held-out document")
@@ -166,7 +171,8 @@ def pilots_stage(a) -> list[dict]:
     if not mixes:
         raise ValueError("--mixes: expected at least one data source")
     cells = [{"stage": "pilot", "mix": m, "steps": a.pilot_steps} for m in mixes]
-    cells += [{"stage": "pilot", "mix": f"none ({w})", "steps": 0} for w in ("original", "swa")]
+    if not a.no_baselines:
+        cells += [{"stage": "pilot", "mix": f"none ({w})", "steps": 0} for w in ("original", "swa")]
     return Sweep(Path(a.runs) / "cells-pilots", cells).run(lambda c: _pilot_cell(c, a, mixes[0]), desc="pilots")
 
 

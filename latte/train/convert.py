@@ -22,6 +22,7 @@ train` guarantees (docs/conversion.md §5).
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
@@ -32,7 +33,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from latte.config_io import ConfigErrors
+from latte.config_io import ConfigErrors, atomic_write
 from latte.data import load_tokenizer
 from latte.models.convert.config import ConversionConfig
 from latte.train import distributed as D
@@ -43,6 +44,7 @@ from latte.train.validation import subset
 
 EXPORT_DIR = "model"
 HF_TOKENIZER_DIR = "hf-tokenizer"
+BASE_REFERENCE = "base_reference.json"  # in every checkpoint: the base's sha256s (docs/reliability.md §5)
 
 
 @dataclass
@@ -60,6 +62,13 @@ class ConvertDataConfig(DataConfig):
     def __post_init__(self):
         super().__post_init__()
         e = ConfigErrors(type(self).__name__)
+        e.check(
+            self.tokenizer != "bpe",
+            "tokenizer",
+            self.tokenizer,
+            "'base' (the base model's own tokenizer, the default) or a tokenizer file with the base's ids: "
+            "convert keeps the base model's embeddings, so it cannot train a new BPE",
+        )
         e.check(
             isinstance(self.val_windows, int) and self.val_windows >= 0,
             "val_windows",
@@ -134,12 +143,45 @@ class ConversionTask(LanguageModelingTask):
 
     def prepare(self, run_dir: Path, checkpoint: Checkpoint | None) -> None:
         self.run_dir = run_dir
+        self._base(checkpoint)  # first: a bad base.path fails before any data is read
+        if self.env.is_main:
+            atomic_write(run_dir / BASE_REFERENCE, json.dumps(self.base_ref, indent=1) + "\n")
         train_docs, val_docs = split_corpus(self.cfg)
         self._tokenizer(run_dir, checkpoint)
         self.train_windows, self.val_windows = _data(self.cfg, train_docs, val_docs, self.tokenizer, self.env)
         self.val_windows = subset(self.val_windows, self.cfg.data.val_windows)
         for name, w in (("train split", self.train_windows), ("validation split", self.val_windows)):
             w.check_ids(self.vocab_size, where=f"{self.cfg.data.source} {name}")
+
+    def prepare_inference(self, checkpoint: Checkpoint) -> None:
+        super().prepare_inference(checkpoint)
+        self._base(checkpoint)
+
+    def _base(self, checkpoint: Checkpoint | None) -> None:
+        """Resolve base.path (a local folder or file, or "smollm2"; never a
+        download), hash the files loading reads, and refuse a base that is
+        not the one the checkpoint was trained on (same shapes or not)."""
+        from latte.models.convert.io import SMOLLM2, base_reference, resolve_base
+
+        b = self.cfg.base
+        folder, gguf = resolve_base(b.path, b.gguf_file, where="base")
+        self.base_ref = base_reference(folder, gguf, source=SMOLLM2 if b.path == SMOLLM2 else None)
+        if checkpoint is not None and checkpoint.has(BASE_REFERENCE):
+            saved = json.loads(checkpoint.file(BASE_REFERENCE).read_text())["sha256"]
+            if saved != self.base_ref["sha256"]:
+                changed = sorted(
+                    n
+                    for n in saved.keys() | self.base_ref["sha256"].keys()
+                    if saved.get(n) != self.base_ref["sha256"].get(n)
+                )
+                raise ValueError(
+                    f"base.path={b.path!r}: {folder} is not the base {checkpoint.path} was trained on "
+                    f"(sha256 differs for {', '.join(changed)}); give the original base, or start over "
+                    "with --resume never"
+                )
+
+    def checkpoint_files(self) -> dict[str, Path]:
+        return {**super().checkpoint_files(), BASE_REFERENCE: self.run_dir / BASE_REFERENCE}
 
     def _tokenizer(self, run_dir: Path, checkpoint: Checkpoint | None) -> None:
         """The checkpoint's copy when resuming; else the base model's own
@@ -152,11 +194,9 @@ class ConversionTask(LanguageModelingTask):
             elif d.tokenizer == "base":
                 from transformers import AutoTokenizer
 
-                from latte.models.convert.io import resolve_base
-
-                folder, gguf = resolve_base(self.cfg.base.path, self.cfg.base.gguf_file)
+                folder, gguf = self.base_ref["path"], self.base_ref["gguf_file"]
                 kw = {"gguf_file": gguf} if gguf else {}
-                AutoTokenizer.from_pretrained(str(folder), **kw).save_pretrained(run_dir / HF_TOKENIZER_DIR)
+                AutoTokenizer.from_pretrained(folder, **kw).save_pretrained(run_dir / HF_TOKENIZER_DIR)
                 path = Path(shutil.copy(run_dir / HF_TOKENIZER_DIR / "tokenizer.json", run_dir / "tokenizer.json"))
             else:
                 path = load_tokenizer(d.tokenizer).save(run_dir)
@@ -169,13 +209,14 @@ class ConversionTask(LanguageModelingTask):
         return self.tokenizer.vocab_size
 
     def build_model(self) -> nn.Module:
-        from latte.models.convert import convert_pretrained
+        from latte.models.convert import convert
         from latte.models.convert.distill import Distiller, calibrate_beta, freeze_base, record_layers
-        from latte.models.convert.io import resolve_base
+        from latte.models.convert.io import load_base
 
         c = self.cfg
-        folder, gguf = resolve_base(c.base.path, c.base.gguf_file)
-        model = convert_pretrained(folder, c.conversion, gguf_file=gguf)
+        if not hasattr(self, "base_ref"):
+            self._base(None)
+        model = convert(load_base(self.base_ref, verify=False), c.conversion, base_weights=self.base_ref)
         if model.config.vocab_size < self.vocab_size:
             raise ValueError(
                 f"data.tokenizer: {self.vocab_size} ids, but the base model has only "
@@ -246,3 +287,53 @@ class ConversionTask(LanguageModelingTask):
             f"{len(self.train_windows.tokens):,} tokens, validation {len(self.val_windows.tokens):,} tokens; "
             f"batch {c.train.global_batch_size} x {c.data.seq_len} tokens"
         )
+
+
+def is_conversion(source: str | Path) -> bool:
+    """A converted folder (config.json of model_type latte_converted), or a
+    run / step folder of `latte convert` (its config.yaml says task: convert)."""
+    from latte.config_io import load_yaml
+
+    src = Path(source).expanduser()
+    if (src / "config.json").is_file():
+        try:
+            return json.loads((src / "config.json").read_text()).get("model_type") == "latte_converted"
+        except (json.JSONDecodeError, AttributeError):
+            return False
+    if (src / "config.yaml").is_file():
+        data = load_yaml(src / "config.yaml")
+        return isinstance(data, dict) and data.get("task") == "convert"
+    return False
+
+
+def export_converted(source: str | Path, out: str | Path, *, self_contained: bool = False, base_path=None) -> Path:
+    """`latte export` of a conversion (docs/conversion.md §4): SOURCE is a
+    run or step folder of `latte convert`, or a converted folder; OUT gets a
+    portable converted folder (the base's files bundled, or every tensor
+    with self_contained) and the tokenizer files."""
+    from latte.models.convert import load_converted
+    from latte.models.convert.io import CONFIG_NAME, WEIGHTS_NAME, export_portable
+
+    src, dst = Path(source).expanduser().resolve(), Path(out).expanduser().resolve()
+    if dst == src or src in dst.parents:
+        raise ValueError(f"OUT {out}: inside the source folder {source}; choose a folder outside it")
+    if (src / CONFIG_NAME).is_file():
+        model = load_converted(src, base_path=base_path)
+        skip = {CONFIG_NAME, WEIGHTS_NAME, "generation_config.json"}
+        tokenizer_files = [f for f in sorted(src.iterdir()) if f.is_file() and f.name not in skip]
+    else:
+        if base_path is not None:
+            raise ValueError("--base-path: only for a converted folder; a run finds its base through base.path")
+        from latte.train.runs import open_run
+
+        trained = open_run(src)
+        model = trained.model.model
+        hf = Path(trained.checkpoint).parent / HF_TOKENIZER_DIR
+        from latte.train.lm import TOKENIZER_FILES
+
+        own = [trained.checkpoint / n for n in TOKENIZER_FILES if (trained.checkpoint / n).is_file()]
+        tokenizer_files = sorted(hf.iterdir()) if hf.is_dir() else own
+    export_portable(model, dst, self_contained=self_contained)
+    for f in tokenizer_files:
+        shutil.copy(f, dst / f.name)
+    return dst
