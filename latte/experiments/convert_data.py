@@ -10,9 +10,8 @@ budget buys. Two stages, each a resumable sweep:
   curve    the held-out perplexity of every kept checkpoint of one long run
            (--curve-run) against the training tokens it had seen
 
-Held-out text (never in any training source; tests/data/test_essays.py):
-the essays of latte.data.essays.HELD_OUT_ESSAYS and the Shakespeare plays of
-the validation split (data.val_fraction 0.1, split_seed 0), read as windows
+Held-out text (never in any training source; tests/data/test_heldout.py):
+latte.data.heldout's eval_essays() and eval_plays(), read as windows
 of --eval-len tokens from the start of each document (--eval-windows per
 document), scored by one forward each.
 
@@ -107,14 +106,13 @@ def held_out_documents(tokenizer, eval_len: int, windows: int, *, quick: bool = 
     """corpus -> [(document name, ids[windows * (eval_len + 1)])]: the
     beginnings of the held-out essays and plays (quick: pydoc stand-ins)."""
     from latte.data import load_documents, split_documents
-    from latte.data.essays import load_essays
+    from latte.data.heldout import eval_essays, eval_plays
 
     if quick:
         _, val = split_documents(load_documents("pydoc"), val_fraction=0.1, seed=0)
         sets = {"essays": val[: len(val) // 2], "plays": val[len(val) // 2 :]}
     else:
-        _, plays = split_documents(load_documents("shakespeare"), val_fraction=0.1, seed=0)
-        sets = {"essays": load_essays("held_out"), "plays": plays}
+        sets = {"essays": eval_essays(), "plays": eval_plays()}
     need = windows * (eval_len + 1)
     out = {}
     for corpus, docs in sets.items():
