@@ -396,7 +396,7 @@ def cmd_export(args: list[str]) -> int:
     )
     p.add_argument("--base-path", default=None, help="a converted folder whose base moved: where the base is now")
     a = p.parse_args(args)
-    from latte.train.convert import export_converted, is_conversion
+    from latte.train.convert_export import export_converted, is_conversion
 
     if is_conversion(a.run):  # a portable converted folder (docs/conversion.md §4)
         out = export_converted(a.run, a.out, self_contained=a.self_contained, base_path=a.base_path)

@@ -7,8 +7,14 @@ model.safetensors. Two layouts:
   reference       model.safetensors holds only what conversion added (latent
                   branch, beta, LoRA: a few MB); config.json names where the
                   base weights are (path, gguf_file) with the sha256 of each
-                  weight file, checked when loading.
+                  file loading reads (config.json included), checked when
+                  loading.
   self-contained  model.safetensors holds every tensor (tied ones once).
+  portable        a reference whose path is "base", relative to the folder:
+                  the base's files copied in (export_portable, `latte export`).
+
+config.json also records the sha256 of model.safetensors (weights_sha256),
+checked before it is read (docs/conversion.md §4).
 
 `latte.models.convert.modeling.load_converted(folder)` reads either (this
 module knows files, not the model class); so does
