@@ -50,6 +50,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="skip the untrained models' cells (for parallel workers: one --mixes each, then a last run with all)",
     )
     p.add_argument("--curve-run", default=None, help="run folder whose checkpoints the curve stage scores")
+    p.add_argument(
+        "--curve-every", type=_positive, default=1, help="score every Nth kept checkpoint (and always the last)"
+    )
     p.add_argument("--eval-len", type=_positive, default=1024)
     p.add_argument("--eval-windows", type=_positive, default=1, help="windows per held-out document")
     p.add_argument("--runs", default="runs/convert-data")
@@ -219,6 +222,7 @@ def curve_stage(a) -> list[dict]:
     steps = [p for _, p in sorted(step_dirs(run))]
     if not steps:
         raise ValueError(f"--curve-run {run}: no step folders")
+    steps = [p for i, p in enumerate(steps) if (i + 1) % a.curve_every == 0 or i == len(steps) - 1]
     cells = [{"stage": "curve", "run": run.name, "checkpoint": "none (swa)"}]
     cells += [{"stage": "curve", "run": run.name, "checkpoint": p.name} for p in steps]
     by_name = {p.name: p for p in steps}
