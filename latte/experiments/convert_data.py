@@ -2,8 +2,9 @@
 SmolLM2 best on text nobody trained on (docs/conversion.md §9), and what more
 budget buys. Two stages, each a resumable sweep:
 
-  pilots   one `latte convert` run per data mix (--mixes), every one with the
-           same token budget (--pilot-steps x the batch of the config), then
+  pilots   one `latte convert` run per data mix (--mixes) with the frozen
+           pilot config (latte/configs/convert/pilot-smollm2.yaml), every
+           one with the same token budget (--pilot-steps x its batch), then
            the held-out perplexity of each, next to the untrained models
            ("original": the pretrained attention; "swa": the converted model
            before up-training, as_sliding_window()) -> results/convert-data
@@ -16,8 +17,8 @@ of --eval-len tokens from the start of each document (--eval-windows per
 document), scored by one forward each.
 
     latte experiment convert-data --quick                        # tiny stand-in model (the test)
-    latte experiment convert-data --stages pilots --readme README.md
-    latte experiment convert-data --stages curve --curve-run runs/convert-smollm2
+    latte experiment convert-data --readme results/README.md     # the pilots
+    latte experiment convert-data --stages curve --curve-run runs/convert-smollm2 --curve-every 5
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 
 from .results import Sweep, provenance, run_latte, write_results
 
-MIXES = ("shakespeare", "essays+bible-web", "shakespeare+essays+bible-web", "shakespeare+essays+bible-web+retrieval")
+MIXES = ("shakespeare", "shakespeare+essays+bible-web", "shakespeare+essays+bible-web+retrieval")
 CORPORA = ("essays", "plays")
 
 
@@ -41,9 +42,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="latte experiment convert-data", description=__doc__.split("\n\n")[0])
     p.add_argument("--stages", default="pilots", help="comma-separated: pilots, curve")
     p.add_argument("--mixes", default=",".join(MIXES), help="data.source of each pilot, comma-separated")
-    p.add_argument("--config", default="convert/smollm2")
+    p.add_argument("--config", default="convert/pilot-smollm2", help="latte convert config of every pilot")
     p.add_argument("--set", action="append", default=[], help="extra override for every pilot (section.field=value)")
-    p.add_argument("--pilot-steps", type=_positive, default=12, help="optimizer steps of every pilot")
+    p.add_argument("--pilot-steps", type=_positive, default=24, help="optimizer steps of every pilot")
     p.add_argument(
         "--no-baselines",
         action="store_true",
