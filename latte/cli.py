@@ -6,7 +6,8 @@
     latte generate --run RUN_DIR --prompt "..." [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
     latte eval --run RUN_DIR [--lengths 1,2,4,8] [--max-tokens N] [--out eval.json]
     latte eval --run RUN_DIR --latents [--max-tokens N] [--out latents.json]   (latent utilisation)
-    latte export RUN_DIR OUT_DIR      (a folder transformers loads after latte.models.hf.register())
+    latte export RUN_DIR OUT_DIR      (a folder transformers loads after latte.models.hf.register();
+                                      for a conversion: a portable converted folder, base bundled)
     latte harness [lm_eval arguments] (lm-evaluation-harness with the latte models registered)
     latte bench {ops,decode,train,window,audit,check,suite} [args...]   (suite: the CUDA suite)
     latte experiment NAME [args...]   (latte experiment --help lists them)
@@ -394,8 +395,23 @@ def cmd_export(args: list[str]) -> int:
     )
     p.add_argument("run", help="run folder (newest verified checkpoint) or a step-N folder")
     p.add_argument("out", help="output folder (created; files in it are replaced)")
+    p.add_argument(
+        "--self-contained",
+        action="store_true",
+        help="conversions: every tensor in model.safetensors instead of the base's files bundled in OUT/base",
+    )
+    p.add_argument("--base-path", default=None, help="a converted folder whose base moved: where the base is now")
     a = p.parse_args(args)
-    # on use: the CLI starts without torch; the export needs the optional transformers
+    # on use: the CLI starts without torch; the exports need the optional transformers
+    from latte.train.convert_export import export_converted, is_conversion
+
+    if is_conversion(a.run):  # a portable converted folder (docs/conversion.md §4)
+        out = export_converted(a.run, a.out, self_contained=a.self_contained, base_path=a.base_path)
+        print(f"latte export: {a.run} -> {out} (portable converted model)", file=sys.stderr)
+        return 0
+    if a.self_contained or a.base_path:
+        raise ValueError("--self-contained, --base-path: only for conversions (latte convert runs, converted folders)")
+    # on use: the CLI starts without torch (docs/design.md §10)
     from latte.models.pretrained import export_for_transformers
     from latte.train.runs import open_run
 

@@ -9,6 +9,9 @@ Typical use:
     loader = SampleLoader(train, global_batch_size=64, rank=rank, world_size=world)
 """
 
+# imported for their effect: the named sources "bible-web", "essays" and
+# "retrieval" register themselves with load_documents (corpus.NAMED_SOURCES)
+from latte.data import bible, heldout, retrieval  # noqa: F401
 from latte.data.corpus import Document, load_documents, split_documents
 from latte.data.loader import (
     SampleLoader,

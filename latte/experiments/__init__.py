@@ -10,4 +10,4 @@ sections in `latte.reporting`.
 """
 
 # The experiments this installation knows, in the order `latte experiment --help` lists them.
-EXPERIMENTS: tuple[str, ...] = ("mqar", "lm-variants", "lra", "convert", "convert-sinks")
+EXPERIMENTS: tuple[str, ...] = ("mqar", "lm-variants", "lra", "convert", "convert-sinks", "convert-data")

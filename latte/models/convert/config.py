@@ -82,7 +82,8 @@ class ConvertedConfig(PreTrainedConfig):
     """config.json of a converted model: the original's config (`text_config`),
     the ConversionConfig (`conversion`) and, when the base weights are not
     stored with the model, a reference to them (`base_weights`: path,
-    gguf_file, sha256 of each weight file)."""
+    gguf_file, sha256 of each file loading reads); `weights_sha256` is
+    the sha256 of the folder's own model.safetensors."""
 
     model_type = "latte_converted"
     sub_configs_defaults = {"text_config": SubConfigSpec(AutoConfig, model_type="llama")}
@@ -90,6 +91,7 @@ class ConvertedConfig(PreTrainedConfig):
     text_config: dict | PreTrainedConfig | None = None
     conversion: dict | None = None
     base_weights: dict | None = None
+    weights_sha256: str | None = None  # of the folder's model.safetensors, written by save_converted
     original_attn_implementation: str | None = None
     use_cache: bool = True
 

@@ -28,14 +28,25 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from latte.files import sha256_file
 from latte.models.causal_lm import check_eos, check_sampling_args, token_stream
+from latte.models.modeling import check_input_ids
 from latte.models.weights import check_state, load_weights, read_weights
 
 from .attention import ConvertedAttention
 from .cache import MacchiatoCache
 from .config import PURE_WINDOW_BETA, ConversionConfig, ConvertedConfig
 from .families import attention_spec, check_supported, decoder_layers
-from .io import CONFIG_NAME, WEIGHTS_NAME, base_reference, load_base, save_converted
+from .io import (
+    CONFIG_NAME,
+    NAMED_BASES,
+    WEIGHTS_NAME,
+    IntegrityError,
+    base_reference,
+    load_base,
+    resolve_base,
+    save_converted,
+)
 
 ATTN_IMPLEMENTATION = "latte_macchiato"
 
@@ -277,6 +288,8 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
             past_key_values = MacchiatoCache(self.num_layers)
         if kwargs.get("return_dict") is False:
             raise ValueError("return_dict=False is not supported by converted models")
+        if input_ids is not None:  # before any compute, as the native model (latte/models/modeling.py check_input_ids)
+            check_input_ids(input_ids, self.get_input_embeddings().num_embeddings)
         out = self.base(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -332,7 +345,9 @@ def convert_pretrained(path: str | os.PathLike, conversion=None, *, gguf_file: s
     """Load a pretrained causal LM from a local folder (or GGUF file in it)
     and convert it, keeping a reference to its weights (so saving stores
     only the new parameters)."""
-    ref = base_reference(path, gguf_file)
+    source = str(path) if str(path) in NAMED_BASES else None
+    folder, gguf_file = resolve_base(str(path), gguf_file)
+    ref = base_reference(folder, gguf_file, source=source)
     return convert(load_base(ref, dtype=dtype, verify=False), conversion, base_weights=ref)
 
 
@@ -342,9 +357,15 @@ def load_converted(directory: str | os.PathLike, *, base_path: str | os.PathLike
     if not (d / CONFIG_NAME).is_file():
         raise FileNotFoundError(f"{d / CONFIG_NAME}: no such file (expected a folder written by save_converted)")
     config = ConvertedConfig.from_pretrained(str(d))
+    digest = getattr(config, "weights_sha256", None)
+    if digest is not None and (got := sha256_file(d / WEIGHTS_NAME)) != digest:
+        raise IntegrityError(
+            f"{d / WEIGHTS_NAME}: sha256 {got} differs from the {digest} recorded in {d / CONFIG_NAME} when it "
+            "was saved: the file is damaged or was replaced"
+        )
     base = None
     if config.base_weights is not None:
-        base = load_base(config.base_weights, path=base_path, dtype=dtype)
+        base = load_base(config.base_weights, path=base_path, dtype=dtype, converted_dir=d)
         base.config._attn_implementation = config.original_attn_implementation or base.config._attn_implementation
     model = ConvertedForCausalLM(config, base=base).to(dtype)
     if config.base_weights is None:

@@ -150,7 +150,7 @@ def test_save_load_round_trip(tmp_path, self_contained):
 def test_reference_checks_the_base_weights(tmp_path):
     build("llama").save_pretrained(tmp_path / "base")
     ref = base_reference(tmp_path / "base")
-    assert set(ref["sha256"]) == {"model.safetensors"}
+    assert set(ref["sha256"]) == {"config.json", "model.safetensors"}
     model = convert_pretrained(tmp_path / "base", ConversionConfig(latents_per_head=4))
     model.save_pretrained(tmp_path / "converted")
     build("llama", seed=5).save_pretrained(tmp_path / "base")  # different weights, same place

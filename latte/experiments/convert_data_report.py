@@ -1,0 +1,74 @@
+"""Tables and the learning-curve plot of `latte experiment convert-data`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from latte.reporting import pyplot, save_figure
+
+
+def report(a, pilots: list[dict], curve: list[dict]) -> tuple[str, list[str]]:
+    parts, images = [], []
+    if pilots:
+        parts.append(_pilot_table(a, pilots))
+    if curve:
+        parts.append(_curve_table(curve))
+        if _plot_curve(curve, Path(a.out) / "curve.png", a):
+            images.append("curve.png")
+    return "\n\n".join(parts), images
+
+
+def _pilot_table(a, rows: list[dict]) -> str:
+    head = (
+        f"Pilots: every mix up-trained for the same {a.pilot_steps} steps (config `{a.config}`"
+        + (f", {' '.join(a.set)}" if a.set else "")
+        + f"), {a.threads} thread(s) each; held-out perplexity over the first {a.eval_windows} window(s) of "
+        f"{a.eval_len} tokens of every held-out essay and play (text no mix contains).\n\n"
+        "| mix | train tokens | held-out essays | held-out plays | mix's own validation | train wall s | load |\n"
+        "|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for r in rows:
+        val = f"{r['val_ppl']:.2f}" if "val_ppl" in r else ""
+        load = f"{r.get('load_start', 0):.1f}" + (f"-{r['load_end']:.1f}" if "load_end" in r else "")
+        lines.append(
+            f"| {r['mix']} | {r['train_tokens']:,} | {r['essays_ppl']:.2f} | {r['plays_ppl']:.2f} | {val} "
+            f"| {r.get('train_wall_s', '')} | {load} |"
+        )
+    tokens = rows[0]
+    lines.append(
+        f"\n({tokens['essays_tokens']:,} essay tokens and {tokens['plays_tokens']:,} play tokens per model; "
+        "lower is better.)"
+    )
+    return "\n".join(lines)
+
+
+def _curve_table(rows: list[dict]) -> str:
+    lines = [
+        f"Learning curve of `{rows[0]['run']}`: held-out perplexity of each kept checkpoint "
+        '("none (swa)": the converted model before up-training).\n',
+        "| checkpoint | train tokens | held-out essays | held-out plays | load |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['checkpoint']} | {r['train_tokens']:,} | {r['essays_ppl']:.2f} | {r['plays_ppl']:.2f} "
+            f"| {r.get('load_start', 0):.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def _plot_curve(rows: list[dict], path: Path, a) -> bool:
+    plt = pyplot()
+    if plt is None:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for corpus in ("essays", "plays"):
+        xs = [r["train_tokens"] for r in rows]
+        ax.plot(xs, [r[f"{corpus}_ppl"] for r in rows], marker="o", label=f"held-out {corpus}")
+    ax.set_xlabel("up-training tokens")
+    ax.set_ylabel(f"perplexity ({a.eval_len}-token windows)")
+    ax.set_title(f"{rows[0]['run']}: held-out perplexity while up-training")
+    ax.legend()
+    save_figure(plt, fig, path)
+    return True

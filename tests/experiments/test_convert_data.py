@@ -1,0 +1,40 @@
+"""`latte experiment convert-data --quick`: a pilot through `latte convert`,
+the untrained baselines on the same held-out windows, the learning curve
+over the pilot's checkpoints, result files, and a rerun that resumes."""
+
+import json
+
+import pytest
+
+from latte.experiments.convert_data import main
+
+
+@pytest.mark.slow
+def test_quick_pilots_and_curve_write_results_and_resume(tmp_path, capsys):
+    args = ["--quick", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
+    assert main([*args, "--set", "train.save_every=1"]) == 0
+    records = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [r["mix"] for r in records] == ["pydoc", "none (original)", "none (swa)"]
+    for r in records:
+        assert r["essays_ppl"] > 1 and r["plays_ppl"] > 1 and r["essays_tokens"] > 0
+    assert records[0]["train_tokens"] > 0 == records[1]["train_tokens"]
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "| pydoc |" in md and "Command: `latte experiment convert-data --quick" in md
+
+    run = tmp_path / "runs" / "pilots" / "pydoc"
+    capsys.readouterr()
+    assert main([*args, "--set", "train.save_every=1", "--stages", "pilots,curve", "--curve-run", str(run)]) == 0
+    assert "3 of 3 cells already done" in capsys.readouterr().err  # the pilots are not run again
+    curve = [r for r in json.loads((tmp_path / "out" / "results.json").read_text()) if r["stage"] == "curve"]
+    assert [r["checkpoint"] for r in curve] == ["none (swa)", "step-00000001", "step-00000002"]
+    assert [r["train_tokens"] for r in curve] == sorted(r["train_tokens"] for r in curve)
+    assert (tmp_path / "out" / "curve.png").is_file()
+
+
+def test_bad_arguments_are_named(tmp_path):
+    with pytest.raises(ValueError, match="--stages 'pilot'"):
+        main(["--stages", "pilot", "--runs", str(tmp_path)])
+    with pytest.raises(ValueError, match="--curve-run"):
+        main(["--stages", "curve", "--runs", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        main(["--pilot-steps", "0"])
