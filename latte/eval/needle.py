@@ -1,0 +1,173 @@
+"""Needle retrieval: a pass key hidden in a long haystack of held-out essays,
+answered greedily (docs/evaluation.md §7).
+
+The format is fixed here, so that up-training can use a different one for
+any synthetic retrieval data it mixes in:
+
+  haystack  the held-out Paul Graham essays (latte.data.heldout.eval_essays)
+            in a seeded order, separated by blank lines, tokenized and cut
+  needle    NEEDLE with a random 5-digit key, inserted after the sentence end
+            at or before `depth` x the haystack's length (0 = first, 1 = last)
+  question  QUESTION, right after the haystack
+  answer    greedy decoding of ANSWER_TOKENS tokens; correct iff the first
+            run of digits in the decoded answer is the key (exact match)
+
+The prompt is exactly `context` tokens long. Any causal LM answers through
+its cache, fed `chunk` tokens at a time: a converted model's constant-size
+MacchiatoCache, or a Hugging Face model's DynamicCache (the original: memory
+linear in the context, time quadratic).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import re
+import time
+from dataclasses import dataclass
+
+import torch
+
+NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = "\n\nWhat is the pass key? The pass key is"
+ANSWER_TOKENS = 8
+SEPARATOR = "\n\n"
+
+
+def haystack_text(documents, seed: int) -> str:
+    """The documents' texts in an order fixed by seed, separated by blank lines."""
+    order = sorted(documents, key=lambda d: d.name)
+    random.Random(seed).shuffle(order)
+    return SEPARATOR.join(d.text.strip() for d in order)
+
+
+def make_key(seed: int) -> int:
+    return random.Random(f"needle-key-{seed}").randrange(10_000, 100_000)
+
+
+@dataclass
+class NeedlePrompt:
+    ids: torch.Tensor  # [context] token ids
+    key: int
+    needle_start: int  # first token of the needle
+    needle_end: int  # one past its last token
+
+    @property
+    def distance(self) -> int:
+        """Tokens from the needle's end to the end of the prompt: more than
+        the window means only the latent state can carry it."""
+        return len(self.ids) - self.needle_end
+
+
+def sentence_ends(tokenizer, ids: list[int]) -> list[bool]:
+    """Per position: does the token end a sentence ('.', '!' or '?', maybe
+    followed by quotes or spaces)?"""
+    cache: dict[int, bool] = {}
+    out = []
+    for t in ids:
+        if t not in cache:
+            cache[t] = bool(re.search(r"[.!?][\"')\]]*\s*$", tokenizer.decode([t])))
+        out.append(cache[t])
+    return out
+
+
+def needle_prompt(tokenizer, hay_ids: list[int], ends: list[bool], context: int, depth: float, key: int):
+    """The prompt of `context` tokens with the needle at `depth` in [0, 1]."""
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth={depth}: expected a fraction in [0, 1]")
+    needle = tokenizer.encode(NEEDLE.format(key=key))
+    question = tokenizer.encode(QUESTION)
+    n_hay = context - len(needle) - len(question)
+    if n_hay < 1:
+        raise ValueError(f"context={context}: too short for the needle and question ({context - n_hay} tokens)")
+    if n_hay > len(hay_ids):
+        raise ValueError(f"context={context}: the haystack has only {len(hay_ids):,} tokens, {n_hay:,} needed")
+    at = round(depth * n_hay)
+    while at > 0 and not ends[at - 1]:  # back to the end of a sentence
+        at -= 1
+    ids = hay_ids[:at] + needle + hay_ids[at:n_hay] + question
+    return NeedlePrompt(torch.tensor(ids), key, at, at + len(needle))
+
+
+def first_number(text: str) -> int | None:
+    m = re.search(r"\d+", text)
+    return None if m is None else int(m.group())
+
+
+def new_cache(model):
+    """The cache a model decodes with: a converted model's MacchiatoCache, or
+    transformers' DynamicCache for any other causal LM."""
+    from latte.models.convert import ConvertedForCausalLM, MacchiatoCache
+
+    if isinstance(model, ConvertedForCausalLM):
+        return MacchiatoCache(model.num_layers)
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def _feed(model, cache, ids: torch.Tensor, chunk: int):
+    """ids [T] into the cache, `chunk` tokens at a time; the last output."""
+    out = None
+    for start in range(0, ids.shape[0], chunk):
+        out = model(input_ids=ids[None, start : start + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return out
+
+
+class PrefixFeeder:
+    """The cache after the first p tokens of one haystack, for prompts that
+    share that prefix (all depths and contexts of one trial): the haystack
+    is fed once, in order, and `state_at(p)` hands out a copy of the state
+    there. Asking for an earlier p starts again from the beginning. A
+    converted model's state is constant-size, so a copy is cheap; a
+    DynamicCache copy holds p keys and values per layer."""
+
+    def __init__(self, model, hay_ids: list[int], chunk: int = 1024):
+        self.model, self.hay, self.chunk = model, torch.tensor(hay_ids), chunk
+        self.cache, self.fed = new_cache(model), 0
+
+    @torch.no_grad()
+    def state_at(self, p: int):
+        if p < self.fed:
+            self.cache, self.fed = new_cache(self.model), 0
+        _feed(self.model, self.cache, self.hay[self.fed : p], self.chunk)
+        self.fed = p
+        return copy.deepcopy(self.cache)
+
+
+@torch.no_grad()
+def greedy_answer(
+    model, ids: torch.Tensor, new_tokens: int = ANSWER_TOKENS, chunk: int = 1024, cache=None, start: int = 0
+) -> list[int]:
+    """Greedy continuation of ids [T]: the prompt fed `chunk` tokens at a time
+    through the model's cache (or from ids[start:] into a cache that already
+    holds ids[:start]), then one token per step."""
+    cache = new_cache(model) if cache is None else cache
+    out = _feed(model, cache, ids[start:], chunk)
+    tokens = [int(out.logits[0, -1].argmax())]
+    while len(tokens) < new_tokens:
+        step = torch.tensor([[tokens[-1]]])
+        out = model(input_ids=step, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        tokens.append(int(out.logits[0, -1].argmax()))
+    return tokens
+
+
+def run_trial(model, tokenizer, prompt: NeedlePrompt, chunk: int = 1024, feeder: PrefixFeeder | None = None) -> dict:
+    """One prompt answered (from the feeder's state at the needle when
+    given: the prompt's haystack prefix is the feeder's): a needle cell's record."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    if feeder is None:
+        answer = tokenizer.decode(greedy_answer(model, prompt.ids, chunk=chunk))
+    else:
+        cache = feeder.state_at(prompt.needle_start)
+        answer = tokenizer.decode(greedy_answer(model, prompt.ids, chunk=chunk, cache=cache, start=prompt.needle_start))
+    found = first_number(answer)
+    return {
+        "key": prompt.key,
+        "answer": answer,
+        "correct": int(found == prompt.key),
+        "needle_position": prompt.needle_start,
+        "distance": prompt.distance,
+        "wall_s": round(time.perf_counter() - t0, 2),
+        "cpu_s": round(time.process_time() - c0, 2),
+    }
