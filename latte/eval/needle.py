@@ -97,6 +97,7 @@ def first_number(text: str) -> int | None:
 def new_cache(model):
     """The cache a model decodes with: a converted model's MacchiatoCache, or
     transformers' DynamicCache for any other causal LM."""
+    # optional dependency: latte.models.convert imports transformers (extra "hf")
     from latte.models.convert import ConvertedForCausalLM, MacchiatoCache
 
     if isinstance(model, ConvertedForCausalLM):

@@ -1,192 +1,38 @@
-"""Tables, plot and statements of `latte experiment convert`, written from
-the sweep records by `latte.experiments.results.write_results`."""
+"""Tables, plots and statements of `latte experiment convert`, written from
+the sweep records by `latte.experiments.results.write_results`: recipes,
+perplexity (convert_ppl_report), zero-shot tasks (convert_tasks_report),
+needle (convert_needle), the masked-sinks diagnostic and the sample."""
 
 from __future__ import annotations
 
-import statistics
+import json
+import sys
 from pathlib import Path
 
 from latte.eval.long_context import perplexities
+from latte.eval.needle import ANSWER_TOKENS, NEEDLE, QUESTION
 
-from ..reporting import pyplot, save_figure, update_readme
-from .convert_stages import CONTEXTS, DEFAULT_RECIPE, SHORT, nll_of
+from ..reporting import update_readme
+from .convert_needle import needle_records, needle_tables, plot_heatmaps
+from .convert_ppl_report import _fmt, _get, corpus_tables, decode_table, eval_records, plot
+from .convert_stages import (
+    CONTEXTS,
+    DEFAULT_RECIPE,
+    DOCUMENTS,
+    FULL_DOCUMENTS,
+    NEEDLE_CONTEXTS,
+    NEEDLE_DEPTHS,
+    NEEDLE_TRIALS,
+    TASK_EXAMPLES,
+    nll_of,
+)
+from .convert_tasks_report import plot_tasks, task_records, task_table
 from .results import provenance, readme_body, write_results
-
-MODELS = ("original", "swa", "converted")
-
-
-def eval_records(cells: list[dict], contexts) -> list[dict]:
-    """One record per (model, context): perplexity over the first `context`
-    tokens and over the position bucket, tokens, documents, wall time,
-    decode ms/token and state bytes at that context."""
-
-    decode = {c["context"]: c for c in cells if c["model"] == "original-decode"}
-    originals = [c for c in cells if c["model"] == "original"]
-    out = []
-    for model in MODELS:
-        mine = [c for c in cells if c["model"] == model]
-        if not mine:
-            continue
-        wall, load = sum(c["wall_s"] for c in mine), max(c["load"] for c in mine)
-        for row in perplexities([nll_of(c) for c in mine], contexts):
-            ctx = row["context"]
-            if model != "original":
-                row.update(_on_original_documents(mine, originals, ctx, contexts))
-            if model == "original":
-                d = decode.get(ctx, {})
-                ms, nbytes = d.get("ms_per_token"), d.get("state_bytes")
-            else:
-                ms_all = [c[f"ms_per_token_{ctx}"] for c in mine if f"ms_per_token_{ctx}" in c]
-                ms = statistics.median(ms_all) if ms_all else None
-                nbytes = next((c[f"state_bytes_{ctx}"] for c in mine if f"state_bytes_{ctx}" in c), None)
-            out.append(
-                {
-                    "model": model,
-                    **row,
-                    "wall_s": round(wall, 1),
-                    "max_load": load,
-                    "decode_ms_per_token": None if ms is None else round(ms, 2),
-                    "state_bytes": None if nbytes is None else int(nbytes),
-                }
-            )
-    return out
-
-
-def _on_original_documents(mine: list[dict], originals: list[dict], ctx: int, contexts) -> dict:
-    """The model's perplexities at ctx over only the documents the original
-    read that far (it reads most of them to 8K only): a like-for-like
-    comparison past 8K."""
-
-    names = {o["document"] for o in originals if nll_of(o).shape[0] >= ctx}
-    rows = perplexities([nll_of(c) for c in mine if c["document"] in names], contexts)
-    row = next((r for r in rows if r["context"] == ctx), None)
-    if row is None:
-        return {}
-    return {
-        "ppl_original_documents": row["ppl"],
-        "bucket_ppl_original_documents": row["bucket_ppl"],
-        "original_documents": row["documents"],
-    }
-
-
-def _get(records, model, ctx, key):
-    for r in records:
-        if r["model"] == model and r["context"] == ctx:
-            return r.get(key)
-    return None
-
-
-def _fmt(x, spec=".2f"):
-    return "-" if x is None else format(x, spec)
-
-
-def eval_tables(records: list[dict], contexts) -> str:
-    lines = [
-        "Perplexity over the first C tokens of held-out plays (all positions < C), by model:",
-        "",
-        "| context C | original | swa (before up-training) | converted | documents (orig / others) "
-        "| tokens (converted) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for c in contexts:
-        if _get(records, "converted", c, "ppl") is None and _get(records, "original", c, "ppl") is None:
-            continue
-        lines.append(
-            f"| {c:,} | {_fmt(_get(records, 'original', c, 'ppl'))} | {_fmt(_get(records, 'swa', c, 'ppl'))} "
-            f"| {_fmt(_get(records, 'converted', c, 'ppl'))} | {_get(records, 'original', c, 'documents') or 0} / "
-            f"{_get(records, 'converted', c, 'documents') or 0} | {_get(records, 'converted', c, 'tokens') or 0:,} |"
-        )
-    lines += [
-        "",
-        "Perplexity by position bucket (tokens at positions in the bucket only):",
-        "",
-        "| positions | original | swa | converted |",
-        "|---|---|---|---|",
-    ]
-    for c in contexts:
-        b = _get(records, "converted", c, "bucket") or _get(records, "original", c, "bucket")
-        if b is None:
-            continue
-        lines.append(
-            f"| {b} | {_fmt(_get(records, 'original', c, 'bucket_ppl'))} | "
-            f"{_fmt(_get(records, 'swa', c, 'bucket_ppl'))} | {_fmt(_get(records, 'converted', c, 'bucket_ppl'))} |"
-        )
-    lines += [
-        "",
-        "Decoding one token after C tokens of context (batch 1): the converted model's "
-        "constant-size state against the original's KV cache (float32):",
-        "",
-        "| context C | original ms/token | original KV cache MB | converted ms/token | converted state MB |",
-        "|---|---|---|---|---|",
-    ]
-    for c in contexts:
-        ob, cb = _get(records, "original", c, "state_bytes"), _get(records, "converted", c, "state_bytes")
-        lines.append(
-            f"| {c:,} | {_fmt(_get(records, 'original', c, 'decode_ms_per_token'), '.1f')} | "
-            f"{_fmt(None if ob is None else ob / 2**20, '.1f')} | "
-            f"{_fmt(_get(records, 'converted', c, 'decode_ms_per_token'), '.1f')} | "
-            f"{_fmt(None if cb is None else cb / 2**20, '.2f')} |"
-        )
-    return "\n".join(lines) + "\n\n" + statements(records, contexts)
-
-
-def statements(records: list[dict], contexts) -> str:
-    """Plain sentences from the numbers: past 8K, and within 8K."""
-    past = [
-        c
-        for c in contexts
-        if c > SHORT
-        and _get(records, "original", c, "bucket_ppl") is not None
-        and _get(records, "converted", c, "bucket_ppl") is not None
-    ]
-    within = [
-        c
-        for c in contexts
-        if c <= SHORT
-        and _get(records, "original", c, "ppl") is not None
-        and _get(records, "converted", c, "ppl") is not None
-    ]
-    out = []
-    if not past and contexts and max(contexts) <= SHORT:
-        out.append(
-            f"**Past 8K tokens: not measured here** (the contexts stop at {max(contexts):,}), so this run "
-            "does not say whether the converted model beats the original there."
-        )
-    if past:
-        # on the documents the original read that far, not on the converted model's larger set
-        same = {c: _get(records, "converted", c, "bucket_ppl_original_documents") for c in past}
-        wins = [c for c in past if same[c] < _get(records, "original", c, "bucket_ppl")]
-        detail = "; ".join(
-            f"positions {_get(records, 'converted', c, 'bucket')}: {same[c]:.2f} vs "
-            f"{_get(records, 'original', c, 'bucket_ppl'):.2f} on "
-            f"{_get(records, 'original', c, 'documents')} document(s)"
-            for c in past
-        )
-        verdict = (
-            "beats the original"
-            if len(wins) == len(past)
-            else "does not beat the original"
-            if not wins
-            else "beats the original in some buckets only"
-        )
-        out.append(
-            f"**Past 8K tokens the converted model {verdict}** (converted vs original perplexity on the "
-            f"same documents, the ones the original read that far: {detail})."
-        )
-    if within:
-        ratios = [_get(records, "converted", c, "ppl") / _get(records, "original", c, "ppl") for c in within]
-        swa = [(_get(records, "swa", c, "ppl") or float("nan")) / _get(records, "original", c, "ppl") for c in within]
-        out.append(
-            f"**Within 8K tokens** the converted model's perplexity is {min(ratios):.2f}x to {max(ratios):.2f}x "
-            f"the original's (the sliding-window model before up-training: {min(swa):.2f}x to {max(swa):.2f}x)."
-        )
-    return "\n\n".join(out)
 
 
 def sink_records(cells: list[dict], contexts) -> list[dict]:
     """One record per (sinks, context) of the sinks stage: perplexity of the
     original under the window mask with the first `sinks` tokens visible."""
-
     out = []
     for k in sorted({c["sinks"] for c in cells}):
         mine = [c for c in cells if c["sinks"] == k]
@@ -217,19 +63,20 @@ def sink_table(records: list[dict], sinks: list[dict], contexts) -> str:
     lines = [
         f"Where the sliding window loses: the original's weights with every token seeing only the last "
         f"{window} tokens, and the document's first k tokens kept visible as attention sinks (an explicit "
-        f'mask, `latte.eval.long_context.original_window_nll`; "window (mask)" is the swa model computed '
+        f'mask, `latte.eval.long_context.original_window_nll`; "window (mask)" is the window model computed '
         "another way). Perplexity over the first C tokens of the same held-out plays:",
         "",
-        f"| context C | original | {head} | swa (cache) | converted |",
+        f"| context C | original | {head} | window (cache) | converted |",
         "|---|---|" + "---|" * len(ks) + "---|---|",
     ]
     for c in shown:
         cols = [_fmt(_get(sinks, f"swa-mask-sinks{k}", c, "ppl")) for k in ks]
         lines.append(
-            f"| {c:,} | {_fmt(_get(records, 'original', c, 'ppl'))} | {' | '.join(cols)} | "
-            f"{_fmt(_get(records, 'swa', c, 'ppl'))} | {_fmt(_get(records, 'converted', c, 'ppl'))} |"
+            f"| {c:,} | {_fmt(_get(records, 'original', c, 'ppl', 'plays'))} | {' | '.join(cols)} | "
+            f"{_fmt(_get(records, 'window', c, 'ppl', 'plays'))} | "
+            f"{_fmt(_get(records, 'converted', c, 'ppl', 'plays'))} |"
         )
-    c0, orig = shown[0], _get(records, "original", shown[0], "ppl")
+    c0, orig = shown[0], _get(records, "original", shown[0], "ppl", "plays")
     if orig and 0 in ks and max(ks) > 0:
         ratio = {k: _get(sinks, f"swa-mask-sinks{k}", c0, "ppl") / orig for k in ks}
         kept = ", ".join(
@@ -255,7 +102,6 @@ def recipe_table(rows: list[dict]) -> str:
 def recipe_statement(rows: list[dict]) -> str:
     """Which recipe came out best, and whether the comparison is at equal
     training tokens (a time budget can stop runs at different steps)."""
-
     trained = [r for r in rows if not r["recipe"].startswith("none")]
     if not trained:
         return ""
@@ -278,37 +124,6 @@ def recipe_statement(rows: list[dict]) -> str:
         + "**"
     )
     return f"Lowest validation perplexity: {verdict}. {same}"
-
-
-def plot(records: list[dict], path: Path) -> None:
-    plt = pyplot()
-    if plt is None:  # the plot extra is optional
-        return
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for model, color in zip(MODELS, ("C0", "C1", "C2")):  # one colour per model in both panels
-        pts = sorted((r["context"], r["bucket_ppl"]) for r in records if r["model"] == model)
-        if pts:
-            ax1.plot(*zip(*pts), marker="o", label=model, color=color)
-        dec = sorted(
-            (r["context"], r["decode_ms_per_token"])
-            for r in records
-            if r["model"] == model and r["decode_ms_per_token"] is not None
-        )
-        if dec and model != "swa":
-            ax2.plot(*zip(*dec), marker="o", label=f"{model} ms/token", color=color)
-    ax1.set(
-        xscale="log",
-        yscale="log",
-        xlabel="position bucket end (tokens)",
-        ylabel="perplexity in bucket",
-        title="Held-out plays, perplexity by position",
-    )
-    ax1.axvline(SHORT, color="grey", ls=":", lw=1)
-    ax2.set(xscale="log", xlabel="context (tokens)", ylabel="ms per decoded token", title="Decode latency")
-    for ax in (ax1, ax2):
-        ax.legend()
-        ax.grid(alpha=0.3)
-    save_figure(plt, fig, path)
 
 
 def sample_md(sample: dict) -> str:
@@ -337,7 +152,6 @@ def cells_wall_s(recipe_rows, cells, sample) -> float:
 def budget_md(a, argv, trained: dict | None, cells_s: float = 0.0, wall_s: float = 0.0) -> str:
     """What this run did against the full protocol (docs/evaluation.md §7):
     contexts not evaluated, training tokens and time, the load it ran under."""
-
     missing = [c for c in CONTEXTS if c not in a.contexts]
     parts = []
     if cells_s > wall_s:
@@ -347,9 +161,9 @@ def budget_md(a, argv, trained: dict | None, cells_s: float = 0.0, wall_s: float
         )
     if trained:
         parts.append(
-            f"Up-training (recipe {trained['recipe']}): {trained['train_tokens']:,} tokens in "
-            f"{trained['steps']} steps, {trained['train_wall_s']:,.0f} s of training wall time, load "
-            f"average {trained.get('load_start', float('nan')):.1f} at its start."
+            f"Up-training ({trained['recipe']}): {trained['train_tokens']:,} tokens in "
+            f"{trained['steps']} steps, {trained['train_wall_s']:,.0f} s of training wall time"
+            + (f", load average {trained['load_start']:.1f} at its start." if "load_start" in trained else ".")
         )
     if missing or a.threads < 2:
         parts.append(
@@ -367,12 +181,45 @@ def budget_md(a, argv, trained: dict | None, cells_s: float = 0.0, wall_s: float
     return " ".join(parts)
 
 
-def report(a, argv, started, recipe_rows, cells, sample, sinks=None) -> None:
+def stage_budget(a, stage: str) -> str:
+    """The budget a stage ran at, and whether it is below the protocol's
+    defaults (docs/evaluation.md §7.4)."""
+    if stage == "eval":
+        full = "all" if a.full_documents == 0 else a.full_documents
+        text = (
+            f"Budget: corpora {', '.join(a.corpora)}; {a.documents} document(s) each, {full} read to "
+            f"{a.max_context:,} tokens by the window models and {a.original_full_documents} by the original, "
+            "the others to 8,192."
+        )
+        reduced = a.documents < DOCUMENTS or (0 < a.full_documents < FULL_DOCUMENTS)
+    elif stage == "tasks":
+        n = "every" if a.task_examples == 0 else f"{a.task_examples:,}"
+        text = (
+            f"Budget: {n} examples per task (all when a task has fewer; MMLU: over its 57 subjects), drawn "
+            "with a fixed seed, the same examples for every model."
+        )
+        reduced = 0 < a.task_examples < TASK_EXAMPLES
+    else:
+        text = (
+            f"Budget: contexts {', '.join(f'{c:,}' for c in a.needle_contexts)}; depths "
+            f"{', '.join(f'{100 * d:.0f}%' for d in a.needle_depths)}; {a.needle_trials} trial(s) per cell."
+        )
+        reduced = (
+            set(NEEDLE_CONTEXTS) - set(a.needle_contexts)
+            or set(NEEDLE_DEPTHS) - set(a.needle_depths)
+            or a.needle_trials < NEEDLE_TRIALS
+        )
+    return text + (" **Below the protocol's default budget.**" if reduced else "")
+
+
+def report(a, argv, started, recipe_rows, cells, sample, sinks=None, tasks=None, needle=None, subject=None) -> None:
     out = Path(a.out)
     trained = next((r for r in recipe_rows or [] if r["recipe"] == DEFAULT_RECIPE), None)
+    trained = training_of(subject) or trained
     run = provenance("convert", argv, started, threads=a.threads)
     run["cells_wall_s"] = round(cells_wall_s(recipe_rows, [*(cells or []), *(sinks or [])], sample), 1)
     run["budget"] = budget = budget_md(a, argv, trained, run["cells_wall_s"], run["wall_s"])
+    head = budget + "\n\n" if budget else ""
     if recipe_rows:
         write_results(
             out / "convert-recipes",
@@ -389,19 +236,66 @@ def report(a, argv, started, recipe_rows, cells, sample, sinks=None) -> None:
             records = [
                 {**r, "train_tokens": trained["train_tokens"], "train_wall_s": trained["train_wall_s"]} for r in records
             ]
-        md = (budget + "\n\n" if budget else "") + eval_tables(records, contexts)
+        corpora = list(dict.fromkeys(r["corpus"] for r in records))
+        md = head + stage_budget(a, "eval") + "\n\n"
+        md += "\n\n".join(corpus_tables(records, c, contexts) for c in corpora)
+        md += "\n\n" + decode_table(records, contexts)
         if sinks:
             extra = sink_records(sinks, contexts)
             md += "\n\n" + sink_table(records, extra, contexts)
             records = records + extra
         md += "\n\n" + sample_md(sample) if sample else ""
-        md += "\n\n![perplexity and decode latency](convert.png)\n"
-        write_results(out / "convert", "convert", records, md, run)
         plot(records, out / "convert" / "convert.png")
-        if a.readme:  # the same text, its plot link made relative to the README
-            update_readme(
-                Path(a.readme),
-                "convert",
-                readme_body((out / "convert" / "results.md").read_text(), out / "convert", Path(a.readme)),
-                kind="results",
-            )
+        _write(a, out / "convert", "convert", records, md, run, ["convert.png"])
+    if tasks:
+        md = head + stage_budget(a, "tasks") + "\n\n" + task_table(tasks, _sinks_in(tasks))
+        pngs = ["tasks.png"] if plot_tasks(tasks, out / "convert-tasks" / "tasks.png", _sinks_in(tasks)) else []
+        _write(a, out / "convert-tasks", "convert-tasks", task_records(tasks), md, run, pngs)
+    if needle:
+        records = needle_records(needle)
+        md = head + stage_budget(a, "needle") + " " + needle_format() + "\n\n"
+        md += needle_tables(records, _sinks_in(needle))
+        pngs = plot_heatmaps(records, out / "convert-needle", _sinks_in(needle))
+        _write(a, out / "convert-needle", "convert-needle", records, md, run, pngs)
+
+
+def _sinks_in(cells) -> int | None:
+    return next((c["sinks"] for c in cells if "sinks" in c), None)
+
+
+def _write(a, folder: Path, name: str, records, md: str, run: dict, images: list[str]) -> None:
+    """results.json/md/run.json, and the README section `results:NAME` when
+    --readme is given and has its markers (the same text, links made relative)."""
+    write_results(folder, name, records, md, run, images=images)
+    if a.readme:
+        text = Path(a.readme).read_text()
+        if f"<!-- results:{name}:start -->" not in text:
+            print(f"note: {a.readme} has no results:{name} markers; section not written", file=sys.stderr)
+            return
+        body = readme_body((folder / "results.md").read_text(), folder, Path(a.readme))
+        update_readme(Path(a.readme), name, body, kind="results")
+
+
+def needle_format() -> str:
+    return (
+        f"Format: the needle `{NEEDLE.strip()}` (a random 5-digit key) inserted after the sentence end nearest "
+        f"below the depth in a haystack of held-out essays, the question `{QUESTION.strip()}` at the end, "
+        f"{ANSWER_TOKENS} tokens decoded greedily; found = the first number in the answer is the key."
+    )
+
+
+def training_of(subject) -> dict | None:
+    """What the evaluated converted model cost to up-train, from its run's
+    summary.json (None for a model folder)."""
+    if subject is None or subject.run is None:
+        return None
+    path = Path(subject.source) / "summary.json"
+    if not path.is_file():
+        return None
+    s = json.loads(path.read_text())
+    return {
+        "recipe": str(subject.source),
+        "train_tokens": s["tokens_seen"],
+        "steps": s["step"],
+        "train_wall_s": round(s["wall_time_s"], 1),
+    }

@@ -11,7 +11,9 @@ from pathlib import Path
 import torch
 
 from latte.data import TokenWindows
+from latte.data.heldout import eval_essays, eval_plays
 from latte.eval.long_context import converted_nll, original_decode, original_nll, original_window_nll
+from latte.eval.needle import haystack_text
 from latte.train.lm import pack_split, split_corpus
 from latte.train.runs import open_run
 from latte.train.validation import nll_sums, subset, summarize
@@ -28,6 +30,14 @@ RECIPES = {  # name -> latte convert overrides of the shipped config, each one s
 # the best of the recipe comparison (results/convert-recipes)
 DEFAULT_RECIPE = "end_to_end+lora8"
 CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
+# budgets of the evaluation stages, sized from measured costs to fit about
+# four hours on 2 threads for the four models (docs/evaluation.md §7.4)
+DOCUMENTS = 2  # per corpus
+FULL_DOCUMENTS = 1  # read to 32K by every model; the others to 8K
+TASK_EXAMPLES = 100
+NEEDLE_CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
+NEEDLE_DEPTHS = (0.0, 0.5, 1.0)
+NEEDLE_TRIALS = 1
 
 SHORT = 8192  # the original reads its other documents this far (its training context)
 
@@ -91,7 +101,6 @@ def _baseline_ppl(run: Path, *, original: bool) -> dict:
     """Validation perplexity (the trainer's windows) of the converted model
     before up-training (as_sliding_window: beta = -30, no LoRA) or of
     the original."""
-
     trained = open_run(run)
     model = trained.model.model  # Distiller -> the converted model
     t0 = time.perf_counter()
@@ -121,67 +130,77 @@ def _val_windows(trained):
 # --------------------------------------------------------------------------- long-context evaluation
 
 DECODE_STEPS = 9  # timed decode steps after each context (the first is a warm-up)
+CORPORA = ("plays", "essays")
 
 
-def held_out_documents(trained, n: int, max_context: int) -> list[tuple[str, torch.Tensor]]:
-    """The n longest held-out documents, tokenized, cut at max_context + 1
-    tokens plus the few that decode timing feeds after the last context."""
+def held_out_documents(a, subject, corpus: str, n: int, max_context: int) -> list[tuple[str, torch.Tensor]]:
+    """n held-out documents of a corpus, tokenized, cut at max_context + 1
+    tokens plus the few that decode timing feeds after the last context.
+    plays: the longest held-out plays (latte.data.heldout.eval_plays; with
+    --quick the stand-in run's own validation documents). essays: the
+    held-out essays joined in n seeded orders (the needle's haystacks),
+    the longest document they make."""
+    if corpus == "plays":
+        if a.quick:
+            docs = split_corpus(subject.run.config)[1]
+        else:
+            docs = eval_plays()
+        texts = [(d.name, d.text) for d in sorted(docs, key=lambda d: -len(d.text))[:n]]
+    elif corpus == "essays":
+        essays = eval_essays()
+        texts = [(f"essays-order-{i}", haystack_text(essays, seed=i)) for i in range(n)]
+    else:
+        raise ValueError(f"--corpora: unknown corpus {corpus!r}; expected some of {CORPORA}")
+    limit = max_context + 1 + DECODE_STEPS
+    return [(name, torch.tensor(subject.tokenizer.encode(text)[:limit])) for name, text in texts]
 
-    _, val_docs = split_corpus(trained.config)
-    docs = sorted(val_docs, key=lambda d: -len(d.text))[:n]
-    out = []
-    for d in docs:
-        ids = torch.tensor(trained.tokenizer.encode(d.text)[: max_context + 1 + DECODE_STEPS])
-        out.append((d.name, ids))
-    return out
 
-
-def eval_stage(a) -> list[dict]:
-    trained = _open(run_dir(a, DEFAULT_RECIPE))
-    docs = held_out_documents(trained, a.documents, a.max_context)
-    contexts = a.contexts
-    # the cell names how far it reads, so a sweep to a longer context does
-    # not reuse a shorter one's per-token losses
-    cells = [
-        {
-            "model": m,
-            "document": name,
-            "max_context": a.max_context,
-            **({"recipe": DEFAULT_RECIPE} if m == "converted" else {}),
-        }  # swa and original: any recipe's run
-        for m in ("converted", "swa", "original")
-        for name, _ in docs
-    ]
-    cells += [{"model": "original-decode", "document": f"context-{c}"} for c in contexts]
-    rank = {name: i for i, (name, _) in enumerate(docs)}
-    by_name = dict(docs)
+def eval_stage(a, subject, sinks: int) -> list[dict]:
+    """Per-token loss of every model over every held-out document, and the
+    original's decode timing (docs/conversion.md §6)."""
+    contexts, cells, docs = a.contexts, [], {}
+    for corpus in a.corpora:
+        for i, (name, ids) in enumerate(held_out_documents(a, subject, corpus, a.documents, a.max_context)):
+            docs[(corpus, name)] = ids
+            # the cell names how far it reads, so a sweep to a longer context
+            # does not reuse a shorter one's per-token losses
+            for m in reversed(a.models):
+                full = (
+                    i < a.original_full_documents
+                    if m == "original"
+                    else a.full_documents in (0, None) or i < a.full_documents
+                )
+                reads = a.max_context if full else min(SHORT, a.max_context)
+                cell = {"model": m, "corpus": corpus, "document": name, "max_context": reads}
+                cell.update({"sinks": sinks} if m == "window+sinks" else {})
+                cell.update({"source": str(subject.source)} if m == "converted" else {})
+                cells.append(cell)
+    if "original" in a.models:
+        cells += [{"model": "original-decode", "document": f"context-{c}"} for c in contexts]
     sweep = Sweep(Path(a.runs) / "cells-eval", cells)
-    sweep.run(lambda cell: _eval_cell(cell, trained, by_name, rank, contexts, a), desc="eval")
+    sweep.run(lambda cell: _eval_cell(cell, subject.model, docs, contexts), desc="eval")
     return sweep.records()
 
 
-def _open(run: Path):
-    return open_run(run)
-
-
-def _eval_cell(cell, trained, docs, rank, contexts, a) -> dict:
-    model = trained.model.model
-    load0 = os.getloadavg()[0]
+def _eval_cell(cell, model, docs, contexts) -> dict:
+    load0, c0 = os.getloadavg()[0], time.process_time()
     if cell["model"] == "original-decode":
         c = int(cell["document"].removeprefix("context-"))
         return {**original_decode(model, c), "context": c, "load": round(load0, 2)}
-    ids = docs[cell["document"]]
+    ids = docs[(cell["corpus"], cell["document"])]
     if cell["model"] == "original":
-        limit = a.max_context if rank[cell["document"]] < a.original_full_documents else min(SHORT, a.max_context)
-        res = original_nll(model, ids[: limit + 1])
-    elif cell["model"] == "swa":
-        with model.as_sliding_window(num_sinks=0):  # the window alone (the sinks stage adds them)
+        res = original_nll(model, ids[: cell["max_context"] + 1])
+    else:  # (the few extra tokens feed the decode timing after the last context)
+        ids = ids[: cell["max_context"] + 1 + DECODE_STEPS]
+        if cell["model"] == "converted":
             res = converted_nll(model, ids, contexts=contexts, decode_steps=DECODE_STEPS)
-    else:
-        res = converted_nll(model, ids, contexts=contexts, decode_steps=DECODE_STEPS)
+        else:  # the window alone, or with the first `sinks` tokens: training-free
+            with model.as_sliding_window(num_sinks=cell.get("sinks", 0)):
+                res = converted_nll(model, ids, contexts=contexts, decode_steps=DECODE_STEPS)
     record = {
         "tokens": int(res.nll.shape[0]),
         "wall_s": round(res.wall_s, 1),
+        "cpu_s": round(time.process_time() - c0, 1),
         "load": round(load0, 2),
         "nll": ",".join(f"{x:.5f}" for x in res.nll.tolist()),
     }
@@ -200,12 +219,10 @@ def nll_of(record: dict) -> torch.Tensor:
 SINKS = (0, 1, 4)  # first tokens kept visible next to the window
 
 
-def sinks_stage(a) -> list[dict]:
-    """Per held-out document and number of sinks: the original's per-token
-    loss under the window mask (docs/conversion.md §6)."""
-
-    trained = _open(run_dir(a, DEFAULT_RECIPE))
-    docs = dict(held_out_documents(trained, a.documents, a.sink_context))
+def sinks_stage(a, subject) -> list[dict]:
+    """Per held-out play and number of sinks: the original's per-token loss
+    under the window mask (docs/conversion.md §6)."""
+    docs = dict(held_out_documents(a, subject, "plays", a.documents, a.sink_context))
     cells = [
         {"model": "swa-mask", "sinks": k, "document": name, "max_context": a.sink_context}
         for k in SINKS
@@ -213,7 +230,7 @@ def sinks_stage(a) -> list[dict]:
     ]
 
     def cell_fn(cell):
-        model, load0 = trained.model.model, os.getloadavg()[0]
+        model, load0 = subject.model, os.getloadavg()[0]
         window = model.converted[0].window_size
         res = original_window_nll(
             model, docs[cell["document"]][: a.sink_context + 1], window=window, sinks=cell["sinks"]
@@ -234,21 +251,20 @@ def sinks_stage(a) -> list[dict]:
 # --------------------------------------------------------------------------- sample
 
 
-def sample_stage(a) -> dict:
-    cells = [{"sample": "long-context", "context": a.sample_context, "recipe": DEFAULT_RECIPE}]
-    return Sweep(Path(a.runs) / "cells-sample", cells).run(lambda c: _sample_cell(c, a), desc="sample")[0]
+def sample_stage(a, subject) -> dict:
+    cells = [{"sample": "long-context", "context": a.sample_context, "source": str(subject.source)}]
+    return Sweep(Path(a.runs) / "cells-sample", cells).run(lambda c: _sample_cell(c, a, subject), desc="sample")[0]
 
 
 @torch.no_grad()
-def _sample_cell(cell, a) -> dict:
-    trained = _open(run_dir(a, DEFAULT_RECIPE))
-    name, ids = held_out_documents(trained, 1, cell["context"] + 64)[0]
+def _sample_cell(cell, a, subject) -> dict:
+    name, ids = held_out_documents(a, subject, "plays", 1, cell["context"] + 64)[0]
     prompt = ids[: cell["context"]]
-    model = trained.model.model
+    model = subject.model
     t0 = time.perf_counter()
     g = torch.Generator().manual_seed(0)
     new = [int(t[0]) for t in model.stream(prompt[None], 60, temperature=0.7, top_k=50, generator=g)]
-    tok = trained.tokenizer
+    tok = subject.tokenizer
     return {
         "document": name,
         "prompt_tokens": int(prompt.shape[0]),

@@ -35,7 +35,7 @@ def test_offline_tasks_are_added_only_when_lm_eval_reads_tasks(tmp_path):
 def _converted_folder(tmp_path):
     from latte.data import load_documents, train_bpe
     from latte.models.convert import ConversionConfig, convert
-    from latte.models.export import transformers_tokenizer
+    from latte.models.pretrained import transformers_tokenizer
 
     tok = train_bpe((d.text for d in load_documents("pydoc")[:30]), vocab_size=300)
     torch.manual_seed(0)

@@ -79,7 +79,7 @@ def _tiny():
     import transformers as tf
 
     from latte.data import load_documents, train_bpe
-    from latte.models.export import transformers_tokenizer
+    from latte.models.pretrained import transformers_tokenizer
 
     tok = train_bpe((d.text for d in load_documents("pydoc")[:40]), vocab_size=300)
     torch.manual_seed(0)

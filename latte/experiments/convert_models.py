@@ -1,0 +1,108 @@
+"""The four models every evaluation stage of `latte experiment convert`
+compares, all from one converted model (docs/evaluation.md §7):
+
+  original      the pretrained model (`as_original()`: full attention)
+  window        the window alone (`as_sliding_window(num_sinks=0)`: beta at
+                -30, LoRA off), i.e. the converted model before up-training
+  window+sinks  the window plus the first k tokens (`as_sliding_window(
+                num_sinks=k)`: training-free, StreamingLLM's baseline)
+  converted     the up-trained model as it is
+
+and the held-out documents they read (latte.data.heldout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from latte.data import load_tokenizer
+from latte.models.pretrained import transformers_tokenizer
+from latte.train.runs import open_run
+
+MODELS = ("original", "window", "window+sinks", "converted")
+DEFAULT_SINKS = 4  # window+sinks when the converted model has none of its own
+
+
+@dataclass
+class Subject:
+    """The converted model under evaluation and what reads text for it."""
+
+    model: object  # ConvertedForCausalLM
+    tokenizer: object  # latte.data.Tokenizer
+    source: Path  # the run or model folder it came from
+    run: object | None = None  # latte.train.runs.TrainedRun when opened from a run folder
+    hf_tokenizer_dir: Path | None = None  # transformers tokenizer files, if any
+
+    def hf_tokenizer(self):
+        """The tokenizer lm-eval reads with: the base model's own transformers
+        files when the run wrote them, else one built from the latte tokenizer."""
+        if self.hf_tokenizer_dir is not None:
+            from transformers import AutoTokenizer  # optional dependency (extra "hf")
+
+            return AutoTokenizer.from_pretrained(str(self.hf_tokenizer_dir))
+        return transformers_tokenizer(self.tokenizer)
+
+
+def open_subject(path: str | Path) -> Subject:
+    """A `latte convert` run folder (its newest checkpoint) or a converted
+    model folder (config.json of model_type latte_converted + tokenizer)."""
+    p = Path(path)
+    config = p / "config.json"
+    if config.is_file() and json.loads(config.read_text()).get("model_type") == "latte_converted":
+        from latte.models.convert import load_converted  # optional dependency: transformers (extra "hf")
+
+        if not (p / "tokenizer.json").is_file():
+            raise ValueError(f"--converted {p}: a converted model folder needs its tokenizer.json beside config.json")
+        hf = p if (p / "tokenizer_config.json").is_file() else None
+        return Subject(load_converted(p), load_tokenizer(p / "tokenizer.json"), p, None, hf)
+    if not p.exists():
+        raise ValueError(f"--converted {p}: no such folder (expected a latte convert run or its model/ folder)")
+    from latte.train.convert import HF_TOKENIZER_DIR  # optional dependency: transformers (extra "hf")
+
+    trained = open_run(p)
+    if trained.config.task != "convert":
+        raise ValueError(f"--converted {p}: a run of task {trained.config.task!r}, expected 'convert'")
+    hf = p / HF_TOKENIZER_DIR
+    return Subject(trained.model.model, trained.tokenizer, p, trained, hf if hf.is_dir() else None)
+
+
+def sinks_of(subject: Subject, requested: int | None) -> int:
+    """k of the window+sinks model: as asked, else the converted model's own
+    num_sinks, else DEFAULT_SINKS."""
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--sinks {requested}: expected an integer >= 1")
+        return requested
+    own = getattr(subject.model.conversion, "num_sinks", 0)
+    return own or DEFAULT_SINKS
+
+
+@contextlib.contextmanager
+def as_model(subject: Subject, name: str, sinks: int):
+    """The model `name` (MODELS) as a causal LM: the pretrained one inside
+    as_original(), the others a ConvertedForCausalLM in the right mode."""
+    model = subject.model
+    if name == "original":
+        with model.as_original() as base:
+            yield base
+    elif name == "window":
+        with model.as_sliding_window(num_sinks=0) as m:
+            yield m
+    elif name == "window+sinks":
+        with model.as_sliding_window(num_sinks=sinks) as m:
+            yield m
+    elif name == "converted":
+        yield model
+    else:
+        raise ValueError(f"model {name!r}: expected one of {MODELS}")
+
+
+def check_models(text: str) -> list[str]:
+    names = [m for m in text.split(",") if m]
+    bad = [m for m in names if m not in MODELS]
+    if bad or not names:
+        raise ValueError(f"--models {text!r}: expected a comma-separated subset of {','.join(MODELS)}")
+    return [m for m in MODELS if m in names]
