@@ -263,13 +263,41 @@ def _sinks_in(cells) -> int | None:
     return next((c["sinks"] for c in cells if "sinks" in c), None)
 
 
+# sections the first run adds to a --readme that lacks them (results/README.md
+# can only hold a section once its results files exist: tools/readme_tables.py)
+NEW_SECTIONS = {
+    "convert-tasks": "Zero-shot tasks after conversion: original, window, window + sinks, converted",
+    "convert-needle": "Needle retrieval after conversion: original, window, window + sinks, converted",
+}
+
+
+def _add_section(readme: Path, name: str) -> bool:
+    """Adds the empty section `results:NAME` under its heading after the
+    convert sections already there (or at the end); False when NAME has no
+    heading to add."""
+    text = readme.read_text()
+    if name not in NEW_SECTIONS:
+        return False
+    block = f"\n### {NEW_SECTIONS[name]}\n\n<!-- results:{name}:start -->\n<!-- results:{name}:end -->\n"
+    order = ["convert", *NEW_SECTIONS]
+    for prev in reversed(order[: order.index(name)]):
+        end = f"<!-- results:{prev}:end -->\n"
+        if end in text:
+            head, tail = text.split(end, 1)
+            readme.write_text(head + end + block + tail)
+            return True
+    readme.write_text(text.rstrip("\n") + "\n" + block)
+    return True
+
+
 def _write(a, folder: Path, name: str, records, md: str, run: dict, images: list[str]) -> None:
     """results.json/md/run.json, and the README section `results:NAME` when
-    --readme is given and has its markers (the same text, links made relative)."""
+    --readme is given (the same text, links made relative); the tasks and
+    needle sections are added when missing."""
     write_results(folder, name, records, md, run, images=images)
     if a.readme:
         text = Path(a.readme).read_text()
-        if f"<!-- results:{name}:start -->" not in text:
+        if f"<!-- results:{name}:start -->" not in text and not _add_section(Path(a.readme), name):
             print(f"note: {a.readme} has no results:{name} markers; section not written", file=sys.stderr)
             return
         body = readme_body((folder / "results.md").read_text(), folder, Path(a.readme))

@@ -21,8 +21,8 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys, monkeypat
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     readme = tmp_path / "README.md"
-    names = ("convert", "convert-recipes", "convert-tasks", "convert-needle")
-    readme.write_text("x\n" + "".join(f"<!-- results:{n}:start -->\n<!-- results:{n}:end -->\n" for n in names))
+    names = ("convert-recipes", "convert")  # the tasks and needle sections are added by the first run
+    readme.write_text("x\n" + "".join(f"<!-- results:{n}:start -->\n<!-- results:{n}:end -->\n" for n in names) + "y\n")
     stages = ["recipes", "eval", "sinks", "sample"]
     stages += ["tasks"] if HAS_TASK_DATA else []
     stages += ["needle"] if HAS_ESSAYS else []
@@ -89,10 +89,15 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys, monkeypat
         assert len(needle) == 4 * 2 * 3 and all(r["trials"] == 1 and r["found"] in (0, 1) for r in needle)
         assert (tmp_path / "out" / "convert-needle" / "needle-window-sinks.png").is_file()
         assert "Pass keys found" in text and "Needle target" in text
+    added = [n for n, ok in (("convert-tasks", HAS_TASK_DATA), ("convert-needle", HAS_ESSAYS)) if ok]
+    starts = [text.index(f"<!-- results:{n}:start -->") for n in ["convert", *added]]
+    assert starts == sorted(starts) and text.rstrip().endswith("y")  # after the convert section, in order
     capsys.readouterr()
     assert main(args) == 0  # everything done: nothing recomputed
     assert "already done" in capsys.readouterr().err
-    assert "Past 8K tokens: not measured here" in readme.read_text()
+    text = readme.read_text()
+    assert "Past 8K tokens: not measured here" in text
+    assert all(text.count(f"<!-- results:{n}:start -->") == 1 for n in added)  # added once
     run = json.loads((tmp_path / "out" / "convert" / "run.json").read_text())
     assert "reused finished cells" in run["budget"] and run["cells_wall_s"] > run["wall_s"]
     # a document's cell names how far it was read: a longer --contexts reads it again
