@@ -11,6 +11,7 @@ from pathlib import Path
 
 from latte.eval.long_context import perplexities
 from latte.eval.needle import ANSWER_TOKENS, NEEDLE, QUESTION
+from latte.train.manifest import TRAINER
 
 from ..reporting import update_readme
 from .convert_needle import needle_records, needle_tables, plot_heatmaps
@@ -23,6 +24,7 @@ from .convert_stages import (
     NEEDLE_CONTEXTS,
     NEEDLE_DEPTHS,
     NEEDLE_TRIALS,
+    SHORT,
     TASK_EXAMPLES,
     nll_of,
 )
@@ -141,6 +143,13 @@ def sample_md(sample: dict) -> str:
 FULL_COMMAND = "latte experiment convert --readme results/README.md"
 
 
+def full_command(a) -> str:
+    """The protocol's command for what this invocation evaluated."""
+    if a.converted is None:
+        return FULL_COMMAND
+    return f"latte experiment convert --stages eval,tasks,needle --converted {a.converted} --readme results/README.md"
+
+
 def cells_wall_s(recipe_rows, cells, sample) -> float:
     """Seconds the sweep cells themselves took (training, baselines,
     evaluation, sample), whichever invocation computed them."""
@@ -161,8 +170,8 @@ def budget_md(a, argv, trained: dict | None, cells_s: float = 0.0, wall_s: float
         )
     if trained:
         parts.append(
-            f"Up-training ({trained['recipe']}): {trained['train_tokens']:,} tokens in "
-            f"{trained['steps']} steps, {trained['train_wall_s']:,.0f} s of training wall time"
+            f"Up-training ({trained['recipe']}): {trained['train_tokens']:,} tokens in {trained['steps']} steps"
+            + ("" if trained["train_wall_s"] is None else f", {trained['train_wall_s']:,.0f} s of training wall time")
             + (f", load average {trained['load_start']:.1f} at its start." if "load_start" in trained else ".")
         )
     if missing or a.threads < 2:
@@ -176,7 +185,7 @@ def budget_md(a, argv, trained: dict | None, cells_s: float = 0.0, wall_s: float
                 if missing
                 else ""
             )
-            + f"the full protocol is `{FULL_COMMAND}`."
+            + f"the full protocol is `{full_command(a)}`."
         )
     return " ".join(parts)
 
@@ -188,8 +197,8 @@ def stage_budget(a, stage: str) -> str:
         full = "all" if a.full_documents == 0 else a.full_documents
         text = (
             f"Budget: corpora {', '.join(a.corpora)}; {a.documents} document(s) each, {full} read to "
-            f"{a.max_context:,} tokens by the window models and {a.original_full_documents} by the original, "
-            "the others to 8,192."
+            f"{a.max_context:,} tokens by the window models and {a.original_full_documents} by the original"
+            + (f", the others to {min(SHORT, a.max_context):,}." if a.max_context > SHORT else ".")
         )
         reduced = a.documents < DOCUMENTS or (0 < a.full_documents < FULL_DOCUMENTS)
     elif stage == "tasks":
@@ -217,7 +226,8 @@ def report(a, argv, started, recipe_rows, cells, sample, sinks=None, tasks=None,
     trained = next((r for r in recipe_rows or [] if r["recipe"] == DEFAULT_RECIPE), None)
     trained = training_of(subject) or trained
     run = provenance("convert", argv, started, threads=a.threads)
-    run["cells_wall_s"] = round(cells_wall_s(recipe_rows, [*(cells or []), *(sinks or [])], sample), 1)
+    every = [*(cells or []), *(sinks or []), *(tasks or []), *(needle or [])]
+    run["cells_wall_s"] = round(cells_wall_s(recipe_rows, every, sample), 1)
     run["budget"] = budget = budget_md(a, argv, trained, run["cells_wall_s"], run["wall_s"])
     head = budget + "\n\n" if budget else ""
     if recipe_rows:
@@ -313,17 +323,23 @@ def needle_format() -> str:
 
 
 def training_of(subject) -> dict | None:
-    """What the evaluated converted model cost to up-train, from its run's
-    summary.json (None for a model folder)."""
+    """What the evaluated checkpoint cost to up-train: tokens and step from
+    its trainer_state.json, the wall time from the run's summary.json when
+    the run finished at that step (a run still training has none). None
+    for a model folder."""
     if subject is None or subject.run is None:
         return None
-    path = Path(subject.source) / "summary.json"
-    if not path.is_file():
+    state_file = Path(subject.run.checkpoint) / TRAINER
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    summary_file = Path(subject.source) / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    finished = summary.get("step") == subject.run.step
+    tokens = state.get("tokens_seen", summary.get("tokens_seen") if finished else None)
+    if tokens is None:
         return None
-    s = json.loads(path.read_text())
     return {
-        "recipe": str(subject.source),
-        "train_tokens": s["tokens_seen"],
-        "steps": s["step"],
-        "train_wall_s": round(s["wall_time_s"], 1),
+        "recipe": f"{subject.source}, checkpoint {Path(subject.run.checkpoint).name}",
+        "train_tokens": tokens,
+        "steps": subject.run.step,
+        "train_wall_s": round(summary["wall_time_s"], 1) if finished else None,
     }

@@ -153,3 +153,25 @@ def test_recipe_statement_names_the_best_and_flags_unequal_budgets():
     assert f"kl_only is best here (65.00), not the default {D} (70.00)" in text
     assert "different numbers of training tokens" in text
     assert recipe_statement(base) == ""
+
+
+def test_training_of_reads_the_evaluated_checkpoint_of_a_run_still_training(tmp_path):
+    """A run still training has no summary.json: tokens and step come from
+    the evaluated checkpoint, the wall time is unknown; once the run has
+    finished at that step, its summary gives the wall time."""
+    from types import SimpleNamespace
+
+    from latte.experiments.convert_report import training_of
+
+    step = tmp_path / "step-00000020"
+    step.mkdir()
+    (step / "trainer_state.json").write_text(json.dumps({"step": 20, "tokens_seen": 40960}))
+    subject = SimpleNamespace(source=tmp_path, run=SimpleNamespace(checkpoint=step, step=20))
+    t = training_of(subject)
+    assert (t["train_tokens"], t["steps"], t["train_wall_s"]) == (40960, 20, None)
+    assert t["recipe"].endswith("checkpoint step-00000020")
+    (tmp_path / "summary.json").write_text(json.dumps({"step": 500, "tokens_seen": 1024000, "wall_time_s": 9.0}))
+    assert training_of(subject)["train_wall_s"] is None  # the summary is of a later step
+    (tmp_path / "summary.json").write_text(json.dumps({"step": 20, "tokens_seen": 40960, "wall_time_s": 9.04}))
+    assert training_of(subject)["train_wall_s"] == 9.0
+    assert training_of(SimpleNamespace(source=tmp_path, run=None)) is None  # a model folder
