@@ -36,6 +36,15 @@ class Subject:
     run: object | None = None  # latte.train.runs.TrainedRun when opened from a run folder
     hf_tokenizer_dir: Path | None = None  # transformers tokenizer files, if any
 
+    @property
+    def identity(self) -> str:
+        """What names the converted model's weights in sweep cells: the
+        model folder, or the run folder and the checkpoint opened (a run
+        still training gains newer ones; their cells are not reused)."""
+        if self.run is None:
+            return str(self.source)
+        return f"{self.source}/{Path(self.run.checkpoint).name}"
+
     def hf_tokenizer(self):
         """The tokenizer lm-eval reads with: the base model's own transformers
         files when the run wrote them, else one built from the latte tokenizer."""

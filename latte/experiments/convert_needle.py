@@ -44,7 +44,7 @@ def needle_stage(a, subject, sinks: int) -> list[dict]:
         for m in a.models
         for c, d, i in order
     ]
-    cells = [{**c, "source": str(subject.source)} if c["model"] == "converted" else c for c in cells]
+    cells = [{**c, "source": subject.identity} if c["model"] == "converted" else c for c in cells]
     feeder: dict[tuple, PrefixFeeder] = {}
 
     def cell_fn(cell):

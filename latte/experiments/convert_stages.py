@@ -173,7 +173,7 @@ def eval_stage(a, subject, sinks: int) -> list[dict]:
                 reads = a.max_context if full else min(SHORT, a.max_context)
                 cell = {"model": m, "corpus": corpus, "document": name, "max_context": reads}
                 cell.update({"sinks": sinks} if m == "window+sinks" else {})
-                cell.update({"source": str(subject.source)} if m == "converted" else {})
+                cell.update({"source": subject.identity} if m == "converted" else {})
                 cells.append(cell)
     if "original" in a.models:
         cells += [{"model": "original-decode", "document": f"context-{c}"} for c in contexts]
@@ -252,7 +252,7 @@ def sinks_stage(a, subject) -> list[dict]:
 
 
 def sample_stage(a, subject) -> dict:
-    cells = [{"sample": "long-context", "context": a.sample_context, "source": str(subject.source)}]
+    cells = [{"sample": "long-context", "context": a.sample_context, "source": subject.identity}]
     return Sweep(Path(a.runs) / "cells-sample", cells).run(lambda c: _sample_cell(c, a, subject), desc="sample")[0]
 
 

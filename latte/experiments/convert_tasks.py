@@ -91,7 +91,7 @@ def tasks_stage(a, subject, sinks: int) -> list[dict]:
         for t in a.tasks
         for m in a.models
     ]
-    cells = [{**c, "source": str(subject.source)} if c["model"] == "converted" else c for c in cells]
+    cells = [{**c, "source": subject.identity} if c["model"] == "converted" else c for c in cells]
     built = {}  # task -> (samples, lm-eval Task objects): built once, scored for every model
 
     def cell_fn(cell):

@@ -106,6 +106,8 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys, monkeypat
     ]
     corpora = 2 if HAS_ESSAYS else 1
     assert len(doc_cells) == 4 * 2 * corpora and all("max_context=128" in n for n in doc_cells)
+    # the converted model's cells name the checkpoint: a run's newer one is evaluated anew
+    assert all("step-00000002" in n for n in doc_cells if "model=converted" in n)
 
 
 def test_past_8k_compares_on_the_documents_the_original_read_that_far():
