@@ -207,8 +207,10 @@ def test_gradients_with_state_and_mask_for_spread_logits(scale):
 def test_log_normalisers_exact_for_any_growth():
     """z from the running-max recurrence against float64 logcumsumexp, in
     float32, where z jumps by ~90 inside a chunk, a chunk starts far below its
-    own max from an empty state, and masked tokens follow a finite state."""
+    own max from an empty state, and masked tokens follow a finite state.
+    The kernel works in base 2: logits in, normalisers out, times log2(e)."""
     from latte.ops._checks import NEG
+    from latte.ops._exp import LOG2E
     from latte.ops.intra_chunk import log_normalisers
 
     G, T, L, C = 6, 96, 4, 16
@@ -219,14 +221,14 @@ def test_log_normalisers_exact_for_any_growth():
     b[1, :10] = NEG
     z0 = torch.full((G, L), float("-inf"))
     z0[1] = 5.0
-    chunk_major = b.view(G, T // C, C, L).transpose(0, 1).contiguous()  # [N, G, C, L]
-    z = torch.empty_like(chunk_major)
-    r, z_last = log_normalisers(chunk_major, z0, 8, z)  # sub-chunks of 8
-    z_ref = torch.logaddexp(torch.logcumsumexp(b.double(), 1), z0.double().unsqueeze(1))  # [G, T, L]
+    sub_chunk_major = b.view(G, T // 8, 8, L).transpose(0, 1).contiguous()  # [M, G, 8, L]
+    z = torch.empty_like(sub_chunk_major)
+    r, z_last = log_normalisers(sub_chunk_major * LOG2E, z0 * LOG2E, C // 8, z)  # sub-chunks of 8
+    z_ref = torch.logaddexp(torch.logcumsumexp(b.double(), 1), z0.double().unsqueeze(1)) * LOG2E  # [G, T, L]
     assert torch.allclose(z.transpose(0, 1).reshape(G, T, L).double(), z_ref, rtol=1e-6, atol=1e-5)
     r_ref = torch.cat([z0.double()[:, None], z_ref[:, 7:-1:8]], 1)  # z before each sub-chunk: [G, T / 8, L]
-    r_time = r.permute(1, 0, 2, 3).reshape(G, T // 8, L)
-    assert torch.equal(r_time[:, 0], z0)
+    r_time = r.transpose(0, 1)
+    assert torch.equal(r_time[:, 0], z0 * LOG2E)
     assert torch.allclose(r_time[:, 1:].double(), r_ref[:, 1:], rtol=1e-6, atol=1e-5)
     assert torch.allclose(z_last.double(), z_ref[:, -1], rtol=1e-6, atol=1e-5)
 
