@@ -133,30 +133,39 @@ class RGLRU(nn.Module):
         alpha = torch.empty_like(self.lam).uniform_(self.min_rad**2, self.max_rad**2).sqrt()
         self.lam.copy_(torch.log(1.0 / alpha - 1.0))  # softplus(lam) = -log(alpha)
 
-    def _block(self, x: torch.Tensor, w: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        xb = x.unflatten(-1, (self.num_blocks, -1))  # [B, T, G, W]
-        return torch.einsum("btgi,gij->btgj", xb, w).flatten(-2) + c  # [B, T, F]
-
     def forward(
         self, x: torch.Tensor, h: torch.Tensor | None = None, mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, T, F], h [B, F] float32 or None (zeros), mask [B, T] bool.
-        Returns (y [B, T, F] in x's dtype, h after the last token [B, F] float32)."""
+        Returns (y [B, T, F] in x's dtype, h after the last token [B, F] float32).
+
+        Block-major inside ([G, B * T, W]): both gates come from one batched
+        matmul over the blocks, and the recurrence runs on [G * B, T, W]."""
+        B, T, Fw = x.shape
+        G = self.num_blocks
+        W = Fw // G
         work = state_dtype(x.dtype)
-        r = torch.sigmoid(self._block(x, self.w_r, self.c_r)).to(work)
-        i = torch.sigmoid(self._block(x, self.w_i, self.c_i)).to(work)
-        log_a = -self.c * r * F.softplus(self.lam.to(work))  # [B, T, F], <= 0
-        u = sqrt_bounded_grad(-torch.expm1(2 * log_a)) * (i * x.to(work))  # sqrt(1 - alpha^2) i x
+        xg = x.reshape(B * T, G, W).transpose(0, 1)  # [G, B * T, W] (a view)
+        weight = torch.cat([self.w_r, self.w_i], -1)  # [G, W, 2 W]: r's columns, then i's
+        bias = torch.cat([self.c_r.view(G, 1, W), self.c_i.view(G, 1, W)], -1)
+        gates = torch.sigmoid(torch.baddbmm(bias, xg, weight)).to(work)  # [G, B * T, 2 W]
+        r, i = gates[..., :W], gates[..., W:]
+        log_a = r * (-self.c * F.softplus(self.lam.to(work))).view(G, 1, W)  # <= 0
+        u = sqrt_bounded_grad(-torch.expm1(2 * log_a)) * (i * xg.to(work))  # sqrt(1 - alpha^2) i x
         if mask is not None:  # identity step at padding: h passes through unchanged
-            m = mask.unsqueeze(-1)
+            m = mask.reshape(1, B * T, 1)
             log_a = torch.where(m, log_a, torch.zeros_like(log_a))
             u = torch.where(m, u, torch.zeros_like(u))
-        h0 = x.new_zeros(x.shape[0], x.shape[-1], dtype=work) if h is None else h.to(work)
-        if x.shape[1] == 1:  # decoding step
-            h_new = torch.exp(log_a[:, 0]) * h0 + u[:, 0]
-            return h_new.unsqueeze(1).to(x.dtype), h_new
-        y, h_new = linear_recurrence(u, log_a, initial_state=h0, output_final_state=True)
-        return y.to(x.dtype), h_new
+        h0 = x.new_zeros(G * B, W, dtype=work) if h is None else h.to(work).view(B, G, W).transpose(0, 1).reshape(-1, W)
+        if T == 1:  # decoding step
+            hg = torch.exp(log_a.view(G * B, W)) * h0 + u.view(G * B, W)
+            y = hg
+        else:
+            y, hg = linear_recurrence(
+                u.reshape(G * B, T, W), log_a.reshape(G * B, T, W), initial_state=h0, output_final_state=True
+            )
+        y = y.reshape(G, B, T, W).permute(1, 2, 0, 3).reshape(B, T, Fw)
+        return y.to(x.dtype), hg.view(G, B, W).transpose(0, 1).reshape(B, Fw)
 
     def extra_repr(self) -> str:
         return f"num_blocks={self.num_blocks}, c={self.c}, alpha_init=[{self.min_rad}, {self.max_rad}]"
