@@ -89,10 +89,10 @@ def _prefix_from(b: torch.Tensor, r: torch.Tensor, z: torch.Tensor) -> None:
     [M, G, c, L], with r [M, G, L] the normaliser before each sub-chunk (the
     prefix log-sum-exp of _prefix_logsumexp2 with r as a first position)."""
     c = b.shape[2]
-    bs, ms = b.unbind(2), z.unbind(2)  # z holds the running max m_t first
-    torch.maximum(bs[0], r, out=ms[0])
+    ms = z.copy_(b).unbind(2)  # z holds the running max m_t first (in place: no strided out=, for torch.compile)
+    ms[0].clamp_(min=r)
     for t in range(1, c):
-        torch.maximum(bs[t], ms[t - 1], out=ms[t])
+        ms[t].clamp_(min=ms[t - 1])
     a = exp2_nonpositive_(b - z)  # 2^(b_t - m_t)
     first = exp2_nonpositive_(r - ms[0])  # 2^(r - m_0): the mass before the sub-chunk
     dec = exp2_nonpositive_(z[:, :, :-1] - z[:, :, 1:])  # 2^(m_{t-1} - m_t)

@@ -33,7 +33,12 @@ from ._exp import exp_floored
 def _scan(x: torch.Tensor, a: torch.Tensor, h0: torch.Tensor | None, chunk: int, reverse: bool = False):
     """h_t = a_t h_{t-1} + x_t along dim 1 (no autograd); reverse: h_t =
     a_t h_{t+1} + x_t from the end. x, a: [B, T, *F]. Returns (h, the state
-    after the last step: h_{T-1}, or h_0 when reverse)."""
+    after the last step: h_{T-1}, or h_0 when reverse).
+
+    Step-major inside ([C, 2, B, N, *F]): each step of the in-chunk loop is
+    one contiguous slab, with the decay broadcast over the outer [local,
+    decay] dim, so the loop runs long vectorised inner loops (with the step
+    as a middle dim, the inner loops were one feature row long)."""
     B, T = x.shape[:2]
     feat = x.shape[2:]
     C = max(1, min(chunk, T))
@@ -42,24 +47,24 @@ def _scan(x: torch.Tensor, a: torch.Tensor, h0: torch.Tensor | None, chunk: int,
     if pad:  # identity steps at the end: decay 1, input 0 (also right for the reverse scan)
         x = torch.cat([x, x.new_zeros((B, pad, *feat))], 1)
         a = torch.cat([a, a.new_ones((B, pad, *feat))], 1)
-    a = a.view(B, N, C, 1, *feat)
+    a = a.view(B, N, C, *feat).movedim(2, 0).contiguous()  # [C, B, N, *F]
     # [local, decay] of every chunk, from a zero state: y_i = a_i y_(i-1) + [x_i, 0]
-    y = x.new_zeros((B, N, C, 2, *feat))
-    y[:, :, :, 0] = x.view(B, N, C, *feat)
+    y = x.new_empty((C, 2, B, N, *feat))
+    y[:, 0] = x.view(B, N, C, *feat).movedim(2, 0)
+    y[:, 1] = 0.0
     first, steps = (C - 1, range(C - 2, -1, -1)) if reverse else (0, range(1, C))
-    y[:, :, first, 1] = a[:, :, first, 0]
-    ys, as_ = y.unbind(2), a.unbind(2)
+    y[first, 1] = a[first]
+    ys, as_ = y.unbind(0), a.unsqueeze(1).unbind(0)
     for i in steps:
         ys[i].addcmul_(as_[i], ys[i + 1 if reverse else i - 1])
-    local, decay = y.unbind(3)  # [B, N, C, *F]
+    local, decay = y.unbind(1)  # [C, B, N, *F]
     carry = torch.empty((B, N, *feat), dtype=x.dtype, device=x.device)  # state before chunk n (after, reverse)
     h = h0 if h0 is not None else x.new_zeros((B, *feat))
     last = 0 if reverse else C - 1  # each chunk's total: after its last step
-    ends = local[:, :, last], decay[:, :, last]
     for n in range(N - 1, -1, -1) if reverse else range(N):
         carry[:, n] = h
-        h = torch.addcmul(ends[0][:, n], ends[1][:, n], h)
-    out = local.addcmul_(decay, carry.unsqueeze(2)).view(B, N * C, *feat)
+        h = torch.addcmul(local[last, :, n], decay[last, :, n], h)
+    out = local.addcmul_(decay, carry).movedim(0, 2).reshape(B, N * C, *feat)
     return out[:, :T], h
 
 
