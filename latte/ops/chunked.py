@@ -99,14 +99,15 @@ def _scan(X, g, J, first, reverse=False):
     g_m X_{m-1} with `first` ([n or 1, G, L, W], or None for zero) before
     each chunk's first; reverse, X_m += g_m X_{m+1} with `first` after each
     chunk's last. g [n * J, G, L]."""
-    Xs, gs = X.unflatten(0, (-1, J)), g.unflatten(0, (-1, J)).unsqueeze(-1)
-    steps = range(J - 2, -1, -1) if reverse else range(1, J)
+    Xs, gs = X.unflatten(0, (-1, J)).unbind(1), g.unflatten(0, (-1, J)).unsqueeze(-1).unbind(1)
+    order = range(J - 1, -1, -1) if reverse else range(J)
     prev = 1 if reverse else -1
-    if first is not None:
-        j = J - 1 if reverse else 0
-        Xs[:, j].addcmul_(gs[:, j], first)
-    for j in steps:
-        Xs[:, j].addcmul_(gs[:, j], Xs[:, j + prev])
+    for j in order:
+        if j == order[0]:
+            if first is not None:
+                Xs[j].addcmul_(gs[j], first)
+        else:
+            Xs[j].addcmul_(gs[j], Xs[j + prev])
 
 
 def _forward_states(Sx, g, z, r, J, S0, S_before):
@@ -171,9 +172,9 @@ def _forward_segment(lq, b, v, S0, z0, J, y, S_before, z, r):
 
 
 def _backward_segment(lq, q, b, v, z, r, S_before, dy, init, J, dlq, db, dv):
-    """Gradients of one segment given the reverse states `init` = (Rv
-    [G, L, D], Rq [G, L, 1]) after it: writes dlq (w.r.t. log softmax(a)),
-    db, dv and returns the reverse states before it. q: 2^lq, clamped."""
+    """Gradients of one segment given the reverse state `init` = [Rv | Rq]
+    [G, L, D + 1] after it: writes dlq (w.r.t. log softmax(a)), db, dv and
+    returns the reverse state before it. q: 2^lq, clamped."""
     lqz, Q, kf, g = _factors(lq, b, z, r)
     M, G, _, L = lq.shape
     Sx = v.new_empty(M + 1, G, L, v.shape[-1])
@@ -185,16 +186,26 @@ def _backward_segment(lq, q, b, v, z, r, S_before, dy, init, J, dlq, db, dv):
     u = dlq / q  # dy_t . Vbar_t
     db.zero_()
     diagonal_key_grads(pairs, u, db)
-    # each sub-chunk's share of the reverse states before it, normalised at r_m
-    Rv, Rq = v.new_empty(M + 1, G, L, v.shape[-1]), v.new_empty(M + 1, G, L, 1)
-    _mm(_t(Q), dy, out=Rv[:M])
-    torch.sum(Q.mul_(u), 2, out=Rq[:M, :, :, 0])
-    _backward_states(Rv, g, z, r, J, init[0])
-    _backward_states(Rq, g, z, r, J, init[1])
+    # each sub-chunk's share of the reverse states before it, normalised at r_m: [Rv | Rq]
+    D = v.shape[-1]
+    R = v.new_empty(M + 1, G, L, D + 1)
+    torch.cat([_mm(_t(Q), dy), Q.mul_(u).sum(2).unsqueeze(-1)], -1, out=R[:M])
+    _backward_states(R, g, z, r, J, init)
+    Rv, Rq = R[1:, ..., :D], R[1:, ..., D:]  # after each sub-chunk
     _mm(_t(A), dy, out=dv)
-    _add_mm(dv, kf, Rv[1:])
-    db.addcmul_(kf, _mm(v, _t(Rv[1:])).sub_(_t(Rq[1:])))
-    return Rv[0], Rq[0]
+    _add_mm(dv, kf, Rv)
+    db.addcmul_(kf, _mm(v, _t(Rv)).sub_(_t(Rq)))
+    return R[0]
+
+
+def _parts(segments, J, per_sub_chunk, per_chunk):
+    """For each segment (m0, m1): the tensors cut to its sub-chunks and to
+    its chunks (the tensors themselves for a single segment: no slicing ops)."""
+    for m0, m1 in segments:
+        if len(segments) == 1:
+            yield per_sub_chunk, per_chunk
+        else:
+            yield [x[m0:m1] for x in per_sub_chunk], [x[m0 // J : m1 // J] for x in per_chunk]
 
 
 class LatteChunked(torch.autograd.Function):
@@ -224,9 +235,8 @@ class LatteChunked(torch.autograd.Function):
         z, r = torch.empty_like(b), b.new_empty(M, G, L)
         segments = [(n0 * J, n1 * J) for n0, n1 in _segments(G, M // J, J * c, max(L, D, L * D // c))]
         S, zl = S0, z0
-        for m0, m1 in segments:
-            sl, sk = slice(m0, m1), slice(m0 // J, m1 // J)
-            S, zl = _forward_segment(lq[sl], b[sl], v[sl], S, zl, J, y[sl], S_before[sk], z[sl], r[sl])
+        for (lq_, b_, v_, y_, z_, r_), (Sb_,) in _parts(segments, J, (lq, b, v, y, z, r), (S_before,)):
+            S, zl = _forward_segment(lq_, b_, v_, S, zl, J, y_, Sb_, z_, r_)
         ctx.save_for_backward(lq, b, v, S0, S_before, S, z, r)
         ctx.segments, ctx.J = segments, J
         return y, S, zl.mul_(math.log(2.0)).add_(shift)
@@ -240,16 +250,14 @@ class LatteChunked(torch.autograd.Function):
         dS_last = torch.zeros_like(S_last) if dS_last is None else dS_last
         dz_last = torch.zeros_like(r[0]) if dz_last is None else dz_last
         # reverse states after the last chunk: the final-state cotangents
-        R = (dS_last, ((dS_last * S_last).sum(-1) - dz_last).unsqueeze(-1))  # [G, L, D], [G, L, 1]
+        R = torch.cat([dS_last, ((dS_last * S_last).sum(-1) - dz_last).unsqueeze(-1)], -1)  # [G, L, D + 1]
         q = lq.clamp(min=exp_floor(lq.dtype) * LOG2E).exp2_()  # softmax(a), clamped as its weights are
         da, db, dv = torch.empty_like(lq), torch.empty_like(b), torch.empty_like(v)
-        for m0, m1 in reversed(ctx.segments):
-            sl, sk = slice(m0, m1), slice(m0 // J, m1 // J)
-            R = _backward_segment(
-                lq[sl], q[sl], b[sl], v[sl], z[sl], r[sl], S_before[sk], dy[sl], R, J, da[sl], db[sl], dv[sl]
-            )
+        parts = _parts(ctx.segments, J, (lq, q, b, v, z, r, dy, da, db, dv), (S_before,))
+        for (lq_, q_, b_, v_, z_, r_, dy_, da_, db_, dv_), (Sb_,) in reversed(list(parts)):
+            R = _backward_segment(lq_, q_, b_, v_, z_, r_, Sb_, dy_, R, J, da_, db_, dv_)
         # da holds qu = q (dy . Vbar), the gradient w.r.t. log softmax(a): through the softmax
         da.addcmul_(q, da.sum(-1, keepdim=True), value=-1.0)
-        dS0 = R[0]
-        dz0 = (S0 * dS0).sum(-1) - R[1][..., 0]
+        dS0 = R[..., :-1]
+        dz0 = (S0 * dS0).sum(-1) - R[..., -1]
         return da, db, dv, dS0, dz0, None

@@ -138,14 +138,25 @@ def diagonal_weights(lqz: torch.Tensor, b: torch.Tensor, d: int) -> torch.Tensor
     return exp2_nonpositive_(queries(lqz, d) + keys(b, d))
 
 
+def _pair_index(c: int, device) -> torch.Tensor:
+    """Flat positions t * c + s of the pairs (t, s = t - d) in a c x c block,
+    offset-major: d = 0 .. c - 1, then t = d .. c - 1."""
+    return torch.tensor([t * c + t - d for d in range(c) for t in range(d, c)], device=device)
+
+
+def _blocks(sums: list[torch.Tensor], c: int) -> torch.Tensor:
+    """The per-offset pair sums [M, G, c - d] -> lower-triangular blocks
+    [M, G, c, c] in one scatter (instead of a copy per diagonal)."""
+    flat = torch.cat(sums, -1)  # [M, G, c (c + 1) / 2]
+    A = flat.new_zeros(*flat.shape[:2], c * c)
+    return A.index_copy_(2, _pair_index(c, flat.device), flat).view(*flat.shape[:2], c, c)
+
+
 def diagonal_blocks(lqz: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The diagonal blocks A[t, s] = sum_l q_tl W[t, s, l] (s <= t in one
     sub-chunk, 0 above): [M, G, c(t), c(s)]."""
     c = lqz.shape[2]
-    A = lqz.new_zeros(*lqz.shape[:3], c)
-    for d in range(c):
-        A.diagonal(-d, 2, 3).copy_(diagonal_weights(lqz, b, d).sum(-1))
-    return A
+    return _blocks([diagonal_weights(lqz, b, d).sum(-1) for d in range(c)], c)
 
 
 def diagonal_backward(lqz, b, M, qu):
@@ -154,15 +165,14 @@ def diagonal_backward(lqz, b, M, qu):
     sum_s P[t, s] M[t, s]. M [M, G, c, c]: dy_t . v_s. Also returns each
     offset's (P, M) for diagonal_key_grads."""
     c = lqz.shape[2]
-    A = lqz.new_zeros(*lqz.shape[:3], c)
-    pairs = []
+    Ms = M.flatten(2).index_select(2, _pair_index(c, M.device)).unsqueeze(-1).split(list(range(c, 0, -1)), 2)
+    sums, pairs = [], []
     for d in range(c):
         P = diagonal_weights(lqz, b, d)
-        Md = M.diagonal(-d, 2, 3).unsqueeze(-1)  # [M, G, c - d, 1]
-        A.diagonal(-d, 2, 3).copy_(P.sum(-1))
-        queries(qu, d).addcmul_(P, Md)
-        pairs.append((P, Md))
-    return A, pairs
+        sums.append(P.sum(-1))
+        queries(qu, d).addcmul_(P, Ms[d])  # Ms[d]: [M, G, c - d, 1]
+        pairs.append((P, Ms[d]))
+    return _blocks(sums, c), pairs
 
 
 def diagonal_key_grads(pairs, u: torch.Tensor, db: torch.Tensor) -> None:
