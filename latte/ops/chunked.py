@@ -54,6 +54,15 @@ from .layout import without_autocast
 _SEGMENT_ELEMS = 1 << 22
 
 
+# Forward intermediates of one call up to this many floats (32 MB) are kept
+# for the backward instead of rebuilt: the query and key factors and the
+# diagonal blocks' weights, about 6.75 x L floats per token and head. At a
+# research sweep's size (B 64, T <= 256, 32 latents per head) this skips
+# about 40% of the backward's exponentials; longer inputs rebuild them, so
+# memory stays linear in T with a small constant.
+_KEEP_ELEMS = 1 << 23
+
+
 def _segments(G, N, C, width):
     """Runs of whole chunks: [(first, end)) chunk indices."""
     n = max(1, _SEGMENT_ELEMS // (G * C * width))
@@ -167,22 +176,24 @@ def _forward_segment(lq, b, v, S0, z0, J, y, S_before, z, r):
     _mm(_t(kf), v, out=Sx[1:])
     _forward_states(Sx, g, z, r, J, S0, S_before)
     _mm(Q, Sx[:M], out=y)  # earlier sub-chunks, through the state before t's
-    _add_mm(y, diagonal_blocks(lqz, b), v)
-    return Sx[M], z_last
+    A, P = diagonal_blocks(lqz, b)
+    _add_mm(y, A, v)
+    return Sx[M], z_last, (lqz, Q, kf, g, A, P)
 
 
-def _backward_segment(lq, q, b, v, z, r, S_before, dy, init, J, dlq, db, dv):
+def _backward_segment(lq, q, b, v, z, r, S_before, dy, init, J, dlq, db, dv, kept=None):
     """Gradients of one segment given the reverse state `init` = [Rv | Rq]
     [G, L, D + 1] after it: writes dlq (w.r.t. log softmax(a)), db, dv and
-    returns the reverse state before it. q: 2^lq, clamped."""
-    lqz, Q, kf, g = _factors(lq, b, z, r)
+    returns the reverse state before it. q: 2^lq, clamped. kept: the
+    forward's (lqz, Q, kf, g, A, P), or None to rebuild them."""
+    lqz, Q, kf, g = kept[:4] if kept is not None else _factors(lq, b, z, r)
     M, G, _, L = lq.shape
     Sx = v.new_empty(M + 1, G, L, v.shape[-1])
     _mm(_t(kf), v, out=Sx[1:])
     Sx[0] = S_before[0]
     _scan(Sx[1:], g, J, S_before)  # the states again, each chunk from its saved initial state
     _mm(dy, _t(Sx[:M]), out=dlq).mul_(Q)  # qu: q_t (dy_t . Vbar_t), the gradient w.r.t. lq
-    A, pairs = diagonal_backward(lqz, b, _mm(dy, _t(v)), dlq)  # M: dy_t . v_s
+    A, pairs = diagonal_backward(lqz, b, _mm(dy, _t(v)), dlq, None if kept is None else kept[4:])  # dy_t . v_s
     u = dlq / q  # dy_t . Vbar_t
     db.zero_()
     diagonal_key_grads(pairs, u, db)
@@ -234,11 +245,13 @@ class LatteChunked(torch.autograd.Function):
         S_before = v.new_empty(M // J, G, L, D)
         z, r = torch.empty_like(b), b.new_empty(M, G, L)
         segments = [(n0 * J, n1 * J) for n0, n1 in _segments(G, M // J, J * c, max(L, D, L * D // c))]
-        S, zl = S0, z0
+        S, zl, kept = S0, z0, []
+        keep = M * G * c * L * 7 <= _KEEP_ELEMS
         for (lq_, b_, v_, y_, z_, r_), (Sb_,) in _parts(segments, J, (lq, b, v, y, z, r), (S_before,)):
-            S, zl = _forward_segment(lq_, b_, v_, S, zl, J, y_, Sb_, z_, r_)
+            S, zl, k = _forward_segment(lq_, b_, v_, S, zl, J, y_, Sb_, z_, r_)
+            kept.append(k if keep else None)
         ctx.save_for_backward(lq, b, v, S0, S_before, S, z, r)
-        ctx.segments, ctx.J = segments, J
+        ctx.segments, ctx.J, ctx.kept = segments, J, kept
         return y, S, zl.mul_(math.log(2.0)).add_(shift)
 
     @staticmethod
@@ -253,9 +266,10 @@ class LatteChunked(torch.autograd.Function):
         R = torch.cat([dS_last, ((dS_last * S_last).sum(-1) - dz_last).unsqueeze(-1)], -1)  # [G, L, D + 1]
         q = lq.clamp(min=exp_floor(lq.dtype) * LOG2E).exp2_()  # softmax(a), clamped as its weights are
         da, db, dv = torch.empty_like(lq), torch.empty_like(b), torch.empty_like(v)
-        parts = _parts(ctx.segments, J, (lq, q, b, v, z, r, dy, da, db, dv), (S_before,))
-        for (lq_, q_, b_, v_, z_, r_, dy_, da_, db_, dv_), (Sb_,) in reversed(list(parts)):
-            R = _backward_segment(lq_, q_, b_, v_, z_, r_, Sb_, dy_, R, J, da_, db_, dv_)
+        parts = list(_parts(ctx.segments, J, (lq, q, b, v, z, r, dy, da, db, dv), (S_before,)))
+        for ((lq_, q_, b_, v_, z_, r_, dy_, da_, db_, dv_), (Sb_,)), k in reversed(list(zip(parts, ctx.kept))):
+            R = _backward_segment(lq_, q_, b_, v_, z_, r_, Sb_, dy_, R, J, da_, db_, dv_, k)
+        ctx.kept = None
         # da holds qu = q (dy . Vbar), the gradient w.r.t. log softmax(a): through the softmax
         da.addcmul_(q, da.sum(-1, keepdim=True), value=-1.0)
         dS0 = R[..., :-1]

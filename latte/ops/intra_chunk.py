@@ -152,27 +152,29 @@ def _blocks(sums: list[torch.Tensor], c: int) -> torch.Tensor:
     return A.index_copy_(2, _pair_index(c, flat.device), flat).view(*flat.shape[:2], c, c)
 
 
-def diagonal_blocks(lqz: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def diagonal_blocks(lqz: torch.Tensor, b: torch.Tensor):
     """The diagonal blocks A[t, s] = sum_l q_tl W[t, s, l] (s <= t in one
-    sub-chunk, 0 above): [M, G, c(t), c(s)]."""
+    sub-chunk, 0 above): [M, G, c(t), c(s)], and the weights of each offset
+    d, P_d [M, G, c - d, L] (the backward may keep them)."""
     c = lqz.shape[2]
-    return _blocks([diagonal_weights(lqz, b, d).sum(-1) for d in range(c)], c)
+    P = [diagonal_weights(lqz, b, d) for d in range(c)]
+    return _blocks([x.sum(-1) for x in P], c), P
 
 
-def diagonal_backward(lqz, b, M, qu):
+def diagonal_backward(lqz, b, M, qu, kept=None):
     """The backward's diagonal blocks: returns A (as diagonal_blocks) and
     adds to qu [M, G, c, L] (q_t times dy_t . Vbar_t) the pairs' share,
     sum_s P[t, s] M[t, s]. M [M, G, c, c]: dy_t . v_s. Also returns each
-    offset's (P, M) for diagonal_key_grads."""
+    offset's (P, M) for diagonal_key_grads. kept: (A, [P_d]) from the
+    forward, used instead of rebuilding them."""
     c = lqz.shape[2]
     Ms = M.flatten(2).index_select(2, _pair_index(c, M.device)).unsqueeze(-1).split(list(range(c, 0, -1)), 2)
-    sums, pairs = [], []
+    A, P = kept if kept is not None else (None, [diagonal_weights(lqz, b, d) for d in range(c)])
     for d in range(c):
-        P = diagonal_weights(lqz, b, d)
-        sums.append(P.sum(-1))
-        queries(qu, d).addcmul_(P, Ms[d])  # Ms[d]: [M, G, c - d, 1]
-        pairs.append((P, Ms[d]))
-    return _blocks(sums, c), pairs
+        queries(qu, d).addcmul_(P[d], Ms[d])  # Ms[d]: [M, G, c - d, 1]
+    if A is None:
+        A = _blocks([x.sum(-1) for x in P], c)
+    return A, list(zip(P, Ms))
 
 
 def diagonal_key_grads(pairs, u: torch.Tensor, db: torch.Tensor) -> None:

@@ -179,10 +179,16 @@ def test_bf16_inputs_stay_finite_and_close():
     assert rel_err(y16, y32) < 0.1
 
 
+@pytest.mark.parametrize("keep", [True, False])
 @pytest.mark.parametrize("scale", [1.0, 40.0, 100.0])
-def test_gradients_with_state_and_mask_for_spread_logits(scale):
+def test_gradients_with_state_and_mask_for_spread_logits(monkeypatch, scale, keep):
     """z grows by far more than exp's range inside chunks and sub-chunks (std
-    40, 100): the one intra-chunk form stays exact, forward and backward."""
+    40, 100): the one intra-chunk form stays exact, forward and backward,
+    whether the backward reuses the forward's weights or rebuilds them."""
+    import latte.ops.chunked as K
+
+    if not keep:
+        monkeypatch.setattr(K, "_KEEP_ELEMS", 0)
     a, b, v = inputs(50, 6, 5, scale=scale)
     S0, z0 = random_state(2, 3, 6, 5)
     mask = torch.rand(2, 50) > 0.2
@@ -268,13 +274,18 @@ def test_input_distributions_match_reference(shape, dist):
             assert g[1][~mask].abs().max() == 0  # padded keys get no gradient
 
 
+@pytest.mark.parametrize("keep", [True, False])
 @pytest.mark.parametrize("scale", [1.0, 40.0])
-def test_many_segments_equal_reference(monkeypatch, scale):
+def test_many_segments_equal_reference(monkeypatch, scale, keep):
     """Long sequences run in segments of chunks (states carried forward, reverse
-    states backward); force one or two chunks per segment at test sizes."""
+    states backward); force one or two chunks per segment at test sizes. The
+    backward either reuses the forward's factors and diagonal weights (small
+    calls) or rebuilds them (keep=False: what long sequences do)."""
     import latte.ops.chunked as K
 
     monkeypatch.setattr(K, "_SEGMENT_ELEMS", 6 * 8 * 8)  # G=6, C=8, width 8 -> 1 chunk per segment
+    if not keep:
+        monkeypatch.setattr(K, "_KEEP_ELEMS", 0)
     a, b, v = inputs(45, 6, 5, scale=scale)
     S0, z0 = random_state(2, 3, 6, 5)
     mask = torch.rand(2, 45) > 0.2
