@@ -35,68 +35,111 @@ from pathlib import Path
 
 import torch
 
+from latte.arguments import checked, int_at_least, int_list, name_list
 from latte.data import load_documents, train_bpe
+from latte.train.task import load_run_config
 
 from .convert_report import report
 from .convert_stages import CONTEXTS, RECIPES, eval_stage, recipes_stage, sample_stage, sinks_stage
+from .results import check_readme
+
+STAGES = ("recipes", "eval", "sinks", "sample")
+# The defaults of the options --quick changes; an option given explicitly wins over either.
+FULL = {"contexts": ",".join(map(str, CONTEXTS)), "documents": 4, "sample_context": 16384, "sink_context": 4096}
+FULL["threads"] = 2
+QUICK = {"contexts": "64,128", "documents": 2, "sample_context": 64, "sink_context": 64, "threads": 1}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="latte experiment convert", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--stages", default="recipes,eval,sinks,sample", help="comma-separated: recipes, eval, sinks, sample"
+        "--stages",
+        default=",".join(STAGES),
+        type=checked(name_list(STAGES)),
+        help="comma-separated: recipes, eval, sinks, sample",
     )
-    p.add_argument("--recipes", default=",".join(RECIPES), help=f"of {', '.join(RECIPES)}")
+    p.add_argument(
+        "--recipes", default=",".join(RECIPES), type=checked(name_list(RECIPES)), help=f"of {', '.join(RECIPES)}"
+    )
     p.add_argument("--config", default="convert/smollm2", help="latte convert config for every recipe run")
     p.add_argument("--set", action="append", default=[], help="extra override for every run (section.field=value)")
     p.add_argument("--runs", default="runs/convert-experiment", help="folder of the training runs and sweep cells")
     p.add_argument("--out", default="results", help="results/convert and results/convert-recipes go here")
     p.add_argument(
         "--contexts",
-        default=",".join(map(str, CONTEXTS)),
-        help="contexts (tokens) reported; the largest is how far the documents are read",
+        default=None,
+        type=checked(int_list(low=2)),
+        help=f"contexts (tokens) reported; the largest is how far the documents are read (default {FULL['contexts']})",
     )
-    p.add_argument("--documents", type=int, default=4, help="held-out documents evaluated (longest first)")
+    p.add_argument(
+        "--documents", type=int_at_least(1), default=None, help="held-out documents evaluated (longest first; 4)"
+    )
     p.add_argument(
         "--original-full-documents",
-        type=int,
+        type=int_at_least(0),
         default=1,
         help="documents the original reads to --max-context (quadratic); the others stop at 8K",
     )
-    p.add_argument("--sample-context", type=int, default=16384)
+    p.add_argument("--sample-context", type=int_at_least(1), default=None, help="prompt tokens of the sample (16384)")
     p.add_argument(
-        "--sink-context", type=int, default=4096, help="tokens per document of the sinks stage (quadratic mask)"
+        "--sink-context",
+        type=int_at_least(2),
+        default=None,
+        help="tokens per document of the sinks stage (quadratic mask; 4096)",
     )
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads (2)")
     p.add_argument(
         "--readme",
         default=None,
         help="replace the sections results:convert and results:convert-recipes of this markdown file "
         "(the repository's: results/README.md)",
     )
-    p.add_argument("--quick", action="store_true", help="a tiny stand-in model and corpus, seconds")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny stand-in model and corpus, seconds (options given explicitly are kept)",
+    )
+    a = p.parse_args(argv)
+    a.user_set = list(a.set)  # --quick adds its own overrides in front (quick_setup)
+    for name, value in (QUICK if a.quick else FULL).items():
+        if getattr(a, name) is None:
+            setattr(a, name, value)
+    return a
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
     started = time.time()
+    stages = a.stages.split(",")
+    check_readme(a.readme, [n for s, n in (("recipes", "convert-recipes"), ("eval", "convert")) if s in stages])
     torch.set_num_threads(a.threads)
     if a.quick:
         quick_setup(a)
-    a.contexts = sorted({int(c) for c in a.contexts.split(",") if c.strip()})
+    check_sets(a)
+    a.contexts = sorted(int(c) for c in a.contexts.split(","))
     a.max_context = a.contexts[-1]
-    stages = [s for s in a.stages.split(",") if s]
-    unknown = set(stages) - {"recipes", "eval", "sinks", "sample"}
-    if unknown:
-        raise ValueError(f"--stages: unknown {sorted(unknown)}; expected recipes, eval, sinks, sample")
     recipe_rows = recipes_stage(a) if "recipes" in stages else None
     rows = eval_stage(a) if "eval" in stages else None
     sinks = sinks_stage(a) if "sinks" in stages else None
     sample = sample_stage(a) if "sample" in stages else None
     report(a, argv, started, recipe_rows, rows, sample, sinks)
     return 0
+
+
+def check_sets(a: argparse.Namespace) -> None:
+    """Every --set is a valid override of --config with each recipe's, before
+    any run (a bad one would otherwise fail inside a run, or never be read
+    when the cells are already done)."""
+    bad = [s for s in a.set if "=" not in s or not s.partition("=")[0].strip()]
+    if bad:
+        raise ValueError(f"--set {bad[0]!r}: expected SECTION.FIELD=VALUE, e.g. train.steps=100")
+    for recipe in a.recipes.split(","):
+        try:
+            load_run_config(a.config, [f"--{s}" for s in (*RECIPES[recipe], *a.set)])
+        except ValueError as e:
+            given = f"--config {a.config}" + "".join(f" --set {s}" for s in a.user_set)
+            raise ValueError(f"{given}: not valid for recipe {recipe} ({e})") from None
 
 
 def quick_setup(a: argparse.Namespace) -> None:
@@ -135,4 +178,3 @@ def quick_setup(a: argparse.Namespace) -> None:
         "train.time_budget_minutes=null",
         *a.set,
     ]
-    a.contexts, a.documents, a.sample_context, a.sink_context, a.threads = "64,128", 2, 64, 64, 1

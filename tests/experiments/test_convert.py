@@ -59,6 +59,11 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
     capsys.readouterr()
     assert main(args) == 0  # everything done: nothing recomputed
     assert "already done" in capsys.readouterr().err
+    # another --set is another protocol: the finished cells are refused, not reused (issue 23)
+    with pytest.raises(ValueError, match=r"cell ran under another protocol \(sets: .* then, .*train.steps=3' now\)"):
+        main([*args, "--set", "train.steps=3"])
+    with pytest.raises(ValueError, match="--set train.stepz=3: not valid for recipe end_to_end"):
+        main([*args, "--set", "train.stepz=3"])
     assert "Past 8K tokens: not measured here" in readme.read_text()
     run = json.loads((tmp_path / "out" / "convert" / "run.json").read_text())
     assert "reused finished cells" in run["budget"] and run["cells_wall_s"] > run["wall_s"]
