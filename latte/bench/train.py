@@ -32,7 +32,10 @@ import time
 import torch
 
 from latte import reporting
+from latte.arguments import int_at_least, int_list, name_list
+from latte.layers import QK_MIXERS
 from latte.models import LatteConfig, LatteForCausalLM
+from latte.models.config import MIXERS as CONFIG_MIXERS
 from latte.ops import distributions as dists
 from latte.ops import set_backend
 
@@ -55,11 +58,18 @@ def parse_args(argv=None):
     p.add_argument(
         "--mixers",
         default=",".join(MIXERS),
+        type=_mixer_specs,
         help="comma-separated LatteConfig mixers, each optionally with its qk mixer (latte:none)",
     )
-    p.add_argument("--seqs", default=None, help="comma-separated sequence lengths (default 512,4096)")
-    p.add_argument("--tokens-per-step", type=int, default=None, help="batch = this // sequence (default 4096)")
-    p.add_argument("--batch", type=int, default=None, help="one batch for every sequence (default: --tokens-per-step)")
+    p.add_argument(
+        "--seqs", default=None, type=int_list(low=1), help="comma-separated sequence lengths (default 512,4096)"
+    )
+    p.add_argument(
+        "--tokens-per-step", type=int_at_least(1), default=None, help="batch = this // sequence (default 4096)"
+    )
+    p.add_argument(
+        "--batch", type=int_at_least(1), default=None, help="one batch for every sequence (default: --tokens-per-step)"
+    )
     p.add_argument(
         "--sizes",
         default=",".join(SWEEP_SIZES),
@@ -101,16 +111,23 @@ def parse_args(argv=None):
     if not args.dists or any(not d.startswith("std") or d not in dists.DISTRIBUTIONS for d in args.dists):
         p.error(f"--dists: expected std distributions of {list(dists.DISTRIBUTIONS)}, got {args.dists}")
     args.backends = (args.backends or ("torch" if args.device == "cpu" else "torch,fla")).split(",")
-    args.mixers = [m for m in args.mixers.split(",") if m]
+    args.mixers = list(args.mixers)
     default_seqs = QUICK_SEQS if args.quick else SWEEP_SEQS if args.preset == "sweep" else FULL_SEQS
-    args.seqs = [int(s) for s in args.seqs.split(",")] if args.seqs else default_seqs
+    args.seqs = list(args.seqs or default_seqs)
     args.tokens_per_step = args.tokens_per_step or (128 if args.quick else 4096)
-    if args.batch is not None and args.batch < 1:
-        p.error(f"--batch: expected a positive batch size, got {args.batch}")
     args.sizes = [z for z in args.sizes.split(",") if z] if args.preset == "sweep" and not args.quick else [""]
     if any(z and z not in SWEEP_SIZES for z in args.sizes) or not args.sizes:
         p.error(f"--sizes: expected some of {list(SWEEP_SIZES)}, got {args.sizes}")
     return args
+
+
+def _mixer_specs(text: str) -> tuple[str, ...]:
+    """--mixers "latte:none,softmax": LatteConfig mixers, each with an optional qk mixer."""
+    specs = name_list([*CONFIG_MIXERS, *(f"{m}:{q}" for m in LATENT for q in QK_MIXERS)])
+    try:
+        return specs(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (a latent mixer may name its qk mixer: latte:none)") from None
 
 
 def make_config(spec: str, quick: bool, seq: int, preset: str = "table6", size: str = "v8192"):
