@@ -65,10 +65,11 @@ class Sweep:
     cell whose protocol differs from this sweep's on a field both name is
     refused, naming both values: its result answers another question, so it
     is neither reused under this command nor overwritten (docs/reliability.md
-    §7). A cell file written before protocols were recorded states its own
+    §8). A cell file written before protocols were recorded states its own
     through `legacy(record) -> dict` (the fields its JSON holds). `fields`:
-    result fields every record must hold (or a function of the cell giving them). `folder_flag`: the option that
-    chose the work folder, for the messages."""
+    result fields every record must hold (or a function of the cell giving
+    them). `folder_flag`: the option that chose the work folder, for the
+    messages."""
 
     def __init__(
         self,
