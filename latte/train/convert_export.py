@@ -39,7 +39,7 @@ def check_export_destination(source: str | Path, out: str | Path) -> None:
     any run folder or checkpoint: files written there would replace a run's
     own (its tokenizer), or turn a checkpoint into one that fails its
     manifest, which `latte generate` then silently skips and the next
-    `latte train` moves aside (docs/reliability.md §7)."""
+    `latte train` moves aside (docs/reliability.md §8)."""
     src, dest = Path(source).expanduser().resolve(), Path(out).expanduser().resolve()
     run = src.parent if (src / MANIFEST).is_file() else src
     for folder in (dest, *dest.parents):
