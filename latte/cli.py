@@ -403,8 +403,9 @@ def cmd_export(args: list[str]) -> int:
     p.add_argument("--base-path", default=None, help="a converted folder whose base moved: where the base is now")
     a = p.parse_args(args)
     # on use: the CLI starts without torch; the exports need the optional transformers
-    from latte.train.convert_export import export_converted, is_conversion
+    from latte.train.convert_export import check_export_destination, export_converted, is_conversion
 
+    check_export_destination(a.run, a.out)
     if is_conversion(a.run):  # a portable converted folder (docs/conversion.md §4)
         out = export_converted(a.run, a.out, self_contained=a.self_contained, base_path=a.base_path)
         print(f"latte export: {a.run} -> {out} (portable converted model)", file=sys.stderr)

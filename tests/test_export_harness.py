@@ -207,3 +207,40 @@ def test_harness_without_lm_eval_says_what_to_install(monkeypatch, capsys):
 def test_export_of_a_missing_run_exits_2(tmp_path, capsys):
     assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "out")]) == 2
     assert "no such run or checkpoint folder" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_export_refuses_a_destination_inside_a_run_or_a_checkpoint(exported, tmp_path, capsys):
+    """Issue 23 item 4: OUT inside the run being exported, inside one of its
+    checkpoints, or inside any other run folder is refused before anything is
+    written; the run's tokenizer and newest checkpoint stay as they were."""
+    import hashlib
+    import shutil
+
+    from latte.train.checkpoint import find_latest_checkpoint, step_dirs, verify_checkpoint
+
+    run = exported / "run"
+    newest = find_latest_checkpoint(run)
+    other = tmp_path / "other-run"
+    shutil.copytree(run, other)
+
+    def digest():
+        return {p.relative_to(run): hashlib.sha256(p.read_bytes()).hexdigest() for p in run.rglob("*") if p.is_file()}
+
+    before = digest()
+    cases = [
+        (run, run, "the folder being exported"),
+        (run, newest, "a checkpoint"),  # a step folder of the run exported
+        (newest, newest / "hf", "the folder being exported"),
+        (newest, run, "the folder being exported"),  # exporting a step into its own run
+        (run, step_dirs(run)[-1][1] / "x", "a checkpoint"),
+        (run, other, "a run folder"),
+        (run, other / "sub" / "hf", "a run folder"),
+        (run, next(p for _, p in step_dirs(other)), "a checkpoint"),
+    ]
+    for source, out, what in cases:
+        assert main(["export", str(source), str(out)]) == 2, out
+        err = capsys.readouterr().err
+        assert f"OUT {out}: inside {what}" in err and "Traceback" not in err
+    assert digest() == before and find_latest_checkpoint(run) == newest
+    verify_checkpoint(newest)
+    assert not (newest / "hf").exists()

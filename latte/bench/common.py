@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from latte import allocator, reporting
+from latte.arguments import int_at_least
 from latte.files import write_json
 
 DEFAULT_THREADS = 2
@@ -216,9 +217,9 @@ def plot_loglog(
 
 
 def add_common_args(p, *, repeats: int = 5) -> None:
-    p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch.set_num_threads (default 2)")
-    p.add_argument("--repeats", type=int, default=repeats, help="timed repeats per point (>= 5)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed warm-up calls per point")
+    p.add_argument("--threads", type=int_at_least(1), default=DEFAULT_THREADS, help="torch.set_num_threads (default 2)")
+    p.add_argument("--repeats", type=int_at_least(5), default=repeats, help="timed repeats per point (>= 5)")
+    p.add_argument("--warmup", type=int_at_least(0), default=1, help="untimed warm-up calls per point")
     p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help="output folder (default bench-results/)")
     p.add_argument("--quick", action="store_true", help="tiny sizes for CI and tests")
     p.add_argument(

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from latte import reporting
+from latte.arguments import int_at_least
 from latte.ops import distributions as dists
 from latte.ops import latte_causal, latte_causal_step
 from latte.ops import reference as R
@@ -45,9 +46,11 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=Path(common.DEFAULT_OUT), help="output folder")
     p.add_argument("--quick", action="store_true", help="tiny sizes for CI and tests")
     p.add_argument("--seqs", default=None, help="comma-separated T (default 256,4096)")
-    p.add_argument("--exact-max-t", type=int, default=256, help="longest T checked against the exact reference")
-    p.add_argument("--steps", type=int, default=16, help="decoding steps compared with the forward")
-    p.add_argument("--threads", type=int, default=common.DEFAULT_THREADS, help="torch threads (CPU)")
+    p.add_argument(
+        "--exact-max-t", type=int_at_least(1), default=256, help="longest T checked against the exact reference"
+    )
+    p.add_argument("--steps", type=int_at_least(1), default=16, help="decoding steps compared with the forward")
+    p.add_argument("--threads", type=int_at_least(1), default=common.DEFAULT_THREADS, help="torch threads (CPU)")
     args = p.parse_args(argv)
     try:
         args.seqs = [int(t) for t in args.seqs.split(",")] if args.seqs else (QUICK_T if args.quick else FULL_T)

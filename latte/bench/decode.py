@@ -26,8 +26,10 @@ import time
 import torch
 
 from latte import reporting
+from latte.arguments import int_at_least, int_list, name_list, number
 from latte.layers import state_nbytes
 from latte.models import LatteConfig, LatteForCausalLM
+from latte.models.config import MIXERS as CONFIG_MIXERS
 from latte.ops import set_backend
 
 from . import common
@@ -42,33 +44,37 @@ WARMUP_TOKENS = 2  # untimed decode steps before the timed ones
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="latte bench decode", description=__doc__.split("\n\n")[0])
     common.add_common_args(p)
-    p.add_argument("--mixers", default=",".join(MIXERS), help="comma-separated LatteConfig mixers")
-    p.add_argument("--contexts", default=None, help="comma-separated context lengths (default 1K,4K,16K,64K)")
-    p.add_argument("--tokens", type=int, default=None, help="decoded tokens timed per context (default 64)")
-    p.add_argument("--prefill-chunk", type=int, default=1024, help="tokens per prefill forward")
     p.add_argument(
-        "--prefill-cap", type=float, default=300.0, help="skip a context whose prefill would take longer than this (s)"
+        "--mixers", default=",".join(MIXERS), type=name_list(CONFIG_MIXERS), help="comma-separated LatteConfig mixers"
+    )
+    p.add_argument(
+        "--contexts",
+        default=None,
+        type=int_list(low=1, increasing=True),
+        help="comma-separated context lengths (default 1K,4K,16K,64K)",
+    )
+    p.add_argument("--tokens", type=int_at_least(5), default=None, help="decoded tokens timed per context (default 64)")
+    p.add_argument("--prefill-chunk", type=int_at_least(1), default=1024, help="tokens per prefill forward")
+    p.add_argument(
+        "--prefill-cap",
+        type=number("a number of seconds > 0", lambda v: v > 0),
+        default=300.0,
+        help="skip a context whose prefill would take longer than this (s)",
     )
     add_device_args(p)
     p.add_argument(
         "--backends",
         default=None,
+        type=name_list(("torch", "fla")),
         help="latte.ops backends for the latte and macchiato mixers (default: torch on CPU, torch,fla on CUDA)",
     )
     args = p.parse_args(argv)
     resolve_device_args(p, args, cpu_dtypes=("float32",))
-    args.backends = (args.backends or ("torch" if args.device == "cpu" else "torch,fla")).split(",")
-    args.mixers = [m for m in args.mixers.split(",") if m]
-    args.contexts = (
-        [int(c) for c in args.contexts.split(",")]
-        if args.contexts
-        else (QUICK_CONTEXTS if args.quick else FULL_CONTEXTS)
-    )
-    args.tokens = args.tokens or (8 if args.quick else 64)
-    if args.tokens < 5:
-        p.error(f"--tokens: expected >= 5, got {args.tokens}")
-    if any(b <= a for a, b in zip(args.contexts, args.contexts[1:])) or min(args.contexts) < 1:
-        p.error(f"--contexts: expected increasing positive lengths, got {args.contexts}")
+    args.backends = list(args.backends or (("torch",) if args.device == "cpu" else ("torch", "fla")))
+    args.mixers = list(args.mixers)
+    args.contexts = list(args.contexts or (QUICK_CONTEXTS if args.quick else FULL_CONTEXTS))
+    if args.tokens is None:  # --tokens 0 is refused by its type, not read as the default
+        args.tokens = 8 if args.quick else 64
     return args
 
 

@@ -20,6 +20,7 @@ import time
 import torch
 
 from latte import reporting
+from latte.arguments import int_at_least, number
 from latte.layers import LatteAttention
 from latte.ops import distributions as dists
 from latte.ops import linear_recurrence
@@ -45,10 +46,11 @@ def parse_args(argv=None):
     add_device_args(p)  # --device cuda: latte.bench.cuda (its own providers and options)
     cuda.add_args(p)
     p.add_argument("--providers", default=None, help="comma-separated subset")
-    p.add_argument("--time-cap", type=float, default=20.0, help="seconds per point for the slow loop providers")
-    p.add_argument("--naive-mem-cap-gb", type=float, default=6.0, help="skip naive-softmax above this estimate")
-    p.add_argument("--recurrent-max-t", type=int, default=2048, help="longest T for latte-recurrent")
-    p.add_argument("--rglru-t", type=int, default=None, help="T of the linear_recurrence comparison (4096)")
+    positive = number("a number > 0", lambda v: v > 0)
+    p.add_argument("--time-cap", type=positive, default=20.0, help="seconds per point for the slow loop providers")
+    p.add_argument("--naive-mem-cap-gb", type=positive, default=6.0, help="skip naive-softmax above this estimate")
+    p.add_argument("--recurrent-max-t", type=int_at_least(1), default=2048, help="longest T for latte-recurrent")
+    p.add_argument("--rglru-t", type=int_at_least(1), default=None, help="T of the linear_recurrence comparison (4096)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory worker")
     p.add_argument(
         "--dists",

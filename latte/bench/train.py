@@ -8,8 +8,12 @@ The batch is `--tokens-per-step // sequence` (at least 1), so that one step
 takes seconds on a 2-core CPU; the batch used is recorded.
 
 `--preset sweep` is the size of an MQAR-like research sweep (dim 64, two
-layers of two heads, 64 latents, window 16, vocabulary 8192, T 64, batch
-64), where per-op overhead rather than arithmetic sets the step time.
+layers of two heads, 64 latents, window 16, T 64, batch 64), where per-op
+overhead rather than arithmetic sets the step time, in two sizes side by
+side (`--sizes`): vocabulary 8192 (mlp_ratio 4) and vocabulary 256 with
+mlp_ratio 1 (issue 25's measurement, where the attention layers dominate;
+labelled "@v256"). `--batch 64 --seqs 64,256` times the layers and steps at
+batch 64 for both sequence lengths.
 A mixer may name its qk mixer (`latte:none`). The latent mixers are also
 timed with sharper key logits (`--dists`, as training makes them).
 `--compile` also times each variant under torch.compile(model) and reports
@@ -28,7 +32,10 @@ import time
 import torch
 
 from latte import reporting
+from latte.arguments import int_at_least, int_list, name_list
+from latte.layers import QK_MIXERS
 from latte.models import LatteConfig, LatteForCausalLM
+from latte.models.config import MIXERS as CONFIG_MIXERS
 from latte.ops import distributions as dists
 from latte.ops import set_backend
 
@@ -41,6 +48,8 @@ MIXERS = ("latte", "macchiato", "softmax", "linear", "swa")
 LATENT = ("latte", "macchiato")  # mixers with key logits: also timed on the other --dists
 FULL_SEQS, QUICK_SEQS, SWEEP_SEQS = [512, 4096], [32, 64], [64]
 PRESETS = ("table6", "sweep")
+# the research-sweep sizes (--preset sweep): LatteConfig fields over the common ones
+SWEEP_SIZES = {"v8192": {"vocab_size": 8192}, "v256": {"vocab_size": 256, "mlp_ratio": 1.0}}
 
 
 def parse_args(argv=None):
@@ -49,10 +58,23 @@ def parse_args(argv=None):
     p.add_argument(
         "--mixers",
         default=",".join(MIXERS),
+        type=_mixer_specs,
         help="comma-separated LatteConfig mixers, each optionally with its qk mixer (latte:none)",
     )
-    p.add_argument("--seqs", default=None, help="comma-separated sequence lengths (default 512,4096)")
-    p.add_argument("--tokens-per-step", type=int, default=None, help="batch = this // sequence (default 4096)")
+    p.add_argument(
+        "--seqs", default=None, type=int_list(low=1), help="comma-separated sequence lengths (default 512,4096)"
+    )
+    p.add_argument(
+        "--tokens-per-step", type=int_at_least(1), default=None, help="batch = this // sequence (default 4096)"
+    )
+    p.add_argument(
+        "--batch", type=int_at_least(1), default=None, help="one batch for every sequence (default: --tokens-per-step)"
+    )
+    p.add_argument(
+        "--sizes",
+        default=",".join(SWEEP_SIZES),
+        help=f"--preset sweep: model sizes side by side, of {list(SWEEP_SIZES)} (default both)",
+    )
     p.add_argument(
         "--dists",
         default="std1,std10",
@@ -89,15 +111,28 @@ def parse_args(argv=None):
     if not args.dists or any(not d.startswith("std") or d not in dists.DISTRIBUTIONS for d in args.dists):
         p.error(f"--dists: expected std distributions of {list(dists.DISTRIBUTIONS)}, got {args.dists}")
     args.backends = (args.backends or ("torch" if args.device == "cpu" else "torch,fla")).split(",")
-    args.mixers = [m for m in args.mixers.split(",") if m]
+    args.mixers = list(args.mixers)
     default_seqs = QUICK_SEQS if args.quick else SWEEP_SEQS if args.preset == "sweep" else FULL_SEQS
-    args.seqs = [int(s) for s in args.seqs.split(",")] if args.seqs else default_seqs
+    args.seqs = list(args.seqs or default_seqs)
     args.tokens_per_step = args.tokens_per_step or (128 if args.quick else 4096)
+    args.sizes = [z for z in args.sizes.split(",") if z] if args.preset == "sweep" and not args.quick else [""]
+    if any(z and z not in SWEEP_SIZES for z in args.sizes) or not args.sizes:
+        p.error(f"--sizes: expected some of {list(SWEEP_SIZES)}, got {args.sizes}")
     return args
 
 
-def make_config(spec: str, quick: bool, seq: int, preset: str = "table6"):
-    """spec: a LatteConfig mixer, optionally with its qk mixer ("latte:none")."""
+def _mixer_specs(text: str) -> tuple[str, ...]:
+    """--mixers "latte:none,softmax": LatteConfig mixers, each with an optional qk mixer."""
+    specs = name_list([*CONFIG_MIXERS, *(f"{m}:{q}" for m in LATENT for q in QK_MIXERS)])
+    try:
+        return specs(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (a latent mixer may name its qk mixer: latte:none)") from None
+
+
+def make_config(spec: str, quick: bool, seq: int, preset: str = "table6", size: str = "v8192"):
+    """spec: a LatteConfig mixer, optionally with its qk mixer ("latte:none");
+    size: one of SWEEP_SIZES (the sweep preset)."""
 
     mixer, _, qk = spec.partition(":")
     extra = {"qk_mixer": qk} if qk else {}
@@ -105,7 +140,7 @@ def make_config(spec: str, quick: bool, seq: int, preset: str = "table6"):
         return LatteConfig.tiny(mixer=mixer, max_position_embeddings=max(4096, seq), **extra)
     if preset == "sweep":
         return LatteConfig(
-            vocab_size=8192,
+            **SWEEP_SIZES[size or "v8192"],
             dim=64,
             num_layers=2,
             num_heads=2,
@@ -142,7 +177,9 @@ def sharpen_key_logits(model, ids, std: float) -> None:
     model.train(was_training)
 
 
-def build_point(spec: str, seq: int, args, dist: str = "std1", backend: str = "torch", compiled: bool = False) -> dict:
+def build_point(
+    spec: str, seq: int, args, dist: str = "std1", backend: str = "torch", compiled: bool = False, size: str = ""
+) -> dict:
     """A model, optimizer and batch for one variant (mixer spec, key-logit
     distribution, backend, compiled) and sequence, and two calls: one training
     step, and forward+backward of the first attention layer alone on a batch
@@ -150,11 +187,11 @@ def build_point(spec: str, seq: int, args, dist: str = "std1", backend: str = "t
     the calls synchronise and run under autocast to --dtype; `backend`
     (latte.ops.set_backend) is set by each call, so points can interleave."""
 
-    cfg = make_config(spec, args.quick, seq, args.preset)
+    cfg = make_config(spec, args.quick, seq, args.preset, size)
     torch.manual_seed(0)
     dev = args.device
     model = LatteForCausalLM(cfg).train()
-    batch = max(1, args.tokens_per_step // seq)
+    batch = args.batch or max(1, args.tokens_per_step // seq)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
     if dist != "std1":
@@ -185,7 +222,8 @@ def build_point(spec: str, seq: int, args, dist: str = "std1", backend: str = "t
         "dist": dist,
         "backend": backend,
         "compiled": compiled,
-        "label": label_of(spec, dist, args.dists, backend, compiled),
+        "size": size,
+        "label": label_of(spec, dist, args.dists, backend, compiled, size),
         "seq": seq,
         "batch": batch,
         "tokens_per_step": batch * seq,
@@ -196,21 +234,26 @@ def build_point(spec: str, seq: int, args, dist: str = "std1", backend: str = "t
     }
 
 
-def label_of(spec: str, dist: str, all_dists: list[str], backend: str = "torch", compiled: bool = False) -> str:
+def label_of(
+    spec: str, dist: str, all_dists: list[str], backend: str = "torch", compiled: bool = False, size: str = ""
+) -> str:
     return (
         spec
         + ("" if backend == "torch" else f"[{backend}]")
         + ("" if dist == all_dists[0] else f" (b {dist})")
+        + ("" if size in ("", "v8192") else f" @{size}")
         + (" compiled" if compiled else "")
     )
 
 
-def variants(args) -> list[tuple[str, str, str, bool]]:
-    """(mixer spec, dist, backend, compiled): every mixer on the first
-    distribution and the torch backend, the latent ones on all of them."""
+def variants(args) -> list[tuple[str, str, str, bool, str]]:
+    """(mixer spec, dist, backend, compiled, size): every mixer on the first
+    distribution and the torch backend, the latent ones on all of them, in
+    every size."""
     latent = lambda spec: spec.partition(":")[0] in LATENT  # noqa: E731
     return [
-        (m, d, b, c)
+        (m, d, b, c, z)
+        for z in args.sizes
         for m in args.mixers
         for d in (args.dists if latent(m) else args.dists[:1])
         for b in (args.backends if latent(m) else ["torch"])
@@ -230,10 +273,10 @@ def _first_calls(point: dict) -> float:
 def bench_seq(seq: int, args) -> list[dict]:
     """All variants at one sequence length, timed in interleaved rounds."""
     points, rows, compile_s = {}, [], {}
-    for spec, dist, backend, compiled in variants(args):
-        name = label_of(spec, dist, args.dists, backend, compiled)
+    for spec, dist, backend, compiled, size in variants(args):
+        name = label_of(spec, dist, args.dists, backend, compiled, size)
         try:
-            point = build_point(spec, seq, args, dist, backend, compiled)
+            point = build_point(spec, seq, args, dist, backend, compiled, size)
             first_s = _first_calls(point)
             if compiled:
                 compile_s[name] = first_s
@@ -243,6 +286,7 @@ def bench_seq(seq: int, args) -> list[dict]:
                 {
                     "mixer": spec,
                     "dist": dist,
+                    "size": size,
                     "label": name,
                     "seq": seq,
                     **common.skipped(f"unavailable: {type(e).__name__}: {e}"),
@@ -295,7 +339,7 @@ def run(args) -> dict:
             rows += bench_seq(seq, args)
     finally:
         set_backend(None)
-    labels = [label_of(m, d, args.dists, b, c) for m, d, b, c in variants(args)]
+    labels = [label_of(m, d, args.dists, b, c, z) for m, d, b, c, z in variants(args)]
     status = {m: next((r["reason"] for r in rows if r["label"] == m and r.get("skipped")), "ok") for m in labels}
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return {
@@ -316,6 +360,8 @@ def run(args) -> dict:
             "variants": labels,
             "key_logits": "std<N>: every latent layer's b_proj scaled so its key logits have std N on the batch",
             "tokens_per_step": args.tokens_per_step,
+            "batch": args.batch,
+            "sizes": {z: SWEEP_SIZES[z] for z in args.sizes if z},
             "repeats": args.repeats,
             "warmup": args.warmup,
             "optimizer": "AdamW(lr=5e-4, weight_decay=0.01)",

@@ -11,17 +11,32 @@ _COMPILED = " compiled"
 
 
 def step_ratios(res: dict) -> dict:
-    """Per sequence, each variant's step time over softmax's (eager over
-    eager, compiled over compiled) and, with --compile, eager over compiled."""
-    cell = {(r["label"], r["seq"]): r["median_ms"] for r in res["results"] if not r.get("skipped")}
-    out = {"over_softmax": {}, "eager_over_compiled": {}}
+    """Per sequence, each variant's step time over softmax's and over linear
+    attention's (same size, eager over eager and compiled over compiled),
+    its attention layer's fwd+bwd time over theirs, and, with --compile,
+    eager over compiled."""
+    rows = [r for r in res["results"] if not r.get("skipped")]
+
+    def key(r, mixer):
+        return mixer, r["seq"], r.get("size", ""), bool(r.get("compiled"))
+
+    base = {key(r, r["mixer"]): r for r in rows if r["mixer"] in ("softmax", "linear")}
+    out = {"over_softmax": {}, "over_linear": {}, "layer_over_softmax": {}, "layer_over_linear": {}}
+    out["eager_over_compiled"] = {}
+    for r in rows:
+        seq = str(r["seq"])
+        for name in ("softmax", "linear"):
+            b = base.get(key(r, name))
+            if b is None:
+                continue
+            out[f"over_{name}"].setdefault(seq, {})[r["label"]] = r["median_ms"] / b["median_ms"]
+            if r.get("attention_layer_ms") and b.get("attention_layer_ms"):
+                ratio = r["attention_layer_ms"] / b["attention_layer_ms"]
+                out[f"layer_over_{name}"].setdefault(seq, {})[r["label"]] = ratio
+    cell = {(r["label"], r["seq"]): r["median_ms"] for r in rows}
     for (label, seq), ms in cell.items():
-        compiled = label.endswith(_COMPILED)
-        base = cell.get(("softmax" + (_COMPILED if compiled else ""), seq))
-        if base:
-            out["over_softmax"].setdefault(str(seq), {})[label] = ms / base
         eager = label[: -len(_COMPILED)]
-        if compiled and (eager, seq) in cell:
+        if label.endswith(_COMPILED) and (eager, seq) in cell:
             out["eager_over_compiled"].setdefault(str(seq), {})[eager] = cell[(eager, seq)] / ms
     return out
 
@@ -29,24 +44,68 @@ def step_ratios(res: dict) -> dict:
 def _ratio_table(ratios: dict, seqs: list, labels: list) -> list[str]:
     if not ratios["over_softmax"]:
         return []
-    hdr = ["mixer"] + [f"seq {s}: step / softmax's" for s in seqs]
-    if ratios["eager_over_compiled"]:
-        hdr += [f"seq {s}: eager / compiled" for s in seqs]
-    rows = []
-    for m in labels:
-        row = [m] + [ratios["over_softmax"].get(str(s), {}).get(m, "-") for s in seqs]
-        if ratios["eager_over_compiled"]:
-            row += [
-                "" if m.endswith(_COMPILED) else ratios["eager_over_compiled"].get(str(s), {}).get(m, "-") for s in seqs
-            ]
-        rows.append(row)
+    cols = [("over_softmax", "step / softmax's"), ("over_linear", "step / linear's")]
+    cols += [("eager_over_compiled", "eager / compiled")]
+    cols = [(k, t) for k, t in cols if ratios.get(k)]
+    hdr = ["mixer"] + [f"seq {s}: {t}" for _, t in cols for s in seqs]
+    rows = [[m] + [ratios[k].get(str(s), {}).get(m, "-") for k, _ in cols for s in seqs] for m in labels]
     return [
         "",
-        "Ratios from the same run (step time over softmax's, eager with eager and compiled with "
-        "compiled; eager over compiled step time per mixer):",
+        "Ratios from the same run (step time over softmax's and over linear attention's in the same "
+        "size, eager with eager and compiled with compiled; eager over compiled step time per mixer):",
         "",
         reporting.md_table(hdr, [[c if isinstance(c, str) else f"{c:.2f}" for c in r] for r in rows]),
     ]
+
+
+def _layer_table(res: dict, ratios: dict, seqs: list, labels: list) -> list[str]:
+    """One attention layer alone (the first), forward+backward, at the step's
+    batch and sequence: ms, and over linear attention's and softmax's layer."""
+    cell = {(r["label"], r["seq"]): r for r in res["results"] if not r.get("skipped")}
+    if not any("attention_layer_ms" in r for r in cell.values()):
+        return []
+    hdr = ["mixer"] + [f"seq {s}: ms / over linear's / over softmax's" for s in seqs]
+    rows = []
+    for m in labels:
+        row = [m]
+        for s in seqs:
+            r = cell.get((m, s))
+            if r is None:
+                row.append("-")
+                continue
+            over = [ratios.get(f"layer_over_{b}", {}).get(str(s), {}).get(m) for b in ("linear", "softmax")]
+            row.append(f"{r['attention_layer_ms']:.1f} / " + " / ".join("-" if x is None else f"{x:.2f}" for x in over))
+        rows.append(row)
+    return [
+        "",
+        "One attention layer alone (the model's first), forward+backward on a random input of the "
+        "step's batch and sequence length, interleaved like the steps: median ms, and over linear "
+        "attention's and softmax's layer in the same size and run:",
+        "",
+        reporting.md_table(hdr, rows),
+    ]
+
+
+def _mixer_notes(res: dict, seqs: list) -> list[str]:
+    """The RG-LRU qk mixers' layer over the conv mixer's (same mixer, size, run)."""
+    first = res["config"]["dists"][0]
+    cell = {
+        (r["mixer"], r.get("size", ""), r["seq"]): r
+        for r in res["results"]
+        if not r.get("skipped") and not r.get("compiled") and r.get("dist") == first and r.get("backend") == "torch"
+    }
+    notes = []
+    for (mixer, size, seq), r in sorted(cell.items()):
+        fam, _, qk = mixer.partition(":")
+        conv = cell.get((f"{fam}:conv", size, seq))
+        if conv is None or (qk or "conv_rglru") not in ("rglru", "conv_rglru") or fam not in ("latte", "macchiato"):
+            continue
+        notes.append(
+            f"- seq {seq}{f' @{size}' if size not in ('', 'v8192') else ''}: {mixer} "
+            f"(qk mixer {qk or 'conv_rglru'}) layer / {fam}:conv layer = "
+            f"{r['attention_layer_ms'] / conv['attention_layer_ms']:.2f}x"
+        )
+    return notes
 
 
 def _ratio_notes(cell: dict, seqs: list, mixer: str = "macchiato", base: str = "softmax") -> list[str]:
@@ -85,7 +144,13 @@ def output_name(cfg: dict) -> str:
 def _size(cfg: dict) -> str:
     if cfg["quick"]:
         return "quick, tiny model"
-    return "research-sweep size" if cfg.get("preset") == "sweep" else "Table 6 preset"
+    if cfg.get("preset") != "sweep":
+        return "Table 6 preset"
+    sizes = cfg.get("sizes") or {"v8192": {"vocab_size": 8192}}
+    return "research-sweep size; " + ", ".join(
+        f"{'@' + z + ': ' if z != 'v8192' else ''}" + ", ".join(f"{k} {v:g}" for k, v in fields.items())
+        for z, fields in sizes.items()
+    )
 
 
 def markdown(res: dict) -> str:
@@ -124,8 +189,10 @@ def markdown(res: dict) -> str:
             f"Sequence length(s) {res['merged']['seqs']} from an earlier run ({pm['time_utc']}, load avg "
             f"{pm['loadavg_start'][0]:.1f} at its start); the rest from this one ({m['time_utc']}).",
         ]
-    out += _ratio_table(res.get("ratios") or step_ratios(res), cfg["seqs"], cfg["variants"])
-    notes = _ratio_notes(cell, cfg["seqs"])
+    ratios = res.get("ratios") or step_ratios(res)
+    out += _ratio_table(ratios, cfg["seqs"], cfg["variants"])
+    out += _layer_table(res, ratios, cfg["seqs"], cfg["variants"])
+    notes = _ratio_notes(cell, cfg["seqs"]) + _mixer_notes(res, cfg["seqs"])
     for seq in cfg["seqs"]:
         out += step_profile.markdown(
             {r["label"]: r["profile"] for r in res["results"] if r["seq"] == seq and r.get("profile")}, seq

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from latte import reporting
+from latte.arguments import int_list
 from latte.ops.flex_window import flex_window, window_block_mask
 from latte.ops.sliding_window import window_blocked
 
@@ -40,10 +41,10 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="latte bench window", description=__doc__.split("\n\n")[0])
     common.add_common_args(p)
     add_device_args(p)
-    p.add_argument("--seqs", default=None, help="comma-separated T (default 512..8192)")
+    p.add_argument("--seqs", default=None, type=int_list(low=1), help="comma-separated T (default 512..8192)")
     args = p.parse_args(argv)
     resolve_device_args(p, args, cpu_dtypes=tuple(DTYPES))
-    args.seqs = [int(s) for s in args.seqs.split(",")] if args.seqs else (QUICK_T if args.quick else FULL_T)
+    args.seqs = list(args.seqs or (QUICK_T if args.quick else FULL_T))
     return args
 
 

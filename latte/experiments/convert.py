@@ -48,7 +48,9 @@ from pathlib import Path
 
 import torch
 
+from latte.arguments import checked, int_at_least, int_list, name_list
 from latte.data import load_documents, train_bpe
+from latte.train.task import load_run_config
 
 from .convert_models import MODELS, check_models, open_subject, sinks_of
 from .convert_needle import needle_stage
@@ -71,73 +73,124 @@ from .convert_stages import (
     sinks_stage,
 )
 from .convert_tasks import TASKS, check_tasks, tasks_stage
+from .results import check_readme
 
 STAGES = ("recipes", "eval", "sinks", "sample", "tasks", "needle")
+# The defaults of the options --quick changes; an option given explicitly wins over either.
+FULL = {
+    "contexts": ",".join(map(str, CONTEXTS)),
+    "documents": DOCUMENTS,
+    "sample_context": 16384,
+    "sink_context": 4096,
+    "threads": 2,
+    "needle_contexts": ",".join(map(str, NEEDLE_CONTEXTS)),
+    "needle_depths": ",".join(map(str, NEEDLE_DEPTHS)),
+    "task_examples": TASK_EXAMPLES,
+}
+QUICK = {
+    "contexts": "64,128",
+    "documents": 2,
+    "sample_context": 64,
+    "sink_context": 64,
+    "threads": 1,
+    "needle_contexts": "96,160",
+    "needle_depths": "0,0.5,1",
+    "task_examples": 4,
+}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="latte experiment convert", description=__doc__.split("\n\n")[0])
-    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
-    p.add_argument("--recipes", default=",".join(RECIPES), help=f"of {', '.join(RECIPES)}")
+    p.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        type=checked(name_list(STAGES)),
+        help=f"comma-separated, of {', '.join(STAGES)}",
+    )
+    p.add_argument(
+        "--recipes", default=",".join(RECIPES), type=checked(name_list(RECIPES)), help=f"of {', '.join(RECIPES)}"
+    )
     p.add_argument("--config", default="convert/smollm2", help="latte convert config for every recipe run")
     p.add_argument("--set", action="append", default=[], help="extra override for every run (section.field=value)")
     p.add_argument("--runs", default="runs/convert-experiment", help="folder of the training runs and sweep cells")
     p.add_argument("--out", default="results", help="results/convert and results/convert-recipes go here")
     p.add_argument(
         "--contexts",
-        default=",".join(map(str, CONTEXTS)),
-        help="contexts (tokens) reported; the largest is how far the documents are read",
+        default=None,
+        type=checked(int_list(low=2)),
+        help=f"contexts (tokens) reported; the largest is how far the documents are read (default {FULL['contexts']})",
     )
-    p.add_argument("--documents", type=int, default=DOCUMENTS, help="held-out documents per corpus (eval stage)")
+    p.add_argument(
+        "--documents", type=int_at_least(1), default=None, help=f"held-out documents per corpus ({DOCUMENTS})"
+    )
     p.add_argument(
         "--original-full-documents",
-        type=int,
+        type=int_at_least(0),
         default=1,
         help="documents the original reads to --max-context (quadratic); the others stop at 8K",
     )
     p.add_argument(
         "--full-documents",
-        type=int,
+        type=int_at_least(0),
         default=FULL_DOCUMENTS,
         help="documents the other models read to --max-context (0 = all); the others stop at 8K",
     )
-    p.add_argument("--sample-context", type=int, default=16384)
+    p.add_argument("--sample-context", type=int_at_least(1), default=None, help="prompt tokens of the sample (16384)")
     p.add_argument(
-        "--sink-context", type=int, default=4096, help="tokens per document of the sinks stage (quadratic mask)"
+        "--sink-context",
+        type=int_at_least(2),
+        default=None,
+        help="tokens per document of the sinks stage (quadratic mask; 4096)",
     )
     p.add_argument(
         "--converted", default=None, help="the converted model evaluated: a latte convert run or model folder"
     )
     p.add_argument("--models", default=",".join(MODELS), help="models compared by eval, tasks and needle")
-    p.add_argument("--sinks", type=int, default=None, help="k of window+sinks (default: the model's own, else 4)")
+    p.add_argument(
+        "--sinks", type=int_at_least(0), default=None, help="k of window+sinks (default: the model's own, else 4)"
+    )
     p.add_argument("--corpora", default="plays,essays", help="held-out corpora of the eval stage")
     p.add_argument("--tasks", default=",".join(TASKS), help="zero-shot tasks of the tasks stage")
-    p.add_argument("--task-examples", type=int, default=TASK_EXAMPLES, help="examples per task (0 = all)")
-    p.add_argument("--task-batch-size", type=int, default=16)
-    p.add_argument("--needle-contexts", default=",".join(map(str, NEEDLE_CONTEXTS)))
-    p.add_argument("--needle-depths", default=",".join(map(str, NEEDLE_DEPTHS)), help="fractions in [0, 1]")
-    p.add_argument("--needle-trials", type=int, default=NEEDLE_TRIALS, help="prompts per (context, depth)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--task-examples", type=int_at_least(0), default=None, help=f"examples per task (0 = all; {TASK_EXAMPLES})"
+    )
+    p.add_argument("--task-batch-size", type=int_at_least(1), default=16)
+    p.add_argument("--needle-contexts", default=None, help=f"tokens ({FULL['needle_contexts']})")
+    p.add_argument("--needle-depths", default=None, help=f"fractions in [0, 1] ({FULL['needle_depths']})")
+    p.add_argument("--needle-trials", type=int_at_least(1), default=NEEDLE_TRIALS, help="prompts per (context, depth)")
+    p.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads (2)")
     p.add_argument(
         "--readme",
         default=None,
         help="replace the sections results:convert, results:convert-recipes, results:convert-tasks and "
         "results:convert-needle of this markdown file (the repository's: results/README.md)",
     )
-    p.add_argument("--quick", action="store_true", help="a tiny stand-in model and corpus, seconds")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny stand-in model and corpus, seconds (options given explicitly are kept)",
+    )
+    a = p.parse_args(argv)
+    a.user_set = list(a.set)  # --quick adds its own overrides in front (quick_setup)
+    for name, value in (QUICK if a.quick else FULL).items():
+        if getattr(a, name) is None:
+            setattr(a, name, value)
+    return a
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
     started = time.time()
+    stages = check_args(a)
+    # (the tasks and needle sections are added on the first --readme run)
+    check_readme(a.readme, [n for s, n in (("recipes", "convert-recipes"), ("eval", "convert")) if s in stages])
     torch.set_num_threads(a.threads)
     if a.quick:
         quick_setup(a)
-    a.contexts = sorted({int(c) for c in a.contexts.split(",") if c.strip()})
+    check_sets(a)
+    a.contexts = sorted(int(c) for c in a.contexts.split(","))
     a.max_context = a.contexts[-1]
-    stages = check_args(a)
     recipe_rows = recipes_stage(a) if "recipes" in stages else None
     subject, k = None, None
     if set(stages) - {"recipes"}:
@@ -152,6 +205,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def check_sets(a: argparse.Namespace) -> None:
+    """Every --set is a valid override of --config with each recipe's, before
+    any run (a bad one would otherwise fail inside a run, or never be read
+    when the cells are already done)."""
+    bad = [s for s in a.set if "=" not in s or not s.partition("=")[0].strip()]
+    if bad:
+        raise ValueError(f"--set {bad[0]!r}: expected SECTION.FIELD=VALUE, e.g. train.steps=100")
+    for recipe in a.recipes.split(","):
+        try:
+            load_run_config(a.config, [f"--{s}" for s in (*RECIPES[recipe], *a.set)])
+        except ValueError as e:
+            given = f"--config {a.config}" + "".join(f" --set {s}" for s in a.user_set)
+            raise ValueError(f"{given}: not valid for recipe {recipe} ({e})") from None
+
+
 def _ints(text: str, option: str) -> list[int]:
     try:
         return sorted({int(x) for x in text.split(",") if x.strip()})
@@ -161,10 +229,7 @@ def _ints(text: str, option: str) -> list[int]:
 
 def check_args(a: argparse.Namespace) -> list[str]:
     """Parses the list options in place; returns the stages. Errors name the option."""
-    stages = [s for s in a.stages.split(",") if s]
-    unknown = set(stages) - set(STAGES)
-    if unknown:
-        raise ValueError(f"--stages: unknown {sorted(unknown)}; expected some of {', '.join(STAGES)}")
+    stages = a.stages.split(",")
     a.models, a.tasks = check_models(a.models), check_tasks(a.tasks)
     a.corpora = [c for c in a.corpora.split(",") if c]
     if not a.corpora or set(a.corpora) - set(CORPORA):
@@ -176,10 +241,6 @@ def check_args(a: argparse.Namespace) -> list[str]:
         raise ValueError(f"--needle-depths {a.needle_depths!r}: expected comma-separated fractions") from None
     if not a.needle_depths or not all(0 <= d <= 1 for d in a.needle_depths):
         raise ValueError(f"--needle-depths {a.needle_depths}: expected fractions in [0, 1]")
-    for name in ("task_examples", "needle_trials", "task_batch_size"):
-        low = 0 if name == "task_examples" else 1
-        if getattr(a, name) < low:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(a, name)}: expected an integer >= {low}")
     if not a.needle_contexts or a.needle_contexts[0] < 64:
         raise ValueError(f"--needle-contexts {a.needle_contexts}: expected integers >= 64")
     return stages
@@ -221,5 +282,3 @@ def quick_setup(a: argparse.Namespace) -> None:
         "train.time_budget_minutes=null",
         *a.set,
     ]
-    a.contexts, a.documents, a.sample_context, a.sink_context, a.threads = "64,128", 2, 64, 64, 1
-    a.needle_contexts, a.needle_depths, a.task_examples = "96,160", "0,0.5,1", 4

@@ -20,6 +20,7 @@ from latte.eval.needle import PrefixFeeder, haystack_text, make_key, needle_prom
 
 from ..reporting import pyplot, save_figure
 from .convert_models import MODELS, as_model
+from .convert_stages import checks
 from .results import Sweep
 
 
@@ -61,7 +62,8 @@ def needle_stage(a, subject, sinks: int) -> list[dict]:
             rec = run_trial(model, tok, prompt, feeder=shared)
         return {**rec, "load": round(load0, 2), "window": subject.model.converted[0].window_size}
 
-    return Sweep(Path(a.runs) / "cells-needle", cells).run(cell_fn, desc="needle")
+    sweep = Sweep(Path(a.runs) / "cells-needle", cells, **checks(a, ("correct", "answer", "load")))
+    return sweep.run(cell_fn, desc="needle")
 
 
 def needle_records(cells: list[dict]) -> list[dict]:

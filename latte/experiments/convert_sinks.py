@@ -26,27 +26,44 @@ from pathlib import Path
 
 import torch
 
+from latte.arguments import checked, int_at_least, int_list
 from latte.data.heldout import eval_essays, eval_plays
 from latte.eval.long_context import converted_nll, original_nll
 
-from .results import Sweep, provenance, write_results
+from .results import Sweep, check_readme, provenance, write_results
 
 SINKS = (0, 1, 4, 8)
 CONTEXTS = (1024, 2048)
 
 
+# The defaults of the options --quick changes; an option given explicitly wins over either.
+FULL = {"sinks": ",".join(map(str, SINKS)), "contexts": ",".join(map(str, CONTEXTS)), "window": 128}
+FULL.update(documents=4, threads=2)
+QUICK = {"sinks": "0,2", "contexts": "32,64", "window": 8, "documents": 2, "threads": 1}
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="latte experiment convert-sinks", description=__doc__.split("\n\n")[0])
-    p.add_argument("--sinks", default=",".join(map(str, SINKS)), help="numbers of sinks compared")
-    p.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="contexts (tokens) reported")
-    p.add_argument("--window", type=int, default=128, help="window size (the shipped config's)")
-    p.add_argument("--documents", type=int, default=4, help="held-out plays and essays each (longest first)")
+    p.add_argument("--sinks", default=None, type=checked(int_list(low=0)), help="numbers of sinks compared (0,1,4,8)")
+    p.add_argument(
+        "--contexts", default=None, type=checked(int_list(low=2)), help="contexts (tokens) reported (1024,2048)"
+    )
+    p.add_argument("--window", type=int_at_least(1), default=None, help="window size (the shipped config's: 128)")
+    p.add_argument(
+        "--documents", type=int_at_least(1), default=None, help="held-out plays and essays each (longest first; 4)"
+    )
     p.add_argument("--runs", default="runs/convert-sinks", help="folder of the sweep cells")
     p.add_argument("--out", default=None, help="default results/convert-sinks (--quick: inside --runs)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads (2)")
     p.add_argument("--readme", default=None, help="replace its results:convert-sinks section (results/README.md)")
-    p.add_argument("--quick", action="store_true", help="a tiny random Llama and byte tokens, seconds")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--quick", action="store_true", help="a tiny random Llama and byte tokens, seconds (explicit options are kept)"
+    )
+    a = p.parse_args(argv)
+    for name, value in (QUICK if a.quick else FULL).items():
+        if getattr(a, name) is None:
+            setattr(a, name, value)
+    return a
 
 
 def load_model(a):
@@ -174,17 +191,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
     started = time.time()
-    if a.quick:
-        a.sinks, a.contexts, a.window, a.documents, a.threads = "0,2", "32,64", 8, 2, 1
+    check_readme(a.readme, ["convert-sinks"])
     a.out = a.out or (str(Path(a.runs) / "results") if a.quick else "results/convert-sinks")
     torch.set_num_threads(a.threads)
-    sinks = [int(k) for k in a.sinks.split(",") if k.strip()]
-    contexts = sorted({int(c) for c in a.contexts.split(",") if c.strip()})
+    sinks = [int(k) for k in a.sinks.split(",")]
+    contexts = sorted(int(c) for c in a.contexts.split(","))
     model, encode = load_model(a)
     docs = documents(encode, a.documents, contexts[-1])
     cells = [{"model": "original", "document": d} for d in docs]
     cells += [{"model": "window", "sinks": k, "window": a.window, "document": d} for k in sinks for d in docs]
-    sweep = Sweep(a.runs, cells)
+    # what a cell's loss depends on beyond its fields: the model and how far the documents are read
+    protocol = {"base": "tiny random Llama" if a.quick else "smollm2", "max_context": contexts[-1]}
+    sweep = Sweep(a.runs, cells, protocol=protocol, fields=("nll", "tokens", "wall_s", "load"), folder_flag="--runs")
     reused = len(cells) - len(sweep.pending())
     with torch.no_grad():
         sweep.run(cell_fn(model, docs), desc="convert-sinks")

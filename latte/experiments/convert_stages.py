@@ -18,7 +18,7 @@ from latte.train.lm import pack_split, split_corpus
 from latte.train.runs import open_run
 from latte.train.validation import nll_sums, subset, summarize
 
-from .results import Sweep, run_latte
+from .results import Sweep, protocol_sets, run_latte
 
 RECIPES = {  # name -> latte convert overrides of the shipped config, each one spelled out in full
     "end_to_end+lora8": ["conversion.lora_rank=8"],
@@ -46,6 +46,17 @@ def run_dir(a, recipe: str) -> Path:
     return Path(a.runs) / "recipes" / recipe
 
 
+def checks(a, fields=(), extra=None) -> dict:
+    """results.Sweep's checks of a stage: the protocol every cell records
+    (the runs' config and --set overrides, plus `extra(cell)`: the stage's
+    own settings) and the fields its record holds."""
+
+    def protocol(cell: dict) -> dict:
+        return {"config": a.config, "sets": protocol_sets(a.set), **(extra(cell) if extra else {})}
+
+    return dict(protocol=protocol, fields=fields, folder_flag="--runs")
+
+
 # --------------------------------------------------------------------------- recipes
 
 
@@ -56,7 +67,8 @@ def recipes_stage(a) -> list[dict]:
         raise ValueError(f"--recipes: unknown {bad}" if bad else f"--recipes must include {DEFAULT_RECIPE!r}")
     cells = [{"recipe": r} for r in sorted(names, key=lambda r: r != DEFAULT_RECIPE)]
     cells += [{"recipe": "none (swa)"}, {"recipe": "none (original)"}]
-    rows = Sweep(Path(a.runs) / "cells-recipes", cells).run(lambda c: _recipe_cell(c, a), desc="recipes")
+    sweep = Sweep(Path(a.runs) / "cells-recipes", cells, **checks(a, ("val_ppl", "val_tokens", "train_tokens")))
+    rows = sweep.run(lambda c: _recipe_cell(c, a), desc="recipes")
     # a recipe's overrides as defined now (a cell keeps the string it ran with)
     return [{**r, "overrides": " ".join(RECIPES[r["recipe"]])} if r["recipe"] in RECIPES else r for r in rows]
 
@@ -177,7 +189,19 @@ def eval_stage(a, subject, sinks: int) -> list[dict]:
                 cells.append(cell)
     if "original" in a.models:
         cells += [{"model": "original-decode", "document": f"context-{c}"} for c in contexts]
-    sweep = Sweep(Path(a.runs) / "cells-eval", cells)
+
+    def extra(cell: dict) -> dict:  # how far each model reads depends on its document's rank
+        reach = {}
+        if cell["model"] == "original":
+            reach = {"original_full_documents": a.original_full_documents}
+        elif cell["model"] != "original-decode":
+            reach = {"full_documents": a.full_documents}
+        return {"contexts": ",".join(map(str, contexts)), **reach}
+
+    def fields(cell: dict) -> tuple:
+        return ("ms_per_token", "state_bytes") if cell["model"] == "original-decode" else ("nll", "wall_s", "load")
+
+    sweep = Sweep(Path(a.runs) / "cells-eval", cells, **checks(a, fields, extra=extra))
     sweep.run(lambda cell: _eval_cell(cell, subject.model, docs, contexts), desc="eval")
     return sweep.records()
 
@@ -243,7 +267,7 @@ def sinks_stage(a, subject) -> list[dict]:
             "nll": ",".join(f"{x:.5f}" for x in res.nll.tolist()),
         }
 
-    sweep = Sweep(Path(a.runs) / "cells-sinks", cells)
+    sweep = Sweep(Path(a.runs) / "cells-sinks", cells, **checks(a, ("nll", "tokens", "wall_s", "load")))
     sweep.run(cell_fn, desc="sinks")
     return sweep.records()
 
@@ -253,7 +277,8 @@ def sinks_stage(a, subject) -> list[dict]:
 
 def sample_stage(a, subject) -> dict:
     cells = [{"sample": "long-context", "context": a.sample_context, "source": subject.identity}]
-    return Sweep(Path(a.runs) / "cells-sample", cells).run(lambda c: _sample_cell(c, a, subject), desc="sample")[0]
+    sweep = Sweep(Path(a.runs) / "cells-sample", cells, **checks(a, ("generated", "prompt_tokens")))
+    return sweep.run(lambda c: _sample_cell(c, a, subject), desc="sample")[0]
 
 
 @torch.no_grad()

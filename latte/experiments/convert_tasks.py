@@ -20,6 +20,7 @@ from pathlib import Path
 from latte.eval.tasks import PREFIX, all_specs, load_task_split, write_task_dir
 
 from .convert_models import as_model
+from .convert_stages import checks
 from .results import Sweep
 
 TASKS = (
@@ -101,7 +102,8 @@ def tasks_stage(a, subject, sinks: int) -> list[dict]:
             built[t] = samples, list(manager.load(sorted(samples))["tasks"].values())
         return _task_cell(cell, subject, sinks, *built[t], manager, hf_tok, a)
 
-    return Sweep(Path(a.runs) / "cells-tasks", cells).run(cell_fn, desc="tasks")
+    sweep = Sweep(Path(a.runs) / "cells-tasks", cells, **checks(a, ("wall_s", "load")))
+    return sweep.run(cell_fn, desc="tasks")
 
 
 def _task_cell(cell, subject, sinks, samples, tasks, manager, hf_tok, a) -> dict:

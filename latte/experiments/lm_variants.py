@@ -33,16 +33,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from latte.arguments import checked, int_at_least, int_list, name_list
+from latte.train.task import load_run_config
+
 from .lm_curves import curve_table
 from .lm_plans import PLANS, VARIANT_SETS, VARIANTS, stage_outputs
 from .lm_report import extrapolation_report, latents_report, variants_report
-from .results import Sweep, provenance, run_latte, write_results
+from .results import Sweep, check_readme, protocol_sets, provenance, run_latte, write_results
 
 STAGES = ("train", "extrapolation", "latents")
 # --quick: every stage on a model of a few thousand parameters, in seconds.
@@ -132,13 +136,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="latte experiment lm-variants", description=__doc__.split("\n\n")[0])
     p.add_argument("--plan", default="table1", choices=list(PLANS), help="what to run (latte/experiments/lm_plans.py)")
     p.add_argument("--quick", action="store_true", help="tiny models, 2 steps: the end-to-end test")
-    p.add_argument("--variants", default=None, help=f"among {', '.join(VARIANTS)} (default: the plan's)")
-    p.add_argument("--seeds", default=None, help="default: the plan's (table1: 0,1,2)")
-    p.add_argument("--stages", default=",".join(STAGES), help=f"among {', '.join(STAGES)}")
-    p.add_argument("--lengths", default=None, help="extrapolation: multiples of the training length (plan's)")
+    p.add_argument(
+        "--variants",
+        default=None,
+        type=checked(name_list(VARIANTS)),
+        help=f"among {', '.join(VARIANTS)} (default: the plan's)",
+    )
+    p.add_argument("--seeds", default=None, type=checked(int_list(low=0)), help="default: the plan's (table1: 0,1,2)")
+    p.add_argument(
+        "--stages", default=",".join(STAGES), type=checked(name_list(STAGES)), help=f"among {', '.join(STAGES)}"
+    )
+    p.add_argument(
+        "--lengths",
+        default=None,
+        type=checked(int_list(low=1)),
+        help="extrapolation: multiples of the training length (plan's)",
+    )
     p.add_argument(
         "--eval-tokens",
-        type=int,
+        type=int_at_least(0, " (0 = the whole validation split)"),
         default=None,
         help="validation tokens per evaluation, 0 = the whole split (default: the plan's, quick 512)",
     )
@@ -155,7 +171,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="SECTION.FIELD=VALUE",
         help="a config override for every training run (repeatable, after the plan's), e.g. train.steps=100",
     )
-    p.add_argument("--threads", type=int, default=1, help="torch threads of each run")
+    p.add_argument("--threads", type=int_at_least(1), default=1, help="torch threads of each run")
     p.add_argument(
         "--report-only", action="store_true", help="write the results of the finished cells of each stage, run none"
     )
@@ -174,41 +190,101 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a.results = Path(a.results or ("results/quick" if a.quick else "results"))
     if a.eval_tokens is None:
         a.eval_tokens = 512 if a.quick else plan.eval_tokens
-    if a.eval_tokens < 0:
-        raise ValueError(f"--eval-tokens {a.eval_tokens}: expected >= 0 (0 = the whole validation split)")
     a.lengths = a.lengths or ("1,2" if a.quick else plan.lengths)
-    for name, values, allowed in (("--variants", a.variants, VARIANTS), ("--stages", a.stages, STAGES)):
-        bad = [v for v in values.split(",") if v not in allowed]
-        if bad:
-            raise ValueError(f"{name}: unknown {bad}; expected some of {', '.join(allowed)}")
     return a
+
+
+def train_protocol(variant: str, sets: list[str]) -> dict:
+    """What a training cell's result depends on beyond (variant, seed): its
+    config and overrides (results.Sweep records it in the cell file)."""
+    return {"config": VARIANTS[variant][0], "sets": protocol_sets([*sets, *VARIANT_SETS.get(variant, ())])}
+
+
+def eval_protocol(cell: dict, a: argparse.Namespace, stage: str, sets: list[str]) -> dict:
+    """An evaluation cell's: the training's and the `latte eval` options."""
+    args = [
+        "--max-tokens",
+        str(a.eval_tokens),
+        *(["--lengths", a.lengths] if stage == "extrapolation" else ["--latents"]),
+    ]
+    return {**train_protocol(cell["variant"], sets), "eval": " ".join(args)}
+
+
+def legacy_protocol(record: dict) -> dict:
+    """The protocol a cell file written before protocols were recorded states
+    in its `command` (a `latte train` or `latte eval` command line)."""
+    try:
+        words = shlex.split(record.get("command", ""))
+    except ValueError:
+        return {}
+    rest = words[2:]
+    if words[:2] == ["latte", "train"] and "--config" in rest[:-1]:
+        at = rest.index("--config")
+        sets = [w for i, w in enumerate(rest) if i not in (at, at + 1) and not w.startswith("--train.seed=")]
+        return {"config": rest[at + 1], "sets": protocol_sets(sets)}
+    if words[:2] == ["latte", "eval"]:
+        kept = [
+            w
+            for i, w in enumerate(rest)
+            if w not in ("--run", "--out") and (i == 0 or rest[i - 1] not in ("--run", "--out"))
+        ]
+        return {"eval": " ".join(kept)}
+    return {}
+
+
+FIELDS = {
+    "train": ("variant", "seed", "mixer", "val_ppl", "tokens_per_s", "wall_s", "steps", "tokens_seen", "val_tokens"),
+    "extrapolation": ("variant", "seed", "mixer", "report"),
+    "latents": ("variant", "seed", "mixer", "report"),
+}
 
 
 def main(argv: list[str]) -> int:
     a = parse_args(argv)
     started = time.time()
-    torch.set_num_threads(a.threads)  # what the runs use (OMP_NUM_THREADS), so the provenance says it
     sets = list(a.plan_.sets) + (QUICK_SET if a.quick else []) + a.set
+    check_sets(sets, a.variants.split(","))
+    outputs = stage_outputs(a.results, a.plan_.name)
+    stages = a.stages.split(",")
+    check_readme(a.readme, [outputs[s][1] for s in stages])
+    torch.set_num_threads(a.threads)  # what the runs use (OMP_NUM_THREADS), so the provenance says it
     variants, seeds = a.variants.split(","), [int(s) for s in a.seeds.split(",")]
     # seed-major: every variant's first seed before any second seed, so a sweep
     # cut short still compares every variant
     cells = [{"variant": v, "seed": s} for s in seeds for v in variants]
     work = Path(a.runs) / ".cells"
-    stages = a.stages.split(",")
     latent_cells = [c for c in cells if VARIANTS[c["variant"]][1] in ("latte", "macchiato")]
     plan = {
         "train": (cells, lambda c: train_cell(c, a, sets)),
         "extrapolation": (cells, lambda c: eval_cell(c, a, "extrapolation")),
         "latents": (latent_cells, lambda c: eval_cell(c, a, "latents")),
     }
+    protocols = {
+        "train": lambda c: train_protocol(c["variant"], sets),
+        "extrapolation": lambda c: eval_protocol(c, a, "extrapolation", sets),
+        "latents": lambda c: eval_protocol(c, a, "latents", sets),
+    }
+    sweeps = {
+        stage: Sweep(
+            work / stage,
+            plan[stage][0],
+            protocol=protocols[stage],
+            legacy=legacy_protocol,
+            fields=FIELDS[stage],
+            folder_flag="--runs",
+        )
+        for stage in STAGES
+        if stage in stages
+    }
+    for sweep in sweeps.values():  # every stage's cells, before any runs
+        sweep.check()
     done, missing = {}, {}
-    for stage in (s for s in STAGES if s in stages):
-        stage_cells, fn = plan[stage]
-        sweep = Sweep(work / stage, stage_cells)
-        done[stage] = sweep.records() if a.report_only else sweep.run(fn, desc=f"lm-variants {stage}")
+    for stage, sweep in sweeps.items():
+        done[stage] = sweep.records() if a.report_only else sweep.run(plan[stage][1], desc=f"lm-variants {stage}")
         missing[stage] = [f"{c['variant']} seed {c['seed']}" for c in sweep.pending()]
+    if not any(done.values()):
+        raise ValueError(f"--runs {a.runs}: no finished cells to report (a mistyped folder?); nothing was written")
     builders = {"train": variants_report, "extrapolation": extrapolation_report, "latents": latents_report}
-    outputs = stage_outputs(a.results, a.plan_.name)
     for stage, records in done.items():
         if not records:
             print(f"lm-variants {stage}: no finished cells to report", file=sys.stderr)
@@ -233,3 +309,17 @@ def main(argv: list[str]) -> int:
         )
         print(tables)
     return 0
+
+
+def check_sets(sets: list[str], variants: list[str]) -> None:
+    """Every --set is a valid override of every variant's config, before any
+    run starts (a bad one would otherwise fail in each training subprocess,
+    or never be read when the cells are already done)."""
+    bad = [s for s in sets if "=" not in s or not s.partition("=")[0].strip()]
+    if bad:
+        raise ValueError(f"--set {bad[0]!r}: expected SECTION.FIELD=VALUE, e.g. train.steps=100")
+    for v in variants:
+        try:
+            load_run_config(VARIANTS[v][0], [f"--{s}" for s in (*sets, *VARIANT_SETS.get(v, ()))])
+        except ValueError as e:
+            raise ValueError(f"--set {' '.join(sets)}: not a valid override of {VARIANTS[v][0]} ({e})") from None

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from latte.data.lra import listops, load_task, pathfinder
-from latte.experiments.results import Sweep, provenance, write_results
+from latte.experiments.results import Sweep, check_readme, protocol_sets, provenance, write_results
 from latte.reporting import pyplot, save_figure
 from latte.train.checkpoint import find_latest_checkpoint
 from latte.train.loop import train
@@ -137,13 +137,12 @@ def generator_speed(task: str, quick: bool) -> dict:
 
     load = os.getloadavg()
     t0, cpu0 = time.perf_counter(), time.process_time()
+    n = generator_count(task, quick)
     if task == "listops":
-        n = 8 if quick else 400
         spec = listops.ListOpsSpec(min_length=20, max_length=60) if quick else listops.ListOpsSpec()
         _, drawn = listops.generate_shard(0, 0, n, spec)
         extra = {"candidates_per_example": round(drawn / n, 2)}
     else:
-        n = 4 if quick else 512
         pathfinder.generate_shard(0, 0, n, pathfinder.PathfinderSpec())
         extra = {}
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
@@ -406,28 +405,35 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     started = time.time()
     out, work = Path(args.out), Path(args.work)
+    check_readme(args.readme, [NAME])
+    check_overrides(args, work)
     quick = [*QUICK, f"data.cache_dir={work / 'cache'}"] if args.quick else []
     extra = [*quick, *args.override]
     cells = [{"part": "generator", "task": t} for t in args.tasks if "generators" in args.parts and t not in VARIANTS]
     if "train" in args.parts:
         cells += [{"part": "train", "task": t, "mixer": m} for t in args.tasks for m in args.mixers]
+    if not cells:
+        raise ValueError(
+            f"--parts {' '.join(args.parts)} --tasks {' '.join(args.tasks)}: no cells (the control "
+            f"{', '.join(VARIANTS)} has no generator of its own)"
+        )
 
     def run(cell: dict) -> dict:
         if cell["part"] == "generator":
             return generator_speed(cell["task"], args.quick)
-        task = cell["task"]
-        quick_task = QUICK_LISTOPS if args.quick and task == "listops" else []
-        budget = budget_of(task, args.budget)
-        reduced = REDUCED if budget == "reduced" else []
-        # the user's --override comes last: it wins over the budget's
-        overrides = [*quick, *quick_task, *reduced, *args.override]
-        return {"budget": budget, **run_training(task, cell["mixer"], work, overrides)}
+        budget = budget_of(cell["task"], args.budget)
+        return {"budget": budget, **run_training(cell["task"], cell["mixer"], work, cell_overrides(cell, args, work))}
 
-    sweep = Sweep(work, cells)
+    sweep = Sweep(work, cells, **sweep_checks(args, work))
     missing = sweep.pending() if args.report_only else []
     records = sweep.records() if args.report_only else sweep.run(run, desc="lra")
     if args.budget == "reduced" and Path(args.full_work).resolve() != work.resolve():
-        records += full_budget_records(Path(args.full_work), cells)
+        records += full_budget_records(Path(args.full_work), cells, args, work)
+    if not records:  # report-only on an empty or mistyped folder: leave the published files alone
+        raise ValueError(
+            f"--work {work}: no finished cells to report (a mistyped folder?); "
+            f"{out} and the README are left as they were"
+        )
     records.sort(key=_row_order)
     out.mkdir(parents=True, exist_ok=True)
     if "pathfinder" in args.tasks:
@@ -441,11 +447,80 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def full_budget_records(full_work: Path, cells: list[dict]) -> list[dict]:
+def cell_overrides(cell: dict, args: argparse.Namespace, work: Path, budget: str | None = None) -> list[str]:
+    """The config overrides a training cell runs with (the user's --override
+    last: it wins over the budget's). `budget`: instead of the command's."""
+    quick = [*QUICK, f"data.cache_dir={work / 'cache'}"] if args.quick else []
+    quick_task = QUICK_LISTOPS if args.quick and cell["task"] == "listops" else []
+    reduced = REDUCED if (budget or budget_of(cell["task"], args.budget)) == "reduced" else []
+    return [*quick, *quick_task, *reduced, *args.override]
+
+
+def generator_count(task: str, quick: bool) -> int:
+    """Examples (ListOps) or images (Pathfinder) the generator-speed cell times."""
+    return {"listops": (400, 8), "pathfinder": (512, 4)}[task][quick]
+
+
+TRAIN_FIELDS = ("task", "mixer", "test_accuracy", "test_balanced_accuracy", "val_accuracy", "majority_baseline")
+TRAIN_FIELDS += ("steps", "batch", "examples", "wall_s", "parameters", "command", "loadavg_1min")
+TRAIN_FIELDS += ("train_examples", "test_examples", "train_label_counts", "test_label_counts", "lra_transformer")
+GENERATOR_FIELDS = ("task", "per_s_per_core", "generated", "loadavg_1min")
+
+
+def sweep_checks(args: argparse.Namespace, work: Path, budget: str | None = None) -> dict:
+    """The protocol of each cell (results.Sweep): a training cell's config and
+    overrides, a generator cell's count; and the fields a record holds."""
+
+    def protocol(cell: dict) -> dict:
+        if cell["part"] == "generator":
+            return {"examples": generator_count(cell["task"], args.quick)}
+        config, overrides = train_overrides(cell["task"], cell["mixer"], work, cell_overrides(cell, args, work, budget))
+        return {"config": config, "overrides": protocol_sets(overrides)}
+
+    return dict(
+        protocol=protocol,
+        legacy=legacy_protocol,
+        fields=lambda c: GENERATOR_FIELDS if c["part"] == "generator" else TRAIN_FIELDS,
+    )
+
+
+def legacy_protocol(record: dict) -> dict:
+    """The protocol a cell file written before protocols were recorded states:
+    a generator's count, a training run's `latte train` command."""
+    if record.get("part") == "generator":
+        return {"examples": record["generated"]} if "generated" in record else {}
+    try:
+        words = shlex.split(record.get("command", ""))
+    except ValueError:
+        return {}
+    if words[:3] != ["latte", "train", "--config"] or len(words) < 4:
+        return {}
+    return {"config": words[3], "overrides": protocol_sets(words[4:])}
+
+
+def check_overrides(args: argparse.Namespace, work: Path) -> None:
+    """Every --override is valid for every task's config, before any run (a
+    bad one would otherwise fail inside a run, or never be read at all when
+    the cells are done)."""
+    bad = [o for o in args.override if "=" not in o or not o.partition("=")[0].strip()]
+    if bad:
+        raise ValueError(f"--override {bad[0]!r}: expected SECTION.FIELD=VALUE, e.g. train.steps=100")
+    for task in args.tasks if args.override and "train" in args.parts else ():
+        cell = {"part": "train", "task": task, "mixer": args.mixers[0]}
+        config, overrides = train_overrides(task, args.mixers[0], Path(args.work), cell_overrides(cell, args, work))
+        try:
+            load_run_config(config, overrides)
+        except ValueError as e:
+            raise ValueError(f"--override {' '.join(args.override)}: not valid for {config} ({e})") from None
+
+
+def full_budget_records(full_work: Path, cells: list[dict], args: argparse.Namespace, work: Path) -> list[dict]:
     """Cells of the LRA tasks finished at the configs' full budget in an earlier
-    `latte experiment lra --work full_work` (marked budget=full)."""
+    `latte experiment lra --work full_work` (marked budget=full), checked
+    against this command's protocol at the full budget."""
     wanted = [c for c in cells if c["part"] == "train" and c["task"] not in VARIANTS]
-    return [{**r, "budget": "full"} for r in Sweep(full_work, wanted).records()]
+    checks = sweep_checks(args, full_work, budget="full")
+    return [{**r, "budget": "full"} for r in Sweep(full_work, wanted, **checks).records()]
 
 
 def _row_order(r: dict) -> tuple:

@@ -36,14 +36,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from latte.data.mqar import MQARData, mqar_splits
+from latte.arguments import checked, float_list, int_at_least, int_list, name_list
+from latte.data.mqar import MQARData, check_mqar_args, mqar_splits
 from latte.models import LatteConfig, LatteForCausalLM
 from latte.train.schedule import lr_at
 
-from .mqar_cells import cell_file_key, other_protocol_records, restore_cells, with_protocol
+from .mqar_cells import cell_file_key, legacy_protocol, other_protocol_records, restore_cells, with_protocol
 from .mqar_report import flat_records, report
 from .mqar_train import accuracy, adamw, batches, scored_logits
-from .results import StepClock, Sweep, provenance, utc_deadline, write_results
+from .results import StepClock, Sweep, check_readme, provenance, utc_deadline, write_results
 
 NAME = "mqar"
 VOCAB_SIZE = 8192
@@ -275,23 +276,65 @@ def train_cell(
     }
 
 
+DIMS = int_list(low=NUM_HEADS)
+LRS = float_list("learning rates > 0", lambda v: v > 0)
+MULTIPLES = float_list("multiples > 0", lambda v: v > 0)
+SEEDS = int_list(low=0)
+
+
+def _settings(text: str) -> tuple[tuple[int, int], ...]:
+    """--settings "64x4,128x8": (seq_len, num_kv_pairs) pairs MQAR can hold."""
+    allowed = "comma-separated T x pairs like 64x4,128x8 with T >= 4 x pairs"
+    out = []
+    for item in text.split(","):
+        try:
+            T, P = (int(v) for v in item.strip().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}") from None
+        try:
+            check_mqar_args(VOCAB_SIZE, T, P, 0.01)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r} ({e})") from None
+        out.append((T, P))
+    if len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"expected {allowed} without repeats, got {text!r}")
+    return tuple(out)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        k, n = -1, 0
+    if not 0 <= k < n:
+        raise argparse.ArgumentTypeError(f"expected K/N with 0 <= K < N (worker K of N), got {text!r}")
+    return k, n
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="latte experiment mqar", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a tiny sweep in seconds (the end-to-end test)")
     p.add_argument("--out", default=None, help="results folder (default results/mqar, quick: results/mqar-quick)")
     p.add_argument("--work", default=None, help="finished cells, for resuming (default runs/experiments/mqar[-quick])")
-    p.add_argument("--settings", default=None, help="T x pairs list, e.g. 64x4,128x8")
-    p.add_argument("--dims", default=None, help="widths, e.g. 64,128")
-    p.add_argument("--mixers", default=None, help=f"model families among {', '.join(FAMILIES)}")
-    p.add_argument("--lrs", default=None, help="learning rates, e.g. 1e-3,3e-3")
+    p.add_argument("--settings", default=None, type=checked(_settings), help="T x pairs list, e.g. 64x4,128x8")
+    p.add_argument("--dims", default=None, type=checked(DIMS), help="widths, e.g. 64,128")
+    p.add_argument(
+        "--mixers", default=None, type=checked(name_list(FAMILIES)), help=f"model families among {', '.join(FAMILIES)}"
+    )
+    p.add_argument("--lrs", default=None, type=checked(LRS), help="learning rates, e.g. 1e-3,3e-3")
     p.add_argument(
         "--latent-multiples",
         default=None,
+        type=checked(MULTIPLES),
         help=f"Latte's num_latents as multiples of dim (default {','.join(map(str, LATENT_MULTIPLES))})",
     )
-    p.add_argument("--train-examples", type=int, default=None, help="training examples per setting")
-    p.add_argument("--epochs", type=int, default=None, help="most epochs per run (default 3; cells carry it)")
-    p.add_argument("--seeds", default="0", help="training seeds (model init and batch order), e.g. 0,1,2")
+    p.add_argument("--train-examples", type=int_at_least(1), default=None, help="training examples per setting")
+    p.add_argument(
+        "--epochs", type=int_at_least(1), default=None, help="most epochs per run (default 3; cells carry it)"
+    )
+    p.add_argument(
+        "--seeds", default="0", type=checked(SEEDS), help="training seeds (model init and batch order), e.g. 0,1,2"
+    )
     p.add_argument(
         "--restore-from",
         default=None,
@@ -300,11 +343,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "step_times.json (the published cells, on a machine without the original work folder)",
     )
     p.add_argument("--random-fillers", action="store_true", help="random tokens instead of 0 between queries")
-    p.add_argument("--shard", default="0/1", help="K/N: run every N-th pending cell from K (parallel workers)")
+    p.add_argument(
+        "--shard", default="0/1", type=_shard, help="K/N: run every N-th pending cell from K (parallel workers)"
+    )
     p.add_argument("--report-only", action="store_true", help="write the results of the finished cells, run none")
     p.add_argument(
         "--threads",
-        type=int,
+        type=int_at_least(1),
         default=1,
         help="torch threads (1: these tiny models lose more to thread sync than they gain)",
     )
@@ -327,32 +372,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def _plan(a: argparse.Namespace):
+    """(budget, settings, dims, families, latent multiples, seeds); the
+    options' texts were checked by argparse (parse_args)."""
     budget = QUICK if a.quick else FULL
-    settings = QUICK_SETTINGS if a.quick else SETTINGS
-    if a.settings:
-        settings = tuple(tuple(int(v) for v in s.split("x")) for s in a.settings.split(","))
-    try:
-        seeds = tuple(int(x) for x in a.seeds.split(","))
-    except ValueError:
-        raise ValueError(f"--seeds {a.seeds!r}: expected comma-separated integers like 0,1,2") from None
+    settings = _settings(a.settings) if a.settings else QUICK_SETTINGS if a.quick else SETTINGS
+    seeds = SEEDS(a.seeds)
     budget = dataclasses.replace(
         budget,
         train_examples={T: a.train_examples or budget.train_examples.get(T, 100000) for T, _ in settings},
-        epochs=a.epochs or budget.epochs,
-        lrs=tuple(float(x) for x in a.lrs.split(",")) if a.lrs else budget.lrs,
+        epochs=a.epochs or budget.epochs,  # argparse refuses 0
+        lrs=LRS(a.lrs) if a.lrs else budget.lrs,
     )
-    dims = tuple(int(d) for d in a.dims.split(",")) if a.dims else ((16,) if a.quick else (64, 128))
-    families = tuple(a.mixers.split(",")) if a.mixers else tuple(FAMILIES)
-    unknown = [f for f in families if f not in FAMILIES]
-    if unknown:
-        raise ValueError(f"--mixers: unknown {unknown}; expected some of {', '.join(FAMILIES)}")
+    dims = DIMS(a.dims) if a.dims else ((16,) if a.quick else (64, 128))
+    odd = [d for d in dims if d % NUM_HEADS]
+    if odd:
+        raise ValueError(f"--dims {a.dims}: each width must be a multiple of the {NUM_HEADS} heads; {odd} is not")
+    families = name_list(FAMILIES)(a.mixers) if a.mixers else tuple(FAMILIES)
     multiples = (1.0,) if a.quick else LATENT_MULTIPLES
     if a.latent_multiples:
-        multiples = tuple(float(m) for m in a.latent_multiples.split(","))
-        if any(m <= 0 or m * min(dims) != int(m * min(dims)) for m in multiples):
+        multiples = MULTIPLES(a.latent_multiples)
+        if any((m * d) != int(m * d) or int(m * d) % NUM_HEADS for m in multiples for d in dims):
             raise ValueError(
                 f"--latent-multiples {a.latent_multiples}: each must be > 0 and give a whole "
-                f"num_latents at every width in {dims}"
+                f"num_latents, a multiple of the {NUM_HEADS} heads, at every width in {dims}"
             )
     return budget, settings, dims, families, multiples, seeds
 
@@ -385,20 +427,45 @@ def _scope(a: argparse.Namespace) -> str:
     )
 
 
+def protocol(budget: Budget, random_fillers: bool):
+    """What a cell's result depends on beyond its own fields (the data and
+    the budget), recorded in its file (results.Sweep)."""
+
+    def of(cell: dict) -> dict:
+        return {
+            "train_examples": budget.train_examples[cell["seq_len"]],
+            "test_examples": budget.test_examples,
+            "fillers": "random" if random_fillers else "zeros",
+            "batch_size": budget.batch_size,
+            "eval_every": budget.eval_every,
+            "vocab_size": budget.vocab_size,
+        }
+
+    return of
+
+
+# every record holds these (the report reads them)
+FIELDS = ("accuracy", "state_bytes", "mixer", "seconds", "loadavg_start", "fillers", "examples", "test_examples")
+
+
 def main(argv: list[str]) -> int:
     a = parse_args(argv)
     started = time.time()
-    torch.set_num_threads(a.threads)
     budget, settings, dims, families, multiples, seeds = _plan(a)
+    deadline = utc_deadline(a.deadline, "--deadline")
     out = Path(a.out or ("results/mqar-quick" if a.quick else "results/mqar"))
+    check_readme(a.readme, [out.name])
+    torch.set_num_threads(a.threads)
     cells = cells_for(settings, dims, families, multiples, budget.lrs, seeds, budget.epochs)
-    sweep = Sweep(a.work or f"runs/experiments/{out.name}", cells, key=cell_file_key)
+    sweep_args = dict(
+        key=cell_file_key, protocol=protocol(budget, a.random_fillers), legacy=legacy_protocol, fields=FIELDS
+    )
+    sweep = Sweep(a.work or f"runs/experiments/{out.name}", cells, **sweep_args)
     if a.restore_from:
         n = restore_cells(a.restore_from, sweep.work)
         print(f"mqar: restored {n} cell files from {a.restore_from} into {sweep.work}", file=sys.stderr)
-    k, n = (int(x) for x in a.shard.split("/"))
+    k, n = a.shard
     data: dict = {}
-    deadline = utc_deadline(a.deadline, "--deadline")
 
     def run(cell: dict) -> dict:
         key = (cell["seq_len"], cell["num_kv_pairs"])
@@ -415,6 +482,7 @@ def main(argv: list[str]) -> int:
             )
         return train_cell(cell, *data[key], budget, verbose=a.verbose, deadline=deadline)
 
+    other_protocol_records(sweep, cells)  # every cell file the report reads is checked before any training
     if not a.report_only:
         pending = sweep.pending()
         print(
@@ -422,13 +490,15 @@ def main(argv: list[str]) -> int:
             f"shard {k}/{n} runs {len(pending[k::n])} of the other {len(pending)}",
             file=sys.stderr,
         )
-        Sweep(sweep.work, pending[k::n], key=cell_file_key).run(
+        Sweep(sweep.work, pending[k::n], **sweep_args).run(
             run, desc=f"mqar {k}/{n}", stop=lambda: deadline is not None and time.time() >= deadline
         )
-    records = [with_protocol(r) for r in sweep.records()] + other_protocol_records(sweep.work, cells)
+    records = [with_protocol(r) for r in sweep.records()] + other_protocol_records(sweep, cells)
     if not records:
-        print("mqar: no finished cells to report", file=sys.stderr)
-        return 1
+        raise ValueError(
+            f"--work {sweep.work}: no finished cells of this plan to report (a mistyped folder?); "
+            f"{out} and the README are left as they were"
+        )
     pending = sweep.pending()
     tables, images = report(records, out, budget=budget, pending=pending, planned=sweep.cells, scope=_scope(a))
     # named after the folder: results/NAME/ fills the README section results:NAME

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from ..files import atomic_write
-from .results import cell_key
+from .results import PROTOCOL, cell_key, read_cell, read_json
 
 SETTING_FIELDS = ("seq_len", "num_kv_pairs", "model", "dim", "num_latents", "lr")
 # Protocol fields with the value every cell had before the field existed.
@@ -65,6 +65,16 @@ def _series_key(record: dict) -> tuple:
     return tuple(cell_of(record)[k] for k in CELL_FIELDS)
 
 
+def _cell_records(path: Path) -> list[dict]:
+    """The records of a results.json or step_times.json, each naming its cell."""
+    records = read_json(path, list)
+    for i, r in enumerate(records):
+        missing = [k for k in SETTING_FIELDS if k not in r] if isinstance(r, dict) else list(SETTING_FIELDS)
+        if missing:
+            raise ValueError(f"{path}: record {i} is not an MQAR cell record (no {', '.join(missing)})")
+    return records
+
+
 def restore_cells(results_dir: str | Path, work_dir: str | Path) -> int:
     """Write `work_dir/cells/<key>.json` for every record of
     `results_dir/results.json` whose cell file is missing, with its per-run
@@ -75,9 +85,9 @@ def restore_cells(results_dir: str | Path, work_dir: str | Path) -> int:
     if not path.is_file():
         raise ValueError(f"--restore-from {results_dir}: no results.json there")
     times = results_dir / "step_times.json"
-    series = {_series_key(s): s for s in (json.loads(times.read_text()) if times.is_file() else [])}
+    series = {_series_key(s): s for s in (_cell_records(times) if times.is_file() else [])}
     written = 0
-    for flat in json.loads(path.read_text()):
+    for flat in _cell_records(path):
         record = {k: v for k, v in flat.items() if k not in DERIVED}
         whole = series.get(_series_key(flat))
         if whole is not None:
@@ -91,18 +101,28 @@ def restore_cells(results_dir: str | Path, work_dir: str | Path) -> int:
     return written
 
 
-def other_protocol_records(work_dir: str | Path, planned: list[dict]) -> list[dict]:
-    """Finished cells of the work folder that differ from a planned cell only
-    in their protocol fields (another seed, other epochs): the report shows
-    them beside the plan's own, so a report-only command over the standard
-    plan includes the extra seeds run by narrower commands."""
+def legacy_protocol(record: dict) -> dict:
+    """The protocol an older cell file states in its own fields (results.Sweep
+    compares the fields both name): its data sizes and fillers."""
+    named = {"train_examples": "examples", "test_examples": "test_examples", "fillers": "fillers"}
+    return {p: record[f] for p, f in named.items() if f in record}
+
+
+def other_protocol_records(sweep, planned: list[dict]) -> list[dict]:
+    """Finished cells of the sweep's work folder that differ from a planned
+    cell only in their protocol fields (another seed, other epochs): the
+    report shows them beside the plan's own, so a report-only command over
+    the standard plan includes the extra seeds run by narrower commands.
+    Each is checked like the plan's own cells (sweep.read: a readable cell
+    file of the sweep's data and budget)."""
     settings = {tuple(c[k] for k in SETTING_FIELDS) for c in planned}
     keys = {cell_file_key(c) for c in planned}
     extra = []
-    for path in sorted((Path(work_dir) / "cells").glob("*.json")):
+    for path in sorted((Path(sweep.work) / "cells").glob("*.json")):
         if path.stem in keys:
             continue
-        record = with_protocol(json.loads(path.read_text()))
+        record = with_protocol(read_cell(path))
         if tuple(record.get(k) for k in SETTING_FIELDS) in settings:
-            extra.append(record)
+            sweep.read(path)  # the same checks as the plan's cells
+            extra.append({k: v for k, v in record.items() if k != PROTOCOL})
     return extra

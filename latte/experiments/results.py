@@ -39,17 +39,54 @@ def cell_key(cell: dict) -> str:
     return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", ",".join(parts))
 
 
+PROTOCOL = "protocol"  # the field of a cell file that records the protocol it ran under
+# Overrides that say where or how fast a run goes, never what it computes:
+# left out of a protocol, so moving a cache or changing threads reuses cells.
+NOT_PROTOCOL = ("train.run_dir", "data.cache_dir", "train.num_threads", "data.num_workers", "train.tensorboard")
+
+
+def protocol_sets(sets) -> str:
+    """Config overrides ("section.field=value", leading dashes allowed) as one
+    protocol string, in order (the last one wins), without NOT_PROTOCOL fields."""
+    kept = [s.lstrip("-") for s in sets]
+    return " ".join(s for s in kept if s.partition("=")[0] not in NOT_PROTOCOL)
+
+
 class Sweep:
     """Run `fn(cell) -> record` for every cell not finished in an earlier run.
 
     `records()` returns the records written (finished or marked `incomplete`)
-    in cell order. A record must be
-    JSON-serialisable; the cell's own fields are merged in front of it."""
+    in cell order. A record must be JSON-serialisable; the cell's own fields
+    are merged in front of it.
 
-    def __init__(self, work_dir: str | Path, cells: Iterable[dict], key: Callable[[dict], str] = cell_key):
+    `protocol(cell) -> dict` (or one dict for every cell) names everything
+    outside the cell's own fields that changes its result (budget, data
+    options, config overrides, ...); each cell file records it. A finished
+    cell whose protocol differs from this sweep's on a field both name is
+    refused, naming both values: its result answers another question, so it
+    is neither reused under this command nor overwritten (docs/reliability.md
+    §8). A cell file written before protocols were recorded states its own
+    through `legacy(record) -> dict` (the fields its JSON holds). `fields`:
+    result fields every record must hold (or a function of the cell giving
+    them). `folder_flag`: the option that chose the work folder, for the
+    messages."""
+
+    def __init__(
+        self,
+        work_dir: str | Path,
+        cells: Iterable[dict],
+        key: Callable[[dict], str] = cell_key,
+        *,
+        protocol: dict | Callable[[dict], dict] | None = None,
+        legacy: Callable[[dict], dict] | None = None,
+        fields: tuple[str, ...] | Callable[[dict], tuple[str, ...]] = (),
+        folder_flag: str = "--work",
+    ):
         self.work = Path(work_dir)
         self.cells = list(cells)
         self.key = key
+        self.protocol = protocol if callable(protocol) or protocol is None else (lambda c, p=protocol: p)
+        self.legacy, self.fields, self.folder_flag = legacy, fields, folder_flag
         keys = [key(c) for c in self.cells]
         if len(set(keys)) != len(keys):
             dup = sorted({k for k in keys if keys.count(k) > 1})
@@ -58,13 +95,63 @@ class Sweep:
     def _path(self, cell: dict) -> Path:
         return self.work / "cells" / f"{self.key(cell)}.json"
 
+    def read(self, path: Path, cell: dict | None = None) -> dict:
+        """The record in `path` (of `cell`, or of the cell its own fields
+        name), checked: a JSON object holding `fields`, the cell's values and
+        this sweep's protocol. Anything else is a ValueError naming the file."""
+        record = read_cell(path)
+        if cell is not None:
+            other = {k: (record[k], v) for k, v in cell.items() if k in record and record[k] != v}
+            if other:
+                raise ValueError(f"{path}: holds another cell ({_pairs(other, 'in the file', 'expected')})")
+        fields = self.fields(cell or record) if callable(self.fields) else self.fields
+        missing = [f for f in fields if f not in record]
+        if missing:
+            raise ValueError(
+                f"{path}: not a finished cell of this sweep (no {', '.join(missing)}); "
+                "move it away to run the cell again"
+            )
+        if self.protocol is not None:
+            mismatch = protocol_mismatch(self.recorded_protocol(record), self.protocol(cell or record))
+            if mismatch:
+                raise ProtocolMismatch(
+                    f"{path}: this cell ran under another protocol ({_pairs(mismatch, 'then', 'now')}). "
+                    f"Its result is kept as it is: give this protocol its own {self.folder_flag} folder, "
+                    "or move the cell files away to rerun them"
+                )
+        return record
+
+    def recorded_protocol(self, record: dict) -> dict:
+        """The protocol a record ran under: recorded, or stated by its own fields (older cell files)."""
+        if isinstance(record.get(PROTOCOL), dict):
+            return record[PROTOCOL]
+        return self.legacy(record) if self.legacy is not None else {}
+
+    def _record(self, cell: dict) -> dict | None:
+        path = self._path(cell)
+        return self.read(path, cell) if path.is_file() else None
+
     def done(self, cell: dict) -> bool:
         """Finished: a record exists and is not marked `incomplete` (a run
         cut short by a deadline is reported, and run again by the next sweep)."""
-        path = self._path(cell)
-        return path.is_file() and not json.loads(path.read_text()).get("incomplete", False)
+        record = self._record(cell)
+        return record is not None and not record.get("incomplete", False)
+
+    def check(self) -> None:
+        """Every cell file of this sweep is readable and of this protocol; one
+        error names how many are not, and the first one's problem."""
+        problems = []
+        for cell in self.cells:
+            try:
+                self._record(cell)
+            except ValueError as e:
+                problems.append(str(e))
+        if problems:
+            more = f" ({len(problems) - 1} more cell files of {self.work} likewise)" if len(problems) > 1 else ""
+            raise ValueError(problems[0] + more)
 
     def pending(self) -> list[dict]:
+        self.check()
         return [c for c in self.cells if not self.done(c)]
 
     def run(
@@ -84,13 +171,71 @@ class Sweep:
             if self.done(cell):  # finished meanwhile by a parallel worker (--shard) on the same folder
                 continue
             record = {**cell, **fn(cell)}
+            if self.protocol is not None:
+                record[PROTOCOL] = self.protocol(cell)
             path = self._path(cell)
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, json.dumps(record, indent=1) + "\n")
         return self.records()
 
     def records(self) -> list[dict]:
-        return [json.loads(self._path(c).read_text()) for c in self.cells if self._path(c).is_file()]
+        """The records of the finished (or incomplete) cells, without their
+        recorded protocol (the command's provenance says it)."""
+        self.check()
+        out = [self._record(c) for c in self.cells]
+        return [{k: v for k, v in r.items() if k != PROTOCOL} for r in out if r is not None]
+
+
+class ProtocolMismatch(ValueError):
+    """A finished cell ran under another protocol than the command's."""
+
+
+def protocol_mismatch(then: dict, now: dict) -> dict:
+    """{field: (then, now)} for the fields both protocols name with different values."""
+    now = json.loads(json.dumps(now))  # as a cell file holds it (tuples become lists)
+    return {k: (then[k], now[k]) for k in now if k in then and then[k] != now[k]}
+
+
+def _pairs(diff: dict, a: str, b: str) -> str:
+    return "; ".join(f"{k}: {x!r} {a}, {y!r} {b}" for k, (x, y) in diff.items())
+
+
+def read_json(path: str | Path, expect: type = dict):
+    """The JSON value of a cell or results file, of type `expect`; a file that
+    is not one (truncated, garbage, another type) is a ValueError naming it."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(
+            f"{path}: not valid JSON ({e}); cell and result files are written whole, so this one was damaged "
+            "or written by something else: move it away (a cell file: to run the cell again)"
+        ) from None
+    if not isinstance(value, expect):
+        raise ValueError(f"{path}: a JSON {type(value).__name__}, expected a JSON {expect.__name__}")
+    return value
+
+
+def read_cell(path: str | Path) -> dict:
+    """A cell file's record (a JSON object), checked by read_json."""
+    return read_json(path, dict)
+
+
+def check_readme(readme: str | Path | None, names, kind: str = "results") -> None:
+    """Before any work: the markdown file given to --readme exists and holds
+    the sections that will be replaced (`<!-- KIND:NAME:start/end -->`)."""
+    if readme is None:
+        return
+    path = Path(readme)
+    if not path.is_file():
+        raise ValueError(f"--readme {readme}: no such file (the repository's is results/README.md)")
+    text = path.read_text(encoding="utf-8")
+    missing = [n for n in names if f"<!-- {kind}:{n}:start -->" not in text or f"<!-- {kind}:{n}:end -->" not in text]
+    if missing:
+        raise ValueError(
+            f"--readme {readme}: no section markers for {', '.join(missing)} "
+            f"(add `<!-- {kind}:{missing[0]}:start -->` and `<!-- {kind}:{missing[0]}:end -->` where it goes)"
+        )
 
 
 def _progress(items: list, desc: str):
@@ -168,6 +313,8 @@ def write_results(
     PNG file names in out_dir, linked at the end (relative to out_dir in
     results.md, to the README's folder in the README)."""
     out = Path(out_dir)
+    if not records:  # a stub would replace the published files and README section
+        raise ValueError(f"{name}: no records to write; {out} and the README are left as they were")
     out.mkdir(parents=True, exist_ok=True)
     for r in records:
         bad = [k for k, v in r.items() if isinstance(v, (dict, list))]

@@ -57,6 +57,59 @@ def sqrt_bounded_grad(x: torch.Tensor) -> torch.Tensor:
     return _SqrtBoundedGrad.apply(x)
 
 
+class _RGLRUGates(torch.autograd.Function):
+    """The RG-LRU's element-wise part, with an analytic backward (one
+    autograd node instead of ~12 at the research-sweep size, where their
+    per-op overhead and passes over memory dominated):
+
+      r, i = sigmoid(pre)              pre [G, N, 2W]: r's columns, then i's
+      log_a = r * ncs                  ncs [G, 1, W] = -c softplus(lam)
+      u = sqrt(1 - exp(2 log_a)) * i * x
+      log_a, u = 0 at padding (mask [1, N, 1]): an identity step
+
+    The derivative of the square root is capped as in sqrt_bounded_grad.
+    Float32 inside for lower-precision inputs (float64 kept)."""
+
+    @staticmethod
+    def forward(ctx, pre, x, ncs, mask):
+        work = state_dtype(pre.dtype)
+        W = x.shape[-1]
+        gates = torch.sigmoid(pre.to(work))
+        r, i = gates[..., :W], gates[..., W:]
+        log_a = r * ncs.to(work)
+        s = torch.mul(log_a, 2.0).expm1_().neg_().sqrt_()  # sqrt(1 - alpha^2)
+        u = i * x.to(work)
+        u.mul_(s)
+        if mask is not None:
+            log_a.masked_fill_(~mask, 0.0)
+            u.masked_fill_(~mask, 0.0)
+        ctx.save_for_backward(gates, x, ncs, s, mask)
+        ctx.dtypes = pre.dtype, x.dtype, ncs.dtype
+        return log_a, u
+
+    @staticmethod
+    def backward(ctx, g_log_a, g_u):
+        gates, x, ncs, s, mask = ctx.saved_tensors
+        work, W = gates.dtype, x.shape[-1]
+        r, i = gates[..., :W], gates[..., W:]
+        xw, ncs_w = x.to(work), ncs.to(work)
+        if mask is not None:  # the outputs are constants at padding
+            g_log_a, g_u = g_log_a * mask, g_u * mask
+        g_s = i * xw
+        g_s.mul_(g_u)  # d/ds of s * i * x
+        g_x = g_u * s  # d/d(i x), then split between i and x
+        # ds/dlog_a = -2 alpha^2 * d sqrt(y)/dy at y = 1 - alpha^2, capped: 1 / max(2 s, 1 / MAX)
+        a2 = torch.mul(r, ncs_w).mul_(2.0).exp_()
+        den = torch.mul(s, 2.0).clamp_(min=1.0 / MAX_SQRT_GRAD)
+        g_log_a = torch.addcdiv(g_log_a, g_s.mul_(a2), den, value=-2.0)
+        g_gates = torch.cat([g_log_a * ncs_w, g_x * xw], -1)  # (no strided out=: torch.compile)
+        g_ncs = (g_log_a * r).sum(1, keepdim=True)
+        g_pre = torch.ops.aten.sigmoid_backward(g_gates, gates)
+        g_x.mul_(i)
+        dt_pre, dt_x, dt_ncs = ctx.dtypes
+        return g_pre.to(dt_pre), g_x.to(dt_x), g_ncs.to(dt_ncs), None
+
+
 class DepthwiseConv(nn.Module):
     """Per-channel conv over time: x [B, T, F] -> [B, T, F].
 
@@ -133,30 +186,34 @@ class RGLRU(nn.Module):
         alpha = torch.empty_like(self.lam).uniform_(self.min_rad**2, self.max_rad**2).sqrt()
         self.lam.copy_(torch.log(1.0 / alpha - 1.0))  # softplus(lam) = -log(alpha)
 
-    def _block(self, x: torch.Tensor, w: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        xb = x.unflatten(-1, (self.num_blocks, -1))  # [B, T, G, W]
-        return torch.einsum("btgi,gij->btgj", xb, w).flatten(-2) + c  # [B, T, F]
-
     def forward(
         self, x: torch.Tensor, h: torch.Tensor | None = None, mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, T, F], h [B, F] float32 or None (zeros), mask [B, T] bool.
-        Returns (y [B, T, F] in x's dtype, h after the last token [B, F] float32)."""
+        Returns (y [B, T, F] in x's dtype, h after the last token [B, F] float32).
+
+        Block-major inside ([G, B * T, W]): both gates come from one batched
+        matmul over the blocks, and the recurrence runs on [G * B, T, W]."""
+        B, T, Fw = x.shape
+        G = self.num_blocks
+        W = Fw // G
         work = state_dtype(x.dtype)
-        r = torch.sigmoid(self._block(x, self.w_r, self.c_r)).to(work)
-        i = torch.sigmoid(self._block(x, self.w_i, self.c_i)).to(work)
-        log_a = -self.c * r * F.softplus(self.lam.to(work))  # [B, T, F], <= 0
-        u = sqrt_bounded_grad(-torch.expm1(2 * log_a)) * (i * x.to(work))  # sqrt(1 - alpha^2) i x
-        if mask is not None:  # identity step at padding: h passes through unchanged
-            m = mask.unsqueeze(-1)
-            log_a = torch.where(m, log_a, torch.zeros_like(log_a))
-            u = torch.where(m, u, torch.zeros_like(u))
-        h0 = x.new_zeros(x.shape[0], x.shape[-1], dtype=work) if h is None else h.to(work)
-        if x.shape[1] == 1:  # decoding step
-            h_new = torch.exp(log_a[:, 0]) * h0 + u[:, 0]
-            return h_new.unsqueeze(1).to(x.dtype), h_new
-        y, h_new = linear_recurrence(u, log_a, initial_state=h0, output_final_state=True)
-        return y.to(x.dtype), h_new
+        xg = x.reshape(B * T, G, W).transpose(0, 1)  # [G, B * T, W] (a view)
+        weight = torch.cat([self.w_r, self.w_i], -1)  # [G, W, 2 W]: r's columns, then i's
+        bias = torch.cat([self.c_r.view(G, 1, W), self.c_i.view(G, 1, W)], -1)
+        ncs = (-self.c * F.softplus(self.lam.to(work))).view(G, 1, W)  # log alpha = ncs * r <= 0
+        m = None if mask is None else mask.reshape(1, B * T, 1)  # identity step at padding
+        log_a, u = _RGLRUGates.apply(torch.baddbmm(bias, xg, weight), xg, ncs, m)  # [G, B * T, W]
+        h0 = x.new_zeros(G * B, W, dtype=work) if h is None else h.to(work).view(B, G, W).transpose(0, 1).reshape(-1, W)
+        if T == 1:  # decoding step
+            hg = torch.exp(log_a.view(G * B, W)) * h0 + u.view(G * B, W)
+            y = hg
+        else:
+            y, hg = linear_recurrence(
+                u.reshape(G * B, T, W), log_a.reshape(G * B, T, W), initial_state=h0, output_final_state=True
+            )
+        y = y.reshape(G, B, T, W).permute(1, 2, 0, 3).reshape(B, T, Fw)
+        return y.to(x.dtype), hg.view(G, B, W).transpose(0, 1).reshape(B, Fw)
 
     def extra_repr(self) -> str:
         return f"num_blocks={self.num_blocks}, c={self.c}, alpha_init=[{self.min_rad}, {self.max_rad}]"

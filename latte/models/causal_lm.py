@@ -346,9 +346,26 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
                 )
             if not bool(mask.any(1).all()):
                 raise ValueError("attention_mask: every prompt needs at least one real token")
+        self._check_positions(input_ids, mask, max_new_tokens)
         eos = check_eos(eos_token_id, self.model.embed.num_embeddings, input_ids.device)
         pick = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
         return self._decode(input_ids, mask, max_new_tokens, eos, pick)
+
+    def _check_positions(self, input_ids: torch.Tensor, mask: torch.Tensor | None, max_new_tokens: int) -> None:
+        """Absolute positions stop at max_position_embeddings: refuse up front
+        a prompt and continuation that cannot fit, rather than failing after
+        part of the output was streamed (each new token but the last is fed
+        back at the next position)."""
+        cfg = self.config
+        if cfg.position_embedding == "none" or max_new_tokens == 0 or not value_checks(self.model.validate_inputs):
+            return
+        prompt = int(mask.sum(1).max()) if mask is not None else input_ids.shape[1]
+        if prompt + max_new_tokens - 1 > cfg.max_position_embeddings:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens}: a {prompt}-token prompt leaves room for at most "
+                f"{max(cfg.max_position_embeddings - prompt + 1, 0)} new tokens within max_position_embeddings="
+                f"{cfg.max_position_embeddings} (position_embedding={cfg.position_embedding!r})"
+            )
 
     @torch.no_grad()
     def _decode(

@@ -39,7 +39,7 @@ from ._exp import exp_floored, limit_spread, logaddexp
 from .backend import resolve_latent
 from .chunked import LatteChunked
 from .gla import gla_chunked, gla_step
-from .intra_chunk import padded_chunk_size
+from .intra_chunk import chunk_layout
 from .layout import from_chunks, to_chunks
 from .varlen import run_packed
 
@@ -84,31 +84,24 @@ def mask_keys(b: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
 
 def causal_chunked(a, b, v, chunk_size, state, mask):
     """latte_causal without argument checks or packing (shared with
-    macchiato): prepares the inputs for the chunked kernel and runs it;
+    macchiato): lays the inputs out for the chunked kernel and runs it;
     returns (y [B, T, H, D] in the work dtype, LatteState)."""
     B, T, H, L = a.shape
     D = v.shape[-1]
     work = state_dtype(a.dtype)
-    lq = torch.log_softmax(limit_spread(a.to(work), -1), dim=-1)  # log p(l|t), folded into the kernel's exponents
     b, v = mask_keys(b.to(work), v.to(work), mask)
     if state is None:
         S0 = v.new_zeros(B * H, L, D)
         z0 = v.new_full((B * H, L), float("-inf"))  # empty state: no mass yet
     else:
         S0, z0 = state.S.to(work).reshape(B * H, L, D), state.z.to(work).reshape(B * H, L)
-
-    # p(s|l,t) is invariant to a per-latent shift of b and z: centring on the
-    # largest logit keeps float32 precision when all logits share a large
-    # offset (e.g. -1e4, whose ulp is 1e-3). The shift is added back to z only
-    # in the returned state.
-    c = torch.maximum(b.amax(1).view(B * H, L), z0).detach()  # [B * H, L]
-    z0 = z0 - c
-    C = padded_chunk_size(min(chunk_size, T))
-    # masked keys padded at the end change neither outputs nor the final state
-    b = to_chunks(b, C, NEG) - c.view(1, B * H, 1, L)
-    y, S_last, z_last = LatteChunked.apply(to_chunks(lq, C), b, to_chunks(v, C), S0, z0)
+    c, J = chunk_layout(min(chunk_size, T))
+    # sub-chunk-major [M, B * H, c, .], whole chunks of J sub-chunks; masked
+    # keys padded at the end change neither outputs nor the final state
+    a, b, v = (to_chunks(x, c, pad, J * c) for x, pad in ((a.to(work), 0.0), (b, NEG), (v, 0.0)))
+    y, S_last, z_last = LatteChunked.apply(a, b, v, S0, z0, J)
     y = from_chunks(y, B, T)
-    return y, LatteState(S_last.view(B, H, L, D), (z_last + c).view(B, H, L))
+    return y, LatteState(S_last.view(B, H, L, D), z_last.view(B, H, L))
 
 
 def fla_chunked(a, b, v, state, mask, cu_seqlens=None):

@@ -11,13 +11,16 @@ import torch
 import torch.nn.functional as F
 
 
-def to_chunks(x, C, value=0.0):
+def to_chunks(x, C, value=0.0, multiple=None):
     """[B, T, H, X] -> chunk-major [N, B * H, C, X] (contiguous), time padded
-    at the end with `value` to N * C."""
+    at the end with `value` to N * C, or to a multiple of `multiple` (itself
+    a multiple of C)."""
     B, T, H, X = x.shape
-    N = -(-T // C)
-    if N * C > T:
-        x = F.pad(x, (0, 0, 0, 0, 0, N * C - T), value=value)
+    m = multiple or C
+    padded = -(-T // m) * m
+    if padded > T:
+        x = F.pad(x, (0, 0, 0, 0, 0, padded - T), value=value)
+    N = padded // C
     return x.unflatten(1, (N, C)).permute(1, 0, 3, 2, 4).reshape(N, B * H, C, X).contiguous()
 
 

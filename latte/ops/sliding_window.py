@@ -82,8 +82,15 @@ def check_window_state(state, q, k, v, window_size, name="initial_state"):
     check_mask(f"{name}.mask", state.mask, (B, P))
 
 
-# Query block (and key tile) size of the blocked kernel.
+# Query block (and key tile) size of the blocked kernel, at most.
 _QBLOCK = 64
+
+
+def query_block(T: int, window_size: int) -> int:
+    """The block Q: a block sees c + 1 = ceil((W - 1) / Q) + 1 tiles of Q keys,
+    so a window much shorter than _QBLOCK takes blocks about its own size
+    (W = 16: 2 tiles of 16, 32 scores per query instead of 128 with Q = 64)."""
+    return min(T, _QBLOCK, max(16, -(-(window_size - 1) // 8) * 8))
 
 
 def extend_window(k, v, window_size, mask, state, lengths, work):
@@ -120,7 +127,7 @@ def window_blocked(q, k, v, window_size, scale, mask, state, lengths=None, softc
     work = state_dtype(q.dtype)
     masked = mask is not None  # padding among the keys: decided by the call, never by the values
     kk, vv, km, new_state = extend_window(k, v, window_size, mask, state, lengths, work)
-    Q = min(T, _QBLOCK)
+    Q = query_block(T, window_size)
     N, c = -(-T // Q), -(-P // Q)
     pad, front = N * Q - T, c * Q - P  # zeros after the sequence, masked slots before the cache
 

@@ -55,6 +55,7 @@ from latte.train.manifest import (
     rng_name,
     step_dir_name,
     step_dirs,
+    step_problem,
     verify_checkpoint,
 )
 from latte.train.sharded import load_sharded, save_sharded
@@ -349,7 +350,9 @@ def load_checkpoint(
 ) -> Checkpoint:
     """Opens a committed checkpoint; files are read when first used.
     verify: "all" checks every file's sha256 now (resuming training);
-    "read" checks each file when it is read (generation, evaluation);
+    "read" checks the step the manifest names against the folder's and the
+    (small) trainer state now, and every other file when it is read
+    (generation, evaluation: a damaged optimizer.pt does not stop them);
     "none" trusts the files (another rank verified them). The manifest
     itself is always checked. Key/shape agreement with a model is checked
     separately by `check_state_against`."""
@@ -357,7 +360,13 @@ def load_checkpoint(
         raise ValueError(f"verify: got {verify!r}, expected 'all', 'read' or 'none'")
     step_dir = Path(step_dir)
     manifest = verify_checkpoint(step_dir) if verify == "all" else read_manifest(step_dir)
-    return Checkpoint(step_dir, manifest, verify_reads=verify == "read", map_location=map_location)
+    ckpt = Checkpoint(step_dir, manifest, verify_reads=verify == "read", map_location=map_location)
+    if verify == "read":  # what names the step is checked now, as training checks it (the rest on first read)
+        problem = step_problem(step_dir, manifest)
+        if problem:
+            raise CheckpointError(f"checkpoint {step_dir} failed verification:\n  {problem}")
+        ckpt.file(TRAINER)
+    return ckpt
 
 
 def scan_checkpoints(run_dir: str | os.PathLike) -> tuple[Path | None, list[tuple[Path, str]]]:

@@ -1,6 +1,7 @@
 """`latte export` of a conversion (docs/conversion.md §4): a run or step
 folder of `latte convert`, or a converted folder, written as a portable
-converted folder (the base's files bundled, or every tensor)."""
+converted folder (the base's files bundled, or every tensor). Also the
+destination check every `latte export` runs first (docs/reliability.md §8)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from latte.models.convert import load_converted
 from latte.models.convert.io import CONFIG_NAME, WEIGHTS_NAME, export_portable
 from latte.train.convert import HF_TOKENIZER_DIR
 from latte.train.lm import TOKENIZER_FILES
+from latte.train.manifest import MANIFEST, step_dirs
+from latte.train.rundir import LOCK_NAME
 from latte.train.runs import open_run
 
 
@@ -31,14 +34,36 @@ def is_conversion(source: str | Path) -> bool:
     return False
 
 
+def check_export_destination(source: str | Path, out: str | Path) -> None:
+    """OUT must lie outside the run (or folder) being exported and outside
+    any run folder or checkpoint: files written there would replace a run's
+    own (its tokenizer), or turn a checkpoint into one that fails its
+    manifest, which `latte generate` then silently skips and the next
+    `latte train` moves aside (docs/reliability.md §8)."""
+    src, dest = Path(source).expanduser().resolve(), Path(out).expanduser().resolve()
+    run = src.parent if (src / MANIFEST).is_file() else src
+    for folder in (dest, *dest.parents):
+        if folder in (src, run):
+            what = f"the folder being exported ({folder})"
+        elif (folder / MANIFEST).is_file():
+            what = f"a checkpoint ({folder})"
+        elif (folder / LOCK_NAME).is_file() or step_dirs(folder):
+            what = f"a run folder ({folder})"
+        else:
+            continue
+        raise ValueError(
+            f"OUT {out}: inside {what}; the export would replace or add files there. "
+            "Choose a folder outside any run folder, e.g. exports/NAME"
+        )
+
+
 def export_converted(source: str | Path, out: str | Path, *, self_contained: bool = False, base_path=None) -> Path:
     """`latte export` of a conversion (docs/conversion.md §4): SOURCE is a
     run or step folder of `latte convert`, or a converted folder; OUT gets a
     portable converted folder (the base's files bundled, or every tensor
     with self_contained) and the tokenizer files."""
     src, dst = Path(source).expanduser().resolve(), Path(out).expanduser().resolve()
-    if dst == src or src in dst.parents:
-        raise ValueError(f"OUT {out}: inside the source folder {source}; choose a folder outside it")
+    check_export_destination(source, out)
     if (src / CONFIG_NAME).is_file():
         model = load_converted(src, base_path=base_path)
         skip = {CONFIG_NAME, WEIGHTS_NAME, "generation_config.json"}

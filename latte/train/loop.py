@@ -62,6 +62,8 @@ def fit(run: Run) -> None:
         while progress.step < t.steps and not run.stop.agreed:
             _one_step(run)
             done = progress.step >= t.steps or bool(run.stop.agreed)
+            if run.clock.probe_due(PROBE_AFTER) and t.time_budget_minutes and not done:
+                _probe_eval(run)
             if progress.step in t.eval_whole_at and not done:
                 _validate_whole(run)
             elif _due(progress.step, t.eval_every) and not done:  # the final validation is in `evaluate`
@@ -130,6 +132,28 @@ def _one_step(run: Run) -> None:
     progress.seen += result.count
     clock.step_done(result.count, seconds)
     run.stop.agreed = result.stop  # agreed over ranks: all stop after this same step
+
+
+# A budgeted run times one validation batch after this many steps of its process
+# (the first step carries the warm-up), unless a validation has measured it already.
+PROBE_AFTER = 2
+
+
+def _probe_eval(run: Run) -> None:
+    """Times the task's evaluation on one global batch (forward only, nothing
+    logged): the evaluation/training speed ratio against the last step, from
+    which `Clock.out_of_time` estimates the final evaluation. Every rank calls it
+    at the same step (evaluation may be collective)."""
+    t = run.cfg.train
+    batches, t.eval_batches = t.eval_batches, 1
+    try:
+        t0 = time.perf_counter()
+        run.task.evaluate(_eval_model(run), final=False)
+        seconds = time.perf_counter() - t0
+        size = run.task.eval_size(final=False)
+    finally:
+        t.eval_batches = batches
+    run.clock.probe_done(size, seconds)
 
 
 def _eval_model(run: Run):

@@ -142,15 +142,20 @@ def file_problem(path: Path, entry: dict) -> str | None:
     return None
 
 
+def step_problem(step_dir: Path, manifest: dict) -> str | None:
+    """The step the manifest names against the folder's name (step-N)."""
+    m = STEP_RE.match(step_dir.name)
+    if m and int(m.group(1)) != manifest["step"]:
+        return f"{MANIFEST}: says step {manifest['step']} but the folder is {step_dir.name}"
+    return None
+
+
 def verify_checkpoint(step_dir: str | os.PathLike) -> dict:
     """Checks every file's size and sha256 against the manifest; returns the
     manifest or raises one ValueError naming each bad file and why."""
     step_dir = Path(step_dir)
     manifest = read_manifest(step_dir)
-    problems = []
-    m = STEP_RE.match(step_dir.name)
-    if m and int(m.group(1)) != manifest["step"]:
-        problems.append(f"{MANIFEST}: says step {manifest['step']} but the folder is {step_dir.name}")
+    problems = [p for p in [step_problem(step_dir, manifest)] if p]
     problems += [p for name, entry in manifest["files"].items() if (p := file_problem(step_dir / name, entry))]
     if problems:
         raise CheckpointError(f"checkpoint {step_dir} failed verification:\n  " + "\n  ".join(problems))

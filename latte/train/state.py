@@ -261,12 +261,17 @@ class Clock:
     train_count: int = 0  # units of those steps
     recent_rate: float = 0.0  # units per second, moving average of the last steps
     recent_step_s: float = 0.0  # seconds per step, moving average
-    eval_speedup: float = 3.0  # evaluation units/s over training units/s (forward only), measured
+    # evaluation units/s over training units/s (forward only), measured: by the
+    # probe (loop._probe_eval), then by each validation; None until then
+    eval_speedup: float | None = None
+    last_rate: float = 0.0  # units per second of the last step alone
+    session_steps: int = 0  # optimizer steps taken by this process
 
     def step_done(self, count: int, seconds: float) -> None:
         self.train_seconds += seconds
         self.train_count += count
         rate = count / max(seconds, 1e-9)
+        self.last_rate, self.session_steps = rate, self.session_steps + 1
         self.recent_rate = rate if not self.recent_rate else 0.7 * self.recent_rate + 0.3 * rate
         self.recent_step_s = seconds if not self.recent_step_s else 0.7 * self.recent_step_s + 0.3 * seconds
 
@@ -274,16 +279,28 @@ class Clock:
         if self.recent_rate and size and seconds > 0:
             self.eval_speedup = size / seconds / self.recent_rate
 
+    def probe_due(self, after_steps: int) -> bool:
+        """No measured evaluation speed yet, and this process has just taken
+        its `after_steps`-th step (the first carries the warm-up)."""
+        return self.eval_speedup is None and self.session_steps == after_steps
+
+    def probe_done(self, size: int, seconds: float) -> None:
+        """One evaluation batch timed against the last step alone."""
+        if self.last_rate and size and seconds > 0:
+            self.eval_speedup = size / seconds / self.last_rate
+
     def out_of_time(self, budget_minutes: float | None, final_eval_size: Callable[[], int]) -> bool:
         """train.time_budget_minutes bounds the WHOLE job: stop training while
         there is still time for this step, its checkpoint and the final
         evaluation, estimated from the current training speed (which also
-        tracks a machine that got busier) and the measured evaluation/training
-        ratio. `final_eval_size()`: the units of the final evaluation."""
+        tracks a machine that got busier) and the MEASURED evaluation/training
+        ratio (evaluation is not a fixed factor faster than training; until it
+        is measured only the budget itself stops the run: docs/reliability.md
+        §7). `final_eval_size()`: the units of the final evaluation."""
         if budget_minutes is None:
             return False
         left = 60 * budget_minutes - (time.perf_counter() - self.t_start)
-        if left <= 0 or not self.recent_rate:
+        if left <= 0 or not self.recent_rate or self.eval_speedup is None:
             return left <= 0
         final_eval_s = final_eval_size() / (self.eval_speedup * self.recent_rate)
         return left < 1.25 * (self.recent_step_s + final_eval_s) + 5.0  # margin: checkpoint, sample, jitter

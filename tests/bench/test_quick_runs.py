@@ -181,9 +181,9 @@ def test_train_compile_and_sweep_preset(tmp_path):
     assert res["ratios"]["over_softmax"]["32"] == {"softmax": 1.0, "softmax compiled": 1.0}
     assert set(res["ratios"]["eager_over_compiled"]["32"]) == {"softmax"}
     assert [r["compile_s"] > 0 for r in res["results"] if r["compiled"]] == [True]
-    args = train.parse_args(["--preset", "sweep", "--mixers", "latte:none,linear", "--compile"])
+    args = train.parse_args(["--preset", "sweep", "--mixers", "latte:none,linear", "--compile", "--sizes", "v8192"])
     assert args.seqs == [64] and args.tokens_per_step // 64 == 64  # batch 64
-    assert [train.label_of(m, d, args.dists, b, c) for m, d, b, c in train.variants(args)] == [
+    assert [train.label_of(m, d, args.dists, b, c, z) for m, d, b, c, z in train.variants(args)] == [
         "latte:none",
         "latte:none compiled",
         "latte:none (b std10)",
@@ -193,6 +193,76 @@ def test_train_compile_and_sweep_preset(tmp_path):
     ]
     cfg = train.make_config("macchiato:conv", False, 64, "sweep")
     assert (cfg.dim, cfg.num_layers, cfg.vocab_size, cfg.qk_mixer, cfg.window_size) == (64, 2, 8192, "conv", 16)
+    # both sizes side by side by default; the small vocabulary one is issue 25's measurement
+    args = train.parse_args(["--preset", "sweep", "--mixers", "linear", "--batch", "64", "--seqs", "64,256"])
+    assert args.sizes == ["v8192", "v256"] and args.batch == 64
+    assert [train.label_of(m, d, args.dists, b, c, z) for m, d, b, c, z in train.variants(args)] == [
+        "linear",
+        "linear @v256",
+    ]
+    cfg = train.make_config("latte", False, 64, "sweep", "v256")
+    assert (cfg.vocab_size, cfg.mlp_ratio, cfg.dim) == (256, 1.0, 64)
+
+
+def test_train_ratios_per_size_and_layer():
+    """Step and layer ratios pair each variant with softmax's and linear's of
+    its own size, sequence and compilation; the RG-LRU note reads the conv
+    variant of the same mixer."""
+    from latte.bench.train_report import markdown, step_ratios
+
+    def row(mixer, size, ms, layer, label=None):
+        return dict(
+            mixer=mixer,
+            size=size,
+            seq=64,
+            compiled=False,
+            dist="std1",
+            backend="torch",
+            label=label or mixer + (f" @{size}" if size == "v256" else ""),
+            median_ms=ms,
+            attention_layer_ms=layer,
+            batch=64,
+            tokens_per_s=1.0,
+            attention_share=0.5,
+            params=1,
+        )
+
+    rows = [
+        row("softmax", "v8192", 10, 2),
+        row("linear", "v8192", 20, 4),
+        row("latte:conv", "v8192", 30, 6),
+        row("latte", "v8192", 40, 9),
+        row("softmax", "v256", 5, 1),
+        row("latte", "v256", 15, 3),
+    ]
+    res = {"results": rows}
+    r = step_ratios(res)
+    assert r["over_softmax"]["64"] == {
+        "softmax": 1,
+        "linear": 2,
+        "latte:conv": 3,
+        "latte": 4,
+        "softmax @v256": 1,
+        "latte @v256": 3,
+    }
+    assert r["over_linear"]["64"]["latte"] == 2 and "latte @v256" not in r["over_linear"]["64"]
+    assert r["layer_over_linear"]["64"]["latte"] == 9 / 4 and r["layer_over_softmax"]["64"]["latte @v256"] == 3
+    res.update(
+        machine={"cpu_model": "cpu", "threads": 1, "torch": "x"},
+        ratios=r,
+        config=dict(
+            quick=False,
+            preset="sweep",
+            seqs=[64],
+            repeats=5,
+            dists=["std1"],
+            variants=[x["label"] for x in rows],
+            sizes={"v8192": {}, "v256": {}},
+        ),
+    )
+    text = markdown(res)
+    assert "| latte | 9.0 / 2.25 / 4.50 |" in text
+    assert "latte (qk mixer conv_rglru) layer / latte:conv layer = 1.50x" in text
 
 
 def test_cuda_ops_plumbing_runs_on_cpu(tmp_path, monkeypatch):

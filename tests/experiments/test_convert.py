@@ -95,6 +95,11 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys, monkeypat
     capsys.readouterr()
     assert main(args) == 0  # everything done: nothing recomputed
     assert "already done" in capsys.readouterr().err
+    # another --set is another protocol: the finished cells are refused, not reused (issue 23)
+    with pytest.raises(ValueError, match=r"cell ran under another protocol \(sets: .* then, .*train.steps=3' now\)"):
+        main([*args, "--set", "train.steps=3"])
+    with pytest.raises(ValueError, match="--set train.stepz=3: not valid for recipe end_to_end"):
+        main([*args, "--set", "train.stepz=3"])
     text = readme.read_text()
     assert "Past 8K tokens: not measured here" in text
     assert all(text.count(f"<!-- results:{n}:start -->") == 1 for n in added)  # added once

@@ -3,6 +3,7 @@ trainings through `latte train`, curves, example images, result files) and
 a second call resumes from the finished cells instead of retraining."""
 
 import json
+import shlex
 
 import pytest
 
@@ -65,10 +66,7 @@ def test_reduced_budget_is_marked_and_shows_full_budget_cells(tmp_path):
         "train_label_counts": "1 1",
         "test_label_counts": "1 1",
         "loadavg_1min": 1.0,
-        "command": f"latte train --config lra/listops --train.run_dir={full / 'listops-latte'}",
     }
-    (full / "cells").mkdir(parents=True)
-    (full / "cells" / f"{cell_key(full_cell)}.json").write_text(json.dumps(full_record))
     # the user's overrides win over the budget's steps, so the test stays seconds long
     argv = [
         "--quick",
@@ -93,6 +91,13 @@ def test_reduced_budget_is_marked_and_shows_full_budget_cells(tmp_path):
         "train.eval_every=0",
         "train.save_every=0",
     ]
+    # the full-budget cell ran this command's protocol at the full budget (as written before
+    # cell files recorded their protocol: its command says it)
+    overrides = lra.cell_overrides(full_cell, lra.parse_args(argv), work, budget="full")
+    config, overrides = lra.train_overrides("listops", "latte", full, overrides)
+    full_record["command"] = shlex.join(["latte", "train", "--config", config, *(f"--{o}" for o in overrides)])
+    (full / "cells").mkdir(parents=True)
+    (full / "cells" / f"{cell_key(full_cell)}.json").write_text(json.dumps(full_record))
     assert lra.main(argv) == 0
     records = json.loads((out / "results.json").read_text())
     by = {(r["task"], r["budget"]): r for r in records}

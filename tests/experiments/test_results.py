@@ -72,7 +72,9 @@ def test_write_results_files_and_readme_section(tmp_path):
     text = readme.read_text()
     assert "old" not in text and "`latte experiment demo --quick`" in text and text.endswith("y\n")
     assert "\n#### demo\n" in text  # the same heading level as in results.md
-    write_results(tmp_path / "out", "demo", [], "![curve](curve.png) [doc](https://x.org/a.png)", run, readme=readme)
+    write_results(
+        tmp_path / "out", "demo", [{"a": 1}], "![curve](curve.png) [doc](https://x.org/a.png)", run, readme=readme
+    )
     text = readme.read_text()  # links to the plots beside results.md work from the README
     assert "![curve](out/curve.png)" in text and "(https://x.org/a.png)" in text
     with pytest.raises(ValueError, match="flat"):
@@ -93,3 +95,73 @@ def test_images_are_linked_from_results_md_and_the_readme(tmp_path):
     assert "![plot](plot.png)" in (tmp_path / "results" / "demo" / "results.md").read_text()
     text = readme.read_text()
     assert "![plot](results/demo/plot.png)" in text and "#### demo" in text  # headings sit below the section's
+
+
+# ---------------------------------------------------------------- issue 23: protocols and damaged cell files
+
+
+def _legacy(record):  # what an older cell file states of its protocol: its data size
+    return {"examples": record["examples"]} if "examples" in record else {}
+
+
+def test_a_cell_records_its_protocol_and_another_protocol_is_refused_naming_both(tmp_path):
+    cells = [{"i": 0}, {"i": 1}]
+    Sweep(tmp_path, cells, protocol={"examples": 128, "fillers": "zeros"}).run(lambda c: {"acc": 0.5})
+    stored = json.loads((tmp_path / "cells" / "i=0.json").read_text())
+    assert stored["protocol"] == {"examples": 128, "fillers": "zeros"}
+    same = Sweep(tmp_path, cells, protocol={"examples": 128, "fillers": "zeros"})
+    assert same.pending() == [] and all("protocol" not in r for r in same.records())
+    other = Sweep(tmp_path, cells, protocol={"examples": 64, "fillers": "random"})
+    for call in (other.pending, other.records, lambda: other.run(lambda c: {"acc": 0.9})):
+        with pytest.raises(ValueError, match=r"i=0.json: this cell ran under another protocol") as e:
+            call()
+        assert "examples: 128 then, 64 now; fillers: 'zeros' then, 'random' now" in str(e.value)
+        assert "(1 more cell files" in str(e.value)
+    assert json.loads((tmp_path / "cells" / "i=1.json").read_text()) == {
+        "i": 1,
+        "acc": 0.5,
+        **{"protocol": stored["protocol"]},
+    }
+
+
+def test_a_cell_written_before_protocols_is_read_as_its_own_json_states(tmp_path):
+    """A cell file without a recorded protocol (every cell of today's committed
+    results and of the background queue) is accepted under the protocol its
+    fields state, and refused under another."""
+    (tmp_path / "cells").mkdir()
+    (tmp_path / "cells" / "i=0.json").write_text(json.dumps({"i": 0, "acc": 0.5, "examples": 128}))
+    ok = Sweep(tmp_path, [{"i": 0}], protocol={"examples": 128, "batch_size": 32}, legacy=_legacy)
+    assert ok.pending() == [] and ok.records() == [{"i": 0, "acc": 0.5, "examples": 128}]
+    with pytest.raises(ValueError, match="examples: 128 then, 64 now"):
+        Sweep(tmp_path, [{"i": 0}], protocol={"examples": 64}, legacy=_legacy).pending()
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"i": 0, "acc": 0.', "not valid JSON"),
+        ("\x00\x01garbage", "not valid JSON"),
+        ("[1, 2]", "a JSON list, expected a JSON dict"),
+        ('{"i": 0}', r"not a finished cell of this sweep \(no acc\)"),
+        ('{"i": 5, "acc": 0.5}', r"holds another cell \(i: 5 in the file, 0 expected\)"),
+    ],
+    ids=["truncated", "garbage", "a-list", "no-result-field", "another-cell"],
+)
+def test_a_damaged_cell_file_is_named_not_a_traceback(tmp_path, content, message):
+    (tmp_path / "cells").mkdir()
+    path = tmp_path / "cells" / "i=0.json"
+    path.write_text(content)
+    sweep = Sweep(tmp_path, [{"i": 0}], fields=("acc",))
+    for call in (sweep.pending, sweep.records):
+        with pytest.raises(ValueError, match=message) as e:
+            call()
+        assert str(path) in str(e.value)
+    assert path.read_text() == content  # never overwritten
+
+
+def test_nothing_to_write_leaves_results_and_readme_alone(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- results:demo:start -->\nkept\n<!-- results:demo:end -->\n")
+    with pytest.raises(ValueError, match="no records to write"):
+        write_results(tmp_path / "out", "demo", [], "", provenance("demo", [], 0.0), readme=readme)
+    assert "kept" in readme.read_text() and not (tmp_path / "out").exists()

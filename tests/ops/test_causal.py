@@ -179,10 +179,16 @@ def test_bf16_inputs_stay_finite_and_close():
     assert rel_err(y16, y32) < 0.1
 
 
+@pytest.mark.parametrize("keep", [True, False])
 @pytest.mark.parametrize("scale", [1.0, 40.0, 100.0])
-def test_gradients_with_state_and_mask_for_spread_logits(scale):
+def test_gradients_with_state_and_mask_for_spread_logits(monkeypatch, scale, keep):
     """z grows by far more than exp's range inside chunks and sub-chunks (std
-    40, 100): the one intra-chunk form stays exact, forward and backward."""
+    40, 100): the one intra-chunk form stays exact, forward and backward,
+    whether the backward reuses the forward's weights or rebuilds them."""
+    import latte.ops.chunked as K
+
+    if not keep:
+        monkeypatch.setattr(K, "_KEEP_ELEMS", 0)
     a, b, v = inputs(50, 6, 5, scale=scale)
     S0, z0 = random_state(2, 3, 6, 5)
     mask = torch.rand(2, 50) > 0.2
@@ -207,8 +213,10 @@ def test_gradients_with_state_and_mask_for_spread_logits(scale):
 def test_log_normalisers_exact_for_any_growth():
     """z from the running-max recurrence against float64 logcumsumexp, in
     float32, where z jumps by ~90 inside a chunk, a chunk starts far below its
-    own max from an empty state, and masked tokens follow a finite state."""
+    own max from an empty state, and masked tokens follow a finite state.
+    The kernel works in base 2: logits in, normalisers out, times log2(e)."""
     from latte.ops._checks import NEG
+    from latte.ops._exp import LOG2E
     from latte.ops.intra_chunk import log_normalisers
 
     G, T, L, C = 6, 96, 4, 16
@@ -219,14 +227,14 @@ def test_log_normalisers_exact_for_any_growth():
     b[1, :10] = NEG
     z0 = torch.full((G, L), float("-inf"))
     z0[1] = 5.0
-    chunk_major = b.view(G, T // C, C, L).transpose(0, 1).contiguous()  # [N, G, C, L]
-    z = torch.empty_like(chunk_major)
-    r, z_last = log_normalisers(chunk_major, z0, 8, z)  # sub-chunks of 8
-    z_ref = torch.logaddexp(torch.logcumsumexp(b.double(), 1), z0.double().unsqueeze(1))  # [G, T, L]
+    sub_chunk_major = b.view(G, T // 8, 8, L).transpose(0, 1).contiguous()  # [M, G, 8, L]
+    z = torch.empty_like(sub_chunk_major)
+    r, z_last = log_normalisers(sub_chunk_major * LOG2E, z0 * LOG2E, C // 8, z)  # sub-chunks of 8
+    z_ref = torch.logaddexp(torch.logcumsumexp(b.double(), 1), z0.double().unsqueeze(1)) * LOG2E  # [G, T, L]
     assert torch.allclose(z.transpose(0, 1).reshape(G, T, L).double(), z_ref, rtol=1e-6, atol=1e-5)
     r_ref = torch.cat([z0.double()[:, None], z_ref[:, 7:-1:8]], 1)  # z before each sub-chunk: [G, T / 8, L]
-    r_time = r.permute(1, 0, 2, 3).reshape(G, T // 8, L)
-    assert torch.equal(r_time[:, 0], z0)
+    r_time = r.transpose(0, 1)
+    assert torch.equal(r_time[:, 0], z0 * LOG2E)
     assert torch.allclose(r_time[:, 1:].double(), r_ref[:, 1:], rtol=1e-6, atol=1e-5)
     assert torch.allclose(z_last.double(), z_ref[:, -1], rtol=1e-6, atol=1e-5)
 
@@ -266,13 +274,18 @@ def test_input_distributions_match_reference(shape, dist):
             assert g[1][~mask].abs().max() == 0  # padded keys get no gradient
 
 
+@pytest.mark.parametrize("keep", [True, False])
 @pytest.mark.parametrize("scale", [1.0, 40.0])
-def test_many_segments_equal_reference(monkeypatch, scale):
+def test_many_segments_equal_reference(monkeypatch, scale, keep):
     """Long sequences run in segments of chunks (states carried forward, reverse
-    states backward); force one or two chunks per segment at test sizes."""
+    states backward); force one or two chunks per segment at test sizes. The
+    backward either reuses the forward's factors and diagonal weights (small
+    calls) or rebuilds them (keep=False: what long sequences do)."""
     import latte.ops.chunked as K
 
     monkeypatch.setattr(K, "_SEGMENT_ELEMS", 6 * 8 * 8)  # G=6, C=8, width 8 -> 1 chunk per segment
+    if not keep:
+        monkeypatch.setattr(K, "_KEEP_ELEMS", 0)
     a, b, v = inputs(45, 6, 5, scale=scale)
     S0, z0 = random_state(2, 3, 6, 5)
     mask = torch.rand(2, 45) > 0.2

@@ -38,6 +38,7 @@ SLOW_EXP = {
     torch.float32: math.log(torch.finfo(torch.float32).tiny),
     torch.float64: math.log(torch.finfo(torch.float64).tiny),
 }
+LOG2E = 1 / math.log(2)  # exp2's slow arguments: the same results, in bits
 
 
 def slow_lanes(op, args):
@@ -48,6 +49,9 @@ def slow_lanes(op, args):
         return 0
     low = SLOW_EXP[x.dtype]
     if op in (aten.exp, aten.exp_):
+        arg = x
+    elif op in (aten.exp2, aten.exp2_):
+        low *= LOG2E
         arg = x
     elif op in (aten._softmax, aten._log_softmax, aten.logsumexp):
         dims = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
@@ -221,5 +225,6 @@ def test_the_recorder_sees_slow_paths():
     small, large = record(lambda: branchy(torch.zeros(4))), record(lambda: branchy(torch.full((4,), 100.0)))
     assert small.syncs and small.calls != large.calls
     assert record(lambda: torch.exp(torch.full((3,), -100.0))).slow_exp_lanes == 3
+    assert record(lambda: torch.exp2(torch.tensor([-100.0, -130.0]))).slow_exp_lanes == 1
     assert record(lambda: torch.softmax(torch.tensor([0.0, -100.0, -200.0]), 0)).slow_exp_lanes == 2
     assert record(lambda: torch.softmax(torch.tensor([[0.0], [-100.0]]), 0)).slow_exp_lanes == 0  # strided dim

@@ -192,7 +192,7 @@ def test_latte_export_of_a_conversion_is_portable(base, tmp_path, capsys):
     with torch.no_grad():
         ref = load_converted(summary["export"])(ids, use_cache=False).logits
     code, err = cli(["export", str(tmp_path / "run"), str(tmp_path / "run" / "out")], capsys)
-    assert code == 2 and "inside the source folder" in err
+    assert code == 2 and "inside the folder being exported" in err
     code, err = cli(["export", str(tmp_path / "run"), str(tmp_path / "portable")], capsys)
     assert code == 0, err
     shutil.rmtree(copy)  # the base the run recorded is gone

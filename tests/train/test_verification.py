@@ -128,3 +128,41 @@ def test_sample_from_non_finite_weights_is_a_message_not_a_crash(run):
         next(trained.model.parameters()).fill_(math.inf)
     text = trained.task.sample(trained.model)
     assert "no sample: the weights hold NaN or inf values" in text
+
+
+# --------------------------------------------------------------------------- issue 23, item 15
+
+
+def test_a_step_folder_whose_manifest_names_another_step_is_refused(run, capsys):
+    import shutil
+
+    copy = run / "step-00000003"  # step 2's files under step 3's name: training refuses it
+    shutil.copytree(run / "step-00000002", copy)
+    for argv in (["generate", "--max-new-tokens", "2"], ["eval", "--lengths", "1", "--max-tokens", "64"]):
+        assert main([*argv, "--run", str(copy)]) == 2
+        out = capsys.readouterr()
+        assert "manifest.json: says step 2 but the folder is step-00000003" in out.err and out.out == ""
+    assert main(["generate", "--run", str(run), "--max-new-tokens", "2"]) == 0  # a run folder skips it
+    assert "step-00000002, step 2" in capsys.readouterr().err
+
+
+def test_a_trainer_state_that_fails_its_hash_is_refused(run, capsys):
+    step = run / "step-00000002"
+    (step / "trainer_state.json").write_text('{"step": 7}')
+    for argv in (["generate", "--max-new-tokens", "2"], ["eval", "--lengths", "1", "--max-tokens", "64"]):
+        assert main([*argv, "--run", str(step)]) == 2
+        assert "trainer_state.json" in capsys.readouterr().err
+    assert main(["generate", "--run", str(run), "--max-new-tokens", "2"]) == 0
+    assert "step-00000001, step 1" in capsys.readouterr().err
+
+
+def test_generate_refuses_up_front_what_learned_positions_cannot_hold(make_config, tmp_path, capsys):
+    overrides = {"model.position_embedding": "learned", "model.max_position_embeddings": 32, "model.mixer": "softmax"}
+    train(make_config(**overrides, **{"train.steps": 1, "optim.warmup_steps": 0, "train.sample_tokens": 0}))
+    run = str(tmp_path / "run")
+    assert main(["generate", "--run", run, "--prompt", "a", "--max-new-tokens", "60", "--seed", "1"]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""  # nothing echoed or streamed before the refusal
+    assert "max_new_tokens=60: a 1-token prompt leaves room for at most 32 new tokens" in out.err
+    assert "max_position_embeddings=32 (position_embedding='learned')" in out.err
+    assert main(["generate", "--run", run, "--prompt", "a", "--max-new-tokens", "32"]) == 0  # the edge fits

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from latte.data.classification import ClassificationData
 from latte.data.lra import files, listops, pathfinder
-from latte.data.lra.common import SPLITS, cached_splits, default_workers
+from latte.data.lra.common import SPLITS, MissingDataError, cached_splits, default_workers
 from latte.data.lra.listops import ListOpsSpec
 from latte.data.lra.pathfinder import PathfinderSpec
 
@@ -118,7 +118,7 @@ def _listops_release(root: Path) -> dict[str, ClassificationData]:
     for split, name in LISTOPS_FILES.items():
         file = root / name
         if not file.is_file():
-            raise FileNotFoundError(
+            raise MissingDataError(
                 f"LRA listops: {file} not found; data.path should be the listops-1000 folder "
                 f"of {files.LRA_URL}, or leave it unset to generate the data"
             )

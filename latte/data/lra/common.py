@@ -117,6 +117,25 @@ def cached_splits(
     return {s: ClassificationData.load(folder, s) for s in SPLITS}, meta
 
 
+class MissingDataError(FileNotFoundError, ValueError):
+    """Input files a task needs are not where data.path says: a user error
+    (`latte train` exits 2), still a FileNotFoundError for callers."""
+
+
+def utf8_lines(path: Path) -> Iterator[str]:
+    """The lines of a text file; a byte that is not UTF-8 is a ValueError
+    naming the file, the line and the column (not a bare decode error)."""
+    with Path(path).open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{path}:{number}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                    "the file must be UTF-8 text"
+                ) from None
+
+
 def split_stream(items: list, sizes: dict[str, int]) -> dict[str, list]:
     """Cut test, then validation, then train from the front of `items`."""
     out, start = {}, 0

@@ -31,6 +31,7 @@ import numpy as np
 
 from latte.data.classification import ClassificationData, Sequences
 from latte.data.corpus import unit_hash
+from latte.data.lra.common import MissingDataError, utf8_lines
 
 BYTE_PAD_ID, BYTE_CLS_ID, BYTE_OFFSET, BYTE_VOCAB_SIZE = 0, 1, 2, 258
 PIXEL_CLS_ID, PIXEL_VOCAB_SIZE = 256, 257
@@ -45,8 +46,8 @@ def encode_bytes(text: str | bytes, max_length: int) -> np.ndarray:
     return np.frombuffer(raw[:max_length], dtype=np.uint8).astype(np.int64) + BYTE_OFFSET
 
 
-def _missing(task: str, path: Path, what: str, url: str) -> FileNotFoundError:
-    return FileNotFoundError(
+def _missing(task: str, path: Path, what: str, url: str) -> MissingDataError:
+    return MissingDataError(
         f"LRA {task}: {path} not found. This task needs {what}: download {url}, extract it, and pass "
         f"the folder as data.path (latte never downloads data itself)."
     )
@@ -80,9 +81,16 @@ def load_imdb(path: str | Path, *, max_length: int = 4000, val_fraction: float =
         "test": splits["test"],
     }
     return {
-        name: _byte_data([encode_bytes(p.read_bytes(), max_length) for p, _ in files], [label for _, label in files])
+        name: _byte_data([_review(p, max_length) for p, _ in files], [label for _, label in files])
         for name, files in parts.items()
     }
+
+
+def _review(path: Path, max_length: int) -> np.ndarray:
+    ids = encode_bytes(path.read_bytes(), max_length)
+    if not len(ids):
+        raise ValueError(f"{path}: an empty review; every example needs at least one byte (remove the file)")
+    return ids
 
 
 def _byte_data(seqs, labels, second=None) -> ClassificationData:
@@ -122,21 +130,24 @@ def load_aan(path: str | Path, *, max_length: int = 4000) -> dict[str, Classific
 def _read_aan(file: Path, max_length: int) -> ClassificationData:
     first, second, labels = [], [], []
     csv.field_size_limit(sys.maxsize)  # the documents are whole papers
-    with file.open(newline="", encoding="utf-8") as f:
-        for line, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), start=1):
-            if len(row) != 5:
-                raise ValueError(
-                    f"{file}:{line}: expected 5 tab-separated fields (label, id1, id2, text1, text2), got {len(row)}"
-                )
-            try:
-                label = float(row[0])
-            except ValueError:
-                label = -1.0
-            if label not in (0.0, 1.0):
-                raise ValueError(f"{file}:{line}: label {row[0]!r} is not 0 or 1")
-            labels.append(int(label))
-            first.append(encode_bytes(row[3], max_length))
-            second.append(encode_bytes(row[4], max_length))
+    rows = csv.reader(utf8_lines(file), delimiter="\t", quoting=csv.QUOTE_NONE)  # non-UTF-8: file and line named
+    for line, row in enumerate(rows, start=1):
+        if len(row) != 5:
+            raise ValueError(
+                f"{file}:{line}: expected 5 tab-separated fields (label, id1, id2, text1, text2), got {len(row)}"
+            )
+        try:
+            label = float(row[0])
+        except ValueError:
+            label = -1.0
+        if label not in (0.0, 1.0):
+            raise ValueError(f"{file}:{line}: label {row[0]!r} is not 0 or 1")
+        empty = [name for name, text in (("text1", row[3]), ("text2", row[4])) if not text]
+        if empty:
+            raise ValueError(f"{file}:{line}: {' and '.join(empty)} empty; every document needs at least one byte")
+        labels.append(int(label))
+        first.append(encode_bytes(row[3], max_length))
+        second.append(encode_bytes(row[4], max_length))
     if not labels:
         raise ValueError(f"{file}: no examples")
     return _byte_data(first, labels, second)
@@ -184,10 +195,28 @@ def read_cifar_batch(file: str | Path) -> tuple[np.ndarray, np.ndarray]:
     data, labels = batch.get("data"), batch.get("labels")
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
         raise ValueError(f"{file}: 'data' must be a uint8 array [N, 3072] (R, G, B planes of 32x32)")
-    labels = np.asarray(labels, dtype=np.int64)
-    if labels.shape != (len(data),) or (labels.size and (labels.min() < 0 or labels.max() > 9)):
-        raise ValueError(f"{file}: 'labels' must be {len(data)} classes in 0-9")
+    labels = _labels(file, labels, len(data))
     return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels
+
+
+def _labels(file: Path, labels, n: int) -> np.ndarray:
+    """A batch's 'labels': n integer classes in 0-9 (no silent truncation of floats)."""
+    expected = f"{file}: 'labels' must be a list of {n} integer classes in 0-9"
+    if not isinstance(labels, (list, tuple, np.ndarray)):
+        raise ValueError(f"{expected}, got {'nothing' if labels is None else type(labels).__name__}")
+    try:
+        values = np.asarray(labels)
+    except ValueError:
+        raise ValueError(f"{expected}, got a ragged list") from None
+    if values.size and values.dtype.kind not in "iu":
+        raise ValueError(f"{expected}, got {values.dtype} values such as {values.flat[0].item()!r}")
+    values = values.astype(np.int64)
+    if values.shape != (n,) or (values.size and (values.min() < 0 or values.max() > 9)):
+        raise ValueError(
+            f"{expected}, got shape {values.shape}, values {values.min() if values.size else '-'}-"
+            f"{values.max() if values.size else '-'}"
+        )
+    return values
 
 
 def to_grey(images_rgb: np.ndarray) -> np.ndarray:

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from latte.data.classification import ClassificationData, Sequences
-from latte.data.lra.common import run_shards, split_stream
+from latte.data.lra.common import run_shards, split_stream, utf8_lines
 
 PAD_ID, CLS_ID = 0, 1
 DIGIT0 = 2  # digit d has id DIGIT0 + d
@@ -190,16 +190,15 @@ def read_lra_tsv(path: str | Path) -> tuple[list[list[int]], list[int]]:
     lra_release/listops-1000/basic_train.tsv (tab-separated, header Source, Target)."""
     path = Path(path)
     seqs, labels = [], []
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.reader(f, delimiter="\t")
-        header = next(reader, None)
-        if header != ["Source", "Target"]:
-            raise ValueError(f"{path}: expected the LRA ListOps header 'Source<TAB>Target', got {header}")
-        for line, row in enumerate(reader, start=2):
-            if len(row) != 2 or not row[1].strip().isdigit() or not 0 <= int(row[1]) < NUM_CLASSES:
-                raise ValueError(f"{path}:{line}: expected '<expression><TAB><label 0-9>', got {row[:2]}")
-            seqs.append(parse_lra_source(row[0], where=f"{path}:{line}"))
-            labels.append(int(row[1]))
+    reader = csv.reader(utf8_lines(path), delimiter="\t")  # a non-UTF-8 byte is named with its line
+    header = next(reader, None)
+    if header != ["Source", "Target"]:
+        raise ValueError(f"{path}: expected the LRA ListOps header 'Source<TAB>Target', got {header}")
+    for line, row in enumerate(reader, start=2):
+        if len(row) != 2 or not row[1].strip().isdigit() or not 0 <= int(row[1]) < NUM_CLASSES:
+            raise ValueError(f"{path}:{line}: expected '<expression><TAB><label 0-9>', got {row[:2]}")
+        seqs.append(parse_lra_source(row[0], where=f"{path}:{line}"))
+        labels.append(int(row[1]))
     return seqs, labels
 
 

@@ -128,3 +128,79 @@ def test_cifar_refuses_foreign_pickles(tmp_path):
 def test_cifar_missing_says_what_to_get(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"LRA image: .*data_batch_1 not found.*cifar-10-python.tar.gz"):
         F.load_cifar10(tmp_path)
+
+
+# ---------------------------------------------------------------- issue 23 item 14: every bad file named
+
+
+def _cifar_labels(folder, labels, protocol=4):
+    """test_batch with these `labels` (protocol 4: sets and dicts need no global)."""
+    batch = {b"data": np.zeros((2, 3072), np.uint8)}
+    if labels is not None:
+        batch[b"labels"] = labels
+    with open(folder / "test_batch", "wb") as f:
+        pickle.dump(batch, f, protocol=protocol)
+
+
+@pytest.mark.parametrize(
+    "labels, message",
+    [
+        (None, "got nothing"),
+        ({0, 1}, "got set"),
+        ({0: 1, 1: 2}, "got dict"),
+        ([0.0, 1.7], "got float64 values such as 0.0"),
+        ([0, 10], r"got shape \(2,\), values 0-10"),
+        ([0], r"got shape \(1,\)"),
+    ],
+    ids=["missing", "a-set", "a-dict", "floats", "out-of-range", "too-few"],
+)
+def test_cifar_bad_labels_name_the_file(tmp_path, labels, message):
+    _write_cifar(tmp_path)
+    _cifar_labels(tmp_path, labels)
+    with pytest.raises(
+        ValueError, match=rf"test_batch: 'labels' must be a list of 2 integer classes in 0-9, {message}"
+    ):
+        F.load_cifar10(tmp_path)
+
+
+def test_empty_documents_name_the_file_and_line(tmp_path):
+    root = tmp_path / "aclImdb"
+    for split in ("train", "test"):
+        for name in ("neg", "pos"):
+            (root / split / name).mkdir(parents=True)
+            (root / split / name / "0_1.txt").write_text("a review")
+    (root / "test" / "pos" / "1_9.txt").write_text("")
+    with pytest.raises(ValueError, match=r"test/pos/1_9.txt: an empty review"):
+        F.load_imdb(tmp_path)
+    for name in F.AAN_FILES.values():
+        (tmp_path / name).write_text("1.0\tA\tB\tx\ty\n0.0\tC\tD\t\ty\n")
+    with pytest.raises(ValueError, match=r"new_aan_pairs.train.tsv:2: text1 empty"):
+        F.load_aan(tmp_path)
+
+
+def test_a_byte_that_is_not_utf8_is_named_with_file_line_and_column(tmp_path):
+    from latte.data.lra.listops import read_lra_tsv
+
+    for name in F.AAN_FILES.values():
+        (tmp_path / name).write_bytes(b"1.0\tA\tB\tx\ty\n0.0\tC\tD\tcaf\xe9\ty\n")
+    with pytest.raises(ValueError, match=r"new_aan_pairs.train.tsv:2: not UTF-8 \(byte 0xe9 at column 12\)"):
+        F.load_aan(tmp_path)
+    tsv = tmp_path / "basic_train.tsv"
+    tsv.write_bytes(b"Source\tTarget\n[MAX 2 3 ]\t3\n[MIN 4 \xff]\t4\n")
+    with pytest.raises(ValueError, match=r"basic_train.tsv:3: not UTF-8 \(byte 0xff at column 8\)"):
+        read_lra_tsv(tsv)
+
+
+def test_missing_data_path_exits_2_like_every_user_error(tmp_path, capsys):
+    from latte.cli import main
+
+    for task in ("text", "retrieval", "image", "listops"):
+        with pytest.raises(FileNotFoundError):  # still a FileNotFoundError for callers
+            from latte.data.lra import load_task
+
+            load_task(task, path=str(tmp_path / "nowhere"))
+    args = ["train", "--config", "lra/listops", f"--data.path={tmp_path / 'nowhere'}"]
+    args += [f"--train.run_dir={tmp_path / 'run'}", "--train.steps=1", "--optim.warmup_steps=0"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "nowhere" in err and "not found" in err and "Traceback" not in err
