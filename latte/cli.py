@@ -23,11 +23,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 import sys
 from pathlib import Path
 
 from latte.allocator import tune
+from latte.arguments import int_at_least, number
 from latte.experiments import EXPERIMENTS
 
 USAGE = __doc__.split("\n\n")[1]
@@ -148,37 +148,6 @@ def cmd_convert(args: list[str]) -> int:
     return cmd_train(["--config", config or "convert/smollm2", *overrides])
 
 
-# --------------------------------------------------------------------------- argument types
-
-
-def _int_at_least(low: int, what: str = ""):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}{what}, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}{what}, got {value}")
-        return value
-
-    return parse
-
-
-def _number(allowed: str, ok):
-    """A finite float accepted by `ok` (argparse type); `allowed` describes it."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}") from None
-        if not math.isfinite(value) or not ok(value):
-            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text}")
-        return value
-
-    return parse
-
-
 # --------------------------------------------------------------------------- generate
 
 
@@ -186,15 +155,15 @@ def cmd_generate(args: list[str]) -> int:
     p = argparse.ArgumentParser(prog="latte generate", description="Stream a continuation from a trained run.")
     p.add_argument("--run", required=True, help="run folder (newest verified checkpoint) or a step-N folder")
     p.add_argument("--prompt", default="\n")
-    p.add_argument("--max-new-tokens", type=_int_at_least(0), default=200)
+    p.add_argument("--max-new-tokens", type=int_at_least(0), default=200)
     p.add_argument(
         "--temperature",
-        type=_number("a finite number >= 0 (0 = greedy)", lambda v: v >= 0),
+        type=number("a finite number >= 0 (0 = greedy)", lambda v: v >= 0),
         default=0.8,
         help="0 = greedy",
     )
-    p.add_argument("--top-k", type=_int_at_least(0, " (0 = off)"), default=50, help="0 = off")
-    p.add_argument("--top-p", type=_number("a number in (0, 1]", lambda v: 0 < v <= 1), default=None)
+    p.add_argument("--top-k", type=int_at_least(0, " (0 = off)"), default=50, help="0 = off")
+    p.add_argument("--top-p", type=number("a number in (0, 1]", lambda v: 0 < v <= 1), default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop-at-eos", action="store_true", help="end at the end-of-document token")
     a = p.parse_args(args)
@@ -254,10 +223,10 @@ def cmd_eval(args: list[str]) -> int:
     p.add_argument("--run", required=True, help="run folder (newest verified checkpoint) or a step-N folder")
     p.add_argument("--lengths", default="1,2,4,8", help="multiples of the training seq_len")
     p.add_argument(
-        "--max-tokens", type=_int_at_least(0, " (0 = all)"), default=65536, help="validation tokens evaluated (0 = all)"
+        "--max-tokens", type=int_at_least(0, " (0 = all)"), default=65536, help="validation tokens evaluated (0 = all)"
     )
     p.add_argument(
-        "--batch-size", type=_int_at_least(1), default=8, help="windows per batch at 1x (halved per doubling)"
+        "--batch-size", type=int_at_least(1), default=8, help="windows per batch at 1x (halved per doubling)"
     )
     p.add_argument(
         "--out",
