@@ -55,6 +55,19 @@ def test_the_check_fails_when_a_result_or_an_index_drifts(tmp_path):
     assert tool.run(tmp_path, write=False) == []
 
 
+def test_an_empty_section_holds_a_place_and_a_filled_one_needs_its_files(tmp_path):
+    tool = load_tool()
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    for name in ("results", "benchmarks"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    index = tmp_path / "results" / "README.md"
+    index.write_text(index.read_text() + "\n<!-- results:later:start -->\n<!-- results:later:end -->\n")
+    assert tool.run(tmp_path, write=False) == []  # not written yet: a placeholder
+    index.write_text(index.read_text().replace("later:start -->\n", "later:start -->\nold table\n"))
+    found = tool.run(tmp_path, write=False)
+    assert any("section results:later has no results/later files" in p for p in found), found
+
+
 def test_a_headline_row_names_a_missing_record(tmp_path):
     tool = load_tool()
     files = tool.Files(ROOT)

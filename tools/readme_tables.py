@@ -292,7 +292,11 @@ def _replace(text: str, markers: tuple[str, str], body: str, where: str) -> str:
 
 
 def _sections(text: str, kind: str) -> list[str]:
-    return re.findall(rf"<!-- {kind}:([\w.-]+):start -->", text)
+    """The sections between markers, without the empty ones: a pair of
+    markers with nothing between them holds the place of results a command
+    has not written yet (e.g. a long run's later reports)."""
+    names = re.findall(rf"<!-- {kind}:([\w.-]+):start -->", text)
+    return [n for n in names if f"<!-- {kind}:{n}:start -->\n<!-- {kind}:{n}:end -->" not in text]
 
 
 def _results_index(root: Path, names: list[str]) -> str:
