@@ -152,7 +152,9 @@ def cmd_convert(args: list[str]) -> int:
 
 
 def cmd_generate(args: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="latte generate", description="Stream a continuation from a trained run.")
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="latte generate", description="Stream a continuation from a trained run."
+    )
     p.add_argument("--run", required=True, help="run folder (newest verified checkpoint) or a step-N folder")
     p.add_argument("--prompt", default="\n")
     p.add_argument("--max-new-tokens", type=int_at_least(0), default=200)
@@ -214,6 +216,7 @@ def _open_lm_run(path: str, command: str, open_run):
 
 def cmd_eval(args: list[str]) -> int:
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="latte eval",
         description=(
             "Validation perplexity of a trained run: by position bucket and at multiples of the "
@@ -356,6 +359,7 @@ def perplexity_table(results: list[dict]) -> str:
 
 def cmd_export(args: list[str]) -> int:
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="latte export",
         description=(
             "Write a trained run as a folder that transformers loads (AutoModelForCausalLM, AutoTokenizer, "

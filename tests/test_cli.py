@@ -205,6 +205,13 @@ def test_eval_refuses_bad_arguments(trained_run, capsys, args):
     assert f"argument {args[0]}: expected an integer" in capsys.readouterr().err
 
 
+def test_an_abbreviated_flag_is_refused_not_guessed(trained_run, capsys):
+    # argparse would read --max-tok as --max-tokens, and a later option
+    # sharing the prefix would silently change what an old command means
+    assert main(["eval", "--run", str(trained_run), "--max-tok", "256"]) == 2
+    assert "unrecognized arguments: --max-tok" in capsys.readouterr().err
+
+
 def test_eval_out_into_a_missing_folder_is_created_and_the_table_printed(trained_run, tmp_path, capsys):
     out = tmp_path / "new" / "deeper" / "eval.json"
     assert main(["eval", "--run", str(trained_run), "--lengths", "1", "--max-tokens", "256", "--out", str(out)]) == 0

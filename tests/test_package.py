@@ -263,3 +263,17 @@ def test_internal_helpers_are_not_public_layer_names():
 
     for name in ("real_positions", "sqrt_bounded_grad", "check_positive_int"):
         assert not hasattr(latte.layers, name) and name not in latte.layers.__all__
+
+
+def test_every_command_line_parser_refuses_abbreviated_flags():
+    """argparse accepts any unique prefix of a flag by default; each parser of
+    the package and of tools/ turns that off (allow_abbrev=False)."""
+    lax = []
+    for path in [*ROOT.rglob("*.py"), *(ROOT.parent / "tools").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "ArgumentParser":
+                flags = {k.arg: k.value for k in node.keywords}
+                value = flags.get("allow_abbrev")
+                if not (isinstance(value, ast.Constant) and value.value is False):
+                    lax.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+    assert not lax, f"parsers accepting abbreviated flags: {lax}"

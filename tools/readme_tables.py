@@ -387,7 +387,7 @@ def run(root: Path = ROOT, *, write: bool) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file differs")
     a = p.parse_args(argv)
     problems = run(ROOT, write=not a.check)

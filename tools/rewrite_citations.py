@@ -116,7 +116,7 @@ def text_files(paths: list[Path]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", help=f"files or folders (default: {' '.join(DEFAULT_PATHS)})")
     parser.add_argument("--check", action="store_true", help="only report; exit 1 if anything would change")
     args = parser.parse_args(argv)

@@ -213,7 +213,7 @@ def plot(res: dict, path) -> bool:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="latte bench audit", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte bench audit", description=__doc__.split("\n\n")[0])
     common.add_common_args(p)
     args = p.parse_args(argv)
     res = run(args)

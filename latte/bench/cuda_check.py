@@ -41,7 +41,7 @@ f64 = torch.float64
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="latte bench check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte bench check", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=DEVICES, default="cuda", help="where to run (default cuda)")
     p.add_argument("--out", type=Path, default=Path(common.DEFAULT_OUT), help="output folder")
     p.add_argument("--quick", action="store_true", help="tiny sizes for CI and tests")

@@ -42,7 +42,7 @@ WARMUP_TOKENS = 2  # untimed decode steps before the timed ones
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="latte bench decode", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte bench decode", description=__doc__.split("\n\n")[0])
     common.add_common_args(p)
     p.add_argument(
         "--mixers", default=",".join(MIXERS), type=name_list(CONFIG_MIXERS), help="comma-separated LatteConfig mixers"

@@ -41,7 +41,7 @@ MODE_NAME = {"fwd": "forward", "fwdbwd": "forward+backward"}
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="latte bench ops", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte bench ops", description=__doc__.split("\n\n")[0])
     common.add_common_args(p)
     add_device_args(p)  # --device cuda: latte.bench.cuda (its own providers and options)
     cuda.add_args(p)

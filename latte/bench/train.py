@@ -53,7 +53,7 @@ SWEEP_SIZES = {"v8192": {"vocab_size": 8192}, "v256": {"vocab_size": 256, "mlp_r
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="latte bench train", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte bench train", description=__doc__.split("\n\n")[0])
     common.add_common_args(p)
     p.add_argument(
         "--mixers",

@@ -38,7 +38,7 @@ MODES = ("fwd", "fwdbwd")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="latte bench window", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte bench window", description=__doc__.split("\n\n")[0])
     common.add_common_args(p)
     add_device_args(p)
     p.add_argument("--seqs", default=None, type=int_list(low=1), help="comma-separated T (default 512..8192)")

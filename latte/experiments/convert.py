@@ -100,7 +100,9 @@ QUICK = {
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="latte experiment convert", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="latte experiment convert", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument(
         "--stages",
         default=",".join(STAGES),

@@ -46,7 +46,9 @@ CORPORA = ("essays", "plays")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="latte experiment convert-data", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="latte experiment convert-data", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--stages", default="pilots", help="comma-separated: pilots, curve")
     p.add_argument("--mixes", default=",".join(MIXES), help="data.source of each pilot, comma-separated")
     p.add_argument("--config", default="convert/pilot-smollm2", help="latte convert config of every pilot")

@@ -38,7 +38,9 @@ def prompts(tokenizer, sources: str, count: int, prompt_tokens: int, seed: int) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m latte.experiments.convert_generate", description=__doc__)
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m latte.experiments.convert_generate", description=__doc__
+    )
     p.add_argument("--out", required=True)
     p.add_argument("--base", default="smollm2")
     p.add_argument("--sources", default="shakespeare+essays+bible-web", help="where the prompts are cut from")

@@ -43,7 +43,9 @@ QUICK = {"sinks": "0,2", "contexts": "32,64", "window": 8, "documents": 2, "thre
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="latte experiment convert-sinks", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="latte experiment convert-sinks", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--sinks", default=None, type=checked(int_list(low=0)), help="numbers of sinks compared (0,1,4,8)")
     p.add_argument(
         "--contexts", default=None, type=checked(int_list(low=2)), help="contexts (tokens) reported (1024,2048)"

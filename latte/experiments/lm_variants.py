@@ -133,7 +133,9 @@ def eval_cell(cell: dict, a: argparse.Namespace, stage: str) -> dict:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="latte experiment lm-variants", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="latte experiment lm-variants", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--plan", default="table1", choices=list(PLANS), help="what to run (latte/experiments/lm_plans.py)")
     p.add_argument("--quick", action="store_true", help="tiny models, 2 steps: the end-to-end test")
     p.add_argument(

@@ -89,7 +89,7 @@ REDUCED = ["train.steps=200", "optim.warmup_steps=25", "train.eval_every=50", "t
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="latte experiment lra", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte experiment lra", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="results/lra", help="where results.json/md and the PNGs go")
     p.add_argument("--work", default="runs/lra", help="run folders and finished sweep cells (resumable)")
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)

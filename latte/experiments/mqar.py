@@ -312,7 +312,7 @@ def _shard(text: str) -> tuple[int, int]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="latte experiment mqar", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte experiment mqar", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a tiny sweep in seconds (the end-to-end test)")
     p.add_argument("--out", default=None, help="results folder (default results/mqar, quick: results/mqar-quick)")
     p.add_argument("--work", default=None, help="finished cells, for resuming (default runs/experiments/mqar[-quick])")

@@ -28,7 +28,7 @@ def _time(fn, repeats: int) -> float:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m latte.ops", description=__doc__)
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m latte.ops", description=__doc__)
     p.add_argument("--lengths", default="1024,4096,16384")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)

@@ -158,7 +158,7 @@ def stages(out: Path = DEFAULT_OUT, work: Path = DEFAULT_WORK, quick: bool = Fal
 
 
 def parse_args(argv=None, names: list[str] | None = None):
-    p = argparse.ArgumentParser(prog="latte bench suite", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte bench suite", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the suite's folder (default benchmarks/cuda)")
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="run folders of the training stages")
     p.add_argument("--wheels", type=Path, default=Path(".whl"), help="wheels of the missing packages (.whl/)")
