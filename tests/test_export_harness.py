@@ -204,6 +204,35 @@ def test_harness_without_lm_eval_says_what_to_install(monkeypatch, capsys):
     assert "pip install 'latte[harness]'" in capsys.readouterr().err
 
 
+def test_harness_names_a_pretrained_folder_it_cannot_load_before_lm_eval_starts(exported, tmp_path, capsys):
+    """A missing local folder, a training run, one of its checkpoints, a
+    convert run (whose model is RUN/model) and a folder without config.json
+    each exit 2 saying what to pass; the exported folder and a hub-style name
+    pass the check."""
+    from latte.eval.harness import check_pretrained
+
+    run, empty = exported / "run", tmp_path / "empty"
+    empty.mkdir()
+    (tmp_path / "converted" / "model").mkdir(parents=True)
+    (tmp_path / "converted" / "model" / "config.json").write_text("{}")
+    step = sorted(run.glob("step-*"))[-1]
+    cases = {
+        str(tmp_path / "nope"): "no such folder",
+        str(run): f"write one with `latte export {run} DEST`",
+        str(step): "a training run or checkpoint folder",
+        str(tmp_path / "converted"): f"its model is pretrained={tmp_path / 'converted' / 'model'}",
+        str(empty): "no config.json in the folder",
+    }
+    for value, says in cases.items():
+        assert main(["harness", "run", "--model", "latte", "--model_args", f"pretrained={value},dtype=float32"]) == 2
+        err = capsys.readouterr().err
+        assert f"--model_args pretrained={value}: " in err and says in err, err
+    assert main(["harness", f"--model_args=dtype=float32,pretrained={tmp_path / 'nope'}"]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    check_pretrained(["--model_args", f"pretrained={exported / 'hf'}"])
+    check_pretrained(["--model_args", "pretrained=org/name", "--tasks", "x"])
+
+
 def test_export_of_a_missing_run_exits_2(tmp_path, capsys):
     assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "out")]) == 2
     assert "no such run or checkpoint folder" in capsys.readouterr().err and not (tmp_path / "out").exists()

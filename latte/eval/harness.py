@@ -29,8 +29,10 @@ import importlib.util
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 
 from latte.eval.tasks import write_task_dir
+from latte.train.manifest import STEP_RE, step_dirs
 
 MODEL_NAME = "latte"
 SUBCOMMANDS = ("run", "ls", "validate")
@@ -87,8 +89,45 @@ def with_offline_tasks(argv: list[str], folder: str) -> list[str]:
     return ["--include_path", folder, *argv] if argv else argv
 
 
+def model_args_values(argv: list[str], key: str) -> list[str]:
+    """Every `key=VALUE` of --model_args in argv (given as one argument or
+    as --model_args=...), in order."""
+    given = [b for a, b in zip(argv, argv[1:]) if a == "--model_args"]
+    given += [a.split("=", 1)[1] for a in argv if a.startswith("--model_args=")]
+    return [v for g in given for item in g.split(",") if (kv := item.split("=", 1))[0].strip() == key for v in kv[1:]]
+
+
+def check_pretrained(argv: list[str]) -> None:
+    """A local folder given as --model_args pretrained=... that transformers
+    cannot load is named, with what to pass instead, before lm-eval starts
+    (which would end in a hub lookup error). A hub-style name ("gpt2",
+    "org/name") is left to lm-eval."""
+    for value in model_args_values(argv, "pretrained"):
+        where = f"--model_args pretrained={value}"
+        path = Path(value).expanduser()
+        local = value.startswith(("/", ".", "~")) or value.count("/") > 1
+        if not path.exists():
+            if local:
+                raise ValueError(f"{where}: no such folder")
+            continue
+        if not path.is_dir() or (path / "config.json").is_file():
+            continue
+        if (path / "model" / "config.json").is_file():
+            raise ValueError(f"{where}: a run folder; its model is pretrained={path / 'model'}")
+        if step_dirs(path) or STEP_RE.match(path.name):
+            raise ValueError(
+                f"{where}: a training run or checkpoint folder, not a model folder; write one with "
+                f"`latte export {value} DEST` and pass pretrained=DEST"
+            )
+        raise ValueError(
+            f"{where}: no config.json in the folder (expected one written by latte export, "
+            "by latte convert (RUN/model) or by save_pretrained)"
+        )
+
+
 def main(argv: list[str]) -> int:
     """Runs lm-eval's command line with `argv` after `register()`; returns its exit code."""
+    check_pretrained(argv)
     register()
     from lm_eval.__main__ import cli_evaluate
 
