@@ -20,6 +20,7 @@ steps, and retention never deletes the newest healthy checkpoint.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
@@ -227,6 +228,25 @@ def evaluate(run: Run) -> dict:
             f"final validation {run.task.format_metrics({**metrics, **extras})}; step {run.progress.step}, "
             f"{summary[f'train_{unit}_per_s'] or 0:,.0f} train {unit}/s, wall time {summary['wall_time_s']:.0f} s"
         )
+        note = budget_note(summary, run.cfg.train.steps, run.cfg.train.time_budget_minutes)
+        if note:
+            run.logger.message(note)
         run.logger.close()
         run.logger.plot()
     return summary
+
+
+def budget_note(summary: dict, steps: int, minutes: float | None) -> str | None:
+    """What to do when the time budget cut training so short that the model
+    ends no better than unigram statistics (None otherwise): the usual cause
+    is a machine busy with other work, which the train speed and load show."""
+    ppl, unigram = summary.get("val_ppl"), summary.get("unigram_ppl")
+    if summary.get("stopped") != "time budget" or ppl is None or unigram is None or ppl < unigram:
+        return None
+    speed = summary.get("train_tokens_per_s") or 0
+    return (
+        f"note: perplexity {ppl:.2f} is no better than the unigram baseline {unigram:.2f}: "
+        f"train.time_budget_minutes={minutes:g} allowed {summary['step']} of {steps} steps at {speed:,.0f} "
+        f"train tokens/s (1-min load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores). "
+        "A machine busy with other work is the usual cause: rerun when it is quiet, or raise the budget."
+    )

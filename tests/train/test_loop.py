@@ -411,3 +411,16 @@ def test_time_budget_holds_whatever_the_evaluation_speed(monkeypatch, eval_speed
     assert took <= budget_s, f"the job took {took:.0f} s of a {budget_s} s budget"
     final_s = 50_000 / (198.0 * eval_speedup)
     assert took >= budget_s - 1.25 * (4096 / 198.0 + final_s) - 5 - 4096 / 198.0 - 30, (took, steps)
+
+
+def test_a_budget_cut_run_no_better_than_unigram_says_why_and_what_to_do():
+    from latte.train.loop import budget_note
+
+    cut = {"stopped": "time budget", "step": 29, "val_ppl": 587.0, "unigram_ppl": 573.6, "train_tokens_per_s": 900.0}
+    note = budget_note(cut, 300, 9)
+    assert "perplexity 587.00 is no better than the unigram baseline 573.60" in note
+    assert "train.time_budget_minutes=9 allowed 29 of 300 steps at 900 train tokens/s" in note
+    assert "load average" in note and "rerun when it is quiet, or raise the budget" in note
+    assert budget_note({**cut, "val_ppl": 143.2}, 300, 9) is None  # learned something: nothing to say
+    assert budget_note({**cut, "stopped": None}, 300, None) is None  # ran its steps: the recipe, not the clock
+    assert budget_note({k: v for k, v in cut.items() if k != "unigram_ppl"}, 300, 9) is None  # no LM baseline
