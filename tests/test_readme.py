@@ -68,6 +68,26 @@ def test_an_empty_section_holds_a_place_and_a_filled_one_needs_its_files(tmp_pat
     assert any("section results:later has no results/later files" in p for p in found), found
 
 
+def test_a_plans_stage_folder_is_the_section_plan_dash_stage(tmp_path):
+    """results/PLAN/STAGE/ (lm_plans.stage_outputs) fills section PLAN-STAGE,
+    and the index links into the subfolder."""
+    tool = load_tool()
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    for name in ("results", "benchmarks"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "results" / "lm_variants", tmp_path / "results" / "plan" / "stage")
+    shutil.copytree(ROOT / "results" / "lm_variants", tmp_path / "results" / "plan", dirs_exist_ok=True)
+    assert tool.results_folders(tmp_path)["plan-stage"] == "plan/stage"
+    found = tool.run(tmp_path, write=False)
+    assert any("results/plan-stage: no section" in p for p in found), found
+    index = tmp_path / "results" / "README.md"
+    for n in ("plan", "plan-stage"):
+        index.write_text(index.read_text() + f"\n<!-- results:{n}:start -->\nold\n<!-- results:{n}:end -->\n")
+    assert tool.run(tmp_path, write=True) == [] and tool.run(tmp_path, write=False) == []
+    text = index.read_text()
+    assert "| [plan-stage](plan/stage/results.md) |" in text and "(plan/stage/val_ppl.png)" in text
+
+
 def test_a_headline_row_names_a_missing_record(tmp_path):
     tool = load_tool()
     files = tool.Files(ROOT)

@@ -299,15 +299,27 @@ def _sections(text: str, kind: str) -> list[str]:
     return [n for n in names if f"<!-- {kind}:{n}:start -->\n<!-- {kind}:{n}:end -->" not in text]
 
 
+def results_folders(root: Path) -> dict[str, str]:
+    """Section name -> folder under results/: results/NAME, and a stage of a
+    plan written inside its plan's folder, results/PLAN/STAGE, as section
+    PLAN-STAGE (latte/experiments/lm_plans.py stage_outputs)."""
+    found = {p.parent.name: p.parent.name for p in (root / "results").glob("*/results.md")}
+    for p in (root / "results").glob("*/*/results.md"):
+        found[f"{p.parent.parent.name}-{p.parent.name}"] = f"{p.parent.parent.name}/{p.parent.name}"
+    return dict(sorted(found.items()))
+
+
 def _results_index(root: Path, names: list[str]) -> str:
     lines = ["| results | written (UTC) | machine, threads | records | plots |", "|---|---|---|---|---|"]
+    folders = results_folders(root)
     for name in names:
-        run = json.loads((root / "results" / name / "run.json").read_text())
+        rel = folders[name]
+        run = json.loads((root / "results" / rel / "run.json").read_text())
         m = run["machine"]
-        n = len(json.loads((root / "results" / name / "results.json").read_text()))
-        pngs = ", ".join(f"[{p.stem}]({name}/{p.name})" for p in sorted((root / "results" / name).glob("*.png")))
+        n = len(json.loads((root / "results" / rel / "results.json").read_text()))
+        pngs = ", ".join(f"[{p.stem}]({rel}/{p.name})" for p in sorted((root / "results" / rel).glob("*.png")))
         lines.append(
-            f"| [{name}]({name}/results.md) | {m['time_utc'][:16].replace('T', ' ')} | "
+            f"| [{name}]({rel}/results.md) | {m['time_utc'][:16].replace('T', ' ')} | "
             f"{m['cpu_model']}, {m['threads']} | {n} | {pngs or '-'} |"
         )
     return "\n".join(lines)
@@ -351,7 +363,7 @@ def _index_readme(root: Path, folder: str, kind: str, found: list[str], write: b
     try:
         for n in listed:
             if kind == "results":
-                out = root / "results" / n
+                out = root / "results" / results_folders(root)[n]
                 update_readme(new, n, readme_body((out / "results.md").read_text(), out, new), kind="results")
             else:
                 update_readme(
@@ -379,7 +391,7 @@ def run(root: Path = ROOT, *, write: bool) -> list[str]:
             readme.write_text(generated)
         else:
             problems.append("README.md: the headline table differs from what python tools/readme_tables.py generates")
-    results = sorted(p.parent.name for p in (root / "results").glob("*/results.md"))
+    results = list(results_folders(root))
     benches = sorted(p.stem for p in (root / "benchmarks").glob("*.md") if p.name != "README.md")
     problems += _index_readme(root, "results", "results", results, write)
     problems += _index_readme(root, "benchmarks", "bench", benches, write)
