@@ -109,6 +109,7 @@ def converted_nll(
     """Per-token NLL of a converted model on ids [T], fed `chunk` tokens at a
     time through its cache; decode timed at each context in `contexts`."""
     from latte.models.convert import MacchiatoCache  # optional dependency: imports transformers (extra "hf")
+    from latte.models.hf_cache import cache_kwargs  # optional dependency: transformers (extra "hf")
 
     t0, spent = time.perf_counter(), 0.0
     N = ids.shape[0] - 1  # tokens fed: the last one only serves as a target
@@ -116,7 +117,7 @@ def converted_nll(
     stops = sorted({c for c in contexts if c <= N} | set(range(chunk, N, chunk)) | {N})
     start = 0
     for stop in stops:
-        hidden = model.base.model(input_ids=ids[None, start:stop], past_key_values=cache, use_cache=True)
+        hidden = model.base.model(input_ids=ids[None, start:stop], **cache_kwargs(cache), use_cache=True)
         cache.seen_tokens += stop - start
         out.append(_head_nll(model.base, hidden.last_hidden_state[0], ids[start + 1 : stop + 1]))
         start = stop
@@ -124,7 +125,7 @@ def converted_nll(
             t1 = time.perf_counter()
             probe = copy.deepcopy(cache)
             ms = _time_steps(
-                lambda tok, probe=probe: model(tok, past_key_values=probe, use_cache=True),
+                lambda tok, probe=probe: model(tok, **cache_kwargs(probe), use_cache=True),
                 ids[stop : stop + decode_steps],
             )
             decode[stop] = {"ms_per_token": ms, "state_bytes": float(cache.nbytes())}
@@ -138,6 +139,8 @@ def original_decode(converted, context: int, *, steps: int = 9, seed: int = 0) -
     tokens (cache of random keys/values, see the module docstring)."""
     from transformers import DynamicCache
 
+    from latte.models.hf_cache import cache_kwargs  # optional dependency: transformers (extra "hf")
+
     cfg = converted.base.config
     g = torch.Generator().manual_seed(seed)
     with converted.as_original() as base:
@@ -147,7 +150,7 @@ def original_decode(converted, context: int, *, steps: int = 9, seed: int = 0) -
             cache.update(torch.randn(1, K, context, E, generator=g), torch.randn(1, K, context, E, generator=g), i)
         nbytes = sum(x.numel() * x.element_size() for layer in cache.layers for x in (layer.keys, layer.values))
         tokens = torch.randint(0, cfg.vocab_size, (steps,), generator=g)
-        ms = _time_steps(lambda tok: base(input_ids=tok, past_key_values=cache, use_cache=True), tokens)
+        ms = _time_steps(lambda tok: base(input_ids=tok, **cache_kwargs(cache), use_cache=True), tokens)
     return {"ms_per_token": ms, "state_bytes": float(nbytes)}
 
 

@@ -109,9 +109,11 @@ def new_cache(model):
 
 def _feed(model, cache, ids: torch.Tensor, chunk: int):
     """ids [T] into the cache, `chunk` tokens at a time; the last output."""
+    from latte.models.hf_cache import cache_kwargs  # optional dependency: transformers (extra "hf")
+
     out = None
     for start in range(0, ids.shape[0], chunk):
-        out = model(input_ids=ids[None, start : start + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=ids[None, start : start + chunk], **cache_kwargs(cache), use_cache=True, logits_to_keep=1)
     return out
 
 
@@ -143,12 +145,14 @@ def greedy_answer(
     """Greedy continuation of ids [T]: the prompt fed `chunk` tokens at a time
     through the model's cache (or from ids[start:] into a cache that already
     holds ids[:start]), then one token per step."""
+    from latte.models.hf_cache import cache_kwargs  # optional dependency: transformers (extra "hf")
+
     cache = new_cache(model) if cache is None else cache
     out = _feed(model, cache, ids[start:], chunk)
     tokens = [int(out.logits[0, -1].argmax())]
     while len(tokens) < new_tokens:
         step = torch.tensor([[tokens[-1]]])
-        out = model(input_ids=step, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=step, **cache_kwargs(cache), use_cache=True, logits_to_keep=1)
         tokens.append(int(out.logits[0, -1].argmax()))
     return tokens
 

@@ -23,12 +23,13 @@ updates the native config inside, so the new ids are accepted.
 Decoding state: transformers builds a DynamicCache (a growing key/value store)
 unless a model opts out; these models opt out (`_supports_default_dynamic_cache`
 is False, like Mamba) and carry their own `LatteHFCache`, a `Cache` subclass
-holding the native `LatteCache`, in `past_key_values`. `generate` prefills
+holding the native `LatteCache`, in `cache` (`past_key_values` before
+transformers 5.24; both names are accepted, see `hf_cache`). `generate` prefills
 with one chunked forward, then feeds one token per step with the full
 attention mask, of which the forward keeps the last columns.
 
 With the field map in `latte.models.pretrained`, the only module that uses
-Hugging Face names (hidden_size, num_hidden_layers, past_key_values, ...).
+Hugging Face names (hidden_size, num_hidden_layers, cache, ...).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassi
 from .causal_lm import LatteForCausalLM, head_and_loss, next_token_targets
 from .classification import LatteForSequenceClassification, check_class_labels, pool
 from .config import LatteConfig
+from .hf_cache import CACHE_NAME, cache_kwargs, one_cache
 from .modeling import MLP, LatteCache, LatteModel, init_module, value_checks
 from .pretrained import HF_ATTRIBUTE_MAP, NATIVE_FIELDS
 
@@ -207,10 +209,12 @@ class LatteHFForCausalLM(LatteHFPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
+        cache: LatteHFCache | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast | tuple:
+        past_key_values = one_cache("forward", past_key_values=past_key_values, cache=cache)  # aliases (hf_cache.py)
         if past_key_values is not None and not isinstance(past_key_values, LatteHFCache):
-            raise ValueError(f"past_key_values: expected a LatteHFCache, got {type(past_key_values).__name__}")
+            raise ValueError(f"{CACHE_NAME}: expected a LatteHFCache, got {type(past_key_values).__name__}")
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if (
             input_ids is not None
@@ -244,7 +248,7 @@ class LatteHFForCausalLM(LatteHFPreTrainedModel, GenerationMixin):
             cache.latte = state
         if return_dict is False:
             return tuple(v for v in (loss, logits, cache) if v is not None)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **cache_kwargs(cache))
 
     def to_native(self) -> LatteForCausalLM:
         """A native LatteForCausalLM with the same weights."""

@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: E402
 
 from latte.models import hf  # noqa: E402
+from latte.models.hf_cache import output_cache  # noqa: E402
 
 hf.register()
 
@@ -60,20 +61,23 @@ def test_left_padded_batch_and_eos_match_native(saved, make_ids, mixer):
     assert torch.equal(theirs, ours)
 
 
-def test_cache_is_the_native_state(saved, make_ids):
+@pytest.mark.parametrize("name", ["cache", "past_key_values"])  # transformers >= 5.24 and before
+def test_cache_is_the_native_state(saved, make_ids, name):
     model, path = saved("swa")
     hfm = AutoModelForCausalLM.from_pretrained(path)
     x = make_ids(2, 12)
     out = hfm(x[:, :8], use_cache=True)
-    cache = out.past_key_values
+    cache = output_cache(out)
     assert isinstance(cache, hf.LatteHFCache) and cache.get_seq_length() == 8 and len(cache) == 2
-    step = hfm(x[:, 8:], past_key_values=cache, use_cache=True)
-    assert step.past_key_values is cache and cache.get_seq_length() == 12
+    step = hfm(x[:, 8:], **{name: cache}, use_cache=True)
+    assert output_cache(step) is cache and cache.get_seq_length() == 12
     torch.testing.assert_close(step.logits, model(x).logits[:, 8:], atol=1e-4, rtol=0)
     cache.reorder_cache(torch.tensor([1]))
     assert cache.batch_size == 1
     with pytest.raises(ValueError, match="LatteHFCache"):
-        hfm(x, past_key_values=transformers.DynamicCache())
+        hfm(x, **{name: transformers.DynamicCache()})
+    with pytest.raises(ValueError, match="past_key_values, cache name the same cache"):
+        hfm(x, past_key_values=cache, cache=hf.LatteHFCache())
 
 
 def test_loss_matches_native(saved, make_ids):

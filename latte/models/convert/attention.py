@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from latte.layers import QKMixer
+from latte.models.hf_cache import CACHE_NAME, one_cache
 from latte.ops import MacchiatoState, macchiato, macchiato_step, sliding_window_attention_lse
 from latte.ops.sinks import check_num_sinks, window_sinks_lse
 
@@ -96,8 +97,8 @@ def padding_mask(attention_mask, B: int, T: int) -> torch.Tensor | None:
 
 class ConvertedAttention(nn.Module):
     """Drop-in for a Hugging Face attention module: forward(hidden_states,
-    position_embeddings, attention_mask, past_key_values, **kw) -> (y, None).
-    The decoding state lives in a `MacchiatoCache` (past_key_values)."""
+    position_embeddings, attention_mask, cache (or past_key_values), **kw) -> (y, None).
+    The decoding state lives in a `MacchiatoCache`."""
 
     def __init__(
         self,
@@ -189,17 +190,22 @@ class ConvertedAttention(nn.Module):
         return LogMasses(window, full, torch.logsumexp(a.float(), -1), gate)
 
     def forward(
-        self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings=None,
+        attention_mask=None,
+        past_key_values=None,
+        cache=None,
+        **kwargs,
     ):
         x = hidden_states
         B, T, _ = x.shape
         H, L = self.spec.num_heads, self.latents_per_head
         mask = padding_mask(attention_mask, B, T)
-        cache = past_key_values if isinstance(past_key_values, MacchiatoCache) else None
-        if past_key_values is not None and cache is None:
-            raise ValueError(
-                f"past_key_values: a converted model keeps a MacchiatoCache, got {type(past_key_values).__name__}"
-            )
+        given = one_cache("ConvertedAttention", past_key_values=past_key_values, cache=cache)
+        cache = given if isinstance(given, MacchiatoCache) else None
+        if given is not None and cache is None:
+            raise ValueError(f"{CACHE_NAME}: a converted model keeps a MacchiatoCache, got {type(given).__name__}")
         prev = None if cache is None else cache.states[self.layer_idx]
         q, k, v = self._qkv(x, position_embeddings)
         u, conv, h = self.mixer(

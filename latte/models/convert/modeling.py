@@ -30,6 +30,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from latte.files import sha256_file
 from latte.models.causal_lm import check_eos, check_sampling_args, token_stream
+from latte.models.hf_cache import CACHE_NAME, cache_kwargs, one_cache, output_cache
 from latte.models.modeling import check_input_ids
 from latte.models.weights import check_state, load_weights, read_weights
 
@@ -75,7 +76,7 @@ class ConvertedOutput(CausalLMOutputWithPast):
 
     @property
     def state(self) -> MacchiatoCache | None:
-        return self.past_key_values
+        return output_cache(self)
 
 
 def patch_attention(model: nn.Module, conversion: ConversionConfig) -> list[ConvertedAttention]:
@@ -251,12 +252,12 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
             real = torch.ones_like(input_ids) if mask is None else mask.long()
             pos = (real.cumsum(1) - 1).clamp(min=0)  # RoPE positions count real tokens (as generate does)
             out = self(input_ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-            cache = out.past_key_values
+            cache = out.state
 
             def step(tok):
                 nonlocal pos
                 pos = pos[:, -1:] + 1
-                return self(tok[:, None], position_ids=pos, past_key_values=cache, use_cache=True).logits[:, -1]
+                return self(tok[:, None], position_ids=pos, state=cache, use_cache=True).logits[:, -1]
 
             yield from token_stream(out.logits[:, -1], step, max_new_tokens, eos, pick)
         finally:
@@ -273,19 +274,18 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         state: MacchiatoCache | None = None,
+        cache: MacchiatoCache | None = None,
         **kwargs: Any,
     ) -> ConvertedOutput:
-        """As the original's forward. `state` is an alias of past_key_values;
+        """As the original's forward. `cache` (transformers >= 5.24),
+        `past_key_values` (before) and `state` (latte's name) are aliases;
         with use_cache a new MacchiatoCache is started when none is given."""
-        if state is not None:
-            if past_key_values is not None and past_key_values is not state:
-                raise ValueError("state, past_key_values: give one (state is an alias of past_key_values)")
-            past_key_values = state
-        if past_key_values is not None and not isinstance(past_key_values, MacchiatoCache):
-            raise ValueError(f"past_key_values: expected a MacchiatoCache, got {type(past_key_values).__name__}")
+        cache = one_cache("forward", state=state, past_key_values=past_key_values, cache=cache)
+        if cache is not None and not isinstance(cache, MacchiatoCache):
+            raise ValueError(f"{CACHE_NAME}: expected a MacchiatoCache, got {type(cache).__name__}")
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and past_key_values is None:
-            past_key_values = MacchiatoCache(self.num_layers)
+        if use_cache and cache is None:
+            cache = MacchiatoCache(self.num_layers)
         if kwargs.get("return_dict") is False:
             raise ValueError("return_dict=False is not supported by converted models")
         if input_ids is not None:  # before any compute, as the native model (latte/models/modeling.py check_input_ids)
@@ -294,17 +294,17 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             labels=labels,
             use_cache=use_cache,
             logits_to_keep=logits_to_keep,
+            **cache_kwargs(cache),
             **kwargs,
         )
-        if past_key_values is not None:
+        if cache is not None:
             T = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-            past_key_values.seen_tokens += T
-        return ConvertedOutput(loss=out.loss, logits=out.logits, past_key_values=past_key_values if use_cache else None)
+            cache.seen_tokens += T
+        return ConvertedOutput(loss=out.loss, logits=out.logits, **cache_kwargs(cache if use_cache else None))
 
 
 def convert(

@@ -16,6 +16,7 @@ from latte.models.convert import (
     load_converted,
     register,
 )
+from latte.models.hf_cache import output_cache
 from tests.helpers import rel_err
 from tests.models.convert.families import FAMILIES, VOCAB, build
 
@@ -58,6 +59,23 @@ def test_prefill_then_steps_equal_the_full_forward(family):
         for attn in model.converted:
             attn.beta.fill_(-30.0)
         assert rel_err(model(x, use_cache=False).logits, full) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["cache", "past_key_values", "state"])
+def test_the_cache_is_taken_under_each_of_its_names(name):
+    """`cache` (transformers >= 5.24), `past_key_values` (before) and
+    latte's `state` name the same argument; the output holds the cache
+    under the installed transformers' name."""
+    model = trained_like("llama")
+    x = ids(T=12)
+    with torch.no_grad():
+        full = model(x, use_cache=False).logits
+        cache = output_cache(model(x[:, :8], use_cache=True))
+        step = model(x[:, 8:], **{name: cache}, use_cache=True)
+    assert output_cache(step) is step.state is cache and cache.get_seq_length() == 12
+    assert rel_err(step.logits, full[:, 8:]) < 1e-4
+    with pytest.raises(ValueError, match="name the same cache"):
+        model(x, **{name: cache}, **{"cache" if name != "cache" else "state": MacchiatoCache(model.num_layers)})
 
 
 @pytest.mark.parametrize("mix,mixer", [("gate", "conv_rglru"), ("joint", "none")])
