@@ -294,7 +294,10 @@ def main(argv: list[str]) -> int:
         out, name = outputs[stage]
         flat, tables, images = builders[stage](records, out, runs=Path(a.runs), sets=sets, plan=a.plan)
         if missing[stage]:
-            tables += f"\n\n**Not run (reduced CPU budget): {', '.join(missing[stage])}.**"
+            tables += (
+                "\n\n**Not in this report, not finished when it was written (the same command runs or "
+                f"resumes them): {', '.join(missing[stage])}.**"
+            )
         if stage == "train":
             steps = () if a.quick else a.plan_.curve_steps  # quick runs stop before the plan's steps
             curves, curve_png = curve_table(cells, Path(a.runs), steps=steps, out=out)
