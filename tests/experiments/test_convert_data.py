@@ -29,6 +29,9 @@ def test_quick_pilots_and_curve_write_results_and_resume(tmp_path, capsys):
     assert [r["checkpoint"] for r in curve] == ["none (swa)", "step-00000001", "step-00000002"]
     assert [r["train_tokens"] for r in curve] == sorted(r["train_tokens"] for r in curve)
     assert (tmp_path / "out" / "curve.png").is_file()
+    # the cells record what they were scored on: other held-out windows are another protocol
+    with pytest.raises(ValueError, match="another protocol .eval_windows: 1 then, 2 now"):
+        main([*args, "--set", "train.save_every=1", "--eval-windows", "2"])
 
 
 def test_bad_arguments_are_named(tmp_path):
