@@ -39,10 +39,12 @@ from latte.train.runs import open_run
 
 from .convert import quick_setup
 from .convert_data_report import report
-from .results import Sweep, protocol_sets, provenance, run_latte, write_results
+from .convert_stages import checks
+from .results import Sweep, provenance, run_latte, write_results
 
 MIXES = ("shakespeare", "shakespeare+essays+bible-web", "shakespeare+essays+bible-web+retrieval")
 CORPORA = ("essays", "plays")
+SCORES = tuple(f"{c}_ppl" for c in CORPORA)  # what a finished cell holds
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -175,20 +177,16 @@ def pilots_stage(a) -> list[dict]:
     cells = [{"stage": "pilot", "mix": m, "steps": a.pilot_steps} for m in mixes]
     if not a.no_baselines:
         cells += [{"stage": "pilot", "mix": f"none ({w})", "steps": 0} for w in ("original", "swa")]
-    sweep = Sweep(Path(a.runs) / "cells-pilots", cells, **_checks(a, pilots=True))
+    sweep = Sweep(Path(a.runs) / "cells-pilots", cells, **checks(a, SCORES, extra=lambda c: _scored_on(a)))
     return sweep.run(lambda c: _pilot_cell(c, a, mixes[0]), desc="pilots")
 
 
-def _checks(a, pilots: bool) -> dict:
-    """Sweep checks of a stage: the protocol each cell records (what its
-    result depends on besides the cell: the held-out windows scored, and for
-    pilots the config and --set overrides they trained with) and the fields
-    a finished record holds. Cell files written before protocols were
+def _scored_on(a) -> dict:
+    """What a cell's scores depend on besides the cell: the held-out windows
+    (pilots add the config and --set overrides they trained with, through
+    convert_stages.checks). Cell files written before protocols were
     recorded are accepted as they are."""
-    protocol = {"eval_len": a.eval_len, "eval_windows": a.eval_windows, "quick": a.quick}
-    if pilots:
-        protocol.update(config=a.config, sets=protocol_sets(a.set))
-    return dict(protocol=protocol, fields=("essays_ppl", "plays_ppl"), folder_flag="--runs")
+    return {"eval_len": a.eval_len, "eval_windows": a.eval_windows, "quick": a.quick}
 
 
 def _pilot_cell(cell: dict, a, first_mix: str) -> dict:
@@ -245,4 +243,5 @@ def curve_stage(a) -> list[dict]:
             return {**_score(steps[0], a, "swa"), "load_start": round(load0, 2)}
         return {**_score(by_name[cell["checkpoint"]], a), "load_start": round(load0, 2)}
 
-    return Sweep(Path(a.runs) / "cells-curve", cells, **_checks(a, pilots=False)).run(cell_fn, desc="curve")
+    sweep = Sweep(Path(a.runs) / "cells-curve", cells, protocol=_scored_on(a), fields=SCORES, folder_flag="--runs")
+    return sweep.run(cell_fn, desc="curve")
