@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 
 import torch
@@ -95,6 +96,13 @@ def parse_args(argv=None):
     )
     p.add_argument("--compile", action="store_true", help="also time every variant under torch.compile(model)")
     p.add_argument(
+        "--tag",
+        default=None,
+        type=_tag,
+        help="a word appended to the output name (train-sweep-TAG), for a run beside the usual one "
+        "with other settings, e.g. --tag 1thread with --threads 1",
+    )
+    p.add_argument(
         "--profile",
         action="store_true",
         help="after timing, profile a few steps of every eager variant (op counts, top ops)",
@@ -119,6 +127,15 @@ def parse_args(argv=None):
     if any(z and z not in SWEEP_SIZES for z in args.sizes) or not args.sizes:
         p.error(f"--sizes: expected some of {list(SWEEP_SIZES)}, got {args.sizes}")
     return args
+
+
+def _tag(text: str) -> str:
+    """--tag: lowercase letters, digits and inner hyphens (it names files and a README section)."""
+    if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", text):
+        raise argparse.ArgumentTypeError(
+            f"expected lowercase letters, digits and inner hyphens (it names files), got {text!r}"
+        )
+    return text
 
 
 def _mixer_specs(text: str) -> tuple[str, ...]:
@@ -352,6 +369,7 @@ def run(args) -> dict:
             "quick": args.quick,
             "preset": args.preset,
             "compile": args.compile,
+            "tag": args.tag,
             "profile": args.profile,
             "seqs": args.seqs,
             "mixers": args.mixers,

@@ -132,12 +132,13 @@ def where(machine: dict) -> str:
 
 def output_name(cfg: dict) -> str:
     """train, train-sweep (--preset sweep), then -compiled (--compile), -cuda
-    (on a GPU): the names of the files and of the README section."""
+    (on a GPU), -TAG (--tag): the names of the files and of the README section."""
     return (
         "train"
         + ("-sweep" if cfg.get("preset") == "sweep" else "")
         + ("-compiled" if cfg.get("compile") else "")
         + ("" if cfg.get("device", "cpu") == "cpu" else f"-{cfg['device']}")
+        + (f"-{cfg['tag']}" if cfg.get("tag") else "")
     )
 
 

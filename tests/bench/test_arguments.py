@@ -21,6 +21,8 @@ from latte.cli import main
         (["train", "--mixers", "foo"], "argument --mixers: unknown 'foo'; expected some of latte, macchiato"),
         (["train", "--mixers", "latte:bogus"], "argument --mixers: unknown 'latte:bogus'"),
         (["train", "--tokens-per-step", "0"], "argument --tokens-per-step: expected an integer >= 1, got 0"),
+        (["train", "--tag", "One Thread"], "argument --tag: expected lowercase letters, digits and inner hyphens"),
+        (["train", "--tag", "x/../y"], "argument --tag: expected lowercase letters, digits and inner hyphens"),
         (["decode", "--tokens", "0"], "argument --tokens: expected an integer >= 5, got 0"),
         (["decode", "--mixers", "foo"], "argument --mixers: unknown 'foo'"),
         (["decode", "--contexts", "256,64"], "argument --contexts: expected comma-separated integers >= 1, increasing"),

@@ -204,6 +204,15 @@ def test_train_compile_and_sweep_preset(tmp_path):
     assert (cfg.vocab_size, cfg.mlp_ratio, cfg.dim) == (256, 1.0, 64)
 
 
+def test_train_tag_names_its_own_files(tmp_path):
+    """--tag writes a run beside the usual one (train-TAG.*), never over it."""
+    train.main(FAST + ["--out", str(tmp_path), "--mixers", "softmax", "--seqs", "32"])
+    res = train.main(FAST + ["--out", str(tmp_path), "--mixers", "softmax", "--seqs", "32", "--tag", "1thread"])
+    assert res["config"]["tag"] == "1thread"
+    assert {p.name for p in tmp_path.glob("*.json")} == {"train.json", "train-1thread.json"}
+    assert json.loads((tmp_path / "train.json").read_text())["config"]["tag"] is None
+
+
 def test_train_ratios_per_size_and_layer():
     """Step and layer ratios pair each variant with softmax's and linear's of
     its own size, sequence and compilation; the RG-LRU note reads the conv
