@@ -1,6 +1,6 @@
 """Hugging Face `transformers` adapter (optional: `pip install latte[hf]`).
 
-Tested with transformers 5.23.0 (torch 2.13.0+cpu).
+Tested with transformers 5.23.0 and 5.24.0 (torch 2.13.0+cpu).
 
     from latte.models import hf
     hf.register()                                   # AutoConfig / AutoModelFor*
@@ -28,8 +28,9 @@ transformers 5.24; both names are accepted, see `hf_cache`). `generate` prefills
 with one chunked forward, then feeds one token per step with the full
 attention mask, of which the forward keeps the last columns.
 
-With the field map in `latte.models.pretrained`, the only module that uses
-Hugging Face names (hidden_size, num_hidden_layers, cache, ...).
+With the field map in `latte.models.pretrained` and the cache's name in
+`latte.models.hf_cache`, the only module that uses Hugging Face names
+(hidden_size, num_hidden_layers, ...).
 """
 
 from __future__ import annotations
