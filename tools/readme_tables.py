@@ -98,6 +98,9 @@ OPS, DECODE, TRAIN, SWEEP = (f"benchmarks/{n}.json" for n in ("ops", "decode", "
 LM, EXTRA, MQAR, CONV, LRA = (
     f"results/{n}/results.json" for n in ("lm_variants", "extrapolation", "mqar", "convert", "lra")
 )
+LONG, LONG_EXTRA, MVS = (
+    f"results/{n}/results.json" for n in ("lm_variants_long", "lm_variants_long/extrapolation", "macchiato_vs_swa")
+)
 
 
 def _size(n_bytes: float) -> str:
@@ -136,24 +139,39 @@ def lm_perplexity(f: Files) -> str:
     def ppl(v: str) -> str:
         return f.seeds(LM, "val_ppl", variant=v)
 
+    def long(v: str) -> str:  # one seed
+        return f"{f.one(LONG, 'val_ppl', variant=v):.2f}"
+
+    def mvs(v: str) -> str:
+        return f"{f.one(MVS, 'val_ppl', variant=v):.2f}"
+
     return (
-        f"Macchiato {ppl('macchiato')}, softmax {ppl('softmax')}, sliding window {ppl('swa')}; "
+        f"300 steps: Macchiato {ppl('macchiato')}, softmax {ppl('softmax')}, sliding window {ppl('swa')}; "
         f"Latte alone {ppl(latte)} (best of {sum(v.startswith('latte') for v in variants)} qk mixers: {latte}); "
-        f"linear attention {ppl('linear')}"
+        f"linear attention {ppl('linear')}. 3,000 steps: softmax {long('softmax')}, Macchiato "
+        f"{long('macchiato')}, sliding window {long('swa')}, Latte {long('latte-conv_rglru')}, linear "
+        f"{long('linear')}; at 1,024 tokens with a 64-token window, Macchiato {mvs('macchiato')} against "
+        f"the window alone {mvs('swa')}"
     )
 
 
 def extrapolation(f: Files) -> str:
-    def ratio(variant: str) -> float:  # mean ppl over seeds at 16x / at 1x, all positions
-        return f.mean(EXTRA, "ppl", variant=variant, multiple=16, bucket="all") / f.mean(
-            EXTRA, "ppl", variant=variant, multiple=1, bucket="all"
+    def ratios(rel: str) -> dict[str, float]:  # mean ppl over seeds at 16x / at 1x, all positions
+        return {
+            v: f.mean(rel, "ppl", variant=v, multiple=16, bucket="all")
+            / f.mean(rel, "ppl", variant=v, multiple=1, bucket="all")
+            for v in sorted({r["variant"] for r in f.records(rel)})
+        }
+
+    def line(rel: str) -> str:
+        r = ratios(rel)
+        latte = [x for v, x in r.items() if v.startswith("latte")]
+        return (
+            f"Macchiato {r['macchiato']:.2f}, Latte {min(latte):.2f}-{max(latte):.2f}, linear {r['linear']:.2f}, "
+            f"sliding window {r['swa']:.2f}; softmax with RoPE {r['softmax']:.2f}"
         )
 
-    latte = [ratio(v) for v in sorted({r["variant"] for r in f.records(EXTRA)}) if v.startswith("latte")]
-    return (
-        f"Macchiato {ratio('macchiato'):.2f}, Latte {min(latte):.2f}-{max(latte):.2f}, linear {ratio('linear'):.2f}, "
-        f"sliding window {ratio('swa'):.2f}; softmax with RoPE {ratio('softmax'):.2f}"
-    )
+    return f"after 300 steps: {line(EXTRA)}; after 3,000 steps: {line(LONG_EXTRA)}"
 
 
 def mqar(f: Files) -> str:
@@ -233,14 +251,15 @@ ROWS = [
         "benchmarks/decode.md",
     ),
     Row(
-        "Perplexity of 7 token mixers on one recipe (2.4-2.7M parameters, 1.2M tokens of Shakespeare, 3 seeds)",
+        "Perplexity of 7 token mixers on one recipe (2.4-2.7M parameters, Shakespeare): 300 steps (1.2M tokens, "
+        "3 seeds), 3,000 steps (12.3M tokens, 1 seed)",
         lm_perplexity,
-        "results/lm_variants/results.md",
+        "results/README.md",
     ),
     Row(
         "Perplexity at 16x the training length (4,096 tokens) over 1x, the same runs",
         extrapolation,
-        "results/extrapolation/results.md",
+        "results/README.md",
     ),
     Row(
         "Recall (MQAR) at equal state, Latte vs linear attention, both with a short convolution (one seed)",
