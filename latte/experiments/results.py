@@ -322,10 +322,12 @@ def write_results(
             raise ValueError(f"{name}: result records must be flat; fields {bad} hold {type(r[bad[0]]).__name__}")
     m = run["machine"]
     load = m.get("loadavg_start")
+    # a --report-only invocation trains nothing: its seconds are not the runs' (their tables hold those)
+    wall = "wall time of this report-only invocation" if "--report-only" in shlex.split(run["command"]) else "wall time"
     head = (
         f"#### {name}\n\nCommand: `{run['command']}`\n\n"
         f"{m['cpu_model']}, {m['usable_cores']} cores, torch {m['torch']}, {m['threads']} threads; "
-        f"wall time {run['wall_s']:,.0f} s; 1-min load average {load[0]:.1f} when written"
+        f"{wall} {run['wall_s']:,.0f} s; 1-min load average {load[0]:.1f} when written"
         if load
         else f"#### {name}\n\nCommand: `{run['command']}`"
     )

@@ -81,6 +81,17 @@ def test_write_results_files_and_readme_section(tmp_path):
         write_results(tmp_path / "out", "demo", [{"curve": [1, 2]}], "", run)
 
 
+def test_a_report_only_header_does_not_pass_its_seconds_off_as_the_runs(tmp_path):
+    for argv, said in (
+        (["--quick"], "; wall time 0 s;"),
+        (["--report-only"], "wall time of this report-only invocation 0 s"),
+    ):
+        run = dict(provenance("demo", argv, started=0.0), wall_s=0.2)
+        write_results(tmp_path / "out", "demo", [{"a": 1}], "text", run)
+        header = (tmp_path / "out" / "results.md").read_text().split("\n\n")[2]
+        assert said in header, header
+
+
 def test_experiment_command_lists_and_rejects_unknown(capsys):
     assert main(["experiment", "--help"]) == 0
     assert main(["experiment", "no-such-experiment"]) == 2
