@@ -29,7 +29,8 @@ The eval, tasks and needle stages compare four models made from one
 converted model (--converted: a `latte convert` run folder or its model/
 folder; by default the recipes stage's default-recipe run): the original,
 the window alone, the window + k sinks (training-free) and the converted
-model itself (latte/experiments/convert_models.py).
+model itself (latte/experiments/convert_models.py); on request a fifth,
+converted-nosinks: the converted model with its sinks switched off.
 
 A killed sweep continues where it stopped (finished cells are kept; an
 interrupted training run resumes from its checkpoint).
@@ -52,7 +53,7 @@ from latte.arguments import checked, int_at_least, int_list, name_list
 from latte.data import load_documents, train_bpe
 from latte.train.task import load_run_config
 
-from .convert_models import MODELS, check_models, open_subject, sinks_of
+from .convert_models import DEFAULT_MODELS, MODELS, check_models, open_subject, sinks_of
 from .convert_needle import needle_stage
 from .convert_report import report
 from .convert_stages import (
@@ -147,7 +148,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--converted", default=None, help="the converted model evaluated: a latte convert run or model folder"
     )
-    p.add_argument("--models", default=",".join(MODELS), help="models compared by eval, tasks and needle")
+    p.add_argument(
+        "--models",
+        default=",".join(DEFAULT_MODELS),
+        help=f"models compared by eval, tasks and needle, of {','.join(MODELS)}",
+    )
     p.add_argument(
         "--sinks", type=int_at_least(0), default=None, help="k of window+sinks (default: the model's own, else 4)"
     )

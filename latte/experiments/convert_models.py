@@ -8,7 +8,9 @@ compares, all from one converted model (docs/evaluation.md §7):
                 num_sinks=k)`: training-free, StreamingLLM's baseline)
   converted     the up-trained model as it is
 
-and the held-out documents they read (latte.data.heldout).
+and, on request (--models), converted-nosinks: the up-trained model with
+its sinks off (`with_sinks(0)`; latents, beta and LoRA kept), the ablation
+that tells the sinks' share from the latents'.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from latte.data import load_tokenizer
 from latte.models.pretrained import transformers_tokenizer
 from latte.train.runs import open_run
 
-MODELS = ("original", "window", "window+sinks", "converted")
+MODELS = ("original", "window", "window+sinks", "converted", "converted-nosinks")
+DEFAULT_MODELS = MODELS[:4]  # converted-nosinks: the converted model with its sinks off, on request
+TRAINED = ("converted", "converted-nosinks")  # the up-trained weights: their cells name them (Subject.identity)
 DEFAULT_SINKS = 4  # window+sinks when the converted model has none of its own
 
 
@@ -105,8 +109,18 @@ def as_model(subject: Subject, name: str, sinks: int):
             yield m
     elif name == "converted":
         yield model
+    elif name == "converted-nosinks":
+        with model.with_sinks(0) as m:
+            yield m
     else:
         raise ValueError(f"model {name!r}: expected one of {MODELS}")
+
+
+def label(model: str, sinks: int | None) -> str:
+    """How reports name a model of MODELS (k the window+sinks model's sinks)."""
+    if model == "window+sinks":
+        return f"window + {sinks} sinks"
+    return "converted, sinks off" if model == "converted-nosinks" else model
 
 
 def check_models(text: str) -> list[str]:

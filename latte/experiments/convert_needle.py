@@ -19,7 +19,7 @@ from latte.data.heldout import eval_essays
 from latte.eval.needle import PrefixFeeder, haystack_text, make_key, needle_prompt, run_trial, sentence_ends
 
 from ..reporting import pyplot, save_figure
-from .convert_models import MODELS, as_model
+from .convert_models import MODELS, TRAINED, as_model, label
 from .convert_stages import checks
 from .results import Sweep
 
@@ -45,7 +45,7 @@ def needle_stage(a, subject, sinks: int) -> list[dict]:
         for m in a.models
         for c, d, i in order
     ]
-    cells = [{**c, "source": subject.identity} if c["model"] == "converted" else c for c in cells]
+    cells = [{**c, "source": subject.identity} if c["model"] in TRAINED else c for c in cells]
     feeder: dict[tuple, PrefixFeeder] = {}
 
     def cell_fn(cell):
@@ -97,10 +97,6 @@ def needle_records(cells: list[dict]) -> list[dict]:
     return out
 
 
-def _label(model: str, sinks: int) -> str:
-    return f"window + {sinks} sinks" if model == "window+sinks" else model
-
-
 def needle_tables(records: list[dict], sinks: int) -> str:
     models = [m for m in MODELS if any(r["model"] == m for r in records)]
     contexts = sorted({r["context"] for r in records})
@@ -109,7 +105,7 @@ def needle_tables(records: list[dict], sinks: int) -> str:
     lines = [
         "Pass keys found (all depths together), by context length:",
         "",
-        "| context | " + " | ".join(_label(m, sinks) for m in models) + " |",
+        "| context | " + " | ".join(label(m, sinks) for m in models) + " |",
         "|---|" + "---|" * len(models),
     ]
     for c in contexts:
@@ -120,7 +116,7 @@ def needle_tables(records: list[dict], sinks: int) -> str:
             row.append(f"{found}/{n}" if n else "-")
         lines.append(f"| {c:,} | " + " | ".join(row) + " |")
     for m in models:
-        lines += ["", f"{_label(m, sinks)}: found / tried, by needle depth (rows) and context (columns):", ""]
+        lines += ["", f"{label(m, sinks)}: found / tried, by needle depth (rows) and context (columns):", ""]
         lines += ["| depth | " + " | ".join(f"{c:,}" for c in contexts) + " |", "|---|" + "---|" * len(contexts)]
         for d in depths:
             row = [f"{by[(m, c, d)]['found']}/{by[(m, c, d)]['trials']}" if (m, c, d) in by else "-" for c in contexts]
@@ -178,7 +174,7 @@ def plot_heatmaps(records: list[dict], out: Path, sinks: int) -> list[str]:
                     ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=8)
         ax.set_xticks(range(len(contexts)), [f"{c // 1024}K" if c >= 1024 else str(c) for c in contexts])
         ax.set_yticks(range(len(depths)), [f"{100 * d:.0f}%" for d in depths])
-        ax.set(xlabel="context (tokens)", ylabel="needle depth", title=f"Pass key found (%): {_label(m, sinks)}")
+        ax.set(xlabel="context (tokens)", ylabel="needle depth", title=f"Pass key found (%): {label(m, sinks)}")
         fig.colorbar(im, ax=ax)
         name = f"needle-{m.replace('+', '-')}.png"
         save_figure(plt, fig, out / name)

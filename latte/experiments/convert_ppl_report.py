@@ -11,17 +11,13 @@ from pathlib import Path
 from latte.eval.long_context import perplexities
 
 from ..reporting import pyplot, save_figure
-from .convert_models import MODELS
+from .convert_models import MODELS, label
 from .convert_stages import SHORT, nll_of
 
 CORPUS_TEXT = {
     "plays": "held-out Shakespeare plays",
     "essays": "held-out Paul Graham essays (joined in seeded orders)",
 }
-
-
-def label(model: str, sinks: int | None) -> str:
-    return f"window + {sinks} sinks" if model == "window+sinks" else model
 
 
 def eval_records(cells: list[dict], contexts) -> list[dict]:

@@ -18,6 +18,7 @@ from latte.train.lm import pack_split, split_corpus
 from latte.train.runs import open_run
 from latte.train.validation import nll_sums, subset, summarize
 
+from .convert_models import TRAINED
 from .results import Sweep, protocol_sets, run_latte
 
 RECIPES = {  # name -> latte convert overrides of the shipped config, each one spelled out in full
@@ -185,7 +186,7 @@ def eval_stage(a, subject, sinks: int) -> list[dict]:
                 reads = a.max_context if full else min(SHORT, a.max_context)
                 cell = {"model": m, "corpus": corpus, "document": name, "max_context": reads}
                 cell.update({"sinks": sinks} if m == "window+sinks" else {})
-                cell.update({"source": subject.identity} if m == "converted" else {})
+                cell.update({"source": subject.identity} if m in TRAINED else {})
                 cells.append(cell)
     if "original" in a.models:
         cells += [{"model": "original-decode", "document": f"context-{c}"} for c in contexts]
@@ -218,6 +219,9 @@ def _eval_cell(cell, model, docs, contexts) -> dict:
         ids = ids[: cell["max_context"] + 1 + DECODE_STEPS]
         if cell["model"] == "converted":
             res = converted_nll(model, ids, contexts=contexts, decode_steps=DECODE_STEPS)
+        elif cell["model"] == "converted-nosinks":  # the up-trained model with its sinks off
+            with model.with_sinks(0):
+                res = converted_nll(model, ids, contexts=contexts, decode_steps=DECODE_STEPS)
         else:  # the window alone, or with the first `sinks` tokens: training-free
             with model.as_sliding_window(num_sinks=cell.get("sinks", 0)):
                 res = converted_nll(model, ids, contexts=contexts, decode_steps=DECODE_STEPS)

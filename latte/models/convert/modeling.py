@@ -201,6 +201,21 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
                     attn.beta.copy_(beta)
                     attn.lora, attn.num_sinks = lora, sinks
 
+    @contextlib.contextmanager
+    def with_sinks(self, num_sinks: int):
+        """Within the block every converted layer keeps the first `num_sinks`
+        tokens visible (0: none) instead of its own number; the latents, beta
+        and LoRA stay as trained (an ablation of the sinks alone). Restored
+        after."""
+        saved = [attn.num_sinks for attn in self.converted]
+        try:
+            for attn in self.converted:
+                attn.use_sinks(num_sinks)
+            yield self
+        finally:
+            for attn, sinks in zip(self.converted, saved):
+                attn.num_sinks = sinks
+
     def save_pretrained(self, save_directory, *, self_contained: bool | None = None, **kwargs: Any) -> None:
         """See latte.models.convert.io.save_converted (only the new parameters
         when the model keeps a reference to its base weights)."""

@@ -151,3 +151,23 @@ def test_as_sliding_window_with_sinks_is_the_masked_original_and_restores():
     assert torch.equal(converted_nll(model, x, contexts=(), chunk=16).nll, before)
     with pytest.raises(ValueError, match="num_sinks"), model.as_sliding_window(num_sinks=-2):
         pass
+
+
+def test_with_sinks_switches_off_the_sinks_alone_and_restores():
+    """The sinks ablation of `latte experiment convert --models converted-nosinks`:
+    with_sinks(0) on weights up-trained with sinks is the same weights
+    converted without them (latents, beta and LoRA kept)."""
+    model = trained_like("llama", lora_rank=2, num_sinks=2)
+    plain = trained_like("llama", lora_rank=2, num_sinks=0)  # the same new parameters (same seed)
+    x = ids(B=1, T=40)[0]
+    before = converted_nll(model, x, contexts=(), chunk=16).nll
+    with model.with_sinks(0):
+        assert [a.num_sinks for a in model.converted] == [0] * len(model.converted)
+        assert model.converted[0].lora is not None
+        got = converted_nll(model, x, contexts=(), chunk=16).nll
+    assert (got - converted_nll(plain, x, contexts=(), chunk=16).nll).abs().max() < 1e-5
+    assert (got - before).abs().max() > 1e-3  # the sinks mattered
+    assert [a.num_sinks for a in model.converted] == [2] * len(model.converted)
+    assert torch.equal(converted_nll(model, x, contexts=(), chunk=16).nll, before)
+    with pytest.raises(ValueError, match="num_sinks"), model.with_sinks(-1):
+        pass
