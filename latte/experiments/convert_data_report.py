@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 from latte.reporting import pyplot, save_figure
 
 
@@ -12,7 +14,7 @@ def report(a, pilots: list[dict], curve: list[dict]) -> tuple[str, list[str]]:
     if pilots:
         parts.append(_pilot_table(a, pilots))
     if curve:
-        parts.append(_curve_table(curve))
+        parts.append(_curve_table(curve, _sinks_of_run(Path(a.curve_run))))
         if _plot_curve(curve, Path(a.out) / "curve.png", a):
             images.append("curve.png")
     return "\n\n".join(parts), images
@@ -43,10 +45,18 @@ def _pilot_table(a, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _curve_table(rows: list[dict]) -> str:
+def _sinks_of_run(run: Path) -> int:
+    """conversion.num_sinks of a convert run's saved config (a config saved
+    before sinks existed had none: latte.models.convert.config)."""
+    cfg = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
+    return int(((cfg or {}).get("conversion") or {}).get("num_sinks", 0))
+
+
+def _curve_table(rows: list[dict], sinks: int) -> str:
+    before = f"its window and its {sinks} sinks, untrained" if sinks else "its window alone, untrained"
     lines = [
         f"Learning curve of `{rows[0]['run']}`: held-out perplexity of each kept checkpoint "
-        '("none (swa)": the converted model before up-training).\n',
+        f'("none (swa)": the converted model before up-training, {before}).\n',
         "| checkpoint | train tokens | held-out essays | held-out plays | load |",
         "|---|---|---|---|---|",
     ]

@@ -29,6 +29,8 @@ def test_quick_pilots_and_curve_write_results_and_resume(tmp_path, capsys):
     assert [r["checkpoint"] for r in curve] == ["none (swa)", "step-00000001", "step-00000002"]
     assert [r["train_tokens"] for r in curve] == sorted(r["train_tokens"] for r in curve)
     assert (tmp_path / "out" / "curve.png").is_file()
+    # the untrained row says what it is: the pilot config keeps no sinks (a run with sinks says how many)
+    assert "before up-training, its window alone, untrained" in (tmp_path / "out" / "results.md").read_text()
     # the cells record what they were scored on: other held-out windows are another protocol
     with pytest.raises(ValueError, match="another protocol .eval_windows: 1 then, 2 now"):
         main([*args, "--set", "train.save_every=1", "--eval-windows", "2"])
@@ -41,3 +43,13 @@ def test_bad_arguments_are_named(tmp_path):
         main(["--stages", "curve", "--runs", str(tmp_path)])
     with pytest.raises(SystemExit):
         main(["--pilot-steps", "0"])
+
+
+def test_the_curve_names_the_sinks_of_its_untrained_row(tmp_path):
+    from latte.experiments.convert_data_report import _curve_table, _sinks_of_run
+
+    (tmp_path / "config.yaml").write_text("task: convert\nconversion:\n  num_sinks: 4\n")
+    row = {"run": "r", "checkpoint": "none (swa)", "train_tokens": 0, "essays_ppl": 2.0, "plays_ppl": 3.0}
+    assert "its window and its 4 sinks, untrained" in _curve_table([row], _sinks_of_run(tmp_path))
+    (tmp_path / "config.yaml").write_text("task: convert\nconversion:\n  window_size: 8\n")  # saved before sinks
+    assert "its window alone, untrained" in _curve_table([row], _sinks_of_run(tmp_path))
