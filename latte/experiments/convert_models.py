@@ -8,9 +8,11 @@ compares, all from one converted model (docs/evaluation.md §7):
                 num_sinks=k)`: training-free, StreamingLLM's baseline)
   converted     the up-trained model as it is
 
-and, on request (--models), converted-nosinks: the up-trained model with
-its sinks off (`with_sinks(0)`; latents, beta and LoRA kept), the ablation
-that tells the sinks' share from the latents'.
+and, on request (--models), ablations of the sinks: converted-nosinks, the
+up-trained model with its sinks off (`with_sinks(0)`; latents, beta and
+LoRA kept); window+cachesinks and converted-cachesinks, the window + sinks
+and the converted model with the sinks scored at StreamingLLM's cache
+positions (`with_sinks(positions="cache")`, docs/math.md §4.1).
 """
 
 from __future__ import annotations
@@ -24,9 +26,25 @@ from latte.data import load_tokenizer
 from latte.models.pretrained import transformers_tokenizer
 from latte.train.runs import open_run
 
-MODELS = ("original", "window", "window+sinks", "converted", "converted-nosinks")
-DEFAULT_MODELS = MODELS[:4]  # converted-nosinks: the converted model with its sinks off, on request
-TRAINED = ("converted", "converted-nosinks")  # the up-trained weights: their cells name them (Subject.identity)
+MODELS = (
+    "original",
+    "window",
+    "window+sinks",
+    "converted",
+    "converted-nosinks",
+    "window+cachesinks",
+    "converted-cachesinks",
+)
+DEFAULT_MODELS = MODELS[:4]  # the others on request (--models): ablations of the sinks
+# the up-trained weights: their cells name them (Subject.identity)
+TRAINED = ("converted", "converted-nosinks", "converted-cachesinks")
+
+
+def sinks_cell(model: str, sinks: int) -> dict:
+    """The k a training-free window + sinks model's cells record ({} for the others)."""
+    return {"sinks": sinks} if model.startswith("window+") else {}
+
+
 DEFAULT_SINKS = 4  # window+sinks when the converted model has none of its own
 
 
@@ -112,15 +130,25 @@ def as_model(subject: Subject, name: str, sinks: int):
     elif name == "converted-nosinks":
         with model.with_sinks(0) as m:
             yield m
+    elif name == "window+cachesinks":
+        with model.as_sliding_window(num_sinks=sinks) as m, m.with_sinks(positions="cache"):
+            yield m
+    elif name == "converted-cachesinks":
+        with model.with_sinks(positions="cache") as m:
+            yield m
     else:
         raise ValueError(f"model {name!r}: expected one of {MODELS}")
 
 
 def label(model: str, sinks: int | None) -> str:
     """How reports name a model of MODELS (k the window+sinks model's sinks)."""
-    if model == "window+sinks":
-        return f"window + {sinks} sinks"
-    return "converted, sinks off" if model == "converted-nosinks" else model
+    names = {
+        "window+sinks": f"window + {sinks} sinks",
+        "window+cachesinks": f"window + {sinks} sinks at cache positions",
+        "converted-nosinks": "converted, sinks off",
+        "converted-cachesinks": "converted, sinks at cache positions",
+    }
+    return names.get(model, model)
 
 
 def check_models(text: str) -> list[str]:

@@ -19,7 +19,7 @@ from latte.data.heldout import eval_essays
 from latte.eval.needle import PrefixFeeder, haystack_text, make_key, needle_prompt, run_trial, sentence_ends
 
 from ..reporting import pyplot, save_figure
-from .convert_models import MODELS, TRAINED, as_model, label
+from .convert_models import MODELS, TRAINED, as_model, label, sinks_cell
 from .convert_stages import checks
 from .results import Sweep
 
@@ -41,7 +41,7 @@ def needle_stage(a, subject, sinks: int) -> list[dict]:
     # converted models continue one haystack state from prompt to prompt
     order = sorted(prompts, key=lambda k: (k[2], prompts[k].needle_start, k[0]))
     cells = [
-        {"model": m, "context": c, "depth": d, "trial": i, **({"sinks": sinks} if "sinks" in m else {})}
+        {"model": m, "context": c, "depth": d, "trial": i, **sinks_cell(m, sinks)}
         for m in a.models
         for c, d, i in order
     ]

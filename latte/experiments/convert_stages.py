@@ -18,7 +18,7 @@ from latte.train.lm import pack_split, split_corpus
 from latte.train.runs import open_run
 from latte.train.validation import nll_sums, subset, summarize
 
-from .convert_models import TRAINED
+from .convert_models import TRAINED, as_model, sinks_cell
 from .results import Sweep, protocol_sets, run_latte
 
 RECIPES = {  # name -> latte convert overrides of the shipped config, each one spelled out in full
@@ -185,7 +185,7 @@ def eval_stage(a, subject, sinks: int) -> list[dict]:
                 )
                 reads = a.max_context if full else min(SHORT, a.max_context)
                 cell = {"model": m, "corpus": corpus, "document": name, "max_context": reads}
-                cell.update({"sinks": sinks} if m == "window+sinks" else {})
+                cell.update(sinks_cell(m, sinks))
                 cell.update({"source": subject.identity} if m in TRAINED else {})
                 cells.append(cell)
     if "original" in a.models:
@@ -203,11 +203,12 @@ def eval_stage(a, subject, sinks: int) -> list[dict]:
         return ("ms_per_token", "state_bytes") if cell["model"] == "original-decode" else ("nll", "wall_s", "load")
 
     sweep = Sweep(Path(a.runs) / "cells-eval", cells, **checks(a, fields, extra=extra))
-    sweep.run(lambda cell: _eval_cell(cell, subject.model, docs, contexts), desc="eval")
+    sweep.run(lambda cell: _eval_cell(cell, subject, docs, contexts), desc="eval")
     return sweep.records()
 
 
-def _eval_cell(cell, model, docs, contexts) -> dict:
+def _eval_cell(cell, subject, docs, contexts) -> dict:
+    model = subject.model
     load0, c0 = os.getloadavg()[0], time.process_time()
     if cell["model"] == "original-decode":
         c = int(cell["document"].removeprefix("context-"))
@@ -217,14 +218,8 @@ def _eval_cell(cell, model, docs, contexts) -> dict:
         res = original_nll(model, ids[: cell["max_context"] + 1])
     else:  # (the few extra tokens feed the decode timing after the last context)
         ids = ids[: cell["max_context"] + 1 + DECODE_STEPS]
-        if cell["model"] == "converted":
-            res = converted_nll(model, ids, contexts=contexts, decode_steps=DECODE_STEPS)
-        elif cell["model"] == "converted-nosinks":  # the up-trained model with its sinks off
-            with model.with_sinks(0):
-                res = converted_nll(model, ids, contexts=contexts, decode_steps=DECODE_STEPS)
-        else:  # the window alone, or with the first `sinks` tokens: training-free
-            with model.as_sliding_window(num_sinks=cell.get("sinks", 0)):
-                res = converted_nll(model, ids, contexts=contexts, decode_steps=DECODE_STEPS)
+        with as_model(subject, cell["model"], cell.get("sinks", 0)) as m:  # every model but the original
+            res = converted_nll(m, ids, contexts=contexts, decode_steps=DECODE_STEPS)
     record = {
         "tokens": int(res.nll.shape[0]),
         "wall_s": round(res.wall_s, 1),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from latte.eval.tasks import PREFIX, all_specs, load_task_split, write_task_dir
 
-from .convert_models import TRAINED, as_model
+from .convert_models import TRAINED, as_model, sinks_cell
 from .convert_stages import checks
 from .results import Sweep
 
@@ -88,7 +88,7 @@ def tasks_stage(a, subject, sinks: int) -> list[dict]:
     manager = TaskManager(include_path=str(folder), include_defaults=False)
     hf_tok = subject.hf_tokenizer()
     cells = [
-        {"model": m, "task": t, "examples": a.task_examples, "seed": SEED, **({"sinks": sinks} if "sinks" in m else {})}
+        {"model": m, "task": t, "examples": a.task_examples, "seed": SEED, **sinks_cell(m, sinks)}
         for t in a.tasks
         for m in a.models
     ]

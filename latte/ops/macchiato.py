@@ -61,8 +61,10 @@ def _repeat_kv(v: torch.Tensor, heads: int) -> torch.Tensor:
     return v.repeat_interleave(heads // v.shape[-2], dim=-2)
 
 
-def _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, step, softcap=None, num_sinks=0):
+def _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, step, softcap=None, num_sinks=0, sink_q=None):
     sfx = "_t" if step else ""
+    if sink_q is not None:
+        check_shape("sink_q" + sfx, sink_q, tuple(q.shape), f"(same as q{sfx})")
     check_qkv(q, k, v, mask, suffix=sfx)
     check_softcap(softcap)
     check_num_sinks(num_sinks)
@@ -135,6 +137,7 @@ def macchiato(
     cu_seqlens: torch.Tensor | None = None,
     softcap: float | None = None,
     num_sinks: int = 0,
+    sink_q: torch.Tensor | None = None,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, MacchiatoState | None]:
     """Latte-Macchiato attention over a sequence.
@@ -152,6 +155,8 @@ def macchiato(
         num_sinks: the first num_sinks real tokens of each row (of each
             document with cu_seqlens) stay visible to every query next to
             its window, under the same normaliser (docs/math.md §4.1).
+        sink_q: [B, T, H, E] queries that score the sinks (default q): a
+            converted model's queries rotated to one fixed position.
         mask: [B, T] bool, False for padding.
         chunk_size, initial_state (MacchiatoState), output_final_state,
             cu_seqlens (packed documents, B == 1): as in latte_causal.
@@ -160,7 +165,7 @@ def macchiato(
     Returns:
         (y [B, T, H, D] in v's dtype, MacchiatoState or None)
     """
-    _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, False, softcap, num_sinks)
+    _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, False, softcap, num_sinks, sink_q)
     B, T, H, L = a.shape
     D = v.shape[-1]
     if T == 0:
@@ -169,12 +174,12 @@ def macchiato(
 
     window, latents = _kernels(backend, q, chunk_size, softcap)
 
-    def run(a, b, v, q, k, gate, mask, state):
+    def run(a, b, v, q, k, gate, sink_q, mask, state):
         lat_state, win_state, sink_state = state if state is not None else (None, None, None)
         y_win, lse, win_state = window(q, k, v, window_size, scale, mask, win_state, lengths)
         if num_sinks:  # the sinks outside each query's window, one softmax with it
             y_s, lse_s, sink_state = sink_sequence(
-                q, k, v, num_sinks, window_size, scale, mask, sink_state, lengths, softcap
+                q, k, v, num_sinks, window_size, scale, mask, sink_state, lengths, softcap, sink_q
             )
             y_win, lse = merge(y_win, lse, y_s, lse_s)
         y_lat, lat_state = latents(a, b, _repeat_kv(v, H), lat_state, mask)
@@ -199,7 +204,7 @@ def macchiato(
             name="initial_state.window",
         )
         check_sink_state(initial_state.sinks, n, k, v, num_sinks, name="initial_state.sinks")
-    tensors = (a, b, v, q, k, gate)
+    tensors = (a, b, v, q, k, gate, sink_q)
     if cu_seqlens is not None:
         y, state = run_packed(run, tensors, cu_seqlens, mask, initial_state)
     else:
@@ -223,13 +228,15 @@ def macchiato_step(
     mask_t: torch.Tensor | None = None,
     softcap: float | None = None,
     num_sinks: int = 0,
+    sink_q_t: torch.Tensor | None = None,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, MacchiatoState]:
     """One decoding step: a_t, b_t [B, H, Lh], v_t [B, K, D], q_t [B, H, E],
-    k_t [B, K, E], gate_t [B, H]; state: the MacchiatoState so far (None:
-    empty). Returns (y_t [B, H, D], MacchiatoState); constant time and memory
-    in the context (the window is a W - 1 buffer, the sinks num_sinks slots)."""
-    _check(a_t, b_t, v_t, q_t, k_t, gate_t, beta, mix, window_size, 1, mask_t, True, softcap, num_sinks)
+    k_t [B, K, E], gate_t [B, H], sink_q_t [B, H, E] (see macchiato's
+    sink_q); state: the MacchiatoState so far (None: empty). Returns (y_t
+    [B, H, D], MacchiatoState); constant time and memory in the context (the
+    window is a W - 1 buffer, the sinks num_sinks slots)."""
+    _check(a_t, b_t, v_t, q_t, k_t, gate_t, beta, mix, window_size, 1, mask_t, True, softcap, num_sinks, sink_q_t)
     lat_state = win_state = sink_state = None
     if state is not None:
         if not isinstance(state, MacchiatoState):
@@ -242,7 +249,9 @@ def macchiato_step(
         q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=win_state, softcap=softcap
     )
     if num_sinks:
-        y_s, lse_s, sink_state = sink_step(q_t, k_t, v_t, num_sinks, window_size, scale, mask_t, sink_state, softcap)
+        y_s, lse_s, sink_state = sink_step(
+            q_t, k_t, v_t, num_sinks, window_size, scale, mask_t, sink_state, softcap, sink_q_t
+        )
         y_win, lse = merge(y_win, lse, y_s, lse_s)
     work = state_dtype(a_t.dtype)
     y_lat, lat_state = latte_causal_step(

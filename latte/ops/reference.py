@@ -71,29 +71,36 @@ def latte_causal(a, b, v, initial_state=None, mask=None):
     return y, (vbar[:, :, :, -1], z)
 
 
-def window_matrix_logits(q, k, window_size, scale=None, mask=None, softcap=None, num_sinks=0):
+def window_matrix_logits(q, k, window_size, scale=None, mask=None, softcap=None, num_sinks=0, sink_q=None):
     """Scores e[b, h, t, s] over the window (t - W, t] and, with num_sinks,
     the row's first num_sinks real tokens s <= t (docs/math.md §4.1); -inf
-    elsewhere (soft-capped to c * tanh(e / c) when softcap = c is given)."""
+    elsewhere (soft-capped to c * tanh(e / c) when softcap = c is given).
+    sink_q: the queries that score a sink outside the window (default q)."""
     B, T, H, E = q.shape
     kk = k.to(f64).repeat_interleave(H // k.shape[2], 2)
     scale = E**-0.5 if scale is None else scale
-    e = torch.einsum("bthe,bshe->bhts", q.to(f64), kk) * scale
-    if softcap is not None:
-        e = softcap * torch.tanh(e / softcap)
+
+    def scores(qq):
+        e = torch.einsum("bthe,bshe->bhts", qq.to(f64), kk) * scale
+        return e if softcap is None else softcap * torch.tanh(e / softcap)
+
+    e = scores(q)
     t = torch.arange(T)[:, None]
     s = torch.arange(T)[None, :]
     allowed = (s <= t) & (s > t - window_size)
     real = torch.ones(B, T, dtype=torch.bool) if mask is None else mask
     sink = real & (real.cumsum(1) <= num_sinks)  # [B, T(s)]: the first num_sinks real tokens
+    if sink_q is not None:  # a sink outside the window is scored by sink_q
+        outside = sink[:, None, None, :] & (s <= t - window_size)[None, None]
+        e = torch.where(outside, scores(sink_q), e)
     allowed = (allowed[None, None] | (sink[:, None, None, :] & (s <= t))) & real[:, None, None, :]
     allowed = allowed | (s == t)  # a query always sees its own key
     return e.masked_fill(~allowed, NEG_INF)
 
 
-def sliding_window_attention(q, k, v, window_size, scale=None, mask=None, softcap=None, num_sinks=0):
+def sliding_window_attention(q, k, v, window_size, scale=None, mask=None, softcap=None, num_sinks=0, sink_q=None):
     """Returns (y [B, T, H, D], lse [B, T, H])."""
-    e = window_matrix_logits(q, k, window_size, scale, mask, softcap, num_sinks)
+    e = window_matrix_logits(q, k, window_size, scale, mask, softcap, num_sinks, sink_q)
     vv = v.to(f64).repeat_interleave(q.shape[2] // v.shape[2], 2)
     lse = torch.logsumexp(e, -1)  # [B, H, T]
     y = torch.einsum("bhts,bshd->bthd", torch.softmax(e, -1), vv)
@@ -101,10 +108,22 @@ def sliding_window_attention(q, k, v, window_size, scale=None, mask=None, softca
 
 
 def macchiato_matrix(
-    a, b, q, k, window_size, mix="joint", gate=None, beta=None, scale=None, mask=None, softcap=None, num_sinks=0
+    a,
+    b,
+    q,
+    k,
+    window_size,
+    mix="joint",
+    gate=None,
+    beta=None,
+    scale=None,
+    mask=None,
+    softcap=None,
+    num_sinks=0,
+    sink_q=None,
 ):
     """p(s|t) of docs/math.md §4 built term by term: [B, H, T, T]."""
-    e = window_matrix_logits(q, k, window_size, scale, mask, softcap, num_sinks)  # [B, H, T, T]
+    e = window_matrix_logits(q, k, window_size, scale, mask, softcap, num_sinks, sink_q)  # [B, H, T, T]
     a64 = a.to(f64) + (0 if beta is None else beta.to(f64)[None, None, :, None])
     log_lat = a64.permute(0, 2, 1, 3)  # [B, H, T, L] log of unnormalised p(l|t)
     # log of the window state's unnormalised mass: its scores (joint) or the gate logit
@@ -121,9 +140,22 @@ def macchiato_matrix(
 
 
 def macchiato(
-    a, b, v, q, k, window_size, mix="joint", gate=None, beta=None, scale=None, mask=None, softcap=None, num_sinks=0
+    a,
+    b,
+    v,
+    q,
+    k,
+    window_size,
+    mix="joint",
+    gate=None,
+    beta=None,
+    scale=None,
+    mask=None,
+    softcap=None,
+    num_sinks=0,
+    sink_q=None,
 ):
-    A = macchiato_matrix(a, b, q, k, window_size, mix, gate, beta, scale, mask, softcap, num_sinks)
+    A = macchiato_matrix(a, b, q, k, window_size, mix, gate, beta, scale, mask, softcap, num_sinks, sink_q)
     vv = v.to(f64).repeat_interleave(q.shape[2] // v.shape[2], 2)
     return torch.einsum("bhts,bshd->bthd", A, vv)
 

@@ -103,13 +103,16 @@ def merge(y_win, lse_win, y_sink, lse_sink):
     return w_win * y_win + w_sink * y_sink, lse
 
 
-def sink_sequence(q, k, v, num_sinks, window_size, scale, mask, state, lengths=None, softcap=None):
+def sink_sequence(q, k, v, num_sinks, window_size, scale, mask, state, lengths=None, softcap=None, sink_q=None):
     """The sink branch over a sequence, in the work dtype:
     (y [B, T, H, D], lse [B, T, H], SinkState after the sequence).
 
     q [B, T, H, E], k [B, T, K, E], v [B, T, K, D]; mask [B, T] (False =
     padding, never a sink); state: the sinks so far (None: none yet);
-    lengths [B]: each row's own end (packed documents), default T."""
+    lengths [B]: each row's own end (packed documents), default T; sink_q
+    [B, T, H, E]: the queries that score the sinks (default q; a converted
+    model passes its queries rotated to one fixed position, so a sink's
+    rotary offset no longer grows with the context: docs/math.md §4.1)."""
     B, T = q.shape[:2]
     S, dev = num_sinks, q.device
     work = state_dtype(q.dtype)
@@ -131,20 +134,22 @@ def sink_sequence(q, k, v, num_sinks, window_size, scale, mask, state, lengths=N
     held = state.mask | took
     at = torch.where(took, pos, -state.offset)  # each sink's index relative to this sequence
     keep = held[:, None, :] & (t[None, :, None] - at[:, None, :] >= window_size)  # [B, T, S]: outside the window
-    y, lse = _attend(q.to(work), ks, vs, keep, scale, softcap)
+    y, lse = _attend((q if sink_q is None else sink_q).to(work), ks, vs, keep, scale, softcap)
     end = torch.full((B, 1), T, device=dev) if lengths is None else lengths.to(dev)[:, None]
     offset = torch.where(held, (end - at).clamp(0, window_size), 0)
     return y, lse, SinkState(ks, vs, held, offset)
 
 
-def sink_step(q_t, k_t, v_t, num_sinks, window_size, scale, mask_t, state, softcap=None):
-    """One decoding step of the sink branch: (y_t [B, H, D], lse_t [B, H], SinkState)."""
+def sink_step(q_t, k_t, v_t, num_sinks, window_size, scale, mask_t, state, softcap=None, sink_q_t=None):
+    """One decoding step of the sink branch: (y_t [B, H, D], lse_t [B, H],
+    SinkState); sink_q_t [B, H, E]: the query that scores the sinks (default q_t)."""
     B = q_t.shape[0]
     S, dev = num_sinks, q_t.device
     work = state_dtype(q_t.dtype)
     state = state if state is not None else empty_sink_state(k_t, v_t, S, work)
     keep = state.mask & (state.offset >= window_size)  # [B, S]: outside the current window
-    y, lse = _attend(q_t.to(work)[:, None], state.k.to(work), state.v.to(work), keep[:, None], scale, softcap)
+    q_s = q_t if sink_q_t is None else sink_q_t
+    y, lse = _attend(q_s.to(work)[:, None], state.k.to(work), state.v.to(work), keep[:, None], scale, softcap)
     real = mask_t if mask_t is not None else torch.ones(B, dtype=torch.bool, device=dev)
     # a real token takes the first free slot (slots fill in order)
     take = (torch.arange(S, device=dev)[None] == state.mask.sum(-1, keepdim=True)) & real[:, None]  # [B, S]
@@ -155,14 +160,16 @@ def sink_step(q_t, k_t, v_t, num_sinks, window_size, scale, mask_t, state, softc
     return y[:, 0], lse[:, 0], SinkState(ks, vs, held, offset)
 
 
-def window_sinks_lse(q, k, v, *, window_size, num_sinks, scale=None, mask=None, softcap=None):
+def window_sinks_lse(q, k, v, *, window_size, num_sinks, scale=None, mask=None, softcap=None, sink_q=None):
     """Softmax attention over the window plus the first num_sinks tokens, with
     its log-normaliser: (y [B, T, H, D] in v's dtype, lse [B, T, H] float32).
-    num_sinks = 0 is sliding_window_attention_lse."""
+    num_sinks = 0 is sliding_window_attention_lse; sink_q: see sink_sequence."""
     y, lse, _ = sliding_window_attention_lse(q, k, v, window_size=window_size, scale=scale, mask=mask, softcap=softcap)
     check_num_sinks(num_sinks)
     if num_sinks:
         scale = q.shape[-1] ** -0.5 if scale is None else scale
-        y_s, lse_s, _ = sink_sequence(q, k, v, num_sinks, window_size, scale, mask, None, softcap=softcap)
+        y_s, lse_s, _ = sink_sequence(
+            q, k, v, num_sinks, window_size, scale, mask, None, softcap=softcap, sink_q=sink_q
+        )
         y, lse = merge(y.to(y_s.dtype), lse.to(lse_s.dtype), y_s, lse_s)
     return y.to(v.dtype), lse

@@ -217,3 +217,97 @@ def test_sinks_merge_with_the_flex_window_too(monkeypatch):
     mask = padded(2, 90)
     y, _ = macchiato(a, b, v, q, k, window_size=12, chunk_size=16, mask=mask, num_sinks=3, backend="auto")
     assert rel_err(y[mask], R.macchiato(a, b, v, q, k, 12, mask=mask, num_sinks=3)[mask]) < 1e-12
+
+
+# sink_q: the sinks scored by their own queries (a converted model's queries rotated to one fixed
+# position, so a sink's rotary offset stops growing with the context; docs/math.md §4.1)
+
+
+@pytest.mark.parametrize("T,W,S,soft", [(40, 5, 4, None), (37, 8, 3, 3.0)])
+def test_sink_queries_match_reference_forward_and_grad(T, W, S, soft):
+    _, _, v, q, k = inputs(T)
+    sq = torch.randn_like(q)
+    mask = padded(2, T)
+
+    def fast(q, k, v, sq):
+        y, lse = window_sinks_lse(q, k, v, window_size=W, num_sinks=S, mask=mask, softcap=soft, sink_q=sq)
+        return torch.cat([y[mask].flatten(), lse[mask].flatten()])
+
+    def ref(q, k, v, sq):
+        y, lse = R.sliding_window_attention(q, k, v, W, mask=mask, softcap=soft, num_sinks=S, sink_q=sq)
+        return torch.cat([y[mask].flatten(), lse[mask].flatten()])
+
+    out, g = grads_of(fast, [q, k, v, sq])
+    out_ref, g_ref = grads_of(ref, [q, k, v, sq])
+    assert rel_err(out, out_ref) < 1e-12
+    for x, xr in zip(g, g_ref):
+        assert rel_err(x, xr, floor=1e-4) < 1e-10
+    assert g[3].abs().max() > 1e-3  # the sink queries are used
+    # sink_q = q is the plain sinks model; sink queries change only queries that see a sink outside the window
+    same = window_sinks_lse(q, k, v, window_size=W, num_sinks=S, mask=mask, sink_q=q)[0]
+    assert torch.equal(same, window_sinks_lse(q, k, v, window_size=W, num_sinks=S, mask=mask)[0])
+    other = window_sinks_lse(q, k, v, window_size=W, num_sinks=S, sink_q=sq)[0]
+    plain = window_sinks_lse(q, k, v, window_size=W, num_sinks=S)[0]
+    assert torch.equal(other[:, :W], plain[:, :W]) and (other[:, W:] - plain[:, W:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("mix", ["joint", "gate"])
+def test_macchiato_with_sink_queries_matches_reference_and_decodes(mix):
+    T, W, S, split = 45, 8, 4, 13
+    a, b, v, q, k = inputs(T)
+    sq = torch.randn_like(q)
+    gate = torch.randn(2, T, 4, dtype=f64) if mix == "gate" else None
+    beta = torch.randn(4, dtype=f64)
+    mask = padded(2, T, left=0)
+    args = [a, b, v, q, k, beta, sq] + ([gate] if gate is not None else [])
+    kw = dict(mix=mix, mask=mask, num_sinks=S)
+
+    def fast(a, b, v, q, k, beta, sq, gate=None):
+        return macchiato(a, b, v, q, k, window_size=W, gate=gate, beta=beta, chunk_size=16, sink_q=sq, **kw)[0][mask]
+
+    def ref(a, b, v, q, k, beta, sq, gate=None):
+        return R.macchiato(a, b, v, q, k, W, gate=gate, beta=beta, sink_q=sq, **kw)[mask]
+
+    out, g = grads_of(fast, args)
+    out_ref, g_ref = grads_of(ref, args)
+    assert rel_err(out, out_ref) < 1e-11
+    for x, xr in zip(g, g_ref):
+        assert rel_err(x, xr, floor=1e-3) < 1e-9
+    # prefill then decode steps, each step's sink query given
+    step = dict(window_size=W, num_sinks=S, mix=mix, beta=beta)
+    y_full, _ = macchiato(a, b, v, q, k, gate=gate, mask=mask, chunk_size=16, sink_q=sq, **step)
+    sl = slice(0, split)
+    y, st = macchiato(
+        *(x[:, sl] for x in (a, b, v, q, k)),
+        gate=None if gate is None else gate[:, sl],
+        mask=mask[:, sl],
+        chunk_size=16,
+        sink_q=sq[:, sl],
+        output_final_state=True,
+        **step,
+    )
+    ys = [y]
+    for t in range(split, T):
+        g_t = None if gate is None else gate[:, t]
+        y_t, st = macchiato_step(
+            a[:, t], b[:, t], v[:, t], q[:, t], k[:, t], st, gate_t=g_t, mask_t=mask[:, t], sink_q_t=sq[:, t], **step
+        )
+        ys.append(y_t[:, None])
+    assert rel_err(torch.cat(ys, 1)[mask], y_full[mask]) < 1e-12
+
+
+def test_packed_documents_take_their_own_sink_queries_and_bad_shapes_are_named():
+    lens = [7, 30, 13]
+    T = sum(lens)
+    a, b, v, q, k = inputs(T, B=1)
+    sq = torch.randn_like(q)
+    cu = torch.tensor([0, 7, 37, 50])
+    kw = dict(window_size=4, chunk_size=8, num_sinks=2)
+    y, _ = macchiato(a, b, v, q, k, cu_seqlens=cu, sink_q=sq, **kw)
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        y_doc, _ = macchiato(*(x[:, s:e] for x in (a, b, v, q, k)), sink_q=sq[:, s:e], **kw)
+        assert rel_err(y[:, s:e], y_doc) < 1e-12
+    with pytest.raises(ValueError, match=r"sink_q: .*\(same as q\)"):
+        macchiato(a, b, v, q, k, sink_q=sq[:, :5], **kw)
+    with pytest.raises(ValueError, match=r"sink_q_t: .*\(same as q_t\)"):
+        macchiato_step(a[:, 0], b[:, 0], v[:, 0], q[:, 0], k[:, 0], sink_q_t=sq[:, 0, :1], window_size=4, num_sinks=2)

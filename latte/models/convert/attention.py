@@ -110,6 +110,8 @@ class ConvertedAttention(nn.Module):
         window_size: int,
         latents_per_head: int,
         num_sinks: int = 0,
+        sink_positions: str = "absolute",
+        rotary: tuple[nn.Module, str | None] | None = None,
         qk_mixer: str,
         conv_size: int,
         mix: str,
@@ -127,6 +129,10 @@ class ConvertedAttention(nn.Module):
         # the original's own local window (sliding layers) caps the converted one
         self.window_size = window_size if spec.window is None else min(window_size, spec.window)
         self.use_sinks(num_sinks)
+        # "cache": the sinks scored at a fixed distance (_sink_queries); the
+        # model's rotary module and this layer's type, kept outside the module tree
+        self.sink_positions = sink_positions
+        self.__dict__["rotary"] = rotary
         H, L = spec.num_heads, latents_per_head
         self.latents_per_head = L
         self.mixer = QKMixer(dim, H, qk_mixer, conv_size=conv_size, causal=True)
@@ -163,8 +169,8 @@ class ConvertedAttention(nn.Module):
         y = getattr(self, name)(x)
         return y if self.lora is None else y + self.lora[name](x)
 
-    def _qkv(self, x: torch.Tensor, position_embeddings):
-        """The original's q, k, v ([B, T, H|K, E]) with its norms and RoPE."""
+    def _unrotated_qkv(self, x: torch.Tensor):
+        """The original's q, k, v ([B, T, H|K, E]) with its norms, before RoPE."""
         B, T, _ = x.shape
         E = self.spec.head_dim
         q = self._project("q_proj", x).view(B, T, -1, E)
@@ -172,17 +178,45 @@ class ConvertedAttention(nn.Module):
         v = self._project("v_proj", x).view(B, T, -1, E)
         if getattr(self, "q_norm", None) is not None:  # per-head norms (Qwen3, Gemma 3)
             q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
+    def _rope(self, q, k, position_embeddings):
         cos, sin = position_embeddings
         q, k = self.spec.apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [B, H|K, T, E]
-        return q.transpose(1, 2), k.transpose(1, 2), v
+        return q.transpose(1, 2), k.transpose(1, 2)
+
+    def _qkv(self, x: torch.Tensor, position_embeddings):
+        """The original's q, k, v ([B, T, H|K, E]) with its norms and RoPE."""
+        q, k, v = self._unrotated_qkv(x)
+        return (*self._rope(q, k, position_embeddings), v)
+
+    def _sink_queries(self, q: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
+        """With sink_positions "cache": the queries q [B, T, H, E] (before
+        RoPE) rotated to position P = window_size + num_sinks - 1, the
+        newest slot of a StreamingLLM cache holding the sinks at 0..S-1 and
+        the window after them: sink s is then scored at offset P - s
+        whatever the context. None otherwise (the sinks use the queries)."""
+        if not self.num_sinks or self.sink_positions != "cache":
+            return None
+        if self.rotary is None:
+            raise ValueError('sink_positions="cache" needs the model\'s rotary embedding (convert() passes it)')
+        module, layer_type = self.rotary
+        at = torch.full((1, 1), self.window_size + self.num_sinks - 1, device=q.device)
+        cos, sin = module(like, at) if layer_type is None else module(like, at, layer_type)
+        B, T = q.shape[:2]
+        fixed = (cos.expand(B, T, -1), sin.expand(B, T, -1))
+        return self._rope(q, q[:, :, :1], fixed)[0]
 
     @torch.no_grad()
     def log_masses(self, x: torch.Tensor, position_embeddings) -> LogMasses:
         """Log-masses of the mixture's parts on input x (see LogMasses)."""
         B, T, _ = x.shape
-        q, k, v = self._qkv(x, position_embeddings)
+        q0, k0, v = self._unrotated_qkv(x)
+        q, k = self._rope(q0, k0, position_embeddings)
         kw = dict(scale=self.spec.scale, softcap=self.spec.softcap)
-        _, window = window_sinks_lse(q, k, v, window_size=self.window_size, num_sinks=self.num_sinks, **kw)
+        _, window = window_sinks_lse(
+            q, k, v, window_size=self.window_size, num_sinks=self.num_sinks, sink_q=self._sink_queries(q0, x), **kw
+        )
         _, full, _ = sliding_window_attention_lse(q, k, v, window_size=self.spec.window or T, **kw)
         gate = None if self.gate_proj is None else self.gate_proj(x).float()
         u, _, _ = self.mixer(x)
@@ -207,7 +241,9 @@ class ConvertedAttention(nn.Module):
         if given is not None and cache is None:
             raise ValueError(f"{CACHE_NAME}: a converted model keeps a MacchiatoCache, got {type(given).__name__}")
         prev = None if cache is None else cache.states[self.layer_idx]
-        q, k, v = self._qkv(x, position_embeddings)
+        q0, k0, v = self._unrotated_qkv(x)
+        q, k = self._rope(q0, k0, position_embeddings)
+        sink_q = self._sink_queries(q0, x)
         u, conv, h = self.mixer(
             x, mask=mask, conv_state=None if prev is None else prev.conv, h=None if prev is None else prev.h
         )
@@ -232,6 +268,7 @@ class ConvertedAttention(nn.Module):
                 gate_t=None if gate is None else gate[:, 0],
                 mask_t=None if mask is None else mask[:, 0],
                 state=prev.attn,
+                sink_q_t=None if sink_q is None else sink_q[:, 0],
                 **common,
             )
             y = y.unsqueeze(1)
@@ -247,6 +284,7 @@ class ConvertedAttention(nn.Module):
                 chunk_size=self.chunk_size,
                 initial_state=None if prev is None else prev.attn,
                 output_final_state=cache is not None,
+                sink_q=sink_q,
                 **common,
             )
         if cache is not None:
@@ -257,7 +295,7 @@ class ConvertedAttention(nn.Module):
         s = self.spec
         return (
             f"heads={s.num_heads}, kv_heads={s.num_kv_heads}, head_dim={s.head_dim}, "
-            f"window_size={self.window_size}, num_sinks={self.num_sinks}, "
+            f"window_size={self.window_size}, num_sinks={self.num_sinks}, sink_positions={self.sink_positions}, "
             f"latents_per_head={self.latents_per_head}, mix={self.mix!r}, "
             f"scale={s.scale:.4g}, softcap={s.softcap}"
         )

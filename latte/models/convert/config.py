@@ -23,6 +23,9 @@ MIXES = ("joint", "gate")
 PURE_WINDOW_BETA = -30.0
 
 
+SINK_POSITIONS = ("absolute", "cache")
+
+
 @dataclass
 class ConversionConfig:
     """How every attention becomes Macchiato (docs/conversion.md §1).
@@ -32,6 +35,11 @@ class ConversionConfig:
     num_sinks: the first tokens of the sequence every query also keeps
         seeing (attention sinks, docs/math.md §4.1; docs/conversion.md §8
         says how the default was chosen); 0 = the window alone.
+    sink_positions: "absolute" (a sink keeps its own rotary position, so its
+        distance to the query grows with the context) or "cache" (the sinks
+        are scored as if they sat just before the window, at a fixed
+        distance, as StreamingLLM counts positions inside its cache:
+        docs/math.md §4.1).
     latents_per_head: L, new latent states per query head.
     qk_mixer, conv_size: the latent branch's input mixer (latte.layers.QKMixer).
     mix: "joint" (one normaliser over window scores and latent logits) or "gate".
@@ -43,6 +51,7 @@ class ConversionConfig:
 
     window_size: int = 128
     num_sinks: int = 4  # measured: results/convert-sinks (docs/conversion.md §8)
+    sink_positions: Literal["absolute", "cache"] = "absolute"
     latents_per_head: int = 32
     qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] = "conv"
     conv_size: int = 4
@@ -63,6 +72,8 @@ class ConversionConfig:
         e.check(
             is_int(self.num_sinks) and self.num_sinks >= 0, "num_sinks", self.num_sinks, "an integer >= 0 (0 = none)"
         )
+        positions = self.sink_positions
+        e.check(positions in SINK_POSITIONS, "sink_positions", positions, f"one of {SINK_POSITIONS}")
         e.check(self.qk_mixer in QK_MIXERS, "qk_mixer", self.qk_mixer, f"one of {QK_MIXERS}")
         e.check(self.mix in MIXES, "mix", self.mix, f"one of {MIXES}")
         for name in ("beta_init", "lora_alpha"):

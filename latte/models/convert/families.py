@@ -22,6 +22,7 @@ logits) is the original module, untouched.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,6 +68,18 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
             f"(a Hugging Face *ForCausalLM); supported: {supported_list()}"
         )
     return layers
+
+
+def rotary_of(model: nn.Module, layer_idx: int) -> tuple[nn.Module, str | None]:
+    """What computes layer `layer_idx`'s rotary (cos, sin): the model's
+    `rotary_emb` and, where it takes one (Gemma 3: local and global layers
+    rotate differently), the layer's type."""
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if not isinstance(rotary, nn.Module):
+        raise ValueError(f"{type(model).__name__}: expected its rotary embedding at .model.rotary_emb")
+    if "layer_type" not in inspect.signature(rotary.forward).parameters:
+        return rotary, None
+    return rotary, model.config.layer_types[layer_idx]
 
 
 def check_supported(model: nn.Module) -> str:

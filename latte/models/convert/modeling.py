@@ -36,8 +36,8 @@ from latte.models.weights import check_state, load_weights, read_weights
 
 from .attention import ConvertedAttention
 from .cache import MacchiatoCache
-from .config import PURE_WINDOW_BETA, ConversionConfig, ConvertedConfig
-from .families import attention_spec, check_supported, decoder_layers
+from .config import PURE_WINDOW_BETA, SINK_POSITIONS, ConversionConfig, ConvertedConfig
+from .families import attention_spec, check_supported, decoder_layers, rotary_of
 from .io import (
     CONFIG_NAME,
     NAMED_BASES,
@@ -95,6 +95,8 @@ def patch_attention(model: nn.Module, conversion: ConversionConfig) -> list[Conv
             dim=config.hidden_size,
             window_size=conversion.window_size,
             num_sinks=conversion.num_sinks,
+            sink_positions=conversion.sink_positions,
+            rotary=rotary_of(model, i),
             latents_per_head=conversion.latents_per_head,
             qk_mixer=conversion.qk_mixer,
             conv_size=conversion.conv_size,
@@ -202,19 +204,25 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
                     attn.lora, attn.num_sinks = lora, sinks
 
     @contextlib.contextmanager
-    def with_sinks(self, num_sinks: int):
+    def with_sinks(self, num_sinks: int | None = None, *, positions: str | None = None):
         """Within the block every converted layer keeps the first `num_sinks`
-        tokens visible (0: none) instead of its own number; the latents, beta
-        and LoRA stay as trained (an ablation of the sinks alone). Restored
-        after."""
-        saved = [attn.num_sinks for attn in self.converted]
+        tokens visible (0: none) instead of its own number, and/or scores
+        them with `positions` ("absolute" or "cache", ConversionConfig's
+        sink_positions); None keeps the layer's own. The latents, beta and
+        LoRA stay as trained (an ablation of the sinks alone). Restored after."""
+        if positions is not None and positions not in SINK_POSITIONS:
+            raise ValueError(f"positions: expected one of {SINK_POSITIONS} or None, got {positions!r}")
+        saved = [(attn.num_sinks, attn.sink_positions) for attn in self.converted]
         try:
             for attn in self.converted:
-                attn.use_sinks(num_sinks)
+                if num_sinks is not None:
+                    attn.use_sinks(num_sinks)
+                if positions is not None:
+                    attn.sink_positions = positions
             yield self
         finally:
-            for attn, sinks in zip(self.converted, saved):
-                attn.num_sinks = sinks
+            for attn, (sinks, where) in zip(self.converted, saved):
+                attn.num_sinks, attn.sink_positions = sinks, where
 
     def save_pretrained(self, save_directory, *, self_contained: bool | None = None, **kwargs: Any) -> None:
         """See latte.models.convert.io.save_converted (only the new parameters

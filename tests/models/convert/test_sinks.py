@@ -171,3 +171,58 @@ def test_with_sinks_switches_off_the_sinks_alone_and_restores():
     assert torch.equal(converted_nll(model, x, contexts=(), chunk=16).nll, before)
     with pytest.raises(ValueError, match="num_sinks"), model.with_sinks(-1):
         pass
+
+
+# sink_positions="cache": the sinks scored at a fixed offset, as StreamingLLM counts positions in its cache
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cache_sink_positions_rotate_every_sink_query_to_one_position(family):
+    """Every query scores the sinks as if it sat at P = window + sinks - 1,
+    with the model's own rotary for that layer (Gemma 3: its layer type)."""
+    model = trained_like(family, num_sinks=2, sink_positions="cache")
+    P = W + 2 - 1
+    x = ids(B=1, T=P + 9)
+    records = record_layers(model, x)
+    for attn, rec in zip(model.converted, records):
+        q0, k0, _ = attn._unrotated_qkv(rec.x)
+        got = attn._sink_queries(q0, rec.x)
+        if attn.num_sinks == 0:  # a native local layer kept at its own window gets no sinks
+            assert got is None
+            continue
+        module, layer_type = attn.rotary
+        at = torch.full((1, x.shape[1]), P)
+        pe = module(rec.x, at) if layer_type is None else module(rec.x, at, layer_type)
+        assert torch.equal(got, attn._rope(q0, k0, pe)[0])
+        q = attn._rope(q0, k0, rec.position_embeddings)[0]  # the real positions
+        assert rel_err(got[:, P], q[:, P]) < 1e-6 and rel_err(got[:, P + 5], q[:, P + 5]) > 1e-3
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cache_sink_positions_decode_like_the_full_forward(family):
+    model = trained_like(family, num_sinks=2, sink_positions="cache")
+    x = ids(T=26)
+    with torch.no_grad():
+        full = model(x, use_cache=False).logits
+        out = model(x[:, :5], use_cache=True)
+        cache, logits = out.past_key_values, [out.logits]
+        for t in range(5, x.shape[1]):
+            logits.append(model(x[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
+        assert rel_err(torch.cat(logits, 1), full) < 1e-4
+        with model.with_sinks(positions="absolute"):  # the queries before the first sink leaves the window agree
+            absolute = model(x, use_cache=False).logits
+    assert rel_err(absolute[:, :W], full[:, :W]) < 1e-6 and rel_err(absolute[:, W + 4 :], full[:, W + 4 :]) > 1e-4
+
+
+def test_cache_sink_positions_are_saved_and_checked(tmp_path):
+    model = trained_like("llama", num_sinks=3, sink_positions="cache").eval()
+    model.save_pretrained(tmp_path / "m")
+    x = ids()
+    with torch.no_grad():
+        loaded = load_converted(tmp_path / "m")
+        assert loaded.conversion.sink_positions == "cache"
+        assert torch.equal(loaded(x, use_cache=False).logits, model(x, use_cache=False).logits)
+    with pytest.raises(ValueError, match="sink_positions: got 'far'"):
+        ConversionConfig(sink_positions="far")
+    with pytest.raises(ValueError, match="positions: expected one of"), model.with_sinks(positions="far"):
+        pass
