@@ -203,15 +203,18 @@ def conversion_perplexity(f: Files) -> str:
 
     corpora = ("essays", "plays")
     conv = ", ".join(f"{c} {span(c, 'converted')}" for c in corpora)
+    cache = ", ".join(span(c, "converted-cachesinks") for c in corpora)
     sinks = ", ".join(span(c, "window+sinks") for c in corpora)
     far = ", ".join(
-        f"{ppl(c, 'converted', 32768, 'bucket_ppl_original_documents'):.0f} vs "
+        f"{ppl(c, 'converted-cachesinks', 32768, 'bucket_ppl_original_documents'):.0f} "
+        f"(absolute: {ppl(c, 'converted', 32768, 'bucket_ppl_original_documents'):.0f}) vs "
         f"{ppl(c, 'original', 32768, 'bucket_ppl'):,.0f} ({c})"
         for c in corpora
     )
     return (
-        f"over the original's, within its 8K training context: {conv} (window + sinks, untrained: {sinks}); "
-        f"positions 16K-32K, past that context, converted vs original: {far}"
+        f"over the original's, within its 8K training context: {conv}; with the sinks at cache positions "
+        f"{cache} (window + sinks, untrained: {sinks}); positions 16K-32K, past that context, converted with "
+        f"cache positions vs original: {far}"
     )
 
 
