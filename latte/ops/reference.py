@@ -139,23 +139,9 @@ def macchiato_matrix(
     return torch.exp(log_win - log_z) * p_win_rows + lat
 
 
-def macchiato(
-    a,
-    b,
-    v,
-    q,
-    k,
-    window_size,
-    mix="joint",
-    gate=None,
-    beta=None,
-    scale=None,
-    mask=None,
-    softcap=None,
-    num_sinks=0,
-    sink_q=None,
-):
-    A = macchiato_matrix(a, b, q, k, window_size, mix, gate, beta, scale, mask, softcap, num_sinks, sink_q)
+def macchiato(a, b, v, q, k, window_size, *args, **kw):
+    """y [B, T, H, D] = p(s|t) v; the other arguments as macchiato_matrix's."""
+    A = macchiato_matrix(a, b, q, k, window_size, *args, **kw)
     vv = v.to(f64).repeat_interleave(q.shape[2] // v.shape[2], 2)
     return torch.einsum("bhts,bshd->bthd", A, vv)
 
