@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
+from latte.config_io import load_yaml
 from latte.reporting import pyplot, save_figure
 
 
@@ -48,8 +47,8 @@ def _pilot_table(a, rows: list[dict]) -> str:
 def _sinks_of_run(run: Path) -> int:
     """conversion.num_sinks of a convert run's saved config (a config saved
     before sinks existed had none: latte.models.convert.config)."""
-    cfg = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
-    return int(((cfg or {}).get("conversion") or {}).get("num_sinks", 0))
+    cfg = load_yaml(run / "config.yaml") if (run / "config.yaml").is_file() else {}
+    return int((cfg.get("conversion") or {}).get("num_sinks", 0))
 
 
 def _curve_table(rows: list[dict], sinks: int) -> str:
