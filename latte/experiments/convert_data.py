@@ -35,6 +35,7 @@ import torch
 from latte.data import load_documents, split_documents
 from latte.data.heldout import eval_essays, eval_plays
 from latte.train.manifest import step_dirs
+from latte.train.metrics import run_wall_time
 from latte.train.runs import open_run
 
 from .convert import quick_setup
@@ -215,7 +216,7 @@ def _pilot_cell(cell: dict, a, first_mix: str) -> dict:
     return {
         **_score(run, a),
         "val_ppl": s["val_ppl"],
-        "train_wall_s": round(s["wall_time_s"], 1),
+        "train_wall_s": round(run_wall_time(run), 1),
         "threads": a.threads,
         "load_start": round(load0, 2),
         "load_end": round(os.getloadavg()[0], 2),

@@ -12,6 +12,7 @@ from pathlib import Path
 from latte.eval.long_context import perplexities
 from latte.eval.needle import ANSWER_TOKENS, NEEDLE, QUESTION
 from latte.train.manifest import TRAINER
+from latte.train.metrics import run_wall_time
 
 from ..reporting import update_readme
 from .convert_needle import needle_records, needle_tables, plot_heatmaps
@@ -341,5 +342,5 @@ def training_of(subject) -> dict | None:
         "recipe": f"{subject.source}, checkpoint {Path(subject.run.checkpoint).name}",
         "train_tokens": tokens,
         "steps": subject.run.step,
-        "train_wall_s": round(summary["wall_time_s"], 1) if finished else None,
+        "train_wall_s": round(run_wall_time(subject.source), 1) if finished else None,
     }

@@ -15,6 +15,7 @@ from latte.data.heldout import eval_essays, eval_plays
 from latte.eval.long_context import converted_nll, original_decode, original_nll, original_window_nll
 from latte.eval.needle import haystack_text
 from latte.train.lm import pack_split, split_corpus
+from latte.train.metrics import run_wall_time
 from latte.train.runs import open_run
 from latte.train.validation import nll_sums, subset, summarize
 
@@ -100,7 +101,7 @@ def _recipe_cell(cell: dict, a) -> dict:
         "val_tokens": s["val_tokens"],
         "train_tokens": s["tokens_seen"],
         "steps": s["step"],
-        "train_wall_s": round(s["wall_time_s"], 1),
+        "train_wall_s": round(run_wall_time(run), 1),
         "stopped": s.get("stopped", ""),
         "overrides": " ".join(RECIPES[recipe]),
         "load_start": round(load0, 2),

@@ -27,6 +27,7 @@ import time
 from latte.models import num_parameters
 from latte.train import distributed as D
 from latte.train.config import RunConfig
+from latte.train.metrics import process_walls
 from latte.train.schedule import lr_at
 from latte.train.setup import Run, setup
 from latte.train.step import STOP_BUDGET, STOP_PREEMPT, train_step
@@ -39,7 +40,7 @@ def train(cfg: RunConfig) -> dict:
     run, clean = None, False
     try:
         run = setup(cfg, env)
-        run.clock.t_start = t_start
+        run.clock.t_start = run.progress.t_start = t_start
         fit(run)
         summary = evaluate(run)
         clean = True
@@ -222,11 +223,13 @@ def evaluate(run: Run) -> dict:
     extras = run.task.summary(_eval_model(run), metrics)
     summary.update({f"val_{k}": v for k, v in metrics.items()}, sample=sample, **extras)
     if run.env.is_main:
-        summary["wall_time_s"] = time.perf_counter() - clock.t_start
+        summary.update(_wall_times(run))
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        resumed = "" if run.progress.wall_before == 0 else f" ({summary['process_wall_time_s']:.0f} s in this process)"
         run.logger.message(
             f"final validation {run.task.format_metrics({**metrics, **extras})}; step {run.progress.step}, "
-            f"{summary[f'train_{unit}_per_s'] or 0:,.0f} train {unit}/s, wall time {summary['wall_time_s']:.0f} s"
+            f"{summary[f'train_{unit}_per_s'] or 0:,.0f} train {unit}/s, "
+            f"wall time {summary['wall_time_s']:.0f} s{resumed}"
         )
         note = budget_note(summary, run.cfg.train.steps, run.cfg.train.time_budget_minutes)
         if note:
@@ -234,6 +237,20 @@ def evaluate(run: Run) -> dict:
         run.logger.close()
         run.logger.plot()
     return summary
+
+
+def _wall_times(run: Run) -> dict:
+    """wall_time_s: the run's, over every process that trained it (each up
+    to its last checkpoint, then this one to the end); process_wall_time_s:
+    this process's. A run resumed from a checkpoint older than trainer_state's
+    "wall_s" has its earlier processes estimated from metrics.csv."""
+    process = time.perf_counter() - run.clock.t_start
+    walls = {"process_wall_time_s": process}
+    if run.progress.wall_before is not None:
+        return {"wall_time_s": run.progress.wall_before + process, **walls}
+    start = run.progress.step - run.clock.session_steps
+    earlier = sum(process_walls(run.run_dir / "metrics.csv", start))
+    return {"wall_time_s": earlier + process, "wall_time_estimated": True, **walls}
 
 
 def budget_note(summary: dict, steps: int, minutes: float | None) -> str | None:

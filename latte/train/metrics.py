@@ -17,6 +17,7 @@ and TensorBoard purges them likewise.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import sys
 from pathlib import Path
@@ -50,6 +51,41 @@ def _truncate_csv(path: Path, after_step: int) -> list[str] | None:
 def read_csv(path: str | Path) -> list[dict[str, str]]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def process_walls(path: str | Path, upto_step: int | None = None) -> list[float]:
+    """Wall seconds of each process that wrote metrics.csv (rows with step <=
+    upto_step), read from elapsed_s: it restarts near 0 in every process, so
+    each run of increasing values is one process and its last value that
+    process's wall time to its last kept step. The estimate for runs whose
+    checkpoints predate trainer_state's "wall_s"; it merges two processes
+    when the later one's first step ends sooner after its start than the
+    earlier one's last did (seconds-long toy runs, not real ones)."""
+    walls: list[float] = []
+    previous = None
+    for row in read_csv(path) if Path(path).is_file() else []:
+        if upto_step is not None and int(row["step"]) > upto_step:
+            break
+        elapsed = float(row["elapsed_s"])
+        if previous is None or elapsed < previous:
+            walls.append(elapsed)
+        walls[-1], previous = elapsed, elapsed
+    return walls
+
+
+def run_wall_time(run_dir: str | Path) -> float | None:
+    """A finished run's wall time over all its processes, from summary.json;
+    for a summary written before "process_wall_time_s" existed (its
+    wall_time_s is the last process's alone), the earlier processes are read
+    from metrics.csv."""
+    run_dir = Path(run_dir)
+    summary_file = run_dir / "summary.json"
+    if not summary_file.is_file():
+        return None
+    summary = json.loads(summary_file.read_text())
+    if "process_wall_time_s" in summary or "wall_time_s" not in summary:
+        return summary.get("wall_time_s")
+    return sum(process_walls(run_dir / "metrics.csv")[:-1]) + summary["wall_time_s"]
 
 
 class RunLogger:

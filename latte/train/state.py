@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,12 +50,27 @@ class Progress:
     unit: str
     step: int = 0
     seen: int = 0
+    # wall seconds of the earlier processes of this run, each up to its last
+    # checkpoint (None: resumed from a checkpoint written before "wall_s" was kept)
+    wall_before: float | None = 0.0
+    t_start: float = field(default_factory=time.perf_counter)  # this process's start (train() sets it)
+
+    def wall_seconds(self) -> float | None:
+        """The run's wall time so far, over all its processes."""
+        if self.wall_before is None:
+            return None
+        return self.wall_before + time.perf_counter() - self.t_start
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, f"{self.unit}_seen": self.seen}
+        state: dict[str, Any] = {"step": self.step, f"{self.unit}_seen": self.seen}
+        wall = self.wall_seconds()
+        if wall is not None:
+            state["wall_s"] = round(wall, 3)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.seen = state.get("step", 0), state.get(f"{self.unit}_seen", 0)
+        self.wall_before = state.get("wall_s") if state else 0.0  # {}: a fresh run
 
 
 @dataclass

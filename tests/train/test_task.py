@@ -13,8 +13,9 @@ import torch
 from latte.config_io import ConfigError
 from latte.train.checkpoint import find_latest_checkpoint, load_checkpoint
 from latte.train.loop import train
-from latte.train.metrics import read_csv
+from latte.train.metrics import process_walls, read_csv, run_wall_time
 from latte.train.runs import open_run
+from latte.train.state import Progress
 from latte.train.task import build_run_config, load_run_config, task_class
 from tests.train.runs import losses, run_cli, write_config
 from tests.train.toy_task import TASK, ToyRunConfig, ToyTask
@@ -66,6 +67,53 @@ def test_toy_task_resumes_bitwise_in_process(tmp_path):
     assert [s for s, _ in losses(tmp_path / "cut")] == [1]
     train(toy_config(tmp_path / "cut"))
     assert losses(tmp_path / "cut") == losses(tmp_path / "straight")
+
+
+def test_wall_time_counts_every_process_of_a_resumed_run(tmp_path):
+    """summary.json's wall_time_s is the run's, over all its processes (the
+    checkpoints carry it on); process_wall_time_s is the last process's."""
+    run = tmp_path / "cut"
+    first = train(toy_config(run, time_budget_minutes=1e-9))  # stops (and saves) after step 1
+    assert first["wall_time_s"] == first["process_wall_time_s"] > 0
+    saved = load_checkpoint(find_latest_checkpoint(run)).trainer_state["wall_s"]
+    assert 0 < saved <= first["wall_time_s"]
+    second = train(toy_config(run))
+    assert second["wall_time_s"] == pytest.approx(saved + second["process_wall_time_s"])
+    assert second["wall_time_s"] > second["process_wall_time_s"] and "wall_time_estimated" not in second
+    assert json.loads((run / "summary.json").read_text())["wall_time_s"] == second["wall_time_s"]
+    assert run_wall_time(run) == second["wall_time_s"]
+
+
+def test_wall_time_of_checkpoints_older_than_wall_s_is_read_from_metrics_csv(tmp_path, monkeypatch):
+    run = tmp_path / "old"
+    state_dict = Progress.state_dict
+    monkeypatch.setattr(
+        Progress, "state_dict", lambda self: {k: v for k, v in state_dict(self).items() if k != "wall_s"}
+    )
+    train(toy_config(run, time_budget_minutes=1e-9))
+    assert "wall_s" not in load_checkpoint(find_latest_checkpoint(run)).trainer_state
+    first_elapsed = float(read_csv(run / "metrics.csv")[0]["elapsed_s"])
+    monkeypatch.undo()
+    second = train(toy_config(run))
+    assert second["wall_time_estimated"] is True
+    assert second["wall_time_s"] == pytest.approx(first_elapsed + second["process_wall_time_s"])
+    assert process_walls(run / "metrics.csv", upto_step=1) == [first_elapsed]
+
+
+def test_run_wall_time_of_a_summary_from_before_process_wall_time_s(tmp_path):
+    """Such a summary's wall_time_s is its last process's alone: the earlier
+    ones come from metrics.csv, each the last elapsed_s before it restarts."""
+    rows = [(1, 50.0), (2, 80.0), (3, 20.0), (4, 45.0), (5, 70.0), (6, 30.0)]
+    lines = ["step,loss,lr,grad_norm,tokens,tokens_per_s,applied,elapsed_s"]
+    lines += [f"{s},1.0,0.1,1.0,8,1.0,1,{e}" for s, e in rows]
+    (tmp_path / "metrics.csv").write_text("\n".join(lines) + "\n")
+    assert process_walls(tmp_path / "metrics.csv") == [80.0, 70.0, 30.0]
+    assert process_walls(tmp_path / "metrics.csv", upto_step=4) == [80.0, 45.0]
+    (tmp_path / "summary.json").write_text(json.dumps({"step": 6, "wall_time_s": 40.0}))
+    assert run_wall_time(tmp_path) == 80.0 + 70.0 + 40.0
+    (tmp_path / "summary.json").write_text(json.dumps({"wall_time_s": 190.0, "process_wall_time_s": 40.0}))
+    assert run_wall_time(tmp_path) == 190.0
+    assert run_wall_time(tmp_path / "missing") is None
 
 
 @pytest.mark.slow
