@@ -9,7 +9,11 @@ budget buys. Two stages, each a resumable sweep:
            ("original": the pretrained attention; "swa": the converted model
            before up-training, as_sliding_window()) -> results/convert-data
   curve    the held-out perplexity of every kept checkpoint of one long run
-           (--curve-run) against the training tokens it had seen
+           (--curve-run) against the training tokens it had seen; with
+           --curve-tasks-runs also the zero-shot task average of the
+           untrained model, the last checkpoint and --curve-tasks-steps (the
+           tasks stage of `latte experiment convert`, its cells shared with
+           that command's --runs)
 
 Held-out text (never in any training source; tests/data/test_heldout.py):
 latte.data.heldout's eval_essays() and eval_plays(), read as windows
@@ -19,6 +23,8 @@ document), scored by one forward each.
     latte experiment convert-data --quick                        # tiny stand-in model (the test)
     latte experiment convert-data --readme results/README.md     # the pilots
     latte experiment convert-data --stages curve --curve-run runs/convert-smollm2 --curve-every 5
+    latte experiment convert-data --stages curve --curve-run runs/convert-smollm2 --curve-every 10 \
+        --curve-tasks-runs runs/convert-eval --curve-tasks-steps 100,390
 """
 
 from __future__ import annotations
@@ -65,6 +71,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--curve-run", default=None, help="run folder whose checkpoints the curve stage scores")
     p.add_argument(
         "--curve-every", type=_positive, default=1, help="score every Nth kept checkpoint (and always the last)"
+    )
+    p.add_argument(
+        "--curve-tasks-runs",
+        default=None,
+        help="also score the zero-shot tasks of the curve's checkpoints: the tasks stage of latte experiment "
+        "convert, its cells in this folder (that command's --runs: cells done there are reused)",
+    )
+    p.add_argument(
+        "--curve-tasks-steps",
+        default="",
+        help="comma-separated steps of the checkpoints the curve scores whose tasks are scored too, besides "
+        "the untrained model and the last checkpoint (always)",
     )
     p.add_argument("--eval-len", type=_positive, default=1024)
     p.add_argument("--eval-windows", type=_positive, default=1, help="windows per held-out document")
@@ -245,4 +263,48 @@ def curve_stage(a) -> list[dict]:
         return {**_score(by_name[cell["checkpoint"]], a), "load_start": round(load0, 2)}
 
     sweep = Sweep(Path(a.runs) / "cells-curve", cells, protocol=_scored_on(a), fields=SCORES, folder_flag="--runs")
-    return sweep.run(cell_fn, desc="curve")
+    rows = sweep.run(cell_fn, desc="curve")
+    if a.curve_tasks_runs:
+        chosen = {f"step-{s:08d}" for s in _steps(a.curve_tasks_steps)}
+        missing = sorted(chosen - set(by_name))
+        if missing:
+            raise ValueError(
+                f"--curve-tasks-steps {a.curve_tasks_steps}: {', '.join(missing)} not among the checkpoints "
+                f"the curve scores ({', '.join(by_name)}; see --curve-every)"
+            )
+        for i, row in enumerate(rows):
+            if i in (0, len(rows) - 1) or row["checkpoint"] in chosen:
+                row["task_avg"] = curve_task_average(a, steps[0] if i == 0 else by_name[row["checkpoint"]], i == 0)
+    return rows
+
+
+def _steps(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--curve-tasks-steps {text!r}: expected comma-separated step numbers") from None
+
+
+def curve_task_average(a, step: Path, untrained: bool) -> float:
+    """The zero-shot task average (headline metric, the tasks stage's
+    defaults) of the converted model at checkpoint `step`, or, `untrained`,
+    of the training-free window + sinks model with the run's sinks (its
+    window alone when it has none: the curve's "none (swa)" row, which is
+    exactly the converted model before up-training). Computed by `latte experiment convert`'s tasks stage
+    with --runs --curve-tasks-runs, so its finished cells are reused."""
+    from .convert import check_args
+    from .convert import parse_args as convert_args
+    from .convert_models import open_subject, sinks_of
+    from .convert_tasks import tasks_stage
+    from .convert_tasks_report import metric_of
+
+    subject = open_subject(step)
+    own_sinks = getattr(subject.model.conversion, "num_sinks", 0)
+    model = "converted" if not untrained else "window+sinks" if own_sinks else "window"
+    argv = ["--stages", "tasks", "--models", model, "--runs", a.curve_tasks_runs, "--threads", str(a.threads)]
+    ca = convert_args([*argv, *(["--quick"] if a.quick else [])])
+    check_args(ca)
+    if a.quick:  # the protocol the quick tasks stage records (its stand-in's overrides)
+        quick_setup(ca)
+    cells = tasks_stage(ca, subject, sinks_of(subject, None))
+    return sum(c[metric_of(c["task"])] for c in cells) / len(cells)

@@ -53,16 +53,27 @@ def _sinks_of_run(run: Path) -> int:
 
 def _curve_table(rows: list[dict], sinks: int) -> str:
     before = f"its window and its {sinks} sinks, untrained" if sinks else "its window alone, untrained"
+    tasks = any("task_avg" in r for r in rows)
     lines = [
         f"Learning curve of `{rows[0]['run']}`: held-out perplexity of each kept checkpoint "
-        f'("none (swa)": the converted model before up-training, {before}).\n',
-        "| checkpoint | train tokens | held-out essays | held-out plays | load |",
-        "|---|---|---|---|---|",
+        f'("none (swa)": the converted model before up-training, {before})'
+        + (
+            "; zero-shot task average (%): the tasks stage of `latte experiment convert` (the "
+            "results/convert-tasks protocol) at the checkpoints it was run on"
+            if tasks
+            else ""
+        )
+        + ".\n",
+        "| checkpoint | train tokens | held-out essays | held-out plays |"
+        + (" task average |" if tasks else "")
+        + " load |",
+        "|---|---|---|---|" + ("---|" if tasks else "") + "---|",
     ]
     for r in rows:
+        avg = (f" {100 * r['task_avg']:.1f} |" if "task_avg" in r else " - |") if tasks else ""
         lines.append(
-            f"| {r['checkpoint']} | {r['train_tokens']:,} | {r['essays_ppl']:.2f} | {r['plays_ppl']:.2f} "
-            f"| {r.get('load_start', 0):.1f} |"
+            f"| {r['checkpoint']} | {r['train_tokens']:,} | {r['essays_ppl']:.2f} | {r['plays_ppl']:.2f} |{avg}"
+            f" {r.get('load_start', 0):.1f} |"
         )
     return "\n".join(lines)
 
@@ -78,6 +89,11 @@ def _plot_curve(rows: list[dict], path: Path, a) -> bool:
     ax.set_xlabel("up-training tokens")
     ax.set_ylabel(f"perplexity ({a.eval_len}-token windows)")
     ax.set_title(f"{rows[0]['run']}: held-out perplexity while up-training")
-    ax.legend()
+    ax.legend(loc="upper center")
+    tasks = [r for r in rows if "task_avg" in r]
+    if tasks:
+        right = ax.twinx()
+        right.plot([r["train_tokens"] for r in tasks], [100 * r["task_avg"] for r in tasks], "k--", marker="s")
+        right.set_ylabel("zero-shot task average (%, dashed)")
     save_figure(plt, fig, path)
     return True

