@@ -48,9 +48,8 @@ def task_table(cells: list[dict], sinks: int) -> str:
         "files; the same examples for every model. Last columns: each model minus the original on those "
         "examples (paired standard error).",
         "",
-        f"| task (metric) | examples | 1/choices | {head} | "
-        + " | ".join(f"{label(m, sinks)} − original" for m in diffs)
-        + " |",
+        f"| task (metric) | examples | 1/choices | {head} |"
+        + "".join(f" {label(m, sinks)} − original |" for m in diffs),
         "|---|---|---|" + "---|" * (len(models) + len(diffs)),
     ]
     avg = {m: [] for m in models}
@@ -71,7 +70,7 @@ def task_table(cells: list[dict], sinks: int) -> str:
             if d is not None:
                 avg_d[m].append(d)
         n = next((c["examples_scored"] for c in cells if c["task"] == t), 0)
-        lines.append(f"| {t} ({metric}) | {n:,} | {100 * CHANCE.get(t, 0.25):.0f} | " + " | ".join(row) + " |")
+        lines.append(f"| {t} ({metric}) | {n:,} | {100 * CHANCE.get(t, 0.25):.0f} |" + "".join(f" {x} |" for x in row))
     full = [m for m in models if len(avg[m]) == len(tasks)]
     cols = [f"**{100 * sum(avg[m]) / len(tasks):.1f}**" if m in full else "-" for m in models]
     dcols = []
@@ -83,7 +82,7 @@ def task_table(cells: list[dict], sinks: int) -> str:
         mean = sum(d for d, _ in ds) / len(ds)
         se = math.sqrt(sum(s * s for _, s in ds)) / len(ds)
         dcols.append(f"**{100 * mean:+.1f} ± {100 * se:.1f}**")
-    lines.append("| average | | | " + " | ".join(cols) + " | " + " | ".join(dcols) + " |")
+    lines.append("| average | | |" + "".join(f" {x} |" for x in cols + dcols))
     return "\n".join(lines) + "\n\n" + task_statement(cells, tasks)
 
 
