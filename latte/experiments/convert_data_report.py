@@ -93,7 +93,9 @@ def _plot_curve(rows: list[dict], path: Path, a) -> bool:
     tasks = [r for r in rows if "task_avg" in r]
     if tasks:
         right = ax.twinx()
-        right.plot([r["train_tokens"] for r in tasks], [100 * r["task_avg"] for r in tasks], "k--", marker="s")
+        ys = [100 * r["task_avg"] for r in tasks]
+        right.plot([r["train_tokens"] for r in tasks], ys, "k--", marker="s")
+        right.set_ylim(min(ys) - 5, max(ys) + 5)  # a +-5-point frame: the average's standard error is ~1.5
         right.set_ylabel("zero-shot task average (%, dashed)")
     save_figure(plt, fig, path)
     return True
