@@ -44,9 +44,13 @@ from latte.train.manifest import step_dirs
 from latte.train.metrics import run_wall_time
 from latte.train.runs import open_run
 
-from .convert import quick_setup
+from .convert import check_args, quick_setup
+from .convert import parse_args as convert_args
 from .convert_data_report import report
+from .convert_models import open_subject, sinks_of
 from .convert_stages import checks
+from .convert_tasks import tasks_stage
+from .convert_tasks_report import metric_of
 from .results import Sweep, provenance, run_latte, write_results
 
 MIXES = ("shakespeare", "shakespeare+essays+bible-web", "shakespeare+essays+bible-web+retrieval")
@@ -292,12 +296,6 @@ def curve_task_average(a, step: Path, untrained: bool) -> float:
     window alone when it has none: the curve's "none (swa)" row, which is
     exactly the converted model before up-training). Computed by `latte experiment convert`'s tasks stage
     with --runs --curve-tasks-runs, so its finished cells are reused."""
-    from .convert import check_args
-    from .convert import parse_args as convert_args
-    from .convert_models import open_subject, sinks_of
-    from .convert_tasks import tasks_stage
-    from .convert_tasks_report import metric_of
-
     subject = open_subject(step)
     own_sinks = getattr(subject.model.conversion, "num_sinks", 0)
     model = "converted" if not untrained else "window+sinks" if own_sinks else "window"
