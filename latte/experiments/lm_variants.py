@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from latte.arguments import checked, int_at_least, int_list, name_list
+from latte.train.metrics import run_wall_time
 from latte.train.task import load_run_config
 
 from .lm_curves import curve_table
@@ -99,7 +100,7 @@ def train_cell(cell: dict, a: argparse.Namespace, sets: list[str]) -> dict:
         "val_loss": s["val_loss"],
         "unigram_ppl": s["unigram_ppl"],
         "tokens_per_s": s["train_tokens_per_s"],
-        "wall_s": s["wall_time_s"],
+        "wall_s": run_wall_time(run_dir),
         "steps": s["step"],
         "tokens_seen": s["tokens_seen"],
         "train_tokens": s.get("train_tokens"),
@@ -111,6 +112,14 @@ def train_cell(cell: dict, a: argparse.Namespace, sets: list[str]) -> dict:
         "command": "latte " + " ".join(args),
         "process_s": round(time.time() - t0, 1),
     }
+
+
+def _whole_run_wall(record: dict, runs: Path) -> dict:
+    """A train record's wall time over every process of its run, read again
+    from the run folder when it is there: cells written before summary.json
+    counted every process recorded the last process's alone."""
+    wall = run_wall_time(runs / record["variant"] / f"seed-{record['seed']}")
+    return record if wall is None else {**record, "wall_s": wall}
 
 
 def eval_cell(cell: dict, a: argparse.Namespace, stage: str) -> dict:
@@ -283,6 +292,8 @@ def main(argv: list[str]) -> int:
     done, missing = {}, {}
     for stage, sweep in sweeps.items():
         done[stage] = sweep.records() if a.report_only else sweep.run(plan[stage][1], desc=f"lm-variants {stage}")
+        if stage == "train":
+            done[stage] = [_whole_run_wall(r, Path(a.runs)) for r in done[stage]]
         missing[stage] = [f"{c['variant']} seed {c['seed']}" for c in sweep.pending()]
     if not any(done.values()):
         raise ValueError(f"--runs {a.runs}: no finished cells to report (a mistyped folder?); nothing was written")
