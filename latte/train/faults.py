@@ -12,7 +12,9 @@ With LATTE_FAULTS set the hooks are a `Faults`, e.g.
 
     LATTE_FAULTS="kill_after_save=4"           SIGKILL self once step-4 is committed
     LATTE_FAULTS="kill_during_save=6"          SIGKILL self after step-6's files, before its manifest
-    LATTE_FAULTS="sigterm_at=3"                SIGTERM self during step 3 (0-based)
+    LATTE_FAULTS="sigterm_at=3"                SIGTERM self at the start of step 3 (0-based)
+    LATTE_FAULTS="sigterm_in=3"                SIGTERM self inside step 3's forward (after the
+                                               step read the stop flag, as a real preemption)
     LATTE_FAULTS="nan_loss=2:5@1"              NaN loss on steps 2, 3, 4, rank 1 only
     LATTE_FAULTS="nan_loss=5,nan_loss=8"       NaN loss on steps 5 and 8 (items add up)
     LATTE_FAULTS="hold_at=2"                   before step 2, rank 0 creates RUN_DIR/hold and
@@ -61,6 +63,7 @@ class Faults(TrainerHooks):
     kill_after_save: int | None = None
     kill_during_save: int | None = None
     sigterm_at: int | None = None
+    sigterm_in: int | None = None
     hold_at: int | None = None
     nan_steps: tuple[range, ...] = ()
     nan_rank: int | None = None
@@ -73,7 +76,7 @@ class Faults(TrainerHooks):
         for item in spec.split(","):
             key, _, value = item.strip().partition("=")
             try:
-                if key in ("kill_after_save", "kill_during_save", "sigterm_at", "hold_at"):
+                if key in ("kill_after_save", "kill_during_save", "sigterm_at", "sigterm_in", "hold_at"):
                     kw[key] = int(value)
                 elif key == "nan_loss":
                     steps, _, on_rank = value.partition("@")
@@ -105,7 +108,16 @@ class Faults(TrainerHooks):
                 time.sleep(0.05)
 
     def loss_hook(self, step: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        return (lambda loss: loss * float("nan")) if self.nan_loss(step) else None
+        if self.nan_loss(step):
+            return lambda loss: loss * float("nan")
+        if self.sigterm_in == step:
+
+            def preempt(loss: torch.Tensor) -> torch.Tensor:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return loss
+
+            return preempt
+        return None
 
     def before_commit(self, step: int) -> None:
         if self.kill_during_save == step:

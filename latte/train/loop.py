@@ -133,7 +133,10 @@ def _one_step(run: Run) -> None:
     progress.step += 1
     progress.seen += result.count
     clock.step_done(result.count, seconds)
-    run.stop.agreed = result.stop  # agreed over ranks: all stop after this same step
+    # agreed over ranks: all stop after this same step. A request that came
+    # during the step (after its collective) is carried by the next step's;
+    # a single process needs no agreement and stops after this one.
+    run.stop.agreed = result.stop if env.is_distributed else max(result.stop, run.stop.requested)
 
 
 # A budgeted run times one validation batch after this many steps of its process

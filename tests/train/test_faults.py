@@ -79,3 +79,15 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_0(straight):
     proc = run_cli(["train", "--config", cfg])
     assert proc.returncode == 0, proc.stderr
     assert losses(root / "sigterm") == ref
+
+
+def test_sigterm_inside_a_step_stops_after_that_step(straight):
+    """A real preemption lands mid-step, after the step read the stop flag:
+    a single process still stops after that step, not the next one."""
+    root, config, ref = straight
+    cfg = config("sigterm-in")
+    proc = run_cli(["train", "--config", cfg], faults="sigterm_in=2")
+    assert proc.returncode == 0, proc.stderr
+    assert "stopped cleanly after step 3: SIGTERM received (preemption)" in proc.stderr
+    assert find_latest_checkpoint(root / "sigterm-in").name == "step-00000003"
+    assert losses(root / "sigterm-in") == ref[:3]

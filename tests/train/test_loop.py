@@ -379,7 +379,7 @@ def _budgeted_job(monkeypatch, *, train_rate: float, eval_rate: float, final_tok
     optim = NS(lr=1e-3, warmup_steps=0, decay="cosine", min_lr_ratio=0.1, grad_accum=1, grad_clip=1.0)
     run = Run(
         cfg=NS(train=train, optim=optim, task="lm"),
-        env=NS(rank=0, world_size=1, is_main=False),
+        env=NS(rank=0, world_size=1, is_main=False, is_distributed=False),
         run_dir=None,
         task=Task(),
         weights=NS(model=None, optimizer=None, raw_model=None),
