@@ -2,9 +2,9 @@
 per-token loss over long documents, perplexity by context and by position
 bucket, decode latency and decoding-state size against a KV cache.
 
-  original   the pretrained model with full attention: one pass over the
-             document (SDPA, no cache: memory linear in T), the LM head
-             applied in chunks
+  original   the pretrained model with full attention: the document fed in
+             chunks through its KV cache (masks [chunk, T], never [T, T]),
+             the LM head applied in chunks
   window     the pretrained model under an explicit sliding-window mask,
              optionally keeping the first tokens visible (attention sinks)
   converted  a ConvertedForCausalLM (also "swa", before up-training): the
@@ -54,13 +54,30 @@ def _head_nll(model, hidden: torch.Tensor, targets: torch.Tensor, chunk: int = 1
 
 
 @torch.no_grad()
-def original_nll(converted, ids: torch.Tensor) -> DocumentEval:
-    """Per-token NLL of the pretrained model (full attention) on ids [T]."""
+def original_nll(converted, ids: torch.Tensor, *, chunk: int | None = 2048) -> DocumentEval:
+    """Per-token NLL of the pretrained model (full attention) on ids [T],
+    fed `chunk` tokens at a time through its KV cache: every attention mask
+    is then [chunk, T]. One pass (chunk=None) is the same computation, but a
+    model with local layers (Gemma 2/3, Mistral, Qwen2) builds explicit
+    [T, T] masks for it: 4 GB each in float32 at 32K tokens."""
+    from latte.models.hf_cache import cache_kwargs  # optional dependency: transformers (extra "hf")
+
     t0 = time.perf_counter()
+    N = ids.shape[0] - 1  # tokens fed: the last one only serves as a target
+    step = N if chunk is None else chunk
     with converted.as_original() as base:
-        hidden = base.model(input_ids=ids[None], use_cache=False).last_hidden_state[0]
-        nll = _head_nll(base, hidden[:-1], ids[1:])
-    return DocumentEval(nll, time.perf_counter() - t0)
+        if step >= N:
+            hidden = base.model(input_ids=ids[None, :N], use_cache=False).last_hidden_state[0]
+            return DocumentEval(_head_nll(base, hidden, ids[1:]), time.perf_counter() - t0)
+        from transformers import DynamicCache  # optional dependency (extra "hf")
+
+        cache, out = DynamicCache(config=base.config), []
+        for start in range(0, N, step):
+            stop = min(start + step, N)
+            kw = cache_kwargs(cache)
+            hidden = base.model(input_ids=ids[None, start:stop], **kw, use_cache=True).last_hidden_state[0]
+            out.append(_head_nll(base, hidden, ids[start + 1 : stop + 1]))
+    return DocumentEval(torch.cat(out), time.perf_counter() - t0)
 
 
 @torch.no_grad()

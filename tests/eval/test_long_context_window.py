@@ -28,6 +28,19 @@ def test_window_mask_equals_the_converted_model_before_up_training(family):
         assert (original_window_nll(model, x, window=40).nll - original_nll(model, x).nll).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_original_through_its_cache_equals_one_pass(family):
+    """The original read in chunks through its KV cache (masks [chunk, T]:
+    what lets Gemma reach 32K tokens in memory) is the one-pass forward."""
+    model = trained_like(family)
+    x = ids(B=1, T=40)[0]
+    whole = original_nll(model, x, chunk=None).nll
+    for chunk in (7, 16, 39, 64):
+        chunked = original_nll(model, x, chunk=chunk).nll
+        assert chunked.shape == whole.shape == (39,)
+        assert (chunked - whole).abs().max() < 1e-4, chunk
+
+
 def test_window_arguments_are_checked():
     model = trained_like("llama")
     with pytest.raises(ValueError, match="window must be >= 1"):
