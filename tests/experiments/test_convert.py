@@ -125,8 +125,8 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys, monkeypat
 
     on, off, cache = ppl("converted"), ppl("converted-nosinks"), ppl("converted-cachesinks")
     assert off.keys() == on.keys() == cache.keys() and all(abs(off[k] / on[k] - 1) > 1e-4 for k in on)
-    # (the stand-in barely uses its sinks: where they sit moves its perplexity by ~1e-5, but moves it)
-    assert any(cache[k] != on[k] for k in on)
+    # the shipped config already puts the sinks at cache positions: the switch changes nothing
+    assert cache == on
     assert ppl("window+cachesinks").keys() == ppl("window+sinks").keys()
     md = (tmp_path / "out" / "convert" / "results.md").read_text()
     assert "| converted | converted, sinks off | window + 4 sinks at cache positions |" in md
