@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable, Iterable
 
 
@@ -106,6 +107,15 @@ def name_list(allowed: Iterable[str]) -> Callable[[str], tuple[str, ...]]:
         return names
 
     return parse
+
+
+def folder_name(text: str) -> str:
+    """A name used as a folder and a README marker: a letter, then letters,
+    digits, '.', '_' or '-' (no separators, nothing a shell or a marker
+    would misread)."""
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9._-]*", text):
+        raise argparse.ArgumentTypeError(f"expected a letter, then letters, digits, '.', '_' or '-', got {text!r}")
+    return text
 
 
 def checked(parse: Callable[[str], object]) -> Callable[[str], str]:

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from latte.arguments import checked, int_at_least, int_list, name_list
+from latte.arguments import checked, folder_name, int_at_least, int_list, name_list
 from latte.data import load_documents, train_bpe
 from latte.train.task import load_run_config
 
@@ -116,7 +116,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--config", default="convert/smollm2", help="latte convert config for every recipe run")
     p.add_argument("--set", action="append", default=[], help="extra override for every run (section.field=value)")
     p.add_argument("--runs", default="runs/convert-experiment", help="folder of the training runs and sweep cells")
-    p.add_argument("--out", default="results", help="results/convert and results/convert-recipes go here")
+    p.add_argument("--out", default="results", help="the results folders (--name) go here")
+    p.add_argument(
+        "--name",
+        default="convert",
+        type=folder_name,
+        help="results folders and README sections NAME, NAME-recipes, NAME-tasks and NAME-needle "
+        "(another model's results beside SmolLM2's: e.g. convert-gemma3-270m)",
+    )
     p.add_argument(
         "--contexts",
         default=None,
@@ -172,8 +179,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--readme",
         default=None,
-        help="replace the sections results:convert, results:convert-recipes, results:convert-tasks and "
-        "results:convert-needle of this markdown file (the repository's: results/README.md)",
+        help="replace the sections results:NAME, NAME-recipes, NAME-tasks and NAME-needle (--name) of this "
+        "markdown file (the repository's: results/README.md)",
     )
     p.add_argument(
         "--quick",
@@ -194,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     stages = check_args(a)
     # (the tasks and needle sections are added on the first --readme run)
-    check_readme(a.readme, [n for s, n in (("recipes", "convert-recipes"), ("eval", "convert")) if s in stages])
+    check_readme(a.readme, [a.name + x for s, x in (("recipes", "-recipes"), ("eval", "")) if s in stages])
     torch.set_num_threads(a.threads)
     if a.quick:
         quick_setup(a)

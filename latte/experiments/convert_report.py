@@ -233,8 +233,8 @@ def report(a, argv, started, recipe_rows, cells, sample, sinks=None, tasks=None,
     head = budget + "\n\n" if budget else ""
     if recipe_rows:
         write_results(
-            out / "convert-recipes",
-            "convert-recipes",
+            out / f"{a.name}-recipes",
+            f"{a.name}-recipes",
             recipe_rows,
             recipe_table(recipe_rows) + ("\n\n" + budget if budget else ""),
             run,
@@ -256,18 +256,19 @@ def report(a, argv, started, recipe_rows, cells, sample, sinks=None, tasks=None,
             md += "\n\n" + sink_table(records, extra, contexts)
             records = records + extra
         md += "\n\n" + sample_md(sample) if sample else ""
-        plot(records, out / "convert" / "convert.png")
-        _write(a, out / "convert", "convert", records, md, run, ["convert.png"])
+        plot(records, out / a.name / "convert.png")
+        _write(a, out / a.name, a.name, records, md, run, ["convert.png"])
     if tasks:
         md = head + stage_budget(a, "tasks") + "\n\n" + task_table(tasks, _sinks_in(tasks))
-        pngs = ["tasks.png"] if plot_tasks(tasks, out / "convert-tasks" / "tasks.png", _sinks_in(tasks)) else []
-        _write(a, out / "convert-tasks", "convert-tasks", task_records(tasks), md, run, pngs)
+        folder = out / f"{a.name}-tasks"
+        pngs = ["tasks.png"] if plot_tasks(tasks, folder / "tasks.png", _sinks_in(tasks)) else []
+        _write(a, folder, f"{a.name}-tasks", task_records(tasks), md, run, pngs)
     if needle:
         records = needle_records(needle)
         md = head + stage_budget(a, "needle") + " " + needle_format() + "\n\n"
         md += needle_tables(records, _sinks_in(needle))
-        pngs = plot_heatmaps(records, out / "convert-needle", _sinks_in(needle))
-        _write(a, out / "convert-needle", "convert-needle", records, md, run, pngs)
+        pngs = plot_heatmaps(records, out / f"{a.name}-needle", _sinks_in(needle))
+        _write(a, out / f"{a.name}-needle", f"{a.name}-needle", records, md, run, pngs)
 
 
 def _sinks_in(cells) -> int | None:
@@ -275,24 +276,27 @@ def _sinks_in(cells) -> int | None:
 
 
 # sections the first run adds to a --readme that lacks them (results/README.md
-# can only hold a section once its results files exist: tools/readme_tables.py)
+# can only hold a section once its results files exist: tools/readme_tables.py),
+# by suffix after --name: convert-tasks, convert-gemma3-270m-needle, ...
 NEW_SECTIONS = {
-    "convert-tasks": "Zero-shot tasks after conversion: original, window, window + sinks, converted",
-    "convert-needle": "Needle retrieval after conversion: original, window, window + sinks, converted",
+    "-tasks": "Zero-shot tasks after conversion: original, window, window + sinks, converted",
+    "-needle": "Needle retrieval after conversion: original, window, window + sinks, converted",
 }
 
 
-def _add_section(readme: Path, name: str) -> bool:
-    """Adds the empty section `results:NAME` under its heading after the
-    convert sections already there (or at the end); False when NAME has no
-    heading to add."""
+def _add_section(readme: Path, prefix: str, name: str) -> bool:
+    """Adds the empty section `results:NAME` (NAME = prefix + a suffix of
+    NEW_SECTIONS) under its heading after the sections of the same prefix
+    already there (or at the end); False when NAME has no heading to add."""
     text = readme.read_text()
-    if name not in NEW_SECTIONS:
+    suffix = name.removeprefix(prefix)
+    if not name.startswith(prefix) or suffix not in NEW_SECTIONS:
         return False
-    block = f"\n### {NEW_SECTIONS[name]}\n\n<!-- results:{name}:start -->\n<!-- results:{name}:end -->\n"
-    order = ["convert", *NEW_SECTIONS]
-    for prev in reversed(order[: order.index(name)]):
-        end = f"<!-- results:{prev}:end -->\n"
+    title = NEW_SECTIONS[suffix] + ("" if prefix == "convert" else f" ({prefix})")
+    block = f"\n### {title}\n\n<!-- results:{name}:start -->\n<!-- results:{name}:end -->\n"
+    order = ["", *NEW_SECTIONS]
+    for prev in reversed(order[: order.index(suffix)]):
+        end = f"<!-- results:{prefix}{prev}:end -->\n"
         if end in text:
             head, tail = text.split(end, 1)
             readme.write_text(head + end + block + tail)
@@ -308,7 +312,7 @@ def _write(a, folder: Path, name: str, records, md: str, run: dict, images: list
     write_results(folder, name, records, md, run, images=images)
     if a.readme:
         text = Path(a.readme).read_text()
-        if f"<!-- results:{name}:start -->" not in text and not _add_section(Path(a.readme), name):
+        if f"<!-- results:{name}:start -->" not in text and not _add_section(Path(a.readme), a.name, name):
             print(f"note: {a.readme} has no results:{name} markers; section not written", file=sys.stderr)
             return
         body = readme_body((folder / "results.md").read_text(), folder, Path(a.readme))

@@ -141,6 +141,26 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys, monkeypat
     assert ppl("converted") == on
     with pytest.raises(ValueError, match="one of its step-N folders"):
         open_subject(tmp_path / "nowhere")
+    # --name: another model's results beside these, in folders and README sections of their own
+    other = [*args, "--stages", "eval,needle" if HAS_ESSAYS else "eval", "--models", "original,converted"]
+    with pytest.raises(ValueError, match="no section markers for convert-other"):
+        main([*other, "--name", "convert-other"])
+    readme.write_text(readme.read_text() + "<!-- results:convert-other:start -->\n<!-- results:convert-other:end -->\n")
+    before = (tmp_path / "out" / "convert" / "results.json").read_text()
+    assert main([*other, "--name", "convert-other"]) == 0
+    assert (tmp_path / "out" / "convert" / "results.json").read_text() == before  # untouched
+    mine = json.loads((tmp_path / "out" / "convert-other" / "results.json").read_text())
+    assert {r["model"] for r in mine} == {"original", "converted"}
+    text = readme.read_text()
+    assert "#### convert-other" in text and "](out/convert-other/convert.png)" in text
+    if HAS_ESSAYS:
+        assert (tmp_path / "out" / "convert-other-needle" / "results.json").is_file()
+        assert (
+            "### Needle retrieval after conversion: original, window, window + sinks, converted (convert-other)" in text
+        )
+        assert text.index("<!-- results:convert-other:end -->") < text.index("<!-- results:convert-other-needle:start")
+    with pytest.raises(SystemExit):
+        main([*other, "--name", "../elsewhere"])
 
 
 def test_past_8k_compares_on_the_documents_the_original_read_that_far():
