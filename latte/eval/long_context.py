@@ -42,13 +42,11 @@ def _head_nll(model, hidden: torch.Tensor, targets: torch.Tensor, chunk: int = 1
     """NLL of targets [T] from final hidden states [T, F], the LM head (and
     Gemma 2's final soft-cap) applied chunk by chunk: [T, vocab] logits of a
     long document would not fit."""
-    head = model.get_output_embeddings()
-    cap = getattr(model.config, "final_logit_softcapping", None)
+    from latte.models.convert.distill import head_logits  # optional dependency: transformers (extra "hf")
+
     out = []
     for i in range(0, hidden.shape[0], chunk):
-        logits = head(hidden[i : i + chunk]).float()
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
+        logits = head_logits(model, hidden[i : i + chunk])
         out.append(F.cross_entropy(logits, targets[i : i + chunk], reduction="none").double())
     return torch.cat(out)
 

@@ -181,19 +181,126 @@ class Distiller(nn.Module):
         if self.objective == "layerwise":
             loss, _ = layerwise_loss(self.model, record_layers(self.model, input_ids))
             return DistillOutput(loss * count)
-        student = self.model(input_ids, use_cache=False).logits.float()
+        if self.model.get_output_embeddings().weight.requires_grad:
+            return DistillOutput(self.dense_objective(input_ids, labels))
+        keep = labels != IGNORE_INDEX
+        student = self.model.base.model(input_ids=input_ids, use_cache=False).last_hidden_state[keep]
+        teacher = None
+        if self.kl_weight:
+            with torch.no_grad(), self.model.as_original() as base:
+                teacher = base.model(input_ids=input_ids, use_cache=False).last_hidden_state[keep]
+        return DistillOutput(
+            chunked_objective(
+                self.model.base,
+                student,
+                teacher,
+                labels[keep],
+                lm_weight=self.lm_weight,
+                kl_weight=self.kl_weight,
+                temperature=self.temperature,
+            )
+        )
+
+    def dense_objective(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The end-to-end objective from the full [B, T, vocab] logits of both
+        models: the reference `chunked_objective` is tested against, and the
+        path taken when the head itself trains."""
+        student = _at_least_float32(self.model(input_ids, use_cache=False).logits)
         keep = labels != IGNORE_INDEX
         total = student.new_zeros(())
         if self.lm_weight:
             total = total + self.lm_weight * F.cross_entropy(student[keep], labels[keep], reduction="sum")
         if self.kl_weight:
             with torch.no_grad(), self.model.as_original() as base:
-                teacher = base(input_ids=input_ids, use_cache=False).logits.float()[keep]
+                teacher = _at_least_float32(base(input_ids=input_ids, use_cache=False).logits)[keep]
             tau = self.temperature
             log_p = F.log_softmax(teacher / tau, -1)
             log_q = F.log_softmax(student[keep] / tau, -1)
             total = total + self.kl_weight * (log_p.exp() * (log_p - log_q)).sum() * tau**2
-        return DistillOutput(total)
+        return total
+
+
+def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def head_logits(causal_lm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """Logits (float32, float64 from float64 states) of a Hugging Face causal LM from its final hidden states
+    [..., F]: the LM head, then the final soft-cap where the model has one
+    (Gemma 2: c * tanh(z / c))."""
+    logits = _at_least_float32(causal_lm.get_output_embeddings()(hidden))
+    cap = getattr(causal_lm.config, "final_logit_softcapping", None)
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def chunked_objective(
+    causal_lm: nn.Module,
+    student: torch.Tensor,
+    teacher: torch.Tensor | None,
+    labels: torch.Tensor,
+    *,
+    lm_weight: float = 1.0,
+    kl_weight: float = 1.0,
+    temperature: float = 1.0,
+    chunk: int = 256,
+) -> torch.Tensor:
+    """Sum over N target rows of lm_weight * CE(student logits, labels) +
+    kl_weight * tau^2 * KL(softmax(teacher / tau) || softmax(student / tau)), from the final
+    hidden states student [N, F] (differentiable) and teacher [N, F] (None: no
+    KL term), the head applied `chunk` rows at a time.
+
+    The head's weight must be frozen (conversion freezes it): the gradient
+    with respect to the student's hidden states is then computed in the
+    forward pass, chunk by chunk (d/ds of CE is softmax(s) - onehot, of the
+    KL term tau * (q - p), times the soft-cap's 1 - (s / c)^2), so no
+    [N, vocab] tensor outlives its chunk and no head product is recomputed
+    in the backward pass. With Gemma's 262K vocabulary the full logits of both
+    models cost about 1 GB per tensor per 1,024 tokens."""
+    if teacher is None or not kl_weight:
+        teacher, kl_weight = None, 0.0
+    if teacher is None and not lm_weight:
+        raise ValueError("chunked_objective: nothing to compute (no teacher and lm_weight 0)")
+    if chunk < 1:
+        raise ValueError(f"chunked_objective: chunk must be >= 1, got {chunk}")
+    weights = (float(lm_weight), float(kl_weight), float(temperature))
+    return _ChunkedObjective.apply(student, teacher, labels, causal_lm, weights, chunk)
+
+
+class _ChunkedObjective(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, student, teacher, labels, causal_lm, weights, chunk):
+        lm_weight, kl_weight, tau = weights
+        cap = getattr(causal_lm.config, "final_logit_softcapping", None)
+        weight = causal_lm.get_output_embeddings().weight
+        total = torch.zeros((), dtype=torch.float64, device=student.device)
+        grad = torch.empty_like(student)
+        rows = torch.arange(min(chunk, student.shape[0]), device=student.device)
+        with torch.no_grad():
+            for i in range(0, student.shape[0], chunk):
+                s = head_logits(causal_lm, student[i : i + chunk])  # [n, V]
+                n = s.shape[0]
+                g = torch.zeros_like(s)  # d(total) / d(s)
+                if lm_weight:
+                    y = labels[i : i + chunk]
+                    total += lm_weight * (torch.logsumexp(s, -1) - s[rows[:n], y]).sum().double()
+                    g += lm_weight * torch.softmax(s, -1)
+                    g[rows[:n], y] -= lm_weight
+                if teacher is not None:
+                    log_p = torch.log_softmax(head_logits(causal_lm, teacher[i : i + chunk]) / tau, -1)
+                    log_q = torch.log_softmax(s / tau, -1)
+                    p = log_p.exp()
+                    total += kl_weight * tau**2 * (p * (log_p - log_q)).sum().double()
+                    g += kl_weight * tau * (log_q.exp() - p)
+                if cap is not None:
+                    g *= 1 - (s / cap) ** 2
+                grad[i : i + chunk] = (g.to(weight.dtype) @ weight).to(student.dtype)
+        ctx.save_for_backward(grad)
+        return total.to(student.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (grad,) = ctx.saved_tensors
+        return grad_output * grad, None, None, None, None, None
 
 
 class DistillOutput(NamedTuple):

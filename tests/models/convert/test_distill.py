@@ -7,9 +7,12 @@ import math
 import pytest
 import torch
 
+from latte.models import IGNORE_INDEX
 from latte.models.convert import ConversionConfig, convert
 from latte.models.convert.distill import (
+    Distiller,
     calibrate_beta,
+    chunked_objective,
     end_to_end_loss,
     freeze_base,
     layerwise_loss,
@@ -125,3 +128,69 @@ def test_end_to_end_loss_is_kl_plus_lm():
     short = convert(copy.deepcopy(original), ConversionConfig(window_size=4, latents_per_head=4))
     _, parts = end_to_end_loss(short, x, lm_weight=0.0)
     assert parts["kl"] > 1e-4
+
+
+@pytest.mark.parametrize("family", ["gemma2", "llama", "gemma3_text"])
+@pytest.mark.parametrize("weights", [(1.0, 1.0, 1.0), (0.5, 2.0, 2.0), (1.0, 0.0, 1.0), (0.0, 1.0, 0.5)])
+def test_chunked_objective_equals_the_full_logits_in_float64(family, weights):
+    """The training path (head applied in chunks, the hidden states' gradient
+    computed in the forward pass) against the full [B, T, vocab] logits, in
+    float64: the loss and every trainable parameter's gradient. gemma2 has a
+    final logit soft-cap."""
+    lm_weight, kl_weight, tau = weights
+    model = converted(family, window_size=6, num_sinks=1, lora_rank=2).double()
+    freeze_base(model)
+    gen = torch.Generator().manual_seed(3)
+    # LoRA B starts at 0 and beta at -30: random values let gradients reach A and the latents
+    for p in model.new_parameters().values():
+        p.data.copy_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    x = ids()
+    labels = torch.cat([x[:, 1:], torch.full((2, 1), IGNORE_INDEX)], 1)
+    labels[0, :5] = IGNORE_INDEX  # (packed samples' masked targets)
+    distiller = Distiller(model, kl_weight=kl_weight, lm_weight=lm_weight, temperature=tau)
+
+    def run(fn):
+        model.zero_grad()
+        loss = fn()
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.new_parameters().items()}
+
+    loss, grads = run(lambda: distiller(x, labels).loss)
+    ref, ref_grads = run(lambda: distiller.dense_objective(x, labels))
+    assert loss.dtype == torch.float64 and float(ref) > 1.0
+    torch.testing.assert_close(loss, ref, rtol=1e-12, atol=0)
+    assert grads.keys() == ref_grads.keys() and all(g.abs().sum() > 0 for g in ref_grads.values())
+    for n in grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], rtol=1e-10, atol=1e-13, msg=n)
+
+
+def test_chunked_objective_chunk_size_does_not_matter_and_checks_its_arguments():
+    model = converted("gemma2").double()
+    h = torch.randn(23, model.base.config.hidden_size, dtype=torch.float64, requires_grad=True)
+    teacher = torch.randn(23, model.base.config.hidden_size, dtype=torch.float64)
+    y = torch.randint(0, VOCAB, (23,))
+    out = {}
+    for chunk in (1, 5, 23, 64):
+        h.grad = None
+        loss = chunked_objective(model.base, h, teacher, y, temperature=1.5, chunk=chunk)
+        loss.backward()
+        out[chunk] = (loss.detach(), h.grad.clone())
+    for chunk in (1, 5, 23):
+        torch.testing.assert_close(out[chunk], out[64], rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match="nothing to compute"):
+        chunked_objective(model.base, h, None, y, lm_weight=0.0)
+    with pytest.raises(ValueError, match="chunk must be >= 1, got 0"):
+        chunked_objective(model.base, h, teacher, y, chunk=0)
+
+
+def test_a_trainable_head_takes_the_full_logits_path():
+    model = converted(window_size=6).double()
+    freeze_base(model)
+    model.get_output_embeddings().weight.requires_grad_(True)
+    x = ids()
+    labels = torch.cat([x[:, 1:], torch.full((2, 1), IGNORE_INDEX)], 1)
+    distiller = Distiller(model)
+    loss = distiller(x, labels).loss
+    loss.backward()
+    assert model.get_output_embeddings().weight.grad.abs().sum() > 0
+    torch.testing.assert_close(loss.detach(), distiller.dense_objective(x, labels).detach(), rtol=1e-12, atol=0)
