@@ -225,9 +225,9 @@ def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
 
 
 def head_logits(causal_lm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """Logits (float32, float64 from float64 states) of a Hugging Face causal LM from its final hidden states
-    [..., F]: the LM head, then the final soft-cap where the model has one
-    (Gemma 2: c * tanh(z / c))."""
+    """Logits of a Hugging Face causal LM from its final hidden states
+    [..., F] (float32, or float64 from float64 states): the LM head, then the
+    final soft-cap where the model has one (Gemma 2: c * tanh(z / c))."""
     logits = _at_least_float32(causal_lm.get_output_embeddings()(hidden))
     cap = getattr(causal_lm.config, "final_logit_softcapping", None)
     return logits if cap is None else torch.tanh(logits / cap) * cap
@@ -245,9 +245,9 @@ def chunked_objective(
     chunk: int = 256,
 ) -> torch.Tensor:
     """Sum over N target rows of lm_weight * CE(student logits, labels) +
-    kl_weight * tau^2 * KL(softmax(teacher / tau) || softmax(student / tau)), from the final
-    hidden states student [N, F] (differentiable) and teacher [N, F] (None: no
-    KL term), the head applied `chunk` rows at a time.
+    kl_weight * tau^2 * KL(softmax(teacher / tau) || softmax(student / tau)),
+    from the final hidden states student [N, F] (differentiable) and teacher
+    [N, F] (None: no KL term), the head applied `chunk` rows at a time.
 
     The head's weight must be frozen (conversion freezes it): the gradient
     with respect to the student's hidden states is then computed in the
