@@ -9,7 +9,7 @@
     latte export RUN_DIR OUT_DIR      (a folder transformers loads after latte.models.hf.register();
                                       for a conversion: a portable converted folder, base bundled)
     latte harness [lm_eval arguments] (lm-evaluation-harness with the latte models registered)
-    latte bench {ops,decode,train,window,audit,check,suite} [args...]   (suite: the CUDA suite)
+    latte bench {ops,decode,train,window,distill,audit,check,suite} [args...]   (suite: the CUDA suite)
     latte experiment NAME [args...]   (latte experiment --help lists them)
 
 Multi-process: torchrun --standalone --nproc_per_node=2 -m latte train ...
@@ -37,6 +37,7 @@ BENCHES = {
     "decode": "latte.bench.decode",
     "train": "latte.bench.train",
     "window": "latte.bench.window",
+    "distill": "latte.bench.distill",
     "audit": "latte.bench.audit",
     "check": "latte.bench.cuda_check",
     "suite": "latte.suite.stages",  # above bench and experiments: it runs both (latte/suite)

@@ -157,6 +157,28 @@ def test_window_quick(tmp_path, capsys):
         assert got[("flex", T, "fwd")]["max_abs_diff_vs_tiles"] < 1e-4  # the same attention
 
 
+def test_distill_quick(tmp_path, capsys):
+    """Both providers timed and measured at every N; the chunked objective
+    agrees with the whole logits (the float64 proof is in
+    tests/models/convert/test_distill.py); 300 tokens spans two chunks."""
+    from latte.bench import distill
+
+    distill.main(FAST + ["--out", str(tmp_path), "--tokens", "48,300"])
+    res = _check_files(tmp_path, "distill", capsys)
+    _check_machine(res)
+    got = {(r["provider"], r["tokens"]): r for r in res["results"]}
+    assert set(got) == {(p, n) for p in distill.PROVIDERS for n in (48, 300)}
+    for r in got.values():
+        _check_point(r)
+        assert r["peak_mb"] is None or r["peak_mb"] >= 0
+    for n in (48, 300):
+        chunked = got[("chunked", n)]
+        assert chunked["loss_rel_diff"] < 1e-5
+        assert chunked["grad_max_abs_diff"] < 1e-4 * chunked["grad_max_abs"]
+    with pytest.raises(ValueError, match="provider: expected one of"):
+        distill.build("dense", 4, 8, 16)
+
+
 def test_device_options_fail_clearly_without_a_gpu():
     import torch
 

@@ -205,19 +205,42 @@ class Distiller(nn.Module):
         """The end-to-end objective from the full [B, T, vocab] logits of both
         models: the reference `chunked_objective` is tested against, and the
         path taken when the head itself trains."""
-        student = _at_least_float32(self.model(input_ids, use_cache=False).logits)
         keep = labels != IGNORE_INDEX
-        total = student.new_zeros(())
-        if self.lm_weight:
-            total = total + self.lm_weight * F.cross_entropy(student[keep], labels[keep], reduction="sum")
+        student = _at_least_float32(self.model(input_ids, use_cache=False).logits)[keep]
+        teacher = None
         if self.kl_weight:
             with torch.no_grad(), self.model.as_original() as base:
                 teacher = _at_least_float32(base(input_ids=input_ids, use_cache=False).logits)[keep]
-            tau = self.temperature
-            log_p = F.log_softmax(teacher / tau, -1)
-            log_q = F.log_softmax(student[keep] / tau, -1)
-            total = total + self.kl_weight * (log_p.exp() * (log_p - log_q)).sum() * tau**2
-        return total
+        return full_logits_objective(
+            student,
+            teacher,
+            labels[keep],
+            lm_weight=self.lm_weight,
+            kl_weight=self.kl_weight,
+            temperature=self.temperature,
+        )
+
+
+def full_logits_objective(
+    student: torch.Tensor,
+    teacher: torch.Tensor | None,
+    labels: torch.Tensor,
+    *,
+    lm_weight: float = 1.0,
+    kl_weight: float = 1.0,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """The sum `chunked_objective` computes, from whole logits [N, vocab]
+    (student differentiable, teacher None: no KL term), by autograd."""
+    total = student.new_zeros(())
+    if lm_weight:
+        total = total + lm_weight * F.cross_entropy(student, labels, reduction="sum")
+    if kl_weight and teacher is not None:
+        tau = temperature
+        log_p = F.log_softmax(teacher / tau, -1)
+        log_q = F.log_softmax(student / tau, -1)
+        total = total + kl_weight * (log_p.exp() * (log_p - log_q)).sum() * tau**2
+    return total
 
 
 def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
