@@ -71,8 +71,12 @@ def sentence_ends(tokenizer, ids: list[int]) -> list[bool]:
     return out
 
 
-def needle_prompt(tokenizer, hay_ids: list[int], ends: list[bool], context: int, depth: float, key: int):
-    """The prompt of `context` tokens with the needle at `depth` in [0, 1]."""
+def needle_prompt(
+    tokenizer, hay_ids: list[int], ends: list[bool], context: int, depth: float, key: int, *, keep: int = 0
+):
+    """The prompt of `context` tokens with the needle at `depth` in [0, 1]
+    of the haystack, after its first `keep` tokens (a beginning-of-sequence
+    token the model expects first stays first)."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth={depth}: expected a fraction in [0, 1]")
     needle = tokenizer.encode(NEEDLE.format(key=key))
@@ -82,8 +86,10 @@ def needle_prompt(tokenizer, hay_ids: list[int], ends: list[bool], context: int,
         raise ValueError(f"context={context}: too short for the needle and question ({context - n_hay} tokens)")
     if n_hay > len(hay_ids):
         raise ValueError(f"context={context}: the haystack has only {len(hay_ids):,} tokens, {n_hay:,} needed")
-    at = round(depth * n_hay)
-    while at > 0 and not ends[at - 1]:  # back to the end of a sentence
+    if not 0 <= keep < n_hay:
+        raise ValueError(f"keep={keep}: expected 0 <= keep < {n_hay} (the haystack tokens of the prompt)")
+    at = keep + round(depth * (n_hay - keep))
+    while at > keep and not ends[at - 1]:  # back to the end of a sentence
         at -= 1
     ids = hay_ids[:at] + needle + hay_ids[at:n_hay] + question
     return NeedlePrompt(torch.tensor(ids), key, at, at + len(needle))

@@ -18,6 +18,7 @@ positions (`with_sinks(positions="cache")`, docs/math.md §4.1).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,13 @@ def sinks_cell(model: str, sinks: int) -> dict:
     return {"sinks": sinks} if model.startswith("window+") else {}
 
 
+def bos_cell(subject: Subject) -> dict:
+    """{"bos": 1} in the cells of a model whose texts start with its
+    beginning-of-sequence token ({} otherwise: cells from before it existed
+    stay valid for models without one)."""
+    return {"bos": 1} if subject.bos else {}
+
+
 DEFAULT_SINKS = 4  # window+sinks when the converted model has none of its own
 
 
@@ -69,6 +77,17 @@ class Subject:
         ):  # a model or step folder
             return str(self.source)
         return f"{self.source}/{Path(self.run.checkpoint).name}"
+
+    @functools.cached_property
+    def bos(self) -> list[int]:
+        """[the beginning-of-sequence id] when the base model's tokenizer puts
+        one before every text (Gemma's does, SmolLM2's does not), else []:
+        held-out documents and needle prompts then start with it, as the
+        model was trained and as lm-eval feeds the tasks. Gemma without it
+        reads text at about twice the perplexity (docs/conversion.md §6)."""
+        tok = self.hf_tokenizer()
+        first = tok("a")["input_ids"][:1]
+        return first if tok.bos_token_id is not None and first == [tok.bos_token_id] else []
 
     def hf_tokenizer(self):
         """The tokenizer lm-eval reads with: the base model's own transformers

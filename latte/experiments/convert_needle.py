@@ -19,7 +19,7 @@ from latte.data.heldout import eval_essays
 from latte.eval.needle import PrefixFeeder, haystack_text, make_key, needle_prompt, run_trial, sentence_ends
 
 from ..reporting import pyplot, save_figure
-from .convert_models import MODELS, TRAINED, as_model, label, sinks_cell
+from .convert_models import MODELS, TRAINED, as_model, bos_cell, label, sinks_cell
 from .convert_stages import checks
 from .results import Sweep
 
@@ -28,11 +28,12 @@ def needle_stage(a, subject, sinks: int) -> list[dict]:
     tok = subject.tokenizer
     essays = eval_essays()
     hay: dict[int, tuple[list[int], list[bool]]] = {}
+    bos = subject.bos  # the model's first token (Gemma's), before the haystack
     for i in range(a.needle_trials):
         ids = tok.encode(haystack_text(essays, seed=i))
-        hay[i] = (ids, sentence_ends(tok, ids))
+        hay[i] = (bos + ids, [False] * len(bos) + sentence_ends(tok, ids))
     prompts = {
-        (c, d, i): needle_prompt(tok, *hay[i], c, d, make_key(f"{c}-{d}-{i}"))
+        (c, d, i): needle_prompt(tok, *hay[i], c, d, make_key(f"{c}-{d}-{i}"), keep=len(bos))
         for c in a.needle_contexts
         for d in a.needle_depths
         for i in range(a.needle_trials)
@@ -41,7 +42,7 @@ def needle_stage(a, subject, sinks: int) -> list[dict]:
     # converted models continue one haystack state from prompt to prompt
     order = sorted(prompts, key=lambda k: (k[2], prompts[k].needle_start, k[0]))
     cells = [
-        {"model": m, "context": c, "depth": d, "trial": i, **sinks_cell(m, sinks)}
+        {"model": m, "context": c, "depth": d, "trial": i, **sinks_cell(m, sinks), **bos_cell(subject)}
         for m in a.models
         for c, d, i in order
     ]

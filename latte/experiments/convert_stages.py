@@ -19,7 +19,7 @@ from latte.train.metrics import run_wall_time
 from latte.train.runs import open_run
 from latte.train.validation import nll_sums, subset, summarize
 
-from .convert_models import TRAINED, as_model, sinks_cell
+from .convert_models import TRAINED, as_model, bos_cell, sinks_cell
 from .results import Sweep, protocol_sets, run_latte
 
 RECIPES = {  # name -> latte convert overrides of the shipped config, each one spelled out in full
@@ -166,7 +166,8 @@ def held_out_documents(a, subject, corpus: str, n: int, max_context: int) -> lis
     else:
         raise ValueError(f"--corpora: unknown corpus {corpus!r}; expected some of {CORPORA}")
     limit = max_context + 1 + DECODE_STEPS
-    return [(name, torch.tensor(subject.tokenizer.encode(text)[:limit])) for name, text in texts]
+    bos = subject.bos  # the model's first token, counted in the context
+    return [(name, torch.tensor((bos + subject.tokenizer.encode(text))[:limit])) for name, text in texts]
 
 
 def eval_stage(a, subject, sinks: int) -> list[dict]:
@@ -185,7 +186,7 @@ def eval_stage(a, subject, sinks: int) -> list[dict]:
                     else a.full_documents in (0, None) or i < a.full_documents
                 )
                 reads = a.max_context if full else min(SHORT, a.max_context)
-                cell = {"model": m, "corpus": corpus, "document": name, "max_context": reads}
+                cell = {"model": m, "corpus": corpus, "document": name, "max_context": reads, **bos_cell(subject)}
                 cell.update(sinks_cell(m, sinks))
                 cell.update({"source": subject.identity} if m in TRAINED else {})
                 cells.append(cell)
@@ -248,7 +249,7 @@ def sinks_stage(a, subject) -> list[dict]:
     under the window mask (docs/conversion.md §6)."""
     docs = dict(held_out_documents(a, subject, "plays", a.documents, a.sink_context))
     cells = [
-        {"model": "swa-mask", "sinks": k, "document": name, "max_context": a.sink_context}
+        {"model": "swa-mask", "sinks": k, "document": name, "max_context": a.sink_context, **bos_cell(subject)}
         for k in SINKS
         for name in docs
     ]

@@ -48,6 +48,24 @@ def test_prompt_has_the_context_length_and_the_needle_at_a_sentence_end(tok, dep
         assert p.distance < 40 + len(tok.encode(N.QUESTION))
 
 
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_kept_tokens_stay_first(tok, depth):
+    """A beginning-of-sequence token (Gemma's) heads the haystack and stays
+    first whatever the depth; the rest is the prompt without it, shifted."""
+    bos = tok.eos_id
+    hay = tok.encode(N.haystack_text(DOCS, 0))
+    ends = N.sentence_ends(tok, hay)
+    p = N.needle_prompt(tok, [bos] + hay, [False] + ends, 300, depth, 12345, keep=1)
+    q = N.needle_prompt(tok, hay, ends, 299, depth, 12345)
+    assert p.ids.shape == (300,) and int(p.ids[0]) == bos
+    assert p.ids[1:].tolist() == q.ids.tolist()
+    assert (p.needle_start, p.needle_end, p.distance) == (q.needle_start + 1, q.needle_end + 1, q.distance)
+    if depth == 0:
+        assert p.needle_start == 1
+    with pytest.raises(ValueError, match="keep=300"):
+        N.needle_prompt(tok, [bos] + hay, [False] + ends, 300, depth, 12345, keep=300)
+
+
 def test_prompt_errors_name_the_problem(tok):
     hay = tok.encode(N.haystack_text(DOCS, 0))
     ends = N.sentence_ends(tok, hay)

@@ -230,3 +230,23 @@ def test_training_of_reads_the_evaluated_checkpoint_of_a_run_still_training(tmp_
     (tmp_path / "summary.json").write_text(json.dumps({"step": 20, "tokens_seen": 40960, "wall_time_s": 9.04}))
     assert training_of(subject)["train_wall_s"] == 9.0
     assert training_of(SimpleNamespace(source=tmp_path, run=None)) is None  # a model folder
+
+
+@pytest.mark.parametrize("adds_bos", [True, False])
+def test_texts_start_with_the_bos_token_only_where_the_tokenizer_adds_one(tmp_path, adds_bos):
+    """Gemma's tokenizer puts <bos> before every text and Gemma reads text
+    without it at about twice the perplexity; SmolLM2's adds none. The
+    evaluations follow the model's own tokenizer, and their cells say so."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    from latte.experiments.convert_models import Subject, bos_cell
+
+    tk = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<bos>": 0, "<unk>": 1, "a": 2}, unk_token="<unk>"))
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    if adds_bos:
+        tk.post_processor = tokenizers.processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", unk_token="<unk>")
+    hf.save_pretrained(tmp_path / "hf")
+    subject = Subject(model=None, tokenizer=None, source=tmp_path, hf_tokenizer_dir=tmp_path / "hf")
+    assert subject.bos == ([0] if adds_bos else [])
+    assert bos_cell(subject) == ({"bos": 1} if adds_bos else {})
