@@ -15,6 +15,7 @@ from latte.train.manifest import TRAINER
 from latte.train.metrics import run_wall_time
 
 from ..reporting import update_readme
+from .convert_models import TRAINED
 from .convert_needle import needle_records, needle_tables, plot_heatmaps
 from .convert_ppl_report import _fmt, _get, corpus_tables, decode_table, eval_records, plot
 from .convert_stages import (
@@ -225,7 +226,7 @@ def stage_budget(a, stage: str) -> str:
 def report(a, argv, started, recipe_rows, cells, sample, sinks=None, tasks=None, needle=None, subject=None) -> None:
     out = Path(a.out)
     trained = next((r for r in recipe_rows or [] if r["recipe"] == DEFAULT_RECIPE), None)
-    trained = training_of(subject) or trained
+    trained = training_of(subject, a.models) or trained
     run = provenance("convert", argv, started, threads=a.threads)
     every = [*(cells or []), *(sinks or []), *(tasks or []), *(needle or [])]
     run["cells_wall_s"] = round(cells_wall_s(recipe_rows, every, sample), 1)
@@ -327,12 +328,13 @@ def needle_format() -> str:
     )
 
 
-def training_of(subject) -> dict | None:
+def training_of(subject, models=TRAINED) -> dict | None:
     """What the evaluated checkpoint cost to up-train: tokens and step from
     its trainer_state.json, the wall time from the run's summary.json when
     the run finished at that step (a run still training has none). None
-    for a model folder."""
-    if subject is None or subject.run is None:
+    for a model folder, and when no up-trained model is among `models`
+    (the report then names no checkpoint it did not evaluate)."""
+    if subject is None or subject.run is None or not any(m in TRAINED for m in models):
         return None
     state_file = Path(subject.run.checkpoint) / TRAINER
     state = json.loads(state_file.read_text()) if state_file.is_file() else {}
