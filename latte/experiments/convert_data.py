@@ -42,7 +42,6 @@ from latte.data import load_documents, split_documents
 from latte.data.heldout import eval_essays, eval_plays
 from latte.train.manifest import step_dirs
 from latte.train.metrics import run_wall_time
-from latte.train.runs import open_run
 
 from .convert import check_args, quick_setup
 from .convert import parse_args as convert_args
@@ -136,9 +135,13 @@ def main(argv: list[str] | None = None) -> int:
 # --------------------------------------------------------------------------- held-out text
 
 
-def held_out_documents(tokenizer, eval_len: int, windows: int, *, quick: bool = False) -> dict[str, list]:
+def held_out_documents(
+    tokenizer, eval_len: int, windows: int, *, quick: bool = False, bos: list[int] = ()
+) -> dict[str, list]:
     """corpus -> [(document name, ids[windows * (eval_len + 1)])]: the
-    beginnings of the held-out essays and plays (quick: pydoc stand-ins)."""
+    beginnings of the held-out essays and plays (quick: pydoc stand-ins),
+    each after `bos` (the model's beginning-of-sequence token, Subject.bos,
+    where its tokenizer adds one: counted in the windows' length)."""
     if quick:
         _, val = split_documents(load_documents("pydoc"), val_fraction=0.1, seed=0)
         sets = {"essays": val[: len(val) // 2], "plays": val[len(val) // 2 :]}
@@ -147,7 +150,7 @@ def held_out_documents(tokenizer, eval_len: int, windows: int, *, quick: bool = 
     need = windows * (eval_len + 1)
     out = {}
     for corpus, docs in sets.items():
-        items = [(d.name, torch.tensor(tokenizer.encode(d.text[: need * 8])[:need])) for d in docs]
+        items = [(d.name, torch.tensor((list(bos) + tokenizer.encode(d.text[: need * 8]))[:need])) for d in docs]
         out[corpus] = [(n, ids) for n, ids in items if len(ids) > eval_len // 2]
     return out
 
@@ -174,9 +177,9 @@ def held_out_ppl(model, docs: dict[str, list], eval_len: int) -> dict:
 
 
 def _score(run: Path, a, which: str = "converted") -> dict:
-    trained = open_run(run)
-    model = trained.model.model  # Distiller -> the converted model
-    docs = held_out_documents(trained.tokenizer, a.eval_len, a.eval_windows, quick=a.quick)
+    subject = open_subject(run)
+    trained, model = subject.run, subject.model  # the run, the converted model
+    docs = held_out_documents(subject.tokenizer, a.eval_len, a.eval_windows, quick=a.quick, bos=subject.bos)
     state = json.loads((trained.checkpoint / "trainer_state.json").read_text())
     if which == "original":
         with model.as_original() as original:

@@ -91,3 +91,21 @@ def test_the_curve_names_the_sinks_of_its_untrained_row(tmp_path):
     assert "its window and its 4 sinks, untrained" in _curve_table([row], _sinks_of_run(tmp_path))
     (tmp_path / "config.yaml").write_text("task: convert\nconversion:\n  window_size: 8\n")  # saved before sinks
     assert "its window alone, untrained" in _curve_table([row], _sinks_of_run(tmp_path))
+
+
+def test_held_out_windows_start_with_the_bos_token_when_given():
+    """The windows scored by the pilots and the curve start with the model's
+    <bos> where its tokenizer adds one (Gemma's), as the eval stage's do;
+    the token counts in the windows' length."""
+    from types import SimpleNamespace
+
+    from latte.experiments.convert_data import held_out_documents
+
+    tok = SimpleNamespace(encode=lambda text: [ord(c) % 97 + 3 for c in text])
+    plain = held_out_documents(tok, 16, 2, quick=True)
+    with_bos = held_out_documents(tok, 16, 2, quick=True, bos=[1])
+    assert plain.keys() == with_bos.keys() == {"essays", "plays"}
+    for corpus in plain:
+        for (name, ids), (name_b, ids_b) in zip(plain[corpus], with_bos[corpus], strict=True):
+            assert name == name_b and len(ids_b) == len(ids) == 2 * 17
+            assert ids_b[0] == 1 and ids_b[1:].tolist() == ids[:-1].tolist()
