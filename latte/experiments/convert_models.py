@@ -126,6 +126,14 @@ def open_subject(path: str | Path) -> Subject:
     return Subject(trained.model.model, trained.tokenizer, p, trained, hf if hf.is_dir() else None)
 
 
+def original_context(subject: Subject | None) -> int | None:
+    """The base model's own context (its config's max_position_embeddings:
+    8,192 for SmolLM2-135M, 32,768 for Gemma 3 270M), or None if unknown."""
+    config = getattr(getattr(getattr(subject, "model", None), "base", None), "config", None)
+    n = getattr(config, "max_position_embeddings", None)
+    return n if isinstance(n, int) else None
+
+
 def sinks_of(subject: Subject, requested: int | None) -> int:
     """k of the window+sinks model: as asked, else the converted model's own
     num_sinks, else DEFAULT_SINKS."""

@@ -88,7 +88,7 @@ def _sinks(records) -> int | None:
     return next((r["sinks"] for r in records if "sinks" in r), None)
 
 
-def corpus_tables(records: list[dict], corpus: str, contexts) -> str:
+def corpus_tables(records: list[dict], corpus: str, contexts, original_context: int | None = None) -> str:
     mine = [r for r in records if r.get("corpus", "plays") == corpus]
     models = [m for m in MODELS if any(r["model"] == m for r in mine)]
     k = _sinks(mine)
@@ -112,7 +112,7 @@ def corpus_tables(records: list[dict], corpus: str, contexts) -> str:
         b = next((_get(mine, m, c, "bucket") for m in models if _get(mine, m, c, "bucket")), None)
         if b is not None:
             lines.append(f"| {b} | " + " | ".join(_fmt(_get(mine, m, c, "bucket_ppl")) for m in models) + " |")
-    return "\n".join(lines) + "\n\n" + statements(mine, contexts)
+    return "\n".join(lines) + "\n\n" + statements(mine, contexts, original_context)
 
 
 def decode_table(records: list[dict], contexts) -> str:
@@ -134,9 +134,12 @@ def decode_table(records: list[dict], contexts) -> str:
     return "\n".join(lines)
 
 
-def statements(records: list[dict], contexts) -> str:
+def statements(records: list[dict], contexts, original_context: int | None = None) -> str:
     """Plain sentences from the numbers of one corpus: past 8K, within 8K,
-    and the issue's targets there (within 5% of the original, below window + sinks)."""
+    and the issue's targets there (within 5% of the original, below window + sinks).
+    `original_context` (the base model's max_position_embeddings) says
+    whether past 8K is still inside the original's own context (Gemma 3's
+    32K) or past it (SmolLM2's 8K): beating the original means less there."""
     past = [c for c in contexts if c > SHORT and None not in _pair(records, c, "bucket_ppl")]
     within = [c for c in contexts if c <= SHORT and None not in _pair(records, c, "ppl")]
     out = []
@@ -161,8 +164,13 @@ def statements(records: list[dict], contexts) -> str:
             if not wins
             else "beats the original in some buckets only"
         )
+        inside = (
+            f", inside the original's own {original_context:,}-token context,"
+            if original_context and original_context > SHORT
+            else ""
+        )
         out.append(
-            f"**Past 8K tokens the converted model {verdict}** (converted vs original perplexity on the "
+            f"**Past 8K tokens{inside} the converted model {verdict}** (converted vs original perplexity on the "
             f"same documents, the ones the original read that far: {detail})."
         )
     if within:

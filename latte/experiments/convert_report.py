@@ -15,7 +15,7 @@ from latte.train.manifest import TRAINER
 from latte.train.metrics import run_wall_time
 
 from ..reporting import update_readme
-from .convert_models import TRAINED
+from .convert_models import TRAINED, original_context
 from .convert_needle import needle_records, needle_tables, plot_heatmaps
 from .convert_ppl_report import _fmt, _get, corpus_tables, decode_table, eval_records, plot
 from .convert_stages import (
@@ -250,7 +250,7 @@ def report(a, argv, started, recipe_rows, cells, sample, sinks=None, tasks=None,
             ]
         corpora = list(dict.fromkeys(r["corpus"] for r in records))
         md = head + stage_budget(a, "eval") + "\n\n"
-        md += "\n\n".join(corpus_tables(records, c, contexts) for c in corpora)
+        md += "\n\n".join(corpus_tables(records, c, contexts, original_context(subject)) for c in corpora)
         md += "\n\n" + decode_table(records, contexts)
         if sinks:
             extra = sink_records(sinks, contexts)

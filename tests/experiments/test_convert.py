@@ -192,6 +192,15 @@ def test_past_8k_compares_on_the_documents_the_original_read_that_far():
     assert conv["original_documents"] == 1 and abs(conv["bucket_ppl_original_documents"] - 2.71828) < 1e-4
     text = statements(records, contexts)
     assert "Past 8K tokens the converted model beats the original" in text and "on 1 document(s)" in text
+    assert statements(records, contexts, 8192) == text  # SmolLM2: past 8K is past its own context
+    inside = "Past 8K tokens, inside the original's own 32,768-token context, the converted model beats"
+    assert inside in statements(records, contexts, 32768)  # Gemma 3: still inside it
+    from types import SimpleNamespace as NS
+
+    from latte.experiments.convert_models import original_context
+
+    assert original_context(NS(model=NS(base=NS(config=NS(max_position_embeddings=32768))))) == 32768
+    assert original_context(None) is None and original_context(NS(model=NS())) is None
 
 
 def test_recipe_statement_names_the_best_and_flags_unequal_budgets():
