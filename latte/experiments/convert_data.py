@@ -34,6 +34,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def held_out_documents(
-    tokenizer, eval_len: int, windows: int, *, quick: bool = False, bos: list[int] = ()
+    tokenizer, eval_len: int, windows: int, *, quick: bool = False, bos: Sequence[int] = ()
 ) -> dict[str, list]:
     """corpus -> [(document name, ids[windows * (eval_len + 1)])]: the
     beginnings of the held-out essays and plays (quick: pydoc stand-ins),
