@@ -85,13 +85,15 @@ class Subject:
         held-out documents and needle prompts then start with it, as the
         model was trained and as lm-eval feeds the tasks. Gemma without it
         reads text at about twice the perplexity (docs/conversion.md §6)."""
-        tok = self.hf_tokenizer()
+        tok = self.hf_tokenizer
         first = tok("a")["input_ids"][:1]
         return first if tok.bos_token_id is not None and first == [tok.bos_token_id] else []
 
+    @functools.cached_property
     def hf_tokenizer(self):
         """The tokenizer lm-eval reads with: the base model's own transformers
-        files when the run wrote them, else one built from the latte tokenizer."""
+        files when the run wrote them, else one built from the latte tokenizer
+        (loaded once: `bos` and the tasks stage share it)."""
         if self.hf_tokenizer_dir is not None:
             from transformers import AutoTokenizer  # optional dependency (extra "hf")
 

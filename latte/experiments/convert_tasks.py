@@ -86,7 +86,7 @@ def tasks_stage(a, subject, sinks: int) -> list[dict]:
     # our folder only: its files `include` lm-eval's by absolute path, and
     # indexing all of lm-eval's own tasks takes a minute
     manager = TaskManager(include_path=str(folder), include_defaults=False)
-    hf_tok = subject.hf_tokenizer()
+    hf_tok = subject.hf_tokenizer
     cells = [
         {"model": m, "task": t, "examples": a.task_examples, "seed": SEED, **sinks_cell(m, sinks)}
         for t in a.tasks
