@@ -368,7 +368,7 @@ def cmd_export(args: list[str]) -> int:
         ),
     )
     p.add_argument("run", help="run folder (newest verified checkpoint) or a step-N folder")
-    p.add_argument("out", help="output folder (created; files in it are replaced)")
+    p.add_argument("out", help="output folder: new, empty, or an earlier export (any other folder is refused, exit 2)")
     p.add_argument(
         "--self-contained",
         action="store_true",
@@ -377,7 +377,7 @@ def cmd_export(args: list[str]) -> int:
     p.add_argument("--base-path", default=None, help="a converted folder whose base moved: where the base is now")
     a = p.parse_args(args)
     # on use: the CLI starts without torch; the exports need the optional transformers
-    from latte.train.convert_export import check_export_destination, export_converted, is_conversion
+    from latte.train.convert_export import EXPORT_WRITER, check_export_destination, export_converted, is_conversion
 
     check_export_destination(a.run, a.out)
     if is_conversion(a.run):  # a portable converted folder (docs/conversion.md §4)
@@ -387,10 +387,12 @@ def cmd_export(args: list[str]) -> int:
     if a.self_contained or a.base_path:
         raise ValueError("--self-contained, --base-path: only for conversions (latte convert runs, converted folders)")
     # on use: the CLI starts without torch (docs/design.md §10)
+    from latte.guard import claim_folder
     from latte.models.pretrained import export_for_transformers
     from latte.train.runs import open_run
 
     trained = _open_lm_run(a.run, "export", open_run)
+    claim_folder(a.out, EXPORT_WRITER, flag="OUT")  # the one write rule (docs/reliability.md §8)
     out = export_for_transformers(trained.model, trained.tokenizer, a.out)
     print(f"latte export: {trained.checkpoint} (step {trained.step}) -> {out}", file=sys.stderr)
     return 0

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from latte.config_io import load_yaml
+from latte.guard import check_folder, claim_folder
 from latte.models.convert import load_converted
 from latte.models.convert.io import CONFIG_NAME, WEIGHTS_NAME, export_portable
 from latte.train.convert import HF_TOKENIZER_DIR
@@ -34,6 +35,9 @@ def is_conversion(source: str | Path) -> bool:
     return False
 
 
+EXPORT_WRITER = "latte export"  # the writer named in an export folder's marker (latte/guard.py)
+
+
 def check_export_destination(source: str | Path, out: str | Path) -> None:
     """OUT must lie outside the run (or folder) being exported and outside
     any run folder or checkpoint: files written there would replace a run's
@@ -55,6 +59,7 @@ def check_export_destination(source: str | Path, out: str | Path) -> None:
             f"OUT {out}: inside {what}; the export would replace or add files there. "
             "Choose a folder outside any run folder, e.g. exports/NAME"
         )
+    check_folder(out, EXPORT_WRITER, flag="OUT")  # new, empty or an earlier export; never a base model's folder
 
 
 def export_converted(source: str | Path, out: str | Path, *, self_contained: bool = False, base_path=None) -> Path:
@@ -76,6 +81,7 @@ def export_converted(source: str | Path, out: str | Path, *, self_contained: boo
         hf = Path(trained.checkpoint).parent / HF_TOKENIZER_DIR
         own = [trained.checkpoint / n for n in TOKENIZER_FILES if (trained.checkpoint / n).is_file()]
         tokenizer_files = sorted(hf.iterdir()) if hf.is_dir() else own
+    claim_folder(out, EXPORT_WRITER, flag="OUT")
     export_portable(model, dst, self_contained=self_contained)
     for f in tokenizer_files:
         shutil.copy(f, dst / f.name)

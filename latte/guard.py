@@ -1,0 +1,96 @@
+"""The one write rule for every command that writes outside its own run
+folder (docs/reliability.md §8): `latte export`, the suite's report and
+`--pack`, the experiments' result folders.
+
+A command writes only into a folder that
+- does not exist (it is created),
+- is empty, or
+- was written by the same command before: it holds MARKER, a small JSON
+  file naming the writer, left there by `claim_folder` on first use.
+Anything else (a project's root, a README folder, another command's
+results, a base model's folder, a checkpoint, a run folder, or any folder
+inside one of those) is refused with a WriteRefused (a ValueError: the CLI
+exits 2) naming the folder and what it holds, before anything is written.
+Standard library only: the GPU suite uses it before its packages exist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+MARKER = ".latte-written-by.json"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+
+
+class WriteRefused(ValueError):
+    """A folder the write rule forbids (the CLI exits 2)."""
+
+
+def claim_folder(folder: str | os.PathLike, writer: str, *, flag: str = "--out") -> Path:
+    """Checks `folder` against the write rule for `writer` (a command such as
+    "latte export"), creates it if missing and leaves the marker: from then
+    on only `writer` may write there again. Returns the folder."""
+    folder = check_folder(folder, writer, flag=flag)
+    if written_by(folder) == writer:
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{MARKER}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps({"writer": writer}) + "\n")
+    tmp.replace(folder / MARKER)
+    return folder
+
+
+def check_folder(folder: str | os.PathLike, writer: str, *, flag: str = "--out") -> Path:
+    """The write rule alone (nothing is created): a WriteRefused naming the
+    folder and what it holds, or the folder."""
+    folder = Path(folder)
+    for place in (folder, *folder.resolve().parents):
+        kind = protected_kind(place)
+        if kind:
+            where = "" if place.resolve() == folder.resolve() else f" (inside {place}, {kind})"
+            raise WriteRefused(f"{flag} {folder}: refusing to write into {kind if not where else 'it'}{where}")
+    if folder.exists() and not folder.is_dir():
+        raise WriteRefused(f"{flag} {folder}: a file, not a folder")
+    if folder.is_dir() and any(folder.iterdir()):
+        owner = written_by(folder)
+        if owner != writer:
+            raise WriteRefused(
+                f"{flag} {folder}: holds {_listing(folder)}"
+                + (f", written by `{owner}`" if owner else ", not written by this command (no marker)")
+                + f"; `{writer}` writes only into a new, empty or its own folder: choose another folder "
+                "(nothing was written)"
+            )
+    return folder
+
+
+def written_by(folder: Path) -> str | None:
+    """The writer the folder's marker names (None without a readable one)."""
+    try:
+        data = json.loads((Path(folder) / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get("writer") if isinstance(data, dict) else None
+
+
+def protected_kind(folder: Path) -> str | None:
+    """What a folder is when no command may write into it (or below it): a
+    checkpoint, a run folder or a base model's folder; None otherwise."""
+    if not folder.is_dir():
+        return None
+    if (folder / "manifest.json").is_file():
+        return "a checkpoint (it holds manifest.json)"
+    if (folder / "train.lock").exists() or any(p.is_dir() for p in folder.glob("step-*")):
+        return "a run folder (it holds step folders or train.lock)"
+    if (folder / "config.json").is_file() and any(p.suffix in WEIGHT_SUFFIXES for p in folder.iterdir() if p.is_file()):
+        if written_by(folder) == "latte export":  # an export is replaced only by another export
+            return None
+        return "a model's folder (config.json and weights)"
+    return None
+
+
+def _listing(folder: Path, shown: int = 5) -> str:
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir())
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{len(names)} entr{'y' if len(names) == 1 else 'ies'} ({', '.join(names[:shown])}{more})"
