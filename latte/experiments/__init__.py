@@ -4,8 +4,9 @@ Each experiment is a module `latte.experiments.<name>` (dashes become
 underscores) with `main(argv) -> int`. Every experiment has a quick mode
 (seconds; what the tests run) and a full mode (what produced the committed
 files under `results/<name>/`), resumes a killed sweep where it stopped and
-shows a progress bar. The shared pieces (resumable sweeps, result files)
-are in `latte.experiments.results`; machine info, tables, plots and README
+shows a progress bar. The shared pieces: the one reuse rule of every
+sweep in `latte.experiments.cells`, result files in
+`latte.experiments.results`; machine info, tables, plots and README
 sections in `latte.reporting`.
 """
 

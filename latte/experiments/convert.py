@@ -53,6 +53,7 @@ from latte.arguments import checked, folder_name, int_at_least, int_list, name_l
 from latte.data import load_documents, train_bpe
 from latte.train.task import load_run_config
 
+from .cells import input_digest
 from .convert_models import DEFAULT_MODELS, MODELS, check_models, open_subject, sinks_of
 from .convert_needle import needle_stage
 from .convert_report import report
@@ -74,7 +75,7 @@ from .convert_stages import (
     sinks_stage,
 )
 from .convert_tasks import TASKS, check_tasks, tasks_stage
-from .results import check_readme
+from .results import check_readme, claim_results
 
 STAGES = ("recipes", "eval", "sinks", "sample", "tasks", "needle")
 # The defaults of the options --quick changes; an option given explicitly wins over either.
@@ -206,12 +207,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         quick_setup(a)
     check_sets(a)
+    for suffix in ("", "-recipes", "-tasks", "-needle"):  # before any work: the one write rule (latte/guard.py)
+        claim_results(Path(a.out) / f"{a.name}{suffix}", "convert", create=False)
     a.contexts = sorted(int(c) for c in a.contexts.split(","))
     a.max_context = a.contexts[-1]
+    a.inputs = {"base": experiment_base(a)}  # every cell records the original's sha256 (cells.py)
     recipe_rows = recipes_stage(a) if "recipes" in stages else None
     subject, k = None, None
     if set(stages) - {"recipes"}:
         subject = open_subject(a.converted or run_dir(a, DEFAULT_RECIPE))
+        a.inputs["converted"] = check_same_base(a, subject)
         k = sinks_of(subject, a.sinks)
     rows = eval_stage(a, subject, k) if "eval" in stages else None
     sinks = sinks_stage(a, subject) if "sinks" in stages else None
@@ -220,6 +225,41 @@ def main(argv: list[str] | None = None) -> int:
     needle = needle_stage(a, subject, k) if "needle" in stages else None
     report(a, argv, started, recipe_rows, rows, sample, sinks, tasks, needle, subject)
     return 0
+
+
+def experiment_base(a: argparse.Namespace) -> dict:
+    """The sha256 of every file of the experiment's original (the base of
+    --config with --set: what loading it reads, config.json included)."""
+    from latte.models.convert.io import base_reference, resolve_base  # optional dependency (extra "hf")
+
+    cfg = load_run_config(a.config, [f"--{s}" for s in a.set])
+    folder, gguf = resolve_base(cfg.base.path, cfg.base.gguf_file, where="base")
+    return base_reference(folder, gguf)["sha256"]
+
+
+def check_same_base(a: argparse.Namespace, subject) -> str:
+    """The converted model must record the experiment's original as its base
+    (sha256 of every file), else every "converted - original" would compare
+    it with another model: a ValueError (exit 2) naming the files that
+    differ. Returns the sha256 naming the converted model's weights (its
+    checkpoint's manifest, or its folder's files)."""
+    recorded, base = (getattr(subject.model.config, "base_weights", None) or {}).get("sha256"), a.inputs["base"]
+    if recorded != base:
+        differ = sorted(
+            n for n in {*(recorded or {}), *a.inputs["base"]} if (recorded or {}).get(n) != a.inputs["base"].get(n)
+        )
+        raise ValueError(
+            f"--converted {subject.source}: "
+            + (
+                f"converted from another base than the experiment's original (sha256 differs for {', '.join(differ)})"
+                if recorded
+                else "records no base model (a self-contained export); its original cannot be checked"
+            )
+            + f"; the original here is the base of --config {a.config} with its --set overrides: give the "
+            "matching --config/--set base.path, or a model converted from this base"
+        )
+    checkpoint = subject.run.checkpoint if subject.run is not None else subject.source
+    return input_digest(checkpoint)
 
 
 def check_sets(a: argparse.Namespace) -> None:

@@ -44,14 +44,15 @@ from latte.data.heldout import eval_essays, eval_plays
 from latte.train.manifest import step_dirs
 from latte.train.metrics import run_wall_time
 
-from .convert import check_args, quick_setup
+from .cells import INPUTS, digest_or_missing, finished_summary, set_aside_changed_run
+from .convert import check_args, check_same_base, experiment_base, quick_setup
 from .convert import parse_args as convert_args
 from .convert_data_report import report
 from .convert_models import open_subject, sinks_of
 from .convert_stages import checks
 from .convert_tasks import tasks_stage
 from .convert_tasks_report import metric_of
-from .results import Sweep, provenance, run_latte, write_results
+from .results import Sweep, claim_results, provenance, run_latte, write_results
 
 MIXES = ("shakespeare", "shakespeare+essays+bible-web", "shakespeare+essays+bible-web+retrieval")
 CORPORA = ("essays", "plays")
@@ -123,8 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         quick_setup(quick)
         a.set = [s for s in quick.set if not s.startswith("data.source=")]
         a.mixes, a.eval_len, a.pilot_steps = "pydoc", 48, 2
+    claim_results(a.out, "convert-data", create=False)  # before any work: the one write rule (latte/guard.py)
+    a.inputs = {"base": experiment_base(a)}  # every pilot cell records the base's sha256 (cells.py)
     pilots = pilots_stage(a) if "pilots" in stages else []
     curve = curve_stage(a) if "curve" in stages else []
+    claim_results(a.out, "convert-data")
     tables, images = report(a, pilots, curve)
     run = provenance("convert-data", argv, started, threads=a.threads)
     run["machine"]["threads"] = a.threads
@@ -204,15 +208,19 @@ def pilots_stage(a) -> list[dict]:
     cells = [{"stage": "pilot", "mix": m, "steps": a.pilot_steps} for m in mixes]
     if not a.no_baselines:
         cells += [{"stage": "pilot", "mix": f"none ({w})", "steps": 0} for w in ("original", "swa")]
-    sweep = Sweep(Path(a.runs) / "cells-pilots", cells, **checks(a, SCORES, extra=lambda c: _scored_on(a)))
+
+    def extra(c: dict) -> dict:  # a baseline scores the first mix's run: its checkpoint is an input
+        run = {INPUTS: {"run": digest_or_missing(_run_dir(a, mixes[0]))}} if c["mix"].startswith("none") else {}
+        return {**_scored_on(a), **run}
+
+    sweep = Sweep(Path(a.runs) / "cells-pilots", cells, **checks(a, SCORES, extra=extra))
     return sweep.run(lambda c: _pilot_cell(c, a, mixes[0]), desc="pilots")
 
 
 def _scored_on(a) -> dict:
     """What a cell's scores depend on besides the cell: the held-out windows
     (pilots add the config and --set overrides they trained with, through
-    convert_stages.checks). Cell files written before protocols were
-    recorded are accepted as they are."""
+    convert_stages.checks; cells.py's one rule)."""
     return {"eval_len": a.eval_len, "eval_windows": a.eval_windows, "quick": a.quick}
 
 
@@ -222,22 +230,15 @@ def _pilot_cell(cell: dict, a, first_mix: str) -> dict:
         which = cell["mix"][len("none (") : -1]
         return {**_score(_run_dir(a, first_mix), a, which), "load_start": round(load0, 2)}
     run = _run_dir(a, cell["mix"])
-    run_latte(
-        [
-            "convert",
-            "--config",
-            a.config,
-            f"--data.source={cell['mix']}",
-            f"--train.steps={cell['steps']}",
-            f"--train.run_dir={run}",
-            f"--train.num_threads={a.threads}",
-            "--train.tensorboard=false",
-            "--train.time_budget_minutes=null",
-            *[f"--{s}" for s in a.set],
-        ],
-        run / "experiment.log",
-        a.threads,
-    )
+    sets = [f"data.source={cell['mix']}", f"train.steps={cell['steps']}", "train.time_budget_minutes=null", *a.set]
+    set_aside_changed_run(run, a.config, sets)  # never resumed under another configuration (cells.py)
+    if finished_summary(run, cell["steps"]) is None:  # a finished run whose cell a kill lost is read, not rerun
+        args = [f"--train.run_dir={run}", f"--train.num_threads={a.threads}", "--train.tensorboard=false"]
+        run_latte(
+            ["convert", "--config", a.config, *args, *[f"--{s}" for s in sets]],
+            run.parent / f"{run.name}.log",
+            a.threads,
+        )
     s = json.loads((run / "summary.json").read_text())
     return {
         **_score(run, a),
@@ -270,7 +271,11 @@ def curve_stage(a) -> list[dict]:
             return {**_score(steps[0], a, "swa"), "load_start": round(load0, 2)}
         return {**_score(by_name[cell["checkpoint"]], a), "load_start": round(load0, 2)}
 
-    sweep = Sweep(Path(a.runs) / "cells-curve", cells, protocol=_scored_on(a), fields=SCORES, folder_flag="--runs")
+    def protocol(cell: dict) -> dict:  # the checkpoint scored is an input (its manifest's sha256)
+        point = steps[0] if cell["checkpoint"].startswith("none") else by_name[cell["checkpoint"]]
+        return {**_scored_on(a), INPUTS: {"checkpoint": digest_or_missing(point)}}
+
+    sweep = Sweep(Path(a.runs) / "cells-curve", cells, protocol=protocol, fields=SCORES, folder_flag="--runs")
     rows = sweep.run(cell_fn, desc="curve")
     if a.curve_tasks_runs:
         chosen = {f"step-{s:08d}" for s in _steps(a.curve_tasks_steps)}
@@ -308,5 +313,7 @@ def curve_task_average(a, step: Path, untrained: bool) -> float:
     check_args(ca)
     if a.quick:  # the protocol the quick tasks stage records (its stand-in's overrides)
         quick_setup(ca)
+    ca.inputs = {"base": experiment_base(ca)}
+    ca.inputs["converted"] = check_same_base(ca, subject)
     cells = tasks_stage(ca, subject, sinks_of(subject, None))
     return sum(c[metric_of(c["task"])] for c in cells) / len(cells)

@@ -31,7 +31,7 @@ from .convert_stages import (
     nll_of,
 )
 from .convert_tasks_report import plot_tasks, task_records, task_table
-from .results import provenance, readme_body, write_results
+from .results import claim_results, provenance, readme_body, write_results
 
 
 def sink_records(cells: list[dict], contexts) -> list[dict]:
@@ -257,18 +257,19 @@ def report(a, argv, started, recipe_rows, cells, sample, sinks=None, tasks=None,
             md += "\n\n" + sink_table(records, extra, contexts)
             records = records + extra
         md += "\n\n" + sample_md(sample) if sample else ""
+        claim_results(out / a.name, "convert")
         plot(records, out / a.name / "convert.png")
         _write(a, out / a.name, a.name, records, md, run, ["convert.png"])
     if tasks:
         md = head + stage_budget(a, "tasks") + "\n\n" + task_table(tasks, _sinks_in(tasks))
-        folder = out / f"{a.name}-tasks"
+        folder = claim_results(out / f"{a.name}-tasks", "convert")
         pngs = ["tasks.png"] if plot_tasks(tasks, folder / "tasks.png", _sinks_in(tasks)) else []
         _write(a, folder, f"{a.name}-tasks", task_records(tasks), md, run, pngs)
     if needle:
         records = needle_records(needle)
         md = head + stage_budget(a, "needle") + " " + needle_format() + "\n\n"
         md += needle_tables(records, _sinks_in(needle))
-        pngs = plot_heatmaps(records, out / f"{a.name}-needle", _sinks_in(needle))
+        pngs = plot_heatmaps(records, claim_results(out / f"{a.name}-needle", "convert"), _sinks_in(needle))
         _write(a, out / f"{a.name}-needle", f"{a.name}-needle", records, md, run, pngs)
 
 

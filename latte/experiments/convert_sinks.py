@@ -30,7 +30,7 @@ from latte.arguments import checked, int_at_least, int_list
 from latte.data.heldout import eval_essays, eval_plays
 from latte.eval.long_context import converted_nll, original_nll
 
-from .results import Sweep, check_readme, provenance, write_results
+from .results import Sweep, check_readme, claim_results, provenance, write_results
 
 SINKS = (0, 1, 4, 8)
 CONTEXTS = (1024, 2048)
@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     check_readme(a.readme, ["convert-sinks"])
     a.out = a.out or (str(Path(a.runs) / "results") if a.quick else "results/convert-sinks")
+    claim_results(a.out, "convert-sinks", create=False)  # before any work: the one write rule (latte/guard.py)
     torch.set_num_threads(a.threads)
     sinks = [int(k) for k in a.sinks.split(",")]
     contexts = sorted(int(c) for c in a.contexts.split(","))
@@ -203,7 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     cells = [{"model": "original", "document": d} for d in docs]
     cells += [{"model": "window", "sinks": k, "window": a.window, "document": d} for k in sinks for d in docs]
     # what a cell's loss depends on beyond its fields: the model and how far the documents are read
-    protocol = {"base": "tiny random Llama" if a.quick else "smollm2", "max_context": contexts[-1]}
+    ref = getattr(model.config, "base_weights", None) or {}  # the base's files, by sha256 (cells.py)
+    protocol = {
+        "base": "tiny random Llama" if a.quick else "smollm2",
+        "max_context": contexts[-1],
+        "inputs": {"base": ref.get("sha256", "random weights, seed 0")},
+    }
     sweep = Sweep(a.runs, cells, protocol=protocol, fields=("nll", "tokens", "wall_s", "load"), folder_flag="--runs")
     reused = len(cells) - len(sweep.pending())
     with torch.no_grad():

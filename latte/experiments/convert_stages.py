@@ -19,8 +19,9 @@ from latte.train.metrics import run_wall_time
 from latte.train.runs import open_run
 from latte.train.validation import nll_sums, subset, summarize
 
+from .cells import INPUTS, digest_or_missing, finished_summary, resolved_config, run_protocol, set_aside_changed_run
 from .convert_models import TRAINED, as_model, bos_cell, sinks_cell
-from .results import Sweep, protocol_sets, run_latte
+from .results import Sweep, run_latte
 
 RECIPES = {  # name -> latte convert overrides of the shipped config, each one spelled out in full
     "end_to_end+lora8": ["conversion.lora_rank=8"],
@@ -49,12 +50,17 @@ def run_dir(a, recipe: str) -> Path:
 
 
 def checks(a, fields=(), extra=None) -> dict:
-    """results.Sweep's checks of a stage: the protocol every cell records
-    (the runs' config and --set overrides, plus `extra(cell)`: the stage's
-    own settings) and the fields its record holds."""
+    """cells.Sweep's checks of a stage: the protocol every cell records (the
+    runs' config, --set overrides and resolved config; the sha256 of every
+    input: the base model's files, data files, the converted model's
+    checkpoint once opened (a.inputs); plus `extra(cell)`: the stage's own
+    settings, whose `inputs` add to the others) and the fields its record holds."""
 
     def protocol(cell: dict) -> dict:
-        return {"config": a.config, "sets": protocol_sets(a.set), **(extra(cell) if extra else {})}
+        own = dict(extra(cell)) if extra else {}
+        base = run_protocol(a.config, a.set)
+        inputs = {**base[INPUTS], **getattr(a, "inputs", {}), **own.pop(INPUTS, {})}
+        return {**base, **own, INPUTS: inputs}
 
     return dict(protocol=protocol, fields=fields, folder_flag="--runs")
 
@@ -69,7 +75,13 @@ def recipes_stage(a) -> list[dict]:
         raise ValueError(f"--recipes: unknown {bad}" if bad else f"--recipes must include {DEFAULT_RECIPE!r}")
     cells = [{"recipe": r} for r in sorted(names, key=lambda r: r != DEFAULT_RECIPE)]
     cells += [{"recipe": "none (swa)"}, {"recipe": "none (original)"}]
-    sweep = Sweep(Path(a.runs) / "cells-recipes", cells, **checks(a, ("val_ppl", "val_tokens", "train_tokens")))
+
+    # a baseline reads the default recipe's run: its checkpoint is an input
+    def baseline(c: dict) -> dict:
+        return {INPUTS: {"run": digest_or_missing(run_dir(a, DEFAULT_RECIPE))}} if "none" in c["recipe"] else {}
+
+    fields = ("val_ppl", "val_tokens", "train_tokens")
+    sweep = Sweep(Path(a.runs) / "cells-recipes", cells, **checks(a, fields, extra=baseline))
     rows = sweep.run(lambda c: _recipe_cell(c, a), desc="recipes")
     # a recipe's overrides as defined now (a cell keeps the string it ran with)
     return [{**r, "overrides": " ".join(RECIPES[r["recipe"]])} if r["recipe"] in RECIPES else r for r in rows]
@@ -82,6 +94,15 @@ def _recipe_cell(cell: dict, a) -> dict:
     run = run_dir(a, recipe)
     load0, t0 = os.getloadavg()[0], time.time()
     sets = [*RECIPES[recipe], *a.set]
+    set_aside_changed_run(run, a.config, sets)  # never resumed under another configuration (cells.py)
+    steps = resolved_config(a.config, sets)["train.steps"]
+    if finished_summary(run, steps) is None:  # one finished before a kill lost its cell is read, not rerun
+        _convert(a, run, sets)
+    s = json.loads((run / "summary.json").read_text())
+    return _recipe_record(s, run, recipe, load0, t0)
+
+
+def _convert(a, run: Path, sets: list[str]) -> None:
     run_latte(
         [
             "convert",
@@ -92,10 +113,12 @@ def _recipe_cell(cell: dict, a) -> dict:
             "--train.tensorboard=false",
             *[f"--{s}" for s in sets],
         ],
-        run / "experiment.log",
+        run.parent / f"{run.name}.log",
         a.threads,
     )
-    s = json.loads((run / "summary.json").read_text())
+
+
+def _recipe_record(s: dict, run: Path, recipe: str, load0: float, t0: float) -> dict:
     return {
         "val_ppl": s["val_ppl"],
         "val_tokens": s["val_tokens"],

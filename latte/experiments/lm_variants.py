@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -44,10 +43,11 @@ from latte.arguments import checked, int_at_least, int_list, name_list
 from latte.train.metrics import run_wall_time
 from latte.train.task import load_run_config
 
+from .cells import INPUTS, digest_or_missing, finished_summary, resolved_config, run_protocol, set_aside_changed_run
 from .lm_curves import curve_table
 from .lm_plans import PLANS, VARIANT_SETS, VARIANTS, stage_outputs
 from .lm_report import extrapolation_report, latents_report, variants_report
-from .results import Sweep, check_readme, protocol_sets, provenance, run_latte, write_results
+from .results import Sweep, check_readme, claim_results, provenance, run_latte, write_results
 
 STAGES = ("train", "extrapolation", "latents")
 # --quick: every stage on a model of a few thousand parameters, in seconds.
@@ -85,12 +85,25 @@ def train_args(name: str, seed: int, run_dir: Path, threads: int, sets: list[str
     ]
 
 
+def run_sets(cell: dict, sets: list[str]) -> list[str]:
+    """Every override of a training cell's run (the seed included)."""
+    return [*sets, *VARIANT_SETS.get(cell["variant"], ()), f"train.seed={cell['seed']}"]
+
+
 def train_cell(cell: dict, a: argparse.Namespace, sets: list[str]) -> dict:
+    """Trains (or resumes) the cell's run. A run folder of another
+    configuration is set aside and started over; a run that already reached
+    its last step (a sweep killed before the cell was written) is read, not
+    trained again (cells.py)."""
     run_dir = Path(a.runs) / cell["variant"] / f"seed-{cell['seed']}"
+    config = VARIANTS[cell["variant"]][0]
+    set_aside_changed_run(run_dir, config, run_sets(cell, sets))
     resumed = any(run_dir.glob("step-*"))
     load0, t0 = os.getloadavg()[0], time.time()
     args = train_args(cell["variant"], cell["seed"], run_dir, a.threads, sets)
-    run_latte(args, run_dir.parent / f"seed-{cell['seed']}.log", a.threads)
+    steps = resolved_config(config, run_sets(cell, sets))["train.steps"]
+    if finished_summary(run_dir, steps) is None:
+        run_latte(args, run_dir.parent / f"seed-{cell['seed']}.log", a.threads)
     s = json.loads((run_dir / "summary.json").read_text())
     _, mixer, qk = VARIANTS[cell["variant"]]
     return {
@@ -205,42 +218,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return a
 
 
-def train_protocol(variant: str, sets: list[str]) -> dict:
-    """What a training cell's result depends on beyond (variant, seed): its
-    config and overrides (results.Sweep records it in the cell file)."""
-    return {"config": VARIANTS[variant][0], "sets": protocol_sets([*sets, *VARIANT_SETS.get(variant, ())])}
+def train_protocol(cell: dict, sets: list[str]) -> dict:
+    """What a training cell's result depends on (cells.py): its config, the
+    resolved run config and the sha256 of the files it reads."""
+    return run_protocol(VARIANTS[cell["variant"]][0], run_sets(cell, sets))
 
 
 def eval_protocol(cell: dict, a: argparse.Namespace, stage: str, sets: list[str]) -> dict:
-    """An evaluation cell's: the training's and the `latte eval` options."""
+    """An evaluation cell's: the training's, the `latte eval` options and the
+    checkpoint evaluated (its manifest's sha256)."""
     args = [
         "--max-tokens",
         str(a.eval_tokens),
         *(["--lengths", a.lengths] if stage == "extrapolation" else ["--latents"]),
     ]
-    return {**train_protocol(cell["variant"], sets), "eval": " ".join(args)}
-
-
-def legacy_protocol(record: dict) -> dict:
-    """The protocol a cell file written before protocols were recorded states
-    in its `command` (a `latte train` or `latte eval` command line)."""
-    try:
-        words = shlex.split(record.get("command", ""))
-    except ValueError:
-        return {}
-    rest = words[2:]
-    if words[:2] == ["latte", "train"] and "--config" in rest[:-1]:
-        at = rest.index("--config")
-        sets = [w for i, w in enumerate(rest) if i not in (at, at + 1) and not w.startswith("--train.seed=")]
-        return {"config": rest[at + 1], "sets": protocol_sets(sets)}
-    if words[:2] == ["latte", "eval"]:
-        kept = [
-            w
-            for i, w in enumerate(rest)
-            if w not in ("--run", "--out") and (i == 0 or rest[i - 1] not in ("--run", "--out"))
-        ]
-        return {"eval": " ".join(kept)}
-    return {}
+    train = train_protocol(cell, sets)
+    run_dir = Path(a.runs) / cell["variant"] / f"seed-{cell['seed']}"
+    inputs = {**train[INPUTS], "checkpoint": digest_or_missing(run_dir)}
+    return {**train, "eval": " ".join(args), INPUTS: inputs}
 
 
 FIELDS = {
@@ -258,35 +253,19 @@ def main(argv: list[str]) -> int:
     outputs = stage_outputs(a.results, a.plan_.name)
     stages = a.stages.split(",")
     check_readme(a.readme, [outputs[s][1] for s in stages])
+    _check_outputs(outputs, stages)
     torch.set_num_threads(a.threads)  # what the runs use (OMP_NUM_THREADS), so the provenance says it
     variants, seeds = a.variants.split(","), [int(s) for s in a.seeds.split(",")]
     # seed-major: every variant's first seed before any second seed, so a sweep
     # cut short still compares every variant
     cells = [{"variant": v, "seed": s} for s in seeds for v in variants]
-    work = Path(a.runs) / ".cells"
     latent_cells = [c for c in cells if VARIANTS[c["variant"]][1] in ("latte", "macchiato")]
-    plan = {
+    plan = {  # stage: (cells, run one)
         "train": (cells, lambda c: train_cell(c, a, sets)),
         "extrapolation": (cells, lambda c: eval_cell(c, a, "extrapolation")),
         "latents": (latent_cells, lambda c: eval_cell(c, a, "latents")),
     }
-    protocols = {
-        "train": lambda c: train_protocol(c["variant"], sets),
-        "extrapolation": lambda c: eval_protocol(c, a, "extrapolation", sets),
-        "latents": lambda c: eval_protocol(c, a, "latents", sets),
-    }
-    sweeps = {
-        stage: Sweep(
-            work / stage,
-            plan[stage][0],
-            protocol=protocols[stage],
-            legacy=legacy_protocol,
-            fields=FIELDS[stage],
-            folder_flag="--runs",
-        )
-        for stage in STAGES
-        if stage in stages
-    }
+    sweeps = {s: _sweep(a, s, plan[s][0], sets) for s in STAGES if s in stages}
     for sweep in sweeps.values():  # every stage's cells, before any runs
         sweep.check()
     done, missing = {}, {}
@@ -303,6 +282,7 @@ def main(argv: list[str]) -> int:
             print(f"lm-variants {stage}: no finished cells to report", file=sys.stderr)
             continue
         out, name = outputs[stage]
+        claim_results(out, "lm-variants", flag="--results")
         flat, tables, images = builders[stage](records, out, runs=Path(a.runs), sets=sets, plan=a.plan)
         if missing[stage]:
             tables += (
@@ -314,17 +294,26 @@ def main(argv: list[str]) -> int:
             curves, curve_png = curve_table(cells, Path(a.runs), steps=steps, out=out)
             tables += f"\n\n{curves}" if curves else ""
             images += [curve_png] if curve_png else []
-        write_results(
-            out,
-            name,
-            flat,
-            tables,
-            provenance("lm-variants", argv, started, threads=a.threads, stage=stage),
-            readme=a.readme,
-            images=images,
-        )
+        run = provenance("lm-variants", argv, started, threads=a.threads, stage=stage)
+        write_results(out, name, flat, tables, run, readme=a.readme, images=images)
         print(tables)
     return 0
+
+
+def _sweep(a: argparse.Namespace, stage: str, cells: list[dict], sets: list[str]) -> Sweep:
+    """A stage's sweep (cells.py: one reuse rule): its cells with their protocol."""
+    protocol = (lambda c: train_protocol(c, sets)) if stage == "train" else (lambda c: eval_protocol(c, a, stage, sets))
+    return Sweep(Path(a.runs) / ".cells" / stage, cells, protocol=protocol, fields=FIELDS[stage], folder_flag="--runs")
+
+
+def _check_outputs(outputs: dict, stages: list[str]) -> None:
+    """Before any work: every result folder of the stages is one this
+    command may write (latte/guard.py), parents first (a plan's train folder
+    holds its other stages' folders)."""
+    folders = {outputs[s][0] for s in stages}
+    folders |= {outputs["train"][0]} if any(outputs["train"][0] in f.parents for f in folders) else set()
+    for folder in sorted(folders, key=lambda f: len(f.parts)):
+        claim_results(folder, "lm-variants", flag="--results", create=False)
 
 
 def check_sets(sets: list[str], variants: list[str]) -> None:

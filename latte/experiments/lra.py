@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from latte.data.lra import listops, load_task, pathfinder
-from latte.experiments.results import Sweep, check_readme, protocol_sets, provenance, write_results
+from latte.experiments.cells import run_protocol, set_aside_changed_run
+from latte.experiments.results import Sweep, check_readme, claim_results, provenance, write_results
 from latte.reporting import pyplot, save_figure
 from latte.train.checkpoint import find_latest_checkpoint
 from latte.train.loop import train
@@ -191,6 +192,7 @@ def run_training(task: str, mixer: str, work: Path, extra: list[str]) -> dict:
 
     config, overrides = train_overrides(task, mixer, work, extra)
     cfg = load_run_config(config, overrides)
+    set_aside_changed_run(cfg.train.run_dir, config, overrides)  # never resumed under another config (cells.py)
     # wall_s covers this process only: a resumed run says from which step
     latest = find_latest_checkpoint(cfg.train.run_dir) if Path(cfg.train.run_dir).is_dir() else None
     resumed_from = int(latest.name.rsplit("-", 1)[1]) if latest is not None else 0
@@ -407,6 +409,7 @@ def main(argv: list[str]) -> int:
     out, work = Path(args.out), Path(args.work)
     check_readme(args.readme, [NAME])
     check_overrides(args, work)
+    claim_results(out, NAME, create=False)  # before any work: the one write rule (latte/guard.py)
     quick = [*QUICK, f"data.cache_dir={work / 'cache'}"] if args.quick else []
     extra = [*quick, *args.override]
     cells = [{"part": "generator", "task": t} for t in args.tasks if "generators" in args.parts and t not in VARIANTS]
@@ -435,7 +438,7 @@ def main(argv: list[str]) -> int:
             f"{out} and the README are left as they were"
         )
     records.sort(key=_row_order)
-    out.mkdir(parents=True, exist_ok=True)
+    claim_results(out, NAME)
     if "pathfinder" in args.tasks:
         example_grid(out / "pathfinder_examples.png", _pathfinder_test_split(extra))
     curves(out / "curves.png", work, records)
@@ -475,27 +478,9 @@ def sweep_checks(args: argparse.Namespace, work: Path, budget: str | None = None
         if cell["part"] == "generator":
             return {"examples": generator_count(cell["task"], args.quick)}
         config, overrides = train_overrides(cell["task"], cell["mixer"], work, cell_overrides(cell, args, work, budget))
-        return {"config": config, "overrides": protocol_sets(overrides)}
+        return run_protocol(config, overrides)
 
-    return dict(
-        protocol=protocol,
-        legacy=legacy_protocol,
-        fields=lambda c: GENERATOR_FIELDS if c["part"] == "generator" else TRAIN_FIELDS,
-    )
-
-
-def legacy_protocol(record: dict) -> dict:
-    """The protocol a cell file written before protocols were recorded states:
-    a generator's count, a training run's `latte train` command."""
-    if record.get("part") == "generator":
-        return {"examples": record["generated"]} if "generated" in record else {}
-    try:
-        words = shlex.split(record.get("command", ""))
-    except ValueError:
-        return {}
-    if words[:3] != ["latte", "train", "--config"] or len(words) < 4:
-        return {}
-    return {"config": words[3], "overrides": protocol_sets(words[4:])}
+    return dict(protocol=protocol, fields=lambda c: GENERATOR_FIELDS if c["part"] == "generator" else TRAIN_FIELDS)
 
 
 def check_overrides(args: argparse.Namespace, work: Path) -> None:

@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import math
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -41,10 +42,19 @@ from latte.data.mqar import MQARData, check_mqar_args, mqar_splits
 from latte.models import LatteConfig, LatteForCausalLM
 from latte.train.schedule import lr_at
 
-from .mqar_cells import cell_file_key, legacy_protocol, other_protocol_records, restore_cells, with_protocol
+from .mqar_cells import cell_file_key, other_protocol_records, restore_cells, with_protocol
 from .mqar_report import flat_records, report
 from .mqar_train import accuracy, adamw, batches, scored_logits
-from .results import StepClock, Sweep, check_readme, provenance, utc_deadline, write_results
+from .results import (
+    StepClock,
+    Sweep,
+    check_readme,
+    claim_results,
+    provenance,
+    read_json,
+    utc_deadline,
+    write_results,
+)
 
 NAME = "mqar"
 VOCAB_SIZE = 8192
@@ -444,6 +454,31 @@ def protocol(budget: Budget, random_fillers: bool):
     return of
 
 
+def _restored(sweep: Sweep, restore_from: str | None) -> Sweep:
+    """The sweep, its missing cell files first written back from the
+    published results when --restore-from is given (mqar_cells.restore_cells)."""
+    if restore_from:
+        n = restore_cells(restore_from, sweep.work, published_protocol(Path(restore_from)))
+        print(f"mqar: restored {n} cell files from {restore_from} into {sweep.work}", file=sys.stderr)
+    return sweep
+
+
+def published_protocol(results_dir: Path):
+    """The protocol of the command that wrote results_dir (its run.json):
+    what cells restored from its results ran under (mqar_cells.restore_cells)."""
+    run = results_dir / "run.json"
+    if not run.is_file():
+        raise ValueError(f"--restore-from {results_dir}: no run.json there (the command that wrote the results)")
+    words = shlex.split(str(read_json(run).get("command", "")))
+    if words[:3] != ["latte", "experiment", NAME]:
+        raise ValueError(f"--restore-from {results_dir}: {run} names no `latte experiment {NAME}` command")
+    try:
+        published = parse_args(words[3:])
+    except SystemExit:
+        raise ValueError(f"--restore-from {results_dir}: the command in {run} no longer parses") from None
+    return protocol(_plan(published)[0], published.random_fillers)
+
+
 # every record holds these (the report reads them)
 FIELDS = ("accuracy", "state_bytes", "mixer", "seconds", "loadavg_start", "fillers", "examples", "test_examples")
 
@@ -455,15 +490,11 @@ def main(argv: list[str]) -> int:
     deadline = utc_deadline(a.deadline, "--deadline")
     out = Path(a.out or ("results/mqar-quick" if a.quick else "results/mqar"))
     check_readme(a.readme, [out.name])
+    claim_results(out, NAME, create=False)  # before any work: the one write rule (latte/guard.py)
     torch.set_num_threads(a.threads)
     cells = cells_for(settings, dims, families, multiples, budget.lrs, seeds, budget.epochs)
-    sweep_args = dict(
-        key=cell_file_key, protocol=protocol(budget, a.random_fillers), legacy=legacy_protocol, fields=FIELDS
-    )
-    sweep = Sweep(a.work or f"runs/experiments/{out.name}", cells, **sweep_args)
-    if a.restore_from:
-        n = restore_cells(a.restore_from, sweep.work)
-        print(f"mqar: restored {n} cell files from {a.restore_from} into {sweep.work}", file=sys.stderr)
+    sweep_args = dict(key=cell_file_key, protocol=protocol(budget, a.random_fillers), fields=FIELDS)
+    sweep = _restored(Sweep(a.work or f"runs/experiments/{out.name}", cells, **sweep_args), a.restore_from)
     k, n = a.shard
     data: dict = {}
 
@@ -490,9 +521,8 @@ def main(argv: list[str]) -> int:
             f"shard {k}/{n} runs {len(pending[k::n])} of the other {len(pending)}",
             file=sys.stderr,
         )
-        Sweep(sweep.work, pending[k::n], **sweep_args).run(
-            run, desc=f"mqar {k}/{n}", stop=lambda: deadline is not None and time.time() >= deadline
-        )
+        stop = lambda: deadline is not None and time.time() >= deadline  # noqa: E731
+        Sweep(sweep.work, pending[k::n], **sweep_args).run(run, desc=f"mqar {k}/{n}", stop=stop)
     records = [with_protocol(r) for r in sweep.records()] + other_protocol_records(sweep, cells)
     if not records:
         raise ValueError(
@@ -500,16 +530,10 @@ def main(argv: list[str]) -> int:
             f"{out} and the README are left as they were"
         )
     pending = sweep.pending()
+    claim_results(out, NAME)
     tables, images = report(records, out, budget=budget, pending=pending, planned=sweep.cells, scope=_scope(a))
     # named after the folder: results/NAME/ fills the README section results:NAME
-    write_results(
-        out,
-        out.name,
-        flat_records(records),
-        tables,
-        provenance(NAME, argv, started, threads=a.threads),
-        readme=a.readme,
-        images=images,
-    )
+    run = provenance(NAME, argv, started, threads=a.threads)
+    write_results(out, out.name, flat_records(records), tables, run, readme=a.readme, images=images)
     print(tables)
     return 0

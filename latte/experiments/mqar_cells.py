@@ -13,7 +13,10 @@ same way: a default here, omitted from the file name at that default.
 `restore_cells` writes a work folder's cell files back from a results folder
 (results.json + step_times.json), so the report, which is regenerated from
 cell files, can be rebuilt and extended on a machine that never held the
-original work folder.
+original work folder. Each restored cell records the protocol of the command
+that published the results (its run.json), checked against what the record
+itself states (its data sizes and fillers): the proof cells.Sweep needs to
+reuse it (docs/reliability.md §8).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import json
 from pathlib import Path
 
 from ..files import atomic_write
-from .results import PROTOCOL, cell_key, read_cell, read_json
+from .cells import PROTOCOL, cell_key, describe, protocol_difference, read_cell, read_json
 
 SETTING_FIELDS = ("seq_len", "num_kv_pairs", "model", "dim", "num_latents", "lr")
 # Protocol fields with the value every cell had before the field existed.
@@ -75,11 +78,14 @@ def _cell_records(path: Path) -> list[dict]:
     return records
 
 
-def restore_cells(results_dir: str | Path, work_dir: str | Path) -> int:
+def restore_cells(results_dir: str | Path, work_dir: str | Path, protocol=None) -> int:
     """Write `work_dir/cells/<key>.json` for every record of
     `results_dir/results.json` whose cell file is missing, with its per-run
     series from step_times.json put back; returns how many were written. A
-    cell file already there is kept (it may hold a newer run of the cell)."""
+    cell file already there is kept (it may hold a newer run of the cell).
+    `protocol(cell) -> dict`: the protocol of the command that published the
+    results, recorded in each cell after checking the fields the record
+    states itself (a record that contradicts it is a ValueError)."""
     results_dir, cells = Path(results_dir), Path(work_dir) / "cells"
     path = results_dir / "results.json"
     if not path.is_file():
@@ -95,6 +101,16 @@ def restore_cells(results_dir: str | Path, work_dir: str | Path) -> int:
         target = cells / f"{cell_file_key(cell_of(record))}.json"
         if target.is_file():
             continue
+        if protocol is not None:
+            record[PROTOCOL] = protocol(cell_of(record))
+            diff = protocol_difference(legacy_protocol(record), record[PROTOCOL])
+            stated = {k: v for k, v in diff.items() if v[0] != "<not recorded>"}
+            if stated:
+                raise ValueError(
+                    f"{path}: the record of {cell_file_key(cell_of(record))} contradicts the protocol of the "
+                    f"command in {results_dir / 'run.json'} ({describe(stated, 'in the record', 'command')}); "
+                    "nothing restored from it"
+                )
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(target, json.dumps(record, indent=1) + "\n")
         written += 1
@@ -102,8 +118,8 @@ def restore_cells(results_dir: str | Path, work_dir: str | Path) -> int:
 
 
 def legacy_protocol(record: dict) -> dict:
-    """The protocol an older cell file states in its own fields (results.Sweep
-    compares the fields both name): its data sizes and fillers."""
+    """The part of the protocol a record states in its own fields: its data
+    sizes and fillers (restore_cells checks them against the command's)."""
     named = {"train_examples": "examples", "test_examples": "test_examples", "fillers": "fillers"}
     return {p: record[f] for p, f in named.items() if f in record}
 

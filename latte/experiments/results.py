@@ -1,9 +1,10 @@
 """Resumable sweeps and result files shared by every experiment.
 
-A sweep is a list of cells (flat dicts). Each finished cell is written to
-`WORK/cells/<key>.json` atomically, so a killed sweep continues where it
-stopped and never redoes a finished cell. The results of an experiment are
-written to `OUT/` as:
+A sweep is a list of cells (flat dicts) run by cells.Sweep, the one reuse
+rule of every sweep (a finished cell is reused only when its recorded
+protocol and inputs match the command's exactly). The results of an
+experiment are written to `OUT/` (a folder the one write rule of
+latte/guard.py allows: new, empty or written by the same experiment) as:
 
 - `results.json`: a list of flat records (one per cell or row),
 - `results.md`: a header naming the command, machine, threads and wall time,
@@ -26,199 +27,33 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 from ..files import atomic_write
+from ..guard import check_folder, claim_folder
 from ..reporting import machine_info, update_readme
 
-
-def cell_key(cell: dict) -> str:
-    """A stable file-name-safe key for a cell: its items in a fixed order."""
-    parts = [f"{k}={cell[k]}" for k in sorted(cell)]
-    return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", ",".join(parts))
-
-
-PROTOCOL = "protocol"  # the field of a cell file that records the protocol it ran under
-# Overrides that say where or how fast a run goes, never what it computes:
-# left out of a protocol, so moving a cache or changing threads reuses cells.
-NOT_PROTOCOL = ("train.run_dir", "data.cache_dir", "train.num_threads", "data.num_workers", "train.tensorboard")
-
-
-def protocol_sets(sets) -> str:
-    """Config overrides ("section.field=value", leading dashes allowed) as one
-    protocol string, in order (the last one wins), without NOT_PROTOCOL fields."""
-    kept = [s.lstrip("-") for s in sets]
-    return " ".join(s for s in kept if s.partition("=")[0] not in NOT_PROTOCOL)
+# the one reuse rule lives in cells.py; these names are re-exported for the sweeps
+from .cells import (  # noqa: F401
+    NOT_PROTOCOL,
+    PROTOCOL,
+    ProtocolMismatch,
+    Sweep,
+    cell_key,
+    protocol_sets,
+    read_cell,
+    read_json,
+)
 
 
-class Sweep:
-    """Run `fn(cell) -> record` for every cell not finished in an earlier run.
-
-    `records()` returns the records written (finished or marked `incomplete`)
-    in cell order. A record must be JSON-serialisable; the cell's own fields
-    are merged in front of it.
-
-    `protocol(cell) -> dict` (or one dict for every cell) names everything
-    outside the cell's own fields that changes its result (budget, data
-    options, config overrides, ...); each cell file records it. A finished
-    cell whose protocol differs from this sweep's on a field both name is
-    refused, naming both values: its result answers another question, so it
-    is neither reused under this command nor overwritten (docs/reliability.md
-    §8). A cell file written before protocols were recorded states its own
-    through `legacy(record) -> dict` (the fields its JSON holds). `fields`:
-    result fields every record must hold (or a function of the cell giving
-    them). `folder_flag`: the option that chose the work folder, for the
-    messages."""
-
-    def __init__(
-        self,
-        work_dir: str | Path,
-        cells: Iterable[dict],
-        key: Callable[[dict], str] = cell_key,
-        *,
-        protocol: dict | Callable[[dict], dict] | None = None,
-        legacy: Callable[[dict], dict] | None = None,
-        fields: tuple[str, ...] | Callable[[dict], tuple[str, ...]] = (),
-        folder_flag: str = "--work",
-    ):
-        self.work = Path(work_dir)
-        self.cells = list(cells)
-        self.key = key
-        self.protocol = protocol if callable(protocol) or protocol is None else (lambda c, p=protocol: p)
-        self.legacy, self.fields, self.folder_flag = legacy, fields, folder_flag
-        keys = [key(c) for c in self.cells]
-        if len(set(keys)) != len(keys):
-            dup = sorted({k for k in keys if keys.count(k) > 1})
-            raise ValueError(f"sweep cells must be distinct; repeated: {dup[:3]}")
-
-    def _path(self, cell: dict) -> Path:
-        return self.work / "cells" / f"{self.key(cell)}.json"
-
-    def read(self, path: Path, cell: dict | None = None) -> dict:
-        """The record in `path` (of `cell`, or of the cell its own fields
-        name), checked: a JSON object holding `fields`, the cell's values and
-        this sweep's protocol. Anything else is a ValueError naming the file."""
-        record = read_cell(path)
-        if cell is not None:
-            other = {k: (record[k], v) for k, v in cell.items() if k in record and record[k] != v}
-            if other:
-                raise ValueError(f"{path}: holds another cell ({_pairs(other, 'in the file', 'expected')})")
-        fields = self.fields(cell or record) if callable(self.fields) else self.fields
-        missing = [f for f in fields if f not in record]
-        if missing:
-            raise ValueError(
-                f"{path}: not a finished cell of this sweep (no {', '.join(missing)}); "
-                "move it away to run the cell again"
-            )
-        if self.protocol is not None:
-            mismatch = protocol_mismatch(self.recorded_protocol(record), self.protocol(cell or record))
-            if mismatch:
-                raise ProtocolMismatch(
-                    f"{path}: this cell ran under another protocol ({_pairs(mismatch, 'then', 'now')}). "
-                    f"Its result is kept as it is: give this protocol its own {self.folder_flag} folder, "
-                    "or move the cell files away to rerun them"
-                )
-        return record
-
-    def recorded_protocol(self, record: dict) -> dict:
-        """The protocol a record ran under: recorded, or stated by its own fields (older cell files)."""
-        if isinstance(record.get(PROTOCOL), dict):
-            return record[PROTOCOL]
-        return self.legacy(record) if self.legacy is not None else {}
-
-    def _record(self, cell: dict) -> dict | None:
-        path = self._path(cell)
-        return self.read(path, cell) if path.is_file() else None
-
-    def done(self, cell: dict) -> bool:
-        """Finished: a record exists and is not marked `incomplete` (a run
-        cut short by a deadline is reported, and run again by the next sweep)."""
-        record = self._record(cell)
-        return record is not None and not record.get("incomplete", False)
-
-    def check(self) -> None:
-        """Every cell file of this sweep is readable and of this protocol; one
-        error names how many are not, and the first one's problem."""
-        problems = []
-        for cell in self.cells:
-            try:
-                self._record(cell)
-            except ValueError as e:
-                problems.append(str(e))
-        if problems:
-            more = f" ({len(problems) - 1} more cell files of {self.work} likewise)" if len(problems) > 1 else ""
-            raise ValueError(problems[0] + more)
-
-    def pending(self) -> list[dict]:
-        self.check()
-        return [c for c in self.cells if not self.done(c)]
-
-    def run(
-        self, fn: Callable[[dict], dict], *, desc: str = "sweep", stop: Callable[[], bool] | None = None
-    ) -> list[dict]:
-        """`stop()` is asked before each cell: True ends the sweep there."""
-        todo = self.pending()
-        if len(todo) < len(self.cells):
-            print(
-                f"{desc}: {len(self.cells) - len(todo)} of {len(self.cells)} cells already done "
-                f"in {self.work}; running the other {len(todo)}",
-                file=sys.stderr,
-            )
-        for cell in _progress(todo, desc):
-            if stop is not None and stop():
-                break
-            if self.done(cell):  # finished meanwhile by a parallel worker (--shard) on the same folder
-                continue
-            record = {**cell, **fn(cell)}
-            if self.protocol is not None:
-                record[PROTOCOL] = self.protocol(cell)
-            path = self._path(cell)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, json.dumps(record, indent=1) + "\n")
-        return self.records()
-
-    def records(self) -> list[dict]:
-        """The records of the finished (or incomplete) cells, without their
-        recorded protocol (the command's provenance says it)."""
-        self.check()
-        out = [self._record(c) for c in self.cells]
-        return [{k: v for k, v in r.items() if k != PROTOCOL} for r in out if r is not None]
-
-
-class ProtocolMismatch(ValueError):
-    """A finished cell ran under another protocol than the command's."""
-
-
-def protocol_mismatch(then: dict, now: dict) -> dict:
-    """{field: (then, now)} for the fields both protocols name with different values."""
-    now = json.loads(json.dumps(now))  # as a cell file holds it (tuples become lists)
-    return {k: (then[k], now[k]) for k in now if k in then and then[k] != now[k]}
-
-
-def _pairs(diff: dict, a: str, b: str) -> str:
-    return "; ".join(f"{k}: {x!r} {a}, {y!r} {b}" for k, (x, y) in diff.items())
-
-
-def read_json(path: str | Path, expect: type = dict):
-    """The JSON value of a cell or results file, of type `expect`; a file that
-    is not one (truncated, garbage, another type) is a ValueError naming it."""
-    path = Path(path)
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(
-            f"{path}: not valid JSON ({e}); cell and result files are written whole, so this one was damaged "
-            "or written by something else: move it away (a cell file: to run the cell again)"
-        ) from None
-    if not isinstance(value, expect):
-        raise ValueError(f"{path}: a JSON {type(value).__name__}, expected a JSON {expect.__name__}")
-    return value
-
-
-def read_cell(path: str | Path) -> dict:
-    """A cell file's record (a JSON object), checked by read_json."""
-    return read_json(path, dict)
+def claim_results(out: str | Path, experiment: str, flag: str = "--out", *, create: bool = True) -> Path:
+    """OUT is a folder `latte experiment EXPERIMENT` may write (latte/guard.py:
+    new, empty or its own), else a WriteRefused naming it; with `create`
+    (right before the first file is written) created and marked; without
+    (before any work) only checked."""
+    writer = f"latte experiment {experiment}"
+    return claim_folder(out, writer, flag=flag) if create else check_folder(out, writer, flag=flag)
 
 
 def check_readme(readme: str | Path | None, names, kind: str = "results") -> None:
@@ -236,14 +71,6 @@ def check_readme(readme: str | Path | None, names, kind: str = "results") -> Non
             f"--readme {readme}: no section markers for {', '.join(missing)} "
             f"(add `<!-- {kind}:{missing[0]}:start -->` and `<!-- {kind}:{missing[0]}:end -->` where it goes)"
         )
-
-
-def _progress(items: list, desc: str):
-    try:
-        from tqdm import tqdm
-    except ImportError:  # the progress bar is optional (extra "train")
-        return items
-    return tqdm(items, desc=desc, unit="cell", dynamic_ncols=True, file=sys.stderr)
 
 
 class StepClock:
@@ -315,7 +142,7 @@ def write_results(
     out = Path(out_dir)
     if not records:  # a stub would replace the published files and README section
         raise ValueError(f"{name}: no records to write; {out} and the README are left as they were")
-    out.mkdir(parents=True, exist_ok=True)
+    claim_folder(out, " ".join(shlex.split(run["command"])[:3]))  # the one write rule (latte/guard.py)
     for r in records:
         bad = [k for k, v in r.items() if isinstance(v, (dict, list))]
         if bad:

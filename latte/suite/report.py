@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from latte.bench.cuda_report import junit_summary, targets, targets_markdown
+from latte.guard import check_folder, claim_folder
 
 # JSON name prefix -> (module, markdown function, plot function or None)
 TABLES = (
@@ -72,10 +73,11 @@ def _tests(folder: Path) -> list[str]:
 
 
 def write_report(folder: Path, state: dict | None = None) -> Path:
-    folder = Path(folder)
+    from .runner import SUITE_WRITER, load_state
+
+    folder = claim_folder(folder, SUITE_WRITER)  # the one write rule (latte/guard.py)
     if state is None:
-        p = folder / "suite.json"
-        state = json.loads(p.read_text()) if p.exists() else {}
+        state = load_state(folder)
     tables = sorted(p.name for p in folder.glob("*.md") if p.name != "README.md")
     text = [
         "# latte on a GPU: the CUDA suite",
@@ -109,8 +111,19 @@ def write_report(folder: Path, state: dict | None = None) -> Path:
 
 
 def regenerate(folder: Path) -> list[Path]:
-    """Every table (and plot, with matplotlib) of folder from its JSON, then README.md."""
+    """Every table (and plot, with matplotlib) of folder from its JSON, then
+    README.md; only in a suite's own folder (its marker and suite.json)."""
+    from .runner import SUITE_WRITER, load_state
+
     folder, written = Path(folder), []
+    if not (folder / "suite.json").is_file():
+        raise ValueError(
+            f"--out {folder}: "
+            + ("no such folder" if not folder.exists() else "holds no suite.json")
+            + "; --report-only rewrites the README and tables of a suite's folder (default benchmarks/cuda)"
+        )
+    check_folder(folder, SUITE_WRITER)
+    load_state(folder)
     for path in sorted(folder.glob("*.json")):
         for prefix, module, md_name, plot_name in TABLES:
             if path.name.startswith(prefix):

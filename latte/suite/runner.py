@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from latte.guard import check_folder, claim_folder
+
 from . import machine
 
 PACK_MARGIN_S = 25.0  # kept free at the end of the budget: records, report, tarball
@@ -39,9 +41,42 @@ def _utc() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+SUITE_WRITER = "latte bench suite"  # the writer in OUT's marker (latte/guard.py)
+PACK_WRITER = "latte bench suite --pack"
+
+
 def load_state(out: Path) -> dict:
+    """OUT/suite.json, checked: a damaged or foreign file is a ValueError
+    naming it (exit 2), never a traceback."""
     path = Path(out) / "suite.json"
-    return json.loads(path.read_text()) if path.exists() else {"stages": {}, "invocations": []}
+    if not path.exists():
+        return {"stages": {}, "invocations": []}
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); the suite writes it whole: move it away") from None
+    ok = (
+        isinstance(state, dict) and isinstance(state.get("stages"), dict) and isinstance(state.get("invocations"), list)
+    )
+    if ok:
+        ok = all(isinstance(r, dict) and isinstance(r.get("status"), str) for r in state["stages"].values())
+        ok = ok and all(isinstance(i, dict) for i in state["invocations"])
+    if not ok:
+        raise ValueError(
+            f'{path}: not a suite record (expected an object with "stages": {{name: {{"status": ...}}}} and '
+            f'"invocations": [...]), got {json.dumps(state)[:80]}; move it away'
+        )
+    return state
+
+
+def stage_protocol(stage, quick: bool) -> dict:
+    """What a stage's record answers (cells.py's one reuse rule): its exact
+    command and the mode; a record of another is run again, never reused."""
+    return {"command": _command(stage), "mode": "quick" if quick else "full"}
+
+
+def _command(stage) -> str:
+    return " ".join(f"{k}={v}" for k, v in stage.env) + " " * bool(stage.env) + shlex.join(["python3", *stage.argv])
 
 
 def save_state(out: Path, state: dict) -> None:
@@ -88,9 +123,16 @@ def run_stage(argv: list[str], env: dict, log_path: Path, limit_s: float, *, ech
     return proc.returncode, killed
 
 
-def _should_run(stage, rec: dict | None, redo: list[str]) -> str | None:
-    """None to run it, else why not."""
+def _should_run(stage, rec: dict | None, redo: list[str], quick: bool = False) -> str | None:
+    """None to run it, else why not. A record of another command or mode
+    (--quick) is never reused: the stage runs again (and says why)."""
+    from latte.experiments.cells import describe, protocol_difference  # standard library only
+
     if rec is None or stage.name in redo:
+        return None
+    diff = protocol_difference(rec.get("protocol") or {}, stage_protocol(stage, quick))
+    if diff:
+        print(f"suite: {stage.name}: its record answers another command; running it again ({describe(diff)})")
         return None
     status = rec["status"]
     if status in RERUN or (stage.resumable and status in ("timeout", "failed")):
@@ -109,7 +151,7 @@ def pack(args, todo: list, state: dict) -> Path | None:
     """OUT and the stages' output folders (no data caches) in PACK/gpu-suite.tar.gz, < 16 MiB."""
     if args.pack is None:
         return None
-    args.pack.mkdir(parents=True, exist_ok=True)
+    claim_folder(args.pack, PACK_WRITER, flag="--pack")
     target = args.pack / "gpu-suite.tar.gz"
     extra = [Path(o) for s in todo for o in s.outputs if Path(o).exists()]
     for folders in ([Path(args.out), *extra], [Path(args.out), *(e for e in extra if not str(e).startswith("runs"))]):
@@ -157,6 +199,26 @@ def _refuse(args, state, inv, why: str) -> int:
     return 2
 
 
+def _stage_record(stage, args, inv: dict, rc: int, killed: bool, limit: float, started: float) -> dict:
+    """suite.json's record of a stage that ran: its outcome, and the command
+    and mode it answers (stage_protocol)."""
+    status = (
+        "ok" if rc == 0 and not killed else ("cut" if limit < stage.budget_s else "timeout") if killed else "failed"
+    )
+    return {
+        "status": status,
+        "rc": rc,
+        "wall_s": round(time.monotonic() - started, 1),
+        "limit_s": round(limit, 1),
+        "budget_s": stage.budget_s,
+        "when_utc": _utc(),
+        "gpu": inv["machine"].get("gpu_name") or inv["machine"].get("gpu"),  # stages may run on several machines
+        "command": _command(stage),
+        "protocol": stage_protocol(stage, args.quick),
+        "log": f"logs/{stage.name}.log",
+    }
+
+
 def run(todo: list, args, argv: list[str], *, require_cuda: bool = True, validate: bool = True) -> int:
     """Every stage of todo that is not done, within args.budget_s. Returns 0
     when it ran (the outcomes are in the records), 2 when it could not start."""
@@ -166,6 +228,9 @@ def run(todo: list, args, argv: list[str], *, require_cuda: bool = True, validat
     from .dryrun import dry_run
 
     t0 = time.monotonic()
+    if args.pack is not None:  # before anything runs: the one write rule (latte/guard.py)
+        check_folder(args.pack, PACK_WRITER, flag="--pack")
+    claim_folder(args.out, SUITE_WRITER)
     state = load_state(args.out)
     env, inv = _prepare(args, argv, state)
     if args.site.exists() and str(args.site) not in sys.path:
@@ -181,7 +246,7 @@ def run(todo: list, args, argv: list[str], *, require_cuda: bool = True, validat
     missing = set(machine.missing_of(inv["machine"]))
     inv["ran"] = []
     for stage in todo:
-        why = _should_run(stage, state["stages"].get(stage.name), args.redo)
+        why = _should_run(stage, state["stages"].get(stage.name), args.redo, args.quick)
         left = args.budget_s - (time.monotonic() - t0) - PACK_MARGIN_S
         lacking = [d for d in missing if machine.what_needs(d) in stage.needs]
         if why:
@@ -201,25 +266,10 @@ def run(todo: list, args, argv: list[str], *, require_cuda: bool = True, validat
         rc, killed = run_stage(
             list(stage.argv), _stage_env(stage, env), Path(args.out) / "logs" / f"{stage.name}.log", limit
         )
-        wall = time.monotonic() - started
-        status = (
-            "ok" if rc == 0 and not killed else ("cut" if limit < stage.budget_s else "timeout") if killed else "failed"
-        )
-        state["stages"][stage.name] = {
-            "status": status,
-            "rc": rc,
-            "wall_s": round(wall, 1),
-            "limit_s": round(limit, 1),
-            "budget_s": stage.budget_s,
-            "when_utc": _utc(),
-            "gpu": inv["machine"].get("gpu_name") or inv["machine"].get("gpu"),  # stages may run on several machines
-            "command": " ".join(f"{k}={v}" for k, v in stage.env)
-            + " " * bool(stage.env)
-            + shlex.join(["python3", *stage.argv]),
-            "log": f"logs/{stage.name}.log",
-        }
+        state["stages"][stage.name] = rec = _stage_record(stage, args, inv, rc, killed, limit, started)
+        status = rec["status"]
         inv["ran"].append(stage.name)
-        print(f"suite: {stage.name}: {status} in {wall:.0f} s (exit {rc})", flush=True)
+        print(f"suite: {stage.name}: {status} in {rec['wall_s']:.0f} s (exit {rc})", flush=True)
         _finish_stage(args, todo, state)
     inv["wall_s"] = round(time.monotonic() - t0, 1)
     _finish_stage(args, todo, state)

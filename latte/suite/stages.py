@@ -24,12 +24,15 @@ does), and a cut-off resumable stage continues where it stopped.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_OUT = Path("benchmarks/cuda")
 DEFAULT_WORK = Path("runs/gpu")  # run folders of the training stages (ignored by git: carry them)
+# --quick writes apart from the full suite's folders and published results
+QUICK_OUT, QUICK_WORK, QUICK_RESULTS = Path("benchmarks/cuda-quick"), Path("runs/gpu-quick"), Path("results/quick")
 DEFAULT_BUDGET_S = 1140.0  # 19 minutes; one call of the device tool: --budget-s 540
 
 
@@ -126,23 +129,33 @@ def _benches(out: Path, quick: bool) -> list[Stage]:
 def stages(out: Path = DEFAULT_OUT, work: Path = DEFAULT_WORK, quick: bool = False) -> list[Stage]:
     """The suite, in priority order (what a 10-minute window must not miss first)."""
     q = ("--quick",) if quick else ()
+    results = QUICK_RESULTS if quick else Path("results")
     return _benches(out, quick) + [
         Stage(
             "lra",
             ("-m", "latte", "experiment", "lra", "--tasks", "listops", "--mixers", "latte", "softmax", "linear")
-            + ("--parts", "train", "--work", str(work / "lra"), "--out", "results/lra-gpu", *q)
+            + ("--parts", "train", "--work", str(work / "lra"), "--out", str(results / "lra-gpu"), *q)
             + (() if quick else ("--override", *LRA_OVERRIDES)),
             1800,
             300,
             optional=True,
             resumable=True,
-            outputs=("results/lra-gpu", str(work / "lra")),
+            outputs=(str(results / "lra-gpu"), str(work / "lra")),
             what="ListOps at the LRA budget (5K steps x 32), latte/softmax/linear",
         ),
         Stage(
             "lm",
             ("-m", "latte", "experiment", "lm-variants", "--variants", "softmax,latte-conv_rglru,macchiato,swa")
-            + ("--seeds", "0", "--stages", "train", "--runs", str(work / "lm"), "--results", "results/gpu-seq512")
+            + (
+                "--seeds",
+                "0",
+                "--stages",
+                "train",
+                "--runs",
+                str(work / "lm"),
+                "--results",
+                str(results / "gpu-seq512"),
+            )
             + q
             + tuple(x for s in (() if quick else LM_SETS) for x in ("--set", s)),
             1200,
@@ -151,7 +164,7 @@ def stages(out: Path = DEFAULT_OUT, work: Path = DEFAULT_WORK, quick: bool = Fal
             (("LATTE_BACKEND", "auto"),),
             optional=True,
             resumable=True,
-            outputs=("results/gpu-seq512", str(work / "lm")),
+            outputs=(str(results / "gpu-seq512"), str(work / "lm")),
             what="LM variants at sequence 512, one token budget",
         ),
     ]
@@ -159,8 +172,15 @@ def stages(out: Path = DEFAULT_OUT, work: Path = DEFAULT_WORK, quick: bool = Fal
 
 def parse_args(argv=None, names: list[str] | None = None):
     p = argparse.ArgumentParser(allow_abbrev=False, prog="latte bench suite", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the suite's folder (default benchmarks/cuda)")
-    p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="run folders of the training stages")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the suite's folder (default benchmarks/cuda; --quick: benchmarks/cuda-quick)",
+    )
+    p.add_argument(
+        "--work", type=Path, default=None, help="run folders of the training stages (runs/gpu, runs/gpu-quick)"
+    )
     p.add_argument("--wheels", type=Path, default=Path(".whl"), help="wheels of the missing packages (.whl/)")
     p.add_argument("--site", type=Path, default=Path("/tmp/latte-gpu-site"), help="where the wheels are installed")
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="seconds for this invocation")
@@ -180,8 +200,10 @@ def parse_args(argv=None, names: list[str] | None = None):
         if bad:
             p.error(f"--{flag}: unknown stage(s) {bad}; the stages are {', '.join(names)}")
         setattr(args, flag, given)
-    if args.budget_s <= 0:
-        p.error(f"--budget-s: expected seconds > 0, got {args.budget_s:g}")
+    if not (math.isfinite(args.budget_s) and args.budget_s > 0):
+        p.error(f"--budget-s: expected a finite number of seconds > 0, got {args.budget_s:g}")
+    args.out = args.out or (QUICK_OUT if args.quick else DEFAULT_OUT)
+    args.work = args.work or (QUICK_WORK if args.quick else DEFAULT_WORK)
     return args
 
 
@@ -196,10 +218,18 @@ def selected(args) -> list[Stage]:
 
 
 def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        return _main(args, argv)
+    except ValueError as e:  # a folder the write rule refuses, a damaged suite.json: exit 2 naming it
+        print(f"latte bench suite: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(args, argv) -> int:
     # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
     from . import runner
 
-    args = parse_args(argv)
     if args.report_only:
         # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
         from .report import regenerate

@@ -97,7 +97,9 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys, monkeypat
     assert main(args) == 0  # everything done: nothing recomputed
     assert "already done" in capsys.readouterr().err
     # another --set is another protocol: the finished cells are refused, not reused (issue 23)
-    with pytest.raises(ValueError, match=r"cell ran under another protocol \(sets: .* then, .*train.steps=3' now\)"):
+    with pytest.raises(
+        ValueError, match=r"another protocol or other inputs \(sets: .* now; resolved.train.steps: 2 then, 3 now\)"
+    ):
         main([*args, "--set", "train.steps=3"])
     with pytest.raises(ValueError, match="--set train.stepz=3: not valid for recipe end_to_end"):
         main([*args, "--set", "train.stepz=3"])

@@ -70,7 +70,7 @@ def test_quick_pilots_and_curve_write_results_and_resume(tmp_path, capsys):
         tasks = json.loads((tmp_path / "convert-out" / "convert-tasks" / "results.json").read_text())
         assert sum(t[metric_of(t["task"])] for t in tasks) / len(tasks) == curve[-1]["task_avg"]
     # the cells record what they were scored on: other held-out windows are another protocol
-    with pytest.raises(ValueError, match="another protocol .eval_windows: 1 then, 2 now"):
+    with pytest.raises(ValueError, match="another protocol or other inputs .eval_windows: 1 then, 2 now"):
         main([*args, "--set", "train.save_every=1", "--eval-windows", "2"])
 
 

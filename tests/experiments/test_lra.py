@@ -8,6 +8,7 @@ import shlex
 import pytest
 
 from latte.experiments import lra
+from latte.experiments.cells import run_protocol
 from latte.experiments.results import cell_key
 
 
@@ -91,11 +92,11 @@ def test_reduced_budget_is_marked_and_shows_full_budget_cells(tmp_path):
         "train.eval_every=0",
         "train.save_every=0",
     ]
-    # the full-budget cell ran this command's protocol at the full budget (as written before
-    # cell files recorded their protocol: its command says it)
+    # the full-budget cell ran this command's protocol at the full budget (recorded in its file)
     overrides = lra.cell_overrides(full_cell, lra.parse_args(argv), work, budget="full")
     config, overrides = lra.train_overrides("listops", "latte", full, overrides)
     full_record["command"] = shlex.join(["latte", "train", "--config", config, *(f"--{o}" for o in overrides)])
+    full_record["protocol"] = run_protocol(config, overrides)
     (full / "cells").mkdir(parents=True)
     (full / "cells" / f"{cell_key(full_cell)}.json").write_text(json.dumps(full_record))
     assert lra.main(argv) == 0

@@ -16,6 +16,7 @@ from latte.cli import main
 from latte.experiments import lm_variants as LV
 from latte.experiments import lra
 from latte.experiments import mqar as M
+from latte.experiments.cells import run_protocol
 from latte.experiments.results import cell_key
 
 README = "# r\n\n<!-- results:NAME:start -->\npublished\n<!-- results:NAME:end -->\n"
@@ -43,25 +44,25 @@ def test_mqar_rerun_with_another_protocol_is_refused_before_training(tmp_path, c
     capsys.readouterr()
     assert main([*base, "--random-fillers", "--epochs", "3", "--train-examples", "64"]) == 2
     err = _err(capsys)
-    assert "this cell ran under another protocol (train_examples: 128 then, 64 now; fillers: 'zeros' then," in err
+    assert "ran under another protocol or other inputs (train_examples: 128 then, 64 now; fillers: 'zeros' then," in err
     assert "--work folder" in err and err.count("\n") == 1
     assert sorted(p.name for p in (work / "cells").iterdir()) == before  # nothing trained or written
     assert (out / "results.md").read_text() == published
     # the same without --report-only's help: a report over another protocol is refused too
     assert main([*base, "--random-fillers", "--report-only"]) == 2
-    # a cell file as written before protocols were recorded: accepted under the same protocol
+    # a cell file as written before protocols were recorded: refused, never silently reused (issue 41)
     [path] = (work / "cells").iterdir()
     record = json.loads(path.read_text())
     del record["protocol"]
     path.write_text(json.dumps(record))
     capsys.readouterr()
-    assert main(base) == 0 and "1 of 1 cells already done" in capsys.readouterr().err
-    assert main([*base, "--train-examples", "64"]) == 2
+    assert main(base) == 2 and "under a protocol it does not record (written before cells recorded" in _err(capsys)
+    assert (out / "results.md").read_text() == published
 
 
-def _lm_train_cell(runs: Path, variant: str, seed: int, sets: list[str]) -> None:
-    """A finished lm-variants training cell in the format written before
-    protocols were recorded (the committed results, the background queue)."""
+def _lm_train_cell(runs: Path, variant: str, seed: int, sets: list[str], *, legacy: bool = False) -> None:
+    """A finished lm-variants training cell as today's sweep writes it (its
+    protocol recorded), or as written before protocols were (`legacy`)."""
     args = LV.train_args(variant, seed, runs / variant / f"seed-{seed}", 1, sets)
     record = {
         "variant": variant,
@@ -84,6 +85,8 @@ def _lm_train_cell(runs: Path, variant: str, seed: int, sets: list[str]) -> None
         "command": "latte " + " ".join(args),
         "process_s": 61.0,
     }
+    if not legacy:
+        record["protocol"] = LV.train_protocol({"variant": variant, "seed": seed}, sets)
     cells = runs / ".cells" / "train" / "cells"
     cells.mkdir(parents=True, exist_ok=True)
     (cells / f"{cell_key({'variant': variant, 'seed': seed})}.json").write_text(json.dumps(record))
@@ -98,9 +101,12 @@ def test_lm_variants_set_change_is_refused_and_todays_cells_are_accepted(tmp_pat
     assert "| softmax |" in (results / "lm_variants" / "results.md").read_text()
     capsys.readouterr()
     assert main([*argv, "--set", "train.steps=100"]) == 2
-    assert "sets: 'train.steps=300' then, 'train.steps=100' now" in _err(capsys)
+    assert "resolved.train.steps: 300 then, 100 now" in _err(capsys)
     assert main([*argv, "--set", "train.stepz=100"]) == 2  # an invalid override, even with every cell done
     assert "--set train.stepz=100: not a valid override of mixers/softmax" in _err(capsys)
+    _lm_train_cell(runs, "softmax", 0, ["train.steps=300"], legacy=True)  # no protocol: never reused (issue 41)
+    assert main([*argv, "--set", "train.steps=300"]) == 2
+    assert "a protocol it does not record (written before cells recorded their protocol" in _err(capsys)
 
 
 def test_lra_override_change_is_refused_and_todays_cells_are_accepted(tmp_path, capsys):
@@ -118,6 +124,7 @@ def test_lra_override_change_is_refused_and_todays_cells_are_accepted(tmp_path, 
         "train_label_counts": "1 1",
         "test_label_counts": "1 1",
         "command": shlex.join(["latte", "train", "--config", config, *(f"--{o}" for o in overrides)]),
+        "protocol": run_protocol(config, overrides),
     }
     (work / "cells").mkdir(parents=True)
     (work / "cells" / f"{cell_key(cell)}.json").write_text(json.dumps(record))
@@ -125,7 +132,8 @@ def test_lra_override_change_is_refused_and_todays_cells_are_accepted(tmp_path, 
     capsys.readouterr()
     assert main(["experiment", "lra", *argv, "--report-only", "--override", "train.steps=700"]) == 2
     err = _err(capsys)
-    assert "overrides: 'model.mixer=latte train.steps=500' then, 'model.mixer=latte train.steps=700' now" in err
+    assert "sets: 'model.mixer=latte train.steps=500' then, 'model.mixer=latte train.steps=700' now" in err
+    assert "resolved.train.steps: 500 then, 700 now" in err
     assert main(["experiment", "lra", *argv, "--override", "model.dimm=3"]) == 2
     assert "--override model.dimm=3: not valid for lra/listops" in _err(capsys)
 

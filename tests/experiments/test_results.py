@@ -111,10 +111,6 @@ def test_images_are_linked_from_results_md_and_the_readme(tmp_path):
 # ---------------------------------------------------------------- issue 23: protocols and damaged cell files
 
 
-def _legacy(record):  # what an older cell file states of its protocol: its data size
-    return {"examples": record["examples"]} if "examples" in record else {}
-
-
 def test_a_cell_records_its_protocol_and_another_protocol_is_refused_naming_both(tmp_path):
     cells = [{"i": 0}, {"i": 1}]
     Sweep(tmp_path, cells, protocol={"examples": 128, "fillers": "zeros"}).run(lambda c: {"acc": 0.5})
@@ -135,16 +131,16 @@ def test_a_cell_records_its_protocol_and_another_protocol_is_refused_naming_both
     }
 
 
-def test_a_cell_written_before_protocols_is_read_as_its_own_json_states(tmp_path):
-    """A cell file without a recorded protocol (every cell of today's committed
-    results and of the background queue) is accepted under the protocol its
-    fields state, and refused under another."""
+def test_a_cell_written_before_protocols_is_refused_not_read_as_its_own_json_states(tmp_path):
+    """A cell file without a recorded protocol (issue 41): its inputs cannot be
+    proven the same, so it is refused under any protocol, naming each field
+    it does not record; the file is left as it was."""
     (tmp_path / "cells").mkdir()
-    (tmp_path / "cells" / "i=0.json").write_text(json.dumps({"i": 0, "acc": 0.5, "examples": 128}))
-    ok = Sweep(tmp_path, [{"i": 0}], protocol={"examples": 128, "batch_size": 32}, legacy=_legacy)
-    assert ok.pending() == [] and ok.records() == [{"i": 0, "acc": 0.5, "examples": 128}]
-    with pytest.raises(ValueError, match="examples: 128 then, 64 now"):
-        Sweep(tmp_path, [{"i": 0}], protocol={"examples": 64}, legacy=_legacy).pending()
+    text = json.dumps({"i": 0, "acc": 0.5, "examples": 128})
+    (tmp_path / "cells" / "i=0.json").write_text(text)
+    with pytest.raises(ValueError, match="examples: <not recorded> then, 128 now; batch_size: <not recorded>"):
+        Sweep(tmp_path, [{"i": 0}], protocol={"examples": 128, "batch_size": 32}).pending()
+    assert (tmp_path / "cells" / "i=0.json").read_text() == text
 
 
 @pytest.mark.parametrize(

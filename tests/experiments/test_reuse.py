@@ -1,0 +1,343 @@
+"""Issue 41: one reuse rule for every sweep (latte/experiments/cells.py), one
+write rule for every writer outside a run folder (latte/guard.py). The
+numbers in the test names are the rows of the issue's table."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from latte.cli import main
+from latte.config_io import save_yaml
+from latte.experiments import cells as C
+from latte.experiments import lm_variants as LV
+from latte.experiments.convert import check_same_base
+from latte.experiments.convert_stages import checks
+from latte.experiments.results import write_results
+from latte.guard import MARKER, WriteRefused, claim_folder
+from latte.suite import runner, stages
+from latte.train.config import shipped_configs
+from latte.train.task import load_run_config
+
+
+def _err(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def _model_folder(path: Path) -> dict:
+    path.mkdir(parents=True)
+    files = {"config.json": '{"model_type": "llama"}\n', "model.safetensors": "weights"}
+    for name, text in files.items():
+        (path / name).write_text(text)
+    return files
+
+
+# ---------------------------------------------------------------- the write rule (latte/guard.py)
+
+
+def test_1_export_into_a_base_model_folder_or_a_foreign_folder_exits_2_and_changes_nothing(tmp_path, capsys):
+    base = tmp_path / "base"
+    files = _model_folder(base)
+    other = tmp_path / "dir"
+    other.mkdir()
+    (other / "README.md").write_text("mine\n")
+    (other / "config.json").write_text("{}\n")
+    for dest, named in ((base, "a model's folder"), (other, "holds 2 entries (README.md, config.json)")):
+        assert main(["export", str(tmp_path / "run"), str(dest)]) == 2
+        err = _err(capsys)
+        assert f"OUT {dest}" in err and named in err
+    assert {n: (base / n).read_text() for n in files} == files and not (base / MARKER).exists()
+    assert sorted(p.name for p in other.iterdir()) == ["README.md", "config.json"]
+    assert (other / "config.json").read_text() == "{}\n"
+
+
+def test_the_guard_accepts_new_empty_and_its_own_folders_only(tmp_path):
+    new, empty = tmp_path / "a" / "new", tmp_path / "empty"
+    empty.mkdir()
+    for folder in (new, empty):
+        claim_folder(folder, "latte export")
+        (folder / "model.safetensors").write_text("x")
+        (folder / "config.json").write_text("{}")
+        claim_folder(folder, "latte export")  # an earlier export is replaced by the next one
+        with pytest.raises(WriteRefused, match=r"written by `latte export`"):
+            claim_folder(folder, "latte experiment mqar")
+    run = tmp_path / "run"
+    (run / "step-00000001").mkdir(parents=True)
+    (run / "step-00000001" / "manifest.json").write_text("{}")
+    for dest, kind in ((run, "a run folder"), (run / "step-00000001", "a checkpoint"), (run / "x", "a run folder")):
+        with pytest.raises(WriteRefused, match=kind):
+            claim_folder(dest, "latte export")
+    assert not (run / "x").exists()
+
+
+def test_experiment_results_go_only_into_their_own_folder(tmp_path):
+    rec, run = [{"a": 1}], {"command": "latte experiment mqar --quick", "machine": {}, "wall_s": 1.0}
+    write_results(tmp_path / "mqar", "mqar", rec, "t", run)
+    write_results(tmp_path / "mqar", "mqar", rec, "t", run)  # its own, again
+    (tmp_path / "README.md").write_text("project\n")
+    for out in (tmp_path, tmp_path / "mqar"):
+        other = {**run, "command": "latte experiment lra --quick"}
+        with pytest.raises(WriteRefused):
+            write_results(out, "lra", rec, "t", other)
+    assert (tmp_path / "README.md").read_text() == "project\n"
+
+
+def test_every_published_results_folder_is_marked_by_the_command_that_wrote_it():
+    root = Path(__file__).resolve().parents[2] / "results"
+    for folder in (p for p in root.iterdir() if (p / "run.json").is_file()):
+        command = json.loads((folder / "run.json").read_text())["command"]
+        assert command.startswith(json.loads((folder / MARKER).read_text())["writer"] + " "), folder
+
+
+@pytest.mark.parametrize("where", ["results", "dot"])
+def test_6_suite_report_only_never_replaces_a_foreign_readme(tmp_path, monkeypatch, capsys, where):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "README.md").write_text("1,607 lines\n")
+    (folder / "mqar").mkdir()
+    monkeypatch.chdir(folder)
+    out = "." if where == "dot" else str(folder)
+    assert stages.main(["--report-only", "--out", out]) == 2
+    assert "holds no suite.json" in _err(capsys)
+    (folder / "suite.json").write_text('{"stages": {}, "invocations": []}')  # even with a suite's record
+    assert stages.main(["--report-only", "--out", out]) == 2
+    assert "not written by this command (no marker)" in _err(capsys)
+    assert (folder / "README.md").read_text() == "1,607 lines\n"
+
+
+def test_8_suite_pack_into_the_project_root_exits_2_before_anything_runs(tmp_path, monkeypatch, capsys):
+    (tmp_path / "README.md").write_text("the project's README\n")
+    monkeypatch.chdir(tmp_path)
+    assert stages.main(["--pack", ".", "--out", str(tmp_path / "suite"), "--stages", "check"]) == 2
+    assert "--pack .: holds 1 entry (README.md)" in _err(capsys)
+    assert (tmp_path / "README.md").read_text() == "the project's README\n" and not (tmp_path / "suite").exists()
+
+
+@pytest.mark.parametrize(
+    "content, message", [('{"stages": {"check": {', "not valid JSON"), ("[1, 2]", "not a suite record")]
+)
+def test_9_a_damaged_suite_json_is_named_exit_2(tmp_path, capsys, content, message):
+    claim_folder(tmp_path, runner.SUITE_WRITER)
+    (tmp_path / "suite.json").write_text(content)
+    assert stages.main(["--report-only", "--out", str(tmp_path)]) == 2
+    err = _err(capsys)
+    assert str(tmp_path / "suite.json") in err and message in err
+    assert (tmp_path / "suite.json").read_text() == content and not (tmp_path / "README.md").exists()
+
+
+def test_10_report_only_of_a_missing_suite_folder_exits_2_naming_it(tmp_path, capsys):
+    assert stages.main(["--report-only", "--out", str(tmp_path / "missing")]) == 2
+    assert f"--out {tmp_path / 'missing'}: no such folder" in _err(capsys)
+    assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
+def test_11_a_budget_that_is_not_a_finite_positive_number_is_refused(value, capsys):
+    with pytest.raises(SystemExit) as e:
+        stages.main(["--dry-run", "--budget-s", value])
+    assert e.value.code == 2 and "--budget-s: expected a finite number of seconds > 0" in capsys.readouterr().err
+
+
+def test_7_a_quick_suite_writes_apart_and_its_records_are_never_reused_by_the_full_one():
+    quick, full = stages.parse_args(["--quick"]), stages.parse_args([])
+    assert (quick.out, quick.work) != (full.out, full.work)
+    for s in stages.stages(quick.out, quick.work, quick=True):
+        assert not any(o.startswith("results/") and not o.startswith("results/quick/") for o in s.outputs), s.name
+    by_name = {s.name: s for s in stages.stages(full.out, full.work)}
+    for s in stages.stages(quick.out, quick.work, quick=True):
+        record = {"status": "ok", "wall_s": 1.0, "protocol": runner.stage_protocol(s, True)}
+        assert runner._should_run(s, record, [], quick=True) is not None  # the quick suite's own: done
+        assert runner._should_run(by_name[s.name], record, [], quick=False) is None  # the full one runs it
+        assert runner._should_run(by_name[s.name], {"status": "ok"}, [], quick=False) is None  # no protocol
+
+
+# ---------------------------------------------------------------- the reuse rule (latte/experiments/cells.py)
+
+
+def test_a_cell_is_reused_only_when_protocol_and_inputs_match_exactly(tmp_path):
+    data = tmp_path / "data.txt"
+    data.write_text("a")
+    proto = lambda c: {"steps": 2, "inputs": {"data": C.input_digest(data)}}  # noqa: E731
+    C.Sweep(tmp_path, [{"i": 0}], protocol=proto).run(lambda c: {"acc": 0.5})
+    assert C.Sweep(tmp_path, [{"i": 0}], protocol=proto).pending() == []
+    data.write_text("b")  # the same path, another content
+    with pytest.raises(C.ProtocolMismatch, match=r"i=0.json: .*inputs.data: '[0-9a-f]{64}' then, '[0-9a-f]{64}' now"):
+        C.Sweep(tmp_path, [{"i": 0}], protocol=proto).pending()
+    wider = lambda c: {**proto(c), "fillers": "zeros"}  # noqa: E731  a field the cell does not record
+    data.write_text("a")
+    with pytest.raises(C.ProtocolMismatch, match=r"fillers: <not recorded> then, 'zeros' now"):
+        C.Sweep(tmp_path, [{"i": 0}], protocol=wider).pending()
+
+
+def test_a_legacy_cell_without_a_protocol_is_refused_not_reused(tmp_path):
+    (tmp_path / "cells").mkdir()
+    path = tmp_path / "cells" / "i=0.json"
+    path.write_text(json.dumps({"i": 0, "acc": 0.5, "examples": 128}))
+    with pytest.raises(C.ProtocolMismatch, match=r"examples: <not recorded> then, 128 now") as e:
+        C.Sweep(tmp_path, [{"i": 0}], protocol={"examples": 128}).records()
+    assert str(path) in str(e.value) and "move the cell files away to recompute them" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "record, field",
+    [
+        ({"model": "original", "task": "arc_easy", "acc": "high", "wall_s": 1.0, "load": 0.1}, "acc"),
+        ({"model": "original", "task": "arc_easy", "acc": 1.5, "wall_s": 1.0, "load": 0.1}, "acc"),
+        ({"model": "original", "task": "arc_easy", "accuracy": "NaN", "wall_s": 1.0, "load": 0.1}, "accuracy"),
+        ({"model": "original", "task": "arc_easy", "tokens_per_s": None, "wall_s": 1.0, "load": 0.1}, "tokens_per_s"),
+        ({"model": "original", "task": "arc_easy", "steps": 2.5, "wall_s": 1.0, "load": 0.1}, "steps"),
+        ({"model": "original", "task": "arc_easy", "wall_s": -1.0, "load": 0.1}, "wall_s"),
+    ],
+    ids=["acc-string", "acc-above-1", "accuracy-NaN-string", "tokens-per-s-null", "steps-float", "negative-seconds"],
+)
+def test_12_a_cell_field_of_the_wrong_type_or_range_is_refused_naming_the_file(tmp_path, record, field):
+    cell = {"model": "original", "task": "arc_easy"}
+    path = tmp_path / "cells" / f"{C.cell_key(cell)}.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=rf"field {field!r} is .*expected") as e:
+        C.Sweep(tmp_path, [cell], fields=("wall_s", "load")).records()
+    assert str(path) in str(e.value)
+    with pytest.raises(ValueError, match="expected a finite number"):  # and nothing bad is ever written
+        C.Sweep(tmp_path / "new", [cell]).run(lambda c: {"tokens_per_s": float("nan")})
+    assert not (tmp_path / "new" / "cells").exists()
+
+
+def _fake_run(folder: Path, manifest: str) -> Path:
+    step = folder / "step-00000002"
+    step.mkdir(parents=True, exist_ok=True)
+    (step / "manifest.json").write_text(manifest)
+    return folder
+
+
+def test_2_convert_cells_record_the_converted_checkpoint_and_refuse_another_at_the_same_path(tmp_path):
+    """The tasks cells of one converted run are refused once another run is
+    converted at the same path (they were keyed by path and step name only)."""
+    run = _fake_run(tmp_path / "run", '{"step": 2, "files": {"model.safetensors": "aaa"}}')
+    a = SimpleNamespace(config="tiny", set=["train.steps=2", "optim.warmup_steps=1"], runs=str(tmp_path))
+    a.inputs = {"base": {"model.safetensors": "b" * 64}, "converted": C.input_digest(run)}
+    cells = [{"model": "converted", "task": "arc_easy", "source": f"{run}/step-00000002"}]
+    C.Sweep(tmp_path / "cells-tasks", cells, **checks(a, ("wall_s", "load"))).run(
+        lambda c: {"acc": 0.25, "wall_s": 1.0, "load": 0.1}
+    )
+    shutil.rmtree(run)  # deleted, converted again at the same path: another model
+    _fake_run(tmp_path / "run", '{"step": 2, "files": {"model.safetensors": "ccc"}}')
+    a.inputs = {**a.inputs, "converted": C.input_digest(run)}
+    with pytest.raises(C.ProtocolMismatch, match=r"inputs.converted: '[0-9a-f]+' then, '[0-9a-f]+' now"):
+        C.Sweep(tmp_path / "cells-tasks", cells, **checks(a, ("wall_s", "load"))).records()
+    a.inputs = {**a.inputs, "base": {"model.safetensors": "d" * 64}}
+    with pytest.raises(C.ProtocolMismatch, match=r"inputs.base.model.safetensors"):
+        C.Sweep(tmp_path / "cells-tasks", cells, **checks(a, ("wall_s", "load"))).records()
+
+
+def test_4_a_converted_model_of_another_base_is_refused_naming_the_files():
+    a = SimpleNamespace(config="convert/smollm2", inputs={"base": {"config.json": "1", "model.safetensors": "2"}})
+
+    def subject(sha):
+        model = SimpleNamespace(config=SimpleNamespace(base_weights=None if sha is None else {"sha256": sha}))
+        return SimpleNamespace(model=model, source=Path("RUN"), run=None)
+
+    with pytest.raises(ValueError, match=r"--converted RUN: converted from another base .* differs for model.safet"):
+        check_same_base(a, subject({"config.json": "1", "model.safetensors": "9"}))
+    with pytest.raises(ValueError, match="records no base model"):
+        check_same_base(a, subject(None))
+
+
+def test_3_a_run_folder_of_another_configuration_is_set_aside_never_resumed(tmp_path, capsys):
+    run = tmp_path / "softmax" / "seed-0"
+    run.mkdir(parents=True)
+    sets = ["train.steps=4", "optim.warmup_steps=1", "train.run_dir=elsewhere", "train.num_threads=3"]
+    save_yaml(load_run_config("mixers/softmax", [f"--{s}" for s in sets]), run / "config.yaml")
+    (run / "metrics.csv").write_text("step,loss\n1,5.0\n")
+    # where and how fast do not count: the same run
+    assert C.set_aside_changed_run(run, "mixers/softmax", ["train.steps=4", "optim.warmup_steps=1"]) is None
+    moved = C.set_aside_changed_run(run, "mixers/softmax", ["train.steps=4", "optim.warmup_steps=1", "optim.lr=0.1"])
+    assert moved == tmp_path / "softmax" / "seed-0.set-aside-1" and not run.exists()
+    assert (moved / "metrics.csv").read_text() == "step,loss\n1,5.0\n"  # nothing deleted
+    err = capsys.readouterr().err
+    assert "optim.lr:" in err and "never resumed under the new one: set aside as" in err
+
+
+@pytest.mark.parametrize("name", shipped_configs())
+def test_a_run_folder_of_the_same_configuration_is_never_set_aside(tmp_path, name):
+    """config.yaml as the trainer writes it, read back, equals the resolved
+    config for every shipped config (else every resume would start over)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    save_yaml(load_run_config(name, ["--train.num_threads=2"]), run / "config.yaml")
+    assert C.set_aside_changed_run(run, name, []) is None and (run / "config.yaml").is_file()
+
+
+# ---------------------------------------------------------------- lm-variants end to end: kills and changes
+
+
+def _lm(tmp_path: Path, runs: str) -> list[str]:
+    return ["--quick", "--variants", "softmax", "--seeds", "0", "--stages", "train", "--runs", str(tmp_path / runs)]
+
+
+def _train_record(results: Path) -> dict:
+    [r] = json.loads((results / "lm_variants" / "results.json").read_text())
+    return r
+
+
+MEASURED = ("wall_s", "loadavg_start", "loadavg_end", "process_s", "resumed", "tokens_per_s")
+
+
+@pytest.mark.slow
+def test_5_and_kill_9_lm_variants_killed_anywhere_gives_the_uninterrupted_results(tmp_path, capsys, monkeypatch):
+    """A reference run; a run whose training is killed with SIGKILL right after
+    its step-1 checkpoint (LATTE_FAULTS), then the same command; a kill between
+    the run's end and its cell write (the cell file deleted), then the same
+    command: the same results as the reference, every field that is not a
+    measurement of time equal, and no null throughput (row 5)."""
+    sets = ["--set", "train.save_every=1"]
+    ref_argv = [*_lm(tmp_path, "ref"), "--results", str(tmp_path / "ref-results"), *sets]
+    assert LV.main(ref_argv) == 0
+    ref = _train_record(tmp_path / "ref-results")
+    argv = [*_lm(tmp_path, "runs"), "--results", str(tmp_path / "results"), *sets]
+    monkeypatch.setenv("LATTE_FAULTS", "kill_after_save=1")
+    with pytest.raises(RuntimeError, match="exited -9"):
+        LV.main(argv)
+    monkeypatch.delenv("LATTE_FAULTS")
+    assert not (tmp_path / "results").exists()  # nothing published by the killed command
+    assert LV.main(argv) == 0
+    same = lambda r: {k: v for k, v in r.items() if k not in MEASURED and k != "command"}  # noqa: E731
+    first = _train_record(tmp_path / "results")
+    assert same(first) == same(ref) and first["resumed"] is True
+    summary = (tmp_path / "runs" / "softmax" / "seed-0" / "summary.json").read_text()
+    [cell] = (tmp_path / "runs" / ".cells" / "train" / "cells").glob("*.json")
+    cell.unlink()  # row 5: killed between the run's end and the cell write
+    assert LV.main(argv) == 0
+    again = _train_record(tmp_path / "results")
+    assert same(again) == same(ref) and again["tokens_per_s"] == first["tokens_per_s"] > 0
+    assert (tmp_path / "runs" / "softmax" / "seed-0" / "summary.json").read_text() == summary  # not trained again
+    assert LV.main([*argv, "--report-only"]) == 0
+
+
+@pytest.mark.slow
+def test_3_lm_variants_another_set_is_refused_then_started_over_with_the_old_run_set_aside(tmp_path, capsys):
+    argv = [*_lm(tmp_path, "runs"), "--results", str(tmp_path / "results")]
+    assert LV.main(argv) == 0
+    before = _train_record(tmp_path / "results")
+    published = (tmp_path / "results" / "lm_variants" / "results.json").read_text()
+    capsys.readouterr()
+    changed = [*argv, "--set", "optim.lr=0.1", "--set", "train.steps=4"]
+    assert main(["experiment", "lm-variants", *changed]) == 2
+    err = _err(capsys)
+    assert "resolved.optim.lr" in err and "move the cell files away to recompute them" in err
+    assert (tmp_path / "results" / "lm_variants" / "results.json").read_text() == published
+    shutil.move(tmp_path / "runs" / ".cells", tmp_path / "old-cells")  # what the message says
+    assert LV.main(changed) == 0
+    after = _train_record(tmp_path / "results")
+    assert after["steps"] == 4 and after["resumed"] is False and after["val_ppl"] != before["val_ppl"]
+    assert (tmp_path / "runs" / "softmax" / "seed-0.set-aside-1" / "summary.json").is_file()
+    config = (tmp_path / "runs" / "softmax" / "seed-0" / "config.yaml").read_text()
+    assert "lr: 0.1" in config
+    assert os.path.exists(tmp_path / "old-cells")
