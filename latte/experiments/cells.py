@@ -209,6 +209,7 @@ def digest_or_missing(path: str | Path) -> str:
 def resolved_config(config: str, sets: Iterable[str]) -> dict:
     """The run config `latte train --config CONFIG --SET...` resolves to, flat
     ("section.field": value), without the NOT_PROTOCOL fields."""
+    # optional at import: the GPU suite imports this module before yaml and torch are installed
     from latte.config_io import to_dict
     from latte.train.task import load_run_config
 
@@ -257,7 +258,7 @@ def set_aside_changed_run(run_dir: str | Path, config: str, sets: Iterable[str])
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
         return None
     if saved.is_file():
-        from latte.config_io import load_yaml
+        from latte.config_io import load_yaml  # optional at import: the GPU suite reads cells before yaml exists
 
         try:
             then = {k: v for k, v in _flatten(load_yaml(saved)).items() if k not in NOT_PROTOCOL}

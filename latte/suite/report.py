@@ -15,6 +15,8 @@ from pathlib import Path
 from latte.bench.cuda_report import junit_summary, targets, targets_markdown
 from latte.guard import check_folder, claim_folder
 
+from .state import SUITE_WRITER, load_state
+
 # JSON name prefix -> (module, markdown function, plot function or None)
 TABLES = (
     ("ops-cuda-", "latte.bench.cuda_report", "markdown_ops", "plot_ops"),
@@ -73,8 +75,6 @@ def _tests(folder: Path) -> list[str]:
 
 
 def write_report(folder: Path, state: dict | None = None) -> Path:
-    from .runner import SUITE_WRITER, load_state
-
     folder = claim_folder(folder, SUITE_WRITER)  # the one write rule (latte/guard.py)
     if state is None:
         state = load_state(folder)
@@ -113,8 +113,6 @@ def write_report(folder: Path, state: dict | None = None) -> Path:
 def regenerate(folder: Path) -> list[Path]:
     """Every table (and plot, with matplotlib) of folder from its JSON, then
     README.md; only in a suite's own folder (its marker and suite.json)."""
-    from .runner import SUITE_WRITER, load_state
-
     folder, written = Path(folder), []
     if not (folder / "suite.json").is_file():
         raise ValueError(

@@ -30,6 +30,7 @@ from pathlib import Path
 from latte.guard import check_folder, claim_folder
 
 from . import machine
+from .state import PACK_WRITER, SUITE_WRITER, load_state, save_state  # noqa: F401 (the runner's API)
 
 PACK_MARGIN_S = 25.0  # kept free at the end of the budget: records, report, tarball
 PACK_LIMIT = 15 * 2**20  # the device tool returns files of at most 16 MiB
@@ -41,34 +42,6 @@ def _utc() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-SUITE_WRITER = "latte bench suite"  # the writer in OUT's marker (latte/guard.py)
-PACK_WRITER = "latte bench suite --pack"
-
-
-def load_state(out: Path) -> dict:
-    """OUT/suite.json, checked: a damaged or foreign file is a ValueError
-    naming it (exit 2), never a traceback."""
-    path = Path(out) / "suite.json"
-    if not path.exists():
-        return {"stages": {}, "invocations": []}
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e}); the suite writes it whole: move it away") from None
-    ok = (
-        isinstance(state, dict) and isinstance(state.get("stages"), dict) and isinstance(state.get("invocations"), list)
-    )
-    if ok:
-        ok = all(isinstance(r, dict) and isinstance(r.get("status"), str) for r in state["stages"].values())
-        ok = ok and all(isinstance(i, dict) for i in state["invocations"])
-    if not ok:
-        raise ValueError(
-            f'{path}: not a suite record (expected an object with "stages": {{name: {{"status": ...}}}} and '
-            f'"invocations": [...]), got {json.dumps(state)[:80]}; move it away'
-        )
-    return state
-
-
 def stage_protocol(stage, quick: bool) -> dict:
     """What a stage's record answers (cells.py's one reuse rule): its exact
     command and the mode; a record of another is run again, never reused."""
@@ -77,13 +50,6 @@ def stage_protocol(stage, quick: bool) -> dict:
 
 def _command(stage) -> str:
     return " ".join(f"{k}={v}" for k, v in stage.env) + " " * bool(stage.env) + shlex.join(["python3", *stage.argv])
-
-
-def save_state(out: Path, state: dict) -> None:
-    Path(out).mkdir(parents=True, exist_ok=True)
-    tmp = Path(out) / "suite.json.tmp"
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    tmp.replace(Path(out) / "suite.json")
 
 
 def _pump(pipe, log, echo: bool) -> None:
@@ -126,7 +92,8 @@ def run_stage(argv: list[str], env: dict, log_path: Path, limit_s: float, *, ech
 def _should_run(stage, rec: dict | None, redo: list[str], quick: bool = False) -> str | None:
     """None to run it, else why not. A record of another command or mode
     (--quick) is never reused: the stage runs again (and says why)."""
-    from latte.experiments.cells import describe, protocol_difference  # standard library only
+    # on use: the suite starts with the standard library (cells.py's top level is standard library only)
+    from latte.experiments.cells import describe, protocol_difference
 
     if rec is None or stage.name in redo:
         return None
