@@ -70,7 +70,7 @@ def problems_in(text: str, where: str) -> list[str]:
     return out
 
 
-# Code locations named in the docs: `latte/ops/causal.py: latte_causal`,
+# Code locations named in the docs: `latte/ops/latte/causal.py: latte_causal`,
 # `tests/ops/test_causal.py::test_name`, and further `test_name`s after a test file.
 LOCATION = re.compile(r"((?:latte|tests|tools)/[\w/.-]+\.(?:py|yaml))(?:(?:::|:\s+`?)(\w+))?|`(test_\w+)`")
 
@@ -121,7 +121,7 @@ def test_code_locations_named_in_the_docs_exist():
         found += location_problems(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
     assert found == []
     assert location_problems(
-        "`latte/ops/causal.py: latte_causal`, `tests/ops/test_causal.py::nope`, "
+        "`latte/ops/latte/causal.py: latte_causal`, `tests/ops/test_causal.py::nope`, "
         "`test_forward_matches_reference`, `test_nope`, latte/gone.py",
         "x",
     ) == [

@@ -1,5 +1,5 @@
 """`latte bench window`: Macchiato's window branch on the project's tile kernel
-(latte/ops/window_tiles.py) against torch's flex_attention (latte/ops/flex_window.py).
+(latte/ops/window/window_tiles.py) against torch's flex_attention (latte/ops/window/flex_window.py).
 
 Both compute causal sliding-window softmax attention with its log-normaliser
 (which Macchiato's joint mix needs) for B=1, H=8 heads of width 64, W=128.
@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from latte import reporting
 from latte.arguments import int_list
-from latte.ops.flex_window import flex_window, window_block_mask
-from latte.ops.sliding_window import window_blocked
+from latte.ops.window.flex_window import flex_window, window_block_mask
+from latte.ops.window.sliding_window import window_blocked
 
 from . import common
 from .device import DTYPES, add_device_args, check_device, device_info, resolve_device_args, synced

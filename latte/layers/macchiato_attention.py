@@ -32,7 +32,7 @@ from torch import nn
 from latte._checks import check_positive_int
 from latte.ops import MacchiatoState, macchiato, macchiato_step
 from latte.ops.macchiato import MIXES
-from latte.ops.sinks import check_num_sinks
+from latte.ops.window.sinks import check_num_sinks
 
 from ._checks import (
     check_backend,

@@ -7,13 +7,13 @@ the input dtype. Every function here has a float64 reference in
 
 from . import reference
 from .backend import BACKENDS, get_backend, set_backend
-from .bidirectional import latte_bidirectional
-from .causal import LatteState, latte_causal, latte_causal_step
 from .cross_entropy import linear_cross_entropy
+from .latte.bidirectional import latte_bidirectional
+from .latte.causal import LatteState, latte_causal, latte_causal_step
+from .latte.recurrence import linear_recurrence
 from .linear_attention import LinearAttentionState, linear_attention, linear_attention_step
 from .macchiato import MacchiatoState, macchiato, macchiato_step
-from .recurrence import linear_recurrence
-from .sliding_window import (
+from .window.sliding_window import (
     WindowState,
     sliding_window_attention,
     sliding_window_attention_lse,

@@ -32,10 +32,11 @@ import torch
 from ._checks import check_cu_seqlens, check_positive_int, check_rank, check_shape, state_dtype
 from ._exp import exp_floor, logsumexp
 from .backend import resolve_latent, resolve_window
-from .causal import LatteState, causal_chunked, check_latte_state, fla_chunked, latte_causal_step
-from .flex_window import flex_window
-from .sinks import SinkState, check_num_sinks, check_sink_state, merge, sink_sequence, sink_step
-from .sliding_window import (
+from .latte.causal import LatteState, causal_chunked, check_latte_state, fla_chunked, latte_causal_step
+from .varlen import run_packed
+from .window.flex_window import flex_window
+from .window.sinks import SinkState, check_num_sinks, check_sink_state, merge, sink_sequence, sink_step
+from .window.sliding_window import (
     WindowState,
     check_qkv,
     check_softcap,
@@ -43,7 +44,6 @@ from .sliding_window import (
     window_blocked,
     window_step,
 )
-from .varlen import run_packed
 
 MIXES = ("joint", "gate")
 

@@ -162,7 +162,7 @@ def test_check_and_report_regenerate_from_json(tmp_path, monkeypatch):
     the folder rewritten from its JSON gives the same table."""
     pytest.importorskip("fla")
     from latte.ops import backend as BK
-    from latte.ops import gla
+    from latte.ops.latte import gla
     from tests.ops.test_gla_backend import fla_naive
 
     monkeypatch.setattr(BK, "_fla_error", lambda x: None)

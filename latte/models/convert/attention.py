@@ -34,7 +34,7 @@ from torch import nn
 from latte.layers import QKMixer
 from latte.models.hf_cache import CACHE_NAME, one_cache
 from latte.ops import MacchiatoState, macchiato, macchiato_step, sliding_window_attention_lse
-from latte.ops.sinks import check_num_sinks, window_sinks_lse
+from latte.ops.window.sinks import check_num_sinks, window_sinks_lse
 
 from .cache import MacchiatoCache
 from .families import AttentionSpec

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_mask, check_rank, check_same, state_dtype
-from ._exp import limit_spread
+from .._checks import check_mask, check_rank, check_same, state_dtype
+from .._exp import limit_spread
 from .causal import mask_keys
 
 

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import (
+from .._checks import (
     NEG,
     check_cu_seqlens,
     check_mask,
@@ -35,13 +35,13 @@ from ._checks import (
     check_shape,
     state_dtype,
 )
-from ._exp import exp_floored, limit_spread, logaddexp
-from .backend import resolve_latent
+from .._exp import exp_floored, limit_spread, logaddexp
+from ..backend import resolve_latent
+from ..layout import from_chunks, to_chunks
+from ..varlen import run_packed
 from .chunked import LatteChunked
 from .gla import gla_chunked, gla_step
 from .intra_chunk import chunk_layout
-from .layout import from_chunks, to_chunks
-from .varlen import run_packed
 
 
 class LatteState(NamedTuple):

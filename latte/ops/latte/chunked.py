@@ -43,9 +43,9 @@ import math
 
 import torch
 
-from ._exp import LOG2E, exp2_nonpositive_, exp_floor, limit_spread
+from .._exp import LOG2E, exp2_nonpositive_, exp_floor, limit_spread
+from ..layout import without_autocast
 from .intra_chunk import diagonal_backward, diagonal_blocks, diagonal_key_grads, log_normalisers
-from .layout import without_autocast
 
 # Chunks per segment are chosen so one segment's temporaries hold about this
 # many floats per tensor (16 MB): small enough for the allocator to reuse

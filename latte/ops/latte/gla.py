@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import NEG, state_dtype
-from .varlen import pack, unpack
+from .._checks import NEG, state_dtype
+from ..varlen import pack, unpack
 
 # Smallest log-decay passed to the kernels (see the module docstring).
 G_FLOOR = -40.0

@@ -38,7 +38,7 @@ import math
 
 import torch
 
-from ._exp import LOG2E, exp2_nonpositive_
+from .._exp import LOG2E, exp2_nonpositive_
 
 # Sub-chunk size. The diagonal blocks cost about T (c + 1) / 2 L exp2s, the
 # states between sub-chunks T / c (L x D); 8 balances the two at the

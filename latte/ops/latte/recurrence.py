@@ -26,8 +26,8 @@ import math
 
 import torch
 
-from ._checks import check_float, check_positive_int, check_shape, state_dtype
-from ._exp import exp_floored
+from .._checks import check_float, check_positive_int, check_shape, state_dtype
+from .._exp import exp_floored
 
 
 def _scan(x: torch.Tensor, a: torch.Tensor, h0: torch.Tensor | None, chunk: int, reverse: bool = False):

@@ -25,7 +25,7 @@ import functools
 
 import torch
 
-from ._checks import state_dtype
+from .._checks import state_dtype
 from .sliding_window import extend_window
 
 BLOCK = 128  # flex_attention's default sparse block size

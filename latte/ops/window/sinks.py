@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import check_mask, check_shape, state_dtype
-from ._exp import exp_floored, logaddexp
+from .._checks import check_mask, check_shape, state_dtype
+from .._exp import exp_floored, logaddexp
 from .sliding_window import sliding_window_attention_lse
 
 

@@ -24,8 +24,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_mask, check_positive_int, check_rank, check_same, check_shape, state_dtype
-from ._exp import exp_floored
+from .._checks import check_mask, check_positive_int, check_rank, check_same, check_shape, state_dtype
+from .._exp import exp_floored
 from .window_tiles import WindowTiles
 
 

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from .layout import without_autocast
+from ..layout import without_autocast
 
 # One segment's score tensor holds about this many floats (16 MB), as in the
 # chunked Latte kernel.
