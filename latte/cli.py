@@ -215,7 +215,7 @@ def _open_lm_run(path: str, command: str, open_run):
 # --------------------------------------------------------------------------- eval
 
 
-def cmd_eval(args: list[str]) -> int:
+def _eval_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         allow_abbrev=False,
         prog="latte eval",
@@ -243,25 +243,38 @@ def cmd_eval(args: list[str]) -> int:
         help="latent utilisation instead (Latte / Macchiato): per layer and head the entropy of the "
         "average p(l|t), effective latents, used fraction, p(window|t); + a heat-map PNG",
     )
-    a = p.parse_args(args)
+    return p
+
+
+def _eval_output(a: argparse.Namespace) -> Path:
+    """The JSON file `latte eval` writes, its folder created before any compute:
+    a bad path fails now, not after the evaluation."""
+    run = Path(a.run)
+    name = "latents.json" if a.latents else "eval.json"
+    out = Path(a.out) if a.out else (run.parent if (run / "manifest.json").is_file() else run) / name
+    if out.is_dir():
+        raise ValueError(f"--out {out}: is a folder, expected a file path")
+    if a.out:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--out {out}: cannot create its folder {out.parent} ({e.strerror})") from None
+    return out
+
+
+def cmd_eval(args: list[str]) -> int:
+    a = _eval_parser().parse_args(args)
     try:
         multiples = sorted({int(x) for x in a.lengths.split(",") if x.strip()})
     except ValueError:
         raise ValueError(f"--lengths={a.lengths!r}: expected comma-separated integers like 1,2,4,8") from None
     if not multiples or multiples[0] < 1:
         raise ValueError(f"--lengths={a.lengths!r}: expected integers >= 1")
-    run = Path(a.run)
-    name = "latents.json" if a.latents else "eval.json"
-    out = Path(a.out) if a.out else (run.parent if (run / "manifest.json").is_file() else run) / name
-    if out.is_dir():
-        raise ValueError(f"--out {out}: is a folder, expected a file path")
-    if a.out:  # before any compute: a bad path fails now, not after the evaluation
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ValueError(f"--out {out}: cannot create its folder {out.parent} ({e.strerror})") from None
-    if a.latents:
-        return _eval_latents(a, out)
+    out = _eval_output(a)
+    return _eval_latents(a, out) if a.latents else _eval_perplexity(a, multiples, out)
+
+
+def _eval_perplexity(a: argparse.Namespace, multiples: list[int], out: Path) -> int:
     # on use: the CLI starts without torch (docs/design.md §10)
     from latte.eval.perplexity import extrapolation
     from latte.train.lm import pack_split
