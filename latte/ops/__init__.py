@@ -3,6 +3,11 @@
 Layout is head-last, [B, T, H, X]; decoding states are float32; outputs have
 the input dtype. Every function here has a float64 reference in
 `latte.ops.reference` and tests that tie the two together.
+
+The ops come in two families, each in its folder: latte/ (latent attention)
+and window/ (sliding window and sinks); macchiato.py composes them. The names
+below are the public surface; each checks its inputs once, then runs the
+unchecked cores of the families (docs/design.md §10).
 """
 
 from . import reference

@@ -198,6 +198,13 @@ def latte_causal_step(
     check_same("a_t, v_t", [a_t.shape[0], v_t.shape[0]], "batch sizes")
     check_same("a_t, v_t", [a_t.shape[1], v_t.shape[1]], "head counts")
     check_mask("mask_t", mask_t, (a_t.shape[0],))
+    if state is not None:
+        check_latte_state(state, *a_t.shape, v_t.shape[-1], name="state")
+    return causal_step(a_t, b_t, v_t, state, mask_t, backend)
+
+
+def causal_step(a_t, b_t, v_t, state, mask_t, backend):
+    """latte_causal_step without argument checks (shared with macchiato_step)."""
     B, H, L = a_t.shape
     D = v_t.shape[-1]
     work = state_dtype(a_t.dtype)
@@ -205,7 +212,6 @@ def latte_causal_step(
         S = v_t.new_zeros(B, H, L, D, dtype=work)
         z = v_t.new_full((B, H, L), float("-inf"), dtype=work)
     else:
-        check_latte_state(state, B, H, L, D, name="state")
         S, z = state.S.to(work), state.z.to(work)
     if resolve_latent(backend, a_t) == "fla":  # fused CUDA kernel (gla.py)
         y, S_new, z_new = gla_step(a_t, b_t, v_t, S, z, mask_t)

@@ -27,7 +27,7 @@ import torch
 
 from .._checks import check_mask, check_shape, state_dtype
 from .._exp import exp_floored, logaddexp
-from .sliding_window import sliding_window_attention_lse
+from .sliding_window import check_window, window_blocked
 
 
 class SinkState(NamedTuple):
@@ -164,12 +164,15 @@ def window_sinks_lse(q, k, v, *, window_size, num_sinks, scale=None, mask=None, 
     """Softmax attention over the window plus the first num_sinks tokens, with
     its log-normaliser: (y [B, T, H, D] in v's dtype, lse [B, T, H] float32).
     num_sinks = 0 is sliding_window_attention_lse; sink_q: see sink_sequence."""
-    y, lse, _ = sliding_window_attention_lse(q, k, v, window_size=window_size, scale=scale, mask=mask, softcap=softcap)
+    check_window(q, k, v, window_size, mask, softcap)
     check_num_sinks(num_sinks)
+    if sink_q is not None:
+        check_shape("sink_q", sink_q, tuple(q.shape), "(same as q)")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    y, lse, _ = window_blocked(q, k, v, window_size, scale, mask, None, softcap=softcap)
     if num_sinks:
-        scale = q.shape[-1] ** -0.5 if scale is None else scale
         y_s, lse_s, _ = sink_sequence(
             q, k, v, num_sinks, window_size, scale, mask, None, softcap=softcap, sink_q=sink_q
         )
-        y, lse = merge(y.to(y_s.dtype), lse.to(lse_s.dtype), y_s, lse_s)
+        y, lse = merge(y, lse, y_s, lse_s)
     return y.to(v.dtype), lse

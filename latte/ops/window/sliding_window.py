@@ -73,13 +73,25 @@ def empty_window_state(k: torch.Tensor, v: torch.Tensor, window_size: int, work)
     )
 
 
-def check_window_state(state, q, k, v, window_size, name="initial_state"):
+def check_window_state(state, B: int, k, v, window_size, name="initial_state"):
     if not isinstance(state, WindowState):
         raise ValueError(f"{name}: expected a WindowState(k, v, mask), got {type(state).__name__}")
-    B, K, P = q.shape[0], k.shape[-2], window_size - 1
+    K, P = k.shape[-2], window_size - 1
     check_shape(f"{name}.k", state.k, (B, P, K, k.shape[-1]), "[B, window_size - 1, K, E]")
     check_shape(f"{name}.v", state.v, (B, P, K, v.shape[-1]), "[B, window_size - 1, K, D]")
     check_mask(f"{name}.mask", state.mask, (B, P))
+
+
+def check_window(q, k, v, window_size, mask, softcap, state=None, suffix=""):
+    """The checks of the window ops, at their boundary: q, k, v [B, (T,) H|K, E|D],
+    the mask, window_size, softcap and a WindowState to continue from."""
+    check_qkv(q, k, v, mask, suffix=suffix)
+    check_positive_int("window_size", window_size)
+    check_softcap(softcap)
+    if not suffix and q.shape[1] == 0:
+        raise ValueError("q: sequence length T must be >= 1, got 0")
+    if state is not None:
+        check_window_state(state, q.shape[0], k, v, window_size, name="state" if suffix else "initial_state")
 
 
 # Query block (and key tile) size of the blocked kernel, at most.
@@ -172,13 +184,7 @@ def sliding_window_attention_lse(
 
     Returns (y [B, T, H, D] in v's dtype, lse [B, T, H] float32, state or None).
     """
-    check_qkv(q, k, v, mask)
-    check_positive_int("window_size", window_size)
-    check_softcap(softcap)
-    if q.shape[1] == 0:
-        raise ValueError("q: sequence length T must be >= 1, got 0")
-    if initial_state is not None:
-        check_window_state(initial_state, q, k, v, window_size)
+    check_window(q, k, v, window_size, mask, softcap, initial_state)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     y, lse, state = window_blocked(q, k, v, window_size, scale, mask, initial_state, softcap=softcap)
     return y.to(v.dtype), lse, (state if output_final_state else None)
@@ -209,18 +215,10 @@ def sliding_window_attention(
     Returns:
         (y [B, T, H, D] in v's dtype, WindowState or None)
     """
-    y, _, state = sliding_window_attention_lse(
-        q,
-        k,
-        v,
-        window_size=window_size,
-        scale=scale,
-        mask=mask,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        softcap=softcap,
-    )
-    return y, state
+    check_window(q, k, v, window_size, mask, softcap, initial_state)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    y, _, state = window_blocked(q, k, v, window_size, scale, mask, initial_state, softcap=softcap)
+    return y.to(v.dtype), (state if output_final_state else None)
 
 
 def window_step(q_t, k_t, v_t, *, window_size, scale, mask_t, state, softcap=None):
@@ -263,11 +261,7 @@ def sliding_window_step(
 
     Returns (y_t [B, H, D] in v's dtype, WindowState). Constant in the context.
     """
-    check_qkv(q_t, k_t, v_t, mask_t, suffix="_t")
-    check_positive_int("window_size", window_size)
-    check_softcap(softcap)
-    if state is not None:
-        check_window_state(state, q_t, k_t, v_t, window_size, name="state")
+    check_window(q_t, k_t, v_t, window_size, mask_t, softcap, state, suffix="_t")
     scale = q_t.shape[-1] ** -0.5 if scale is None else scale
     y, _, state = window_step(
         q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=state, softcap=softcap
