@@ -8,7 +8,7 @@ all-padding rows), forward+backward, the distributions of an op in
 interleaved rounds (drift lands on all of them alike). The rule: the
 slowest distribution may take at most RULE x the fastest.
 
-    python -m latte.bench.audit [--quick] [--threads 2] [--out bench-results]
+    python -m benchmarks.audit [--quick] [--threads 2] [--out bench-results]
 """
 
 from __future__ import annotations
@@ -21,16 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from latte import ops, reporting
+from latte.bench import common
+from latte.bench.fixed_shapes import RULE, seeded_randn, timing_line, timing_row
+from latte.bench.providers import as_call
 from latte.ops import distributions as dists
-
-from . import common
-from .providers import as_call
-
-RULE = 1.3
-
-
-def seeded_randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 def _masked(fn, dist, B, T):
@@ -156,16 +150,6 @@ def run(args) -> dict:
         },
         "results": rows,
     }
-
-
-def timing_row(name: str, t: dict) -> dict:
-    med = {d: r["median_ms"] for d, r in t.items()}
-    ratio = max(med.values()) / min(med.values())
-    return {"name": name, "median_ms": med, "times": t, "max_over_min": ratio, "within_rule": ratio <= RULE}
-
-
-def timing_line(row: dict) -> str:
-    return " ".join(f"{d} {v:.1f} ms" for d, v in row["median_ms"].items()) + f"  max/min {row['max_over_min']:.2f}"
 
 
 def markdown(res: dict) -> str:

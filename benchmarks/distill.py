@@ -30,9 +30,8 @@ from torch import nn
 
 from latte import reporting
 from latte.arguments import int_list
+from latte.bench import common
 from latte.models.convert.distill import chunked_objective, full_logits_objective, head_logits
-
-from . import common
 
 PROVIDERS = ("full-logits", "chunked")
 FULL = {"hidden": 640, "vocab": 262_144, "tokens": [256, 512, 1024]}  # Gemma 3 270M
@@ -111,7 +110,7 @@ def run(args) -> dict:
             for n in args.tokens
             for p in PROVIDERS
         ]
-        got = common.memory_points("latte.bench.distill:build", points, args.threads, shrink=("tokens",))
+        got = common.memory_points("benchmarks.distill:build", points, args.threads, shrink=("tokens",))
         peaks = {(m["provider"], m["tokens"]): m for m in got}
     rows = []
     for n in args.tokens:

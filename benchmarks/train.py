@@ -19,7 +19,7 @@ timed with sharper key logits (`--dists`, as training makes them).
 `--compile` also times each variant under torch.compile(model) and reports
 eager / compiled step time; the report is written by train_report.py.
 
-    python -m latte.bench.train [--quick] [--preset sweep] [--compile] [--threads 2] [--out bench-results]
+    python -m benchmarks.train [--quick] [--preset sweep] [--compile] [--threads 2] [--out bench-results]
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ import torch
 
 from latte import reporting
 from latte.arguments import int_at_least, int_list, name_list
+from latte.bench import common
+from latte.bench.device import DTYPES, add_device_args, check_device, device_info, resolve_device_args, synced
 from latte.layers import QK_MIXERS
 from latte.models import LatteConfig, LatteForCausalLM
 from latte.models.config import MIXERS as CONFIG_MIXERS
 from latte.ops import distributions as dists
 from latte.ops import set_backend
 
-from . import common
-from .device import DTYPES, add_device_args, check_device, device_info, resolve_device_args, synced
 from .step_profile import profile_step
 from .train_report import markdown, output_name, plot, step_ratios
 

@@ -4,8 +4,9 @@ the same run (each variant over softmax, eager over compiled), plot."""
 from __future__ import annotations
 
 from latte import reporting
+from latte.bench import common
 
-from . import common, step_profile
+from . import step_profile
 
 _COMPILED = " compiled"
 

@@ -25,12 +25,11 @@ import torch.nn.functional as F
 
 from latte import reporting
 from latte.arguments import int_list
+from latte.bench import common
+from latte.bench.device import DTYPES, add_device_args, check_device, device_info, resolve_device_args, synced
+from latte.bench.providers import as_call
 from latte.ops.flex_window import flex_window, window_block_mask
 from latte.ops.sliding_window import window_blocked
-
-from . import common
-from .device import DTYPES, add_device_args, check_device, device_info, resolve_device_args, synced
-from .providers import as_call
 
 B, H, E, W = 1, 8, 64, 128
 FULL_T, QUICK_T = [512, 1024, 2048, 4096, 8192], [200]

@@ -29,8 +29,9 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ..files import atomic_write
-from ..reporting import machine_info, update_readme
+from experiments import COMMANDS
+from latte.files import atomic_write
+from latte.reporting import machine_info, update_readme
 
 
 def cell_key(cell: dict) -> str:
@@ -292,9 +293,11 @@ def utc_deadline(text: str | None, option: str) -> float | None:
 
 
 def provenance(experiment: str, argv: list[str], started: float, **extra) -> dict:
-    """What made a result: the exact command (`latte experiment NAME ARGS`),
-    the machine, threads and wall time since `started` (time.time())."""
-    command = shlex.join(["latte", "experiment", experiment, *argv])
+    """What made a result: the exact command (`python -m experiments.NAME ARGS`,
+    run from the repository root), the machine, threads and wall time since
+    `started` (time.time())."""
+    module = COMMANDS.get(experiment, f"experiments.{experiment.replace('-', '_')}")
+    command = shlex.join(["python", "-m", module, *argv])
     return {"command": command, "machine": machine_info(), "wall_s": round(time.time() - started, 1), **extra}
 
 

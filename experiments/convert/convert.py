@@ -29,7 +29,7 @@ The eval, tasks and needle stages compare four models made from one
 converted model (--converted: a `latte convert` run folder or its model/
 folder; by default the recipes stage's default-recipe run): the original,
 the window alone, the window + k sinks (training-free) and the converted
-model itself (latte/experiments/convert_models.py); on request a fifth,
+model itself (experiments/convert/convert_models.py); on request a fifth,
 converted-nosinks: the converted model with its sinks switched off.
 
 A killed sweep continues where it stopped (finished cells are kept; an
@@ -49,6 +49,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.common.results import check_readme
 from latte.arguments import checked, folder_name, int_at_least, int_list, name_list
 from latte.data import load_documents, train_bpe
 from latte.train.task import load_run_config
@@ -74,7 +75,6 @@ from .convert_stages import (
     sinks_stage,
 )
 from .convert_tasks import TASKS, check_tasks, tasks_stage
-from .results import check_readme
 
 STAGES = ("recipes", "eval", "sinks", "sample", "tasks", "needle")
 # The defaults of the options --quick changes; an option given explicitly wins over either.

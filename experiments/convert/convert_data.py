@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.common.results import Sweep, provenance, run_latte, write_results
 from latte.data import load_documents, split_documents
 from latte.data.heldout import eval_essays, eval_plays
 from latte.train.manifest import step_dirs
@@ -51,7 +52,6 @@ from .convert_models import open_subject, sinks_of
 from .convert_stages import checks
 from .convert_tasks import tasks_stage
 from .convert_tasks_report import metric_of
-from .results import Sweep, provenance, run_latte, write_results
 
 MIXES = ("shakespeare", "shakespeare+essays+bible-web", "shakespeare+essays+bible-web+retrieval")
 CORPORA = ("essays", "plays")
@@ -310,3 +310,7 @@ def curve_task_average(a, step: Path, untrained: bool) -> float:
         quick_setup(ca)
     cells = tasks_stage(ca, subject, sinks_of(subject, None))
     return sum(c[metric_of(c["task"])] for c in cells) / len(cells)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,7 +5,7 @@ the continuation follows exactly the original's distribution. Written to a
 JSONL file one batch at a time (fsync'd), so a killed run continues where it
 stopped and reproduces the same samples (batch b is seeded by (seed, b)).
 
-    python -m latte.experiments.convert_generate --out runs/convert-data/generated.jsonl --samples 256
+    python -m experiments.convert.convert_generate --out runs/convert-data/generated.jsonl --samples 256
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def prompts(tokenizer, sources: str, count: int, prompt_tokens: int, seed: int) 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        allow_abbrev=False, prog="python -m latte.experiments.convert_generate", description=__doc__
+        allow_abbrev=False, prog="python -m experiments.convert.convert_generate", description=__doc__
     )
     p.add_argument("--out", required=True)
     p.add_argument("--base", default="smollm2")

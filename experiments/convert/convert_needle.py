@@ -15,13 +15,13 @@ import math
 import os
 from pathlib import Path
 
+from experiments.common.results import Sweep
 from latte.data.heldout import eval_essays
 from latte.eval.needle import PrefixFeeder, haystack_text, make_key, needle_prompt, run_trial, sentence_ends
+from latte.reporting import pyplot, save_figure
 
-from ..reporting import pyplot, save_figure
 from .convert_models import MODELS, TRAINED, as_model, bos_cell, label, sinks_cell
 from .convert_stages import checks
-from .results import Sweep
 
 
 def needle_stage(a, subject, sinks: int) -> list[dict]:

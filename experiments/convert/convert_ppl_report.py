@@ -9,8 +9,8 @@ import statistics
 from pathlib import Path
 
 from latte.eval.long_context import perplexities
+from latte.reporting import pyplot, save_figure
 
-from ..reporting import pyplot, save_figure
 from .convert_models import MODELS, label
 from .convert_stages import SHORT, nll_of
 

@@ -1,5 +1,5 @@
 """Tables, plots and statements of `latte experiment convert`, written from
-the sweep records by `latte.experiments.results.write_results`: recipes,
+the sweep records by `experiments.common.results.write_results`: recipes,
 perplexity (convert_ppl_report), zero-shot tasks (convert_tasks_report),
 needle (convert_needle), the masked-sinks diagnostic and the sample."""
 
@@ -9,12 +9,13 @@ import json
 import sys
 from pathlib import Path
 
+from experiments.common.results import provenance, readme_body, write_results
 from latte.eval.long_context import perplexities
 from latte.eval.needle import ANSWER_TOKENS, NEEDLE, QUESTION
+from latte.reporting import update_readme
 from latte.train.manifest import TRAINER
 from latte.train.metrics import run_wall_time
 
-from ..reporting import update_readme
 from .convert_models import TRAINED, original_context
 from .convert_needle import needle_records, needle_tables, plot_heatmaps
 from .convert_ppl_report import _fmt, _get, corpus_tables, decode_table, eval_records, plot
@@ -31,7 +32,6 @@ from .convert_stages import (
     nll_of,
 )
 from .convert_tasks_report import plot_tasks, task_records, task_table
-from .results import provenance, readme_body, write_results
 
 
 def sink_records(cells: list[dict], contexts) -> list[dict]:

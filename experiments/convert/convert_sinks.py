@@ -26,11 +26,10 @@ from pathlib import Path
 
 import torch
 
+from experiments.common.results import Sweep, check_readme, provenance, write_results
 from latte.arguments import checked, int_at_least, int_list
 from latte.data.heldout import eval_essays, eval_plays
 from latte.eval.long_context import converted_nll, original_nll
-
-from .results import Sweep, check_readme, provenance, write_results
 
 SINKS = (0, 1, 4, 8)
 CONTEXTS = (1024, 2048)
@@ -223,3 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     write_results(a.out, "convert-sinks", recs, table(recs, contexts) + note, run, readme=a.readme)
     print(table(recs, contexts))
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

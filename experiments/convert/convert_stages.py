@@ -1,4 +1,4 @@
-"""The stages of `latte experiment convert` (see latte/experiments/convert.py):
+"""The stages of `latte experiment convert` (see experiments/convert/convert.py):
 training runs per recipe, long-context evaluation cells, the long sample."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.common.results import Sweep, protocol_sets, run_latte
 from latte.data import TokenWindows
 from latte.data.heldout import eval_essays, eval_plays
 from latte.eval.long_context import converted_nll, original_decode, original_nll, original_window_nll
@@ -20,7 +21,6 @@ from latte.train.runs import open_run
 from latte.train.validation import nll_sums, subset, summarize
 
 from .convert_models import TRAINED, as_model, bos_cell, sinks_cell
-from .results import Sweep, protocol_sets, run_latte
 
 RECIPES = {  # name -> latte convert overrides of the shipped config, each one spelled out in full
     "end_to_end+lora8": ["conversion.lora_rank=8"],

@@ -17,11 +17,11 @@ import random
 import time
 from pathlib import Path
 
+from experiments.common.results import Sweep
 from latte.eval.tasks import PREFIX, all_specs, load_task_split, write_task_dir
 
 from .convert_models import TRAINED, as_model, sinks_cell
 from .convert_stages import checks
-from .results import Sweep
 
 TASKS = (
     "hellaswag",

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..reporting import pyplot, save_figure
+from latte.reporting import pyplot, save_figure
+
 from .convert_models import MODELS, label
 from .convert_tasks import CHANCE, HEADLINE
 

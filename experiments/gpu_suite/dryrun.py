@@ -21,7 +21,13 @@ from pathlib import Path
 
 from . import machine
 
-BENCH_MODULES = {"ops": "ops", "train": "train", "decode": "decode", "window": "window", "check": "cuda_check"}
+BENCH_MODULES = {
+    "ops": "latte.bench.ops",
+    "train": "benchmarks.train",
+    "decode": "latte.bench.decode",
+    "window": "benchmarks.window",
+    "check": "latte.bench.cuda_check",
+}
 
 
 def _parse(parse_args, argv: list[str]):
@@ -48,7 +54,7 @@ def _writable(folder: Path) -> str | None:
 def _check_bench(name: str, rest: list[str]) -> tuple[list[str], str]:
     if name not in BENCH_MODULES:
         return [f"unknown benchmark {name!r}; expected one of {list(BENCH_MODULES)}"], ""
-    mod = importlib.import_module(f"latte.bench.{BENCH_MODULES[name]}")
+    mod = importlib.import_module(BENCH_MODULES[name])
     args, err = _parse(mod.parse_args, rest)
     if err:
         return [f"latte bench {name}: {err}"], ""
@@ -68,7 +74,7 @@ def _check_bench(name: str, rest: list[str]) -> tuple[list[str], str]:
 
 def _check_lra(rest: list[str]) -> tuple[list[str], str]:
     # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
-    from latte.experiments import lra
+    from experiments.lra import lra
     from latte.train.task import load_run_config
 
     args, err = _parse(lra.parse_args, rest)
@@ -92,7 +98,7 @@ def _check_lra(rest: list[str]) -> tuple[list[str], str]:
 
 def _check_lm(rest: list[str]) -> tuple[list[str], str]:
     # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
-    from latte.experiments import lm_variants as lm
+    from experiments.lm_variants import lm_variants as lm
     from latte.train.task import load_run_config
 
     args, err = _parse(lm.parse_args, rest)

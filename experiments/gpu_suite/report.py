@@ -3,7 +3,7 @@ JSON, without a GPU (`latte bench suite --report-only`; docs/gpu.md §5).
 
 The tables come from the benchmarks' own markdown functions, so a committed
 table is always what its JSON says; the targets of issue 26 come from
-latte.bench.cuda_report.targets with their figures.
+targets.py with their figures.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import importlib
 import json
 from pathlib import Path
 
-from latte.bench.cuda_report import junit_summary, targets, targets_markdown
+from .targets import junit_summary, targets, targets_markdown
 
 # JSON name prefix -> (module, markdown function, plot function or None)
 TABLES = (
     ("ops-cuda-", "latte.bench.cuda_report", "markdown_ops", "plot_ops"),
     ("check-", "latte.bench.cuda_check", "markdown", None),
-    ("train-", "latte.bench.train_report", "markdown", "plot"),
+    ("train-", "benchmarks.train_report", "markdown", "plot"),
     ("decode-", "latte.bench.decode", "markdown", "plot"),
-    ("window-", "latte.bench.window", "markdown", "plot"),
+    ("window-", "benchmarks.window", "markdown", "plot"),
 )
 TEST_RUNS = (("tests-tf32.xml", "TF32 (default)"), ("tests-ieee.xml", "TRITON_F32_DEFAULT=ieee"))
 

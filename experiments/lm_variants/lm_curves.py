@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..config_io import load_yaml
-from ..reporting import save_figure
+from latte.config_io import load_yaml
+from latte.reporting import save_figure
+
 from .lm_report import ORDER, _figure
 
 

@@ -9,7 +9,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from ..reporting import pyplot, save_figure
+from latte.reporting import pyplot, save_figure
+
 from .lm_plans import PLANS
 
 ORDER = (

@@ -18,7 +18,7 @@ differing only in the token mixer (and Latte's qk mixer), each trained with
 
 A killed sweep continues where it stopped: finished stages are not redone,
 and an interrupted `latte train` resumes from its last checkpoint. `--plan`
-picks what runs (latte/experiments/lm_plans.py): `table1` (the above, the
+picks what runs (experiments/lm_variants/lm_plans.py): `table1` (the above, the
 default), `long` (ten times the tokens, one seed, whole-split validation at
 steps 300, 1,000, 2,000, 3,000, plus latte with 256 latents) and
 `macchiato-vs-swa` (training length 1,024 with window 64).
@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.common.results import Sweep, check_readme, protocol_sets, provenance, run_latte, write_results
 from latte.arguments import checked, int_at_least, int_list, name_list
 from latte.train.metrics import run_wall_time
 from latte.train.task import load_run_config
@@ -47,7 +48,6 @@ from latte.train.task import load_run_config
 from .lm_curves import curve_table
 from .lm_plans import PLANS, VARIANT_SETS, VARIANTS, stage_outputs
 from .lm_report import extrapolation_report, latents_report, variants_report
-from .results import Sweep, check_readme, protocol_sets, provenance, run_latte, write_results
 
 STAGES = ("train", "extrapolation", "latents")
 # --quick: every stage on a model of a few thousand parameters, in seconds.
@@ -145,7 +145,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         allow_abbrev=False, prog="latte experiment lm-variants", description=__doc__.split("\n\n")[0]
     )
-    p.add_argument("--plan", default="table1", choices=list(PLANS), help="what to run (latte/experiments/lm_plans.py)")
+    p.add_argument(
+        "--plan", default="table1", choices=list(PLANS), help="what to run (experiments/lm_variants/lm_plans.py)"
+    )
     p.add_argument("--quick", action="store_true", help="tiny models, 2 steps: the end-to-end test")
     p.add_argument(
         "--variants",

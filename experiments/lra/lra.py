@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.common.results import Sweep, check_readme, protocol_sets, provenance, write_results
 from latte.data.lra import listops, load_task, pathfinder
-from latte.experiments.results import Sweep, check_readme, protocol_sets, provenance, write_results
 from latte.reporting import pyplot, save_figure
 from latte.train.checkpoint import find_latest_checkpoint
 from latte.train.loop import train

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from experiments.common.results import StepClock, Sweep, check_readme, provenance, utc_deadline, write_results
 from latte.arguments import checked, float_list, int_at_least, int_list, name_list
 from latte.data.mqar import MQARData, check_mqar_args, mqar_splits
 from latte.models import LatteConfig, LatteForCausalLM
@@ -44,7 +45,6 @@ from latte.train.schedule import lr_at
 from .mqar_cells import cell_file_key, legacy_protocol, other_protocol_records, restore_cells, with_protocol
 from .mqar_report import flat_records, report
 from .mqar_train import accuracy, adamw, batches, scored_logits
-from .results import StepClock, Sweep, check_readme, provenance, utc_deadline, write_results
 
 NAME = "mqar"
 VOCAB_SIZE = 8192

@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..files import atomic_write
-from .results import PROTOCOL, cell_key, read_cell, read_json
+from experiments.common.results import PROTOCOL, cell_key, read_cell, read_json
+from latte.files import atomic_write
 
 SETTING_FIELDS = ("seq_len", "num_kv_pairs", "model", "dim", "num_latents", "lr")
 # Protocol fields with the value every cell had before the field existed.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..reporting import pyplot, save_figure
+from latte.reporting import pyplot, save_figure
 
 
 def _bytes(n: int) -> str:

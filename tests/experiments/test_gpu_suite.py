@@ -9,11 +9,11 @@ import zipfile
 import pytest
 import torch
 
+from experiments.gpu_suite import dryrun, machine, report, runner, targets
+from experiments.gpu_suite import stages as suite
+from experiments.gpu_suite.stages import Stage
 from latte import cli
-from latte.bench import cuda_check, cuda_report
-from latte.suite import dryrun, machine, report, runner
-from latte.suite import stages as suite
-from latte.suite.stages import Stage
+from latte.bench import cuda_check
 
 
 def test_dry_run_checks_every_stage(capsys):
@@ -146,8 +146,8 @@ def test_targets_met_and_missed_with_their_figures(tmp_path):
     junit = '<testsuite tests="3" failures="1" errors="0" skipped="1"><testcase classname="t" name="a"/>'
     junit += '<testcase classname="t" name="b"><failure message="boom"/></testcase></testsuite>'
     (tmp_path / "tests-tf32.xml").write_text(junit)
-    rows = {r["target"].split(",")[0][:40]: r for r in cuda_report.targets(tmp_path)}
-    status = [r["status"] for r in cuda_report.targets(tmp_path)]
+    rows = {r["target"].split(",")[0][:40]: r for r in targets.targets(tmp_path)}
+    status = [r["status"] for r in targets.targets(tmp_path)]
     assert status == ["missed", "not measured", "not measured", "not measured", "met", "missed", "missed", "met",
                       "not measured"]  # fmt: skip
     assert any("3.50x" in r["figure"] for r in rows.values())
