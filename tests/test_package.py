@@ -133,7 +133,8 @@ def _top_imports(path: Path, package: str) -> set[str]:
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-            found.add(f"{base}.{node.module}" if node.level and node.module else base if node.level else node.module)
+            target = f"{base}.{node.module}" if node.level and node.module else base if node.level else node.module
+            found |= {target, *(f"{target}.{a.name}" for a in node.names)}  # `from p import m`: maybe a module
     return found
 
 
@@ -177,6 +178,16 @@ def test_experiments_and_benchmarks_depend_on_latte_one_way():
                     if not (module.startswith("experiments.") and name == "experiments"):  # the registry
                         bad.append(f"{module} imports {name}")
     assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycle_in_the_laboratory():
+    graph = {}
+    for folder in LAB:
+        for path, module, package in _lab_modules(folder):
+            graph[module] = _top_imports(path, package)
+    graph = {m: {t for t in ts if t in graph and t != m} for m, ts in graph.items()}
+    found = cycles(graph)
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_the_wheel_holds_no_laboratory_code():
@@ -342,9 +353,10 @@ def test_internal_helpers_are_not_public_layer_names():
 
 def test_every_command_line_parser_refuses_abbreviated_flags():
     """argparse accepts any unique prefix of a flag by default; each parser of
-    the package and of tools/ turns that off (allow_abbrev=False)."""
+    the package, of tools/ and of the laboratory turns that off (allow_abbrev=False)."""
     lax = []
-    for path in [*ROOT.rglob("*.py"), *(ROOT.parent / "tools").glob("*.py")]:
+    lab = [path for folder in LAB for path in (REPO / folder).rglob("*.py")]
+    for path in [*ROOT.rglob("*.py"), *(ROOT.parent / "tools").glob("*.py"), *lab]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "ArgumentParser":
                 flags = {k.arg: k.value for k in node.keywords}
