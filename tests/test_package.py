@@ -1,6 +1,8 @@
 """The package as a user and a reader meet it: the names `import latte`
-offers, and imports that run one way (ops <- layers <- models <- train <-
-eval/bench/experiments <- suite <- cli, data beside), with no cycle inside a package."""
+offers, imports that run one way (ops <- layers <- models <- train <-
+eval/bench <- cli, data beside), with no cycle inside a package, and the
+laboratory outside the wheel: the repository's experiments/ and benchmarks/
+import latte, never the reverse, and the wheel holds neither."""
 
 from __future__ import annotations
 
@@ -28,8 +30,6 @@ ALLOWED = {
     "train": {"base", "ops", "layers", "models", "data"},
     "eval": {"base", "ops", "layers", "models", "data", "train"},
     "bench": {"base", "ops", "layers", "models", "data", "train"},
-    "experiments": {"base", "ops", "layers", "models", "data", "train", "eval", "bench"},
-    "suite": {"base", "ops", "layers", "models", "data", "train", "eval", "bench", "experiments"},
     "configs": set(),
 }
 
@@ -122,6 +122,93 @@ def test_imports_run_one_way():
     assert not bad, "\n".join(bad)
 
 
+REPO = ROOT.parent
+LAB = ("experiments", "benchmarks")  # the repository's folders of code that the wheel leaves out
+
+
+def _top_imports(path: Path, package: str) -> set[str]:
+    """Every module one file imports (absolute names), at the top or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            target = f"{base}.{node.module}" if node.level and node.module else base if node.level else node.module
+            found |= {target, *(f"{target}.{a.name}" for a in node.names)}  # `from p import m`: maybe a module
+    return found
+
+
+def _lab_modules(folder: str):
+    for path in sorted((REPO / folder).rglob("*.py")):
+        rel = path.relative_to(REPO).with_suffix("")
+        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        yield path, module, module if rel.name == "__init__" else module.rpartition(".")[0]
+
+
+def test_the_library_never_imports_the_laboratory():
+    """latte/ imports neither experiments/ nor benchmarks/ (they exist only in a
+    checkout); `latte experiment` / `latte bench train` find them at run time."""
+    bad = [
+        f"{m}: imports {name}"
+        for path in ROOT.rglob("*.py")
+        for m, package in [_module_name(path)]
+        for name in sorted(_top_imports(path, package))
+        if name.split(".")[0] in LAB
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_experiments_and_benchmarks_depend_on_latte_one_way():
+    """benchmarks/ imports latte alone; an experiment folder imports latte,
+    experiments.common and itself; the GPU suite, which runs the others, any of them."""
+    bad = []
+    for folder in LAB:
+        for path, module, package in _lab_modules(folder):
+            parts = module.split(".")
+            own = ".".join(parts[:2]) if folder == "experiments" and len(parts) > 2 else folder
+            allowed = ("latte", own) + {
+                "experiments": ("experiments.common", "experiments.COMMANDS"),
+                "benchmarks": (),
+            }[folder]
+            if module.startswith("experiments.gpu_suite"):
+                allowed += ("experiments", "benchmarks")
+            for name in sorted(_top_imports(path, package)):
+                top = name.split(".")[0]
+                if top in ("latte", *LAB) and not any(name == a or name.startswith(f"{a}.") for a in allowed):
+                    if not (module.startswith("experiments.") and name == "experiments"):  # the registry
+                        bad.append(f"{module} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycle_in_the_laboratory():
+    graph = {}
+    for folder in LAB:
+        for path, module, package in _lab_modules(folder):
+            graph[module] = _top_imports(path, package)
+    graph = {m: {t for t in ts if t in graph and t != m} for m, ts in graph.items()}
+    found = cycles(graph)
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_wheel_holds_no_laboratory_code():
+    """The packages setuptools puts in the wheel (pyproject's packages.find,
+    expanded by setuptools' own reader, as the build does): latte and its subpackages, none of them an
+    experiment, the GPU suite or a repository-only benchmark. (.ci/run builds
+    the real wheel and checks its file list the same way.)"""
+    from setuptools.config.pyprojecttoml import read_configuration
+
+    shipped = read_configuration(REPO / "pyproject.toml")["tool"]["setuptools"]["packages"]  # find, expanded
+    assert "latte" in shipped and "latte.bench" in shipped and "latte.models" in shipped
+    assert not [p for p in shipped if not p.startswith("latte")], shipped
+    assert not [p for p in shipped if p.split(".")[1:2] in (["experiments"], ["suite"])], shipped
+    lab_bench = [m for _, m, _ in _lab_modules("benchmarks") if m != "benchmarks"]
+    assert lab_bench, "benchmarks/ holds the repository-only benchmarks"
+    for module in lab_bench:  # none of them also left inside the package
+        assert not (ROOT / "bench" / f"{module.split('.')[-1]}.py").exists(), module
+    assert not (ROOT / "experiments").exists() and not (ROOT / "suite").exists()
+
+
 def test_train_does_not_import_eval():
     """Validation and "open a trained run" live in train (train/validation.py,
     train/runs.py); eval builds on them."""
@@ -183,8 +270,7 @@ def test_cycle_finder_sees_deferred_imports():
 def test_deferred_internal_imports_say_why():
     """A latte module imported inside a function instead of at the top is
     there for an optional dependency (transformers, lm-eval) or, in the
-    command line and the GPU suite, so that they start without torch (the
-    suite installs what is missing first); the comment on the import or the
+    command line, so that it starts without torch; the comment on the import or the
     line above says which (docs/design.md §10)."""
     bad = []
     for path in ROOT.rglob("*.py"):
@@ -197,7 +283,7 @@ def test_deferred_internal_imports_say_why():
             while first > 0 and lines[first - 1].strip().startswith(("from ", "import ")):
                 first -= 1  # the group of imports this one belongs to
             said = lines[node.lineno - 1] + (lines[first - 1] if first else "")
-            on_use = module == "latte.cli" or module.startswith("latte.suite.")  # start before torch
+            on_use = module == "latte.cli"  # starts before torch
             if "optional" not in said and not (on_use and "on use" in said):
                 bad.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
     assert not bad, "deferred internal imports without a reason:\n" + "\n".join(sorted(bad))
@@ -268,9 +354,10 @@ def test_internal_helpers_are_not_public_layer_names():
 
 def test_every_command_line_parser_refuses_abbreviated_flags():
     """argparse accepts any unique prefix of a flag by default; each parser of
-    the package and of tools/ turns that off (allow_abbrev=False)."""
+    the package, of tools/ and of the laboratory turns that off (allow_abbrev=False)."""
     lax = []
-    for path in [*ROOT.rglob("*.py"), *(ROOT.parent / "tools").glob("*.py")]:
+    lab = [path for folder in LAB for path in (REPO / folder).rglob("*.py")]
+    for path in [*ROOT.rglob("*.py"), *(ROOT.parent / "tools").glob("*.py"), *lab]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "ArgumentParser":
                 flags = {k.arg: k.value for k in node.keywords}
@@ -307,7 +394,7 @@ def test_the_two_families_of_ops_stay_apart():
 # the repository's own benchmarks) out of the wheel, conversion from models/convert/
 # to latte/convert/. The length rule applies to them where they land; drop an entry
 # once its files are gone from latte/.
-MOVING = ("experiments/", "suite/", "bench/audit.py", "bench/train.py", "models/convert/")
+MOVING = ("models/convert/",)  # the conversion branch moves it to latte/convert/ and shortens it
 LIMIT = 60  # lines per function, its signature and docstring included (docs/design.md habit 7)
 
 
