@@ -1,6 +1,6 @@
 """The package as a user and a reader meet it: the names `import latte`
 offers, and imports that run one way (ops <- layers <- models <- train <-
-eval/bench/experiments <- suite <- cli, data beside), with no cycle inside a package."""
+convert <- eval/bench/experiments <- suite <- cli, data beside), with no cycle inside a package."""
 
 from __future__ import annotations
 
@@ -25,10 +25,12 @@ ALLOWED = {
     "data": {"base"},
     "models": {"base", "ops", "layers", "data"},
     "train": {"base", "ops", "layers", "models", "data"},
-    "eval": {"base", "ops", "layers", "models", "data", "train"},
-    "bench": {"base", "ops", "layers", "models", "data", "train"},
-    "experiments": {"base", "ops", "layers", "models", "data", "train", "eval", "bench"},
-    "suite": {"base", "ops", "layers", "models", "data", "train", "eval", "bench", "experiments"},
+    # conversion patches transformers' models (beside models) and trains them as a task
+    "convert": {"base", "ops", "layers", "models", "data", "train"},
+    "eval": {"base", "ops", "layers", "models", "data", "train", "convert"},
+    "bench": {"base", "ops", "layers", "models", "data", "train", "convert"},
+    "experiments": {"base", "ops", "layers", "models", "data", "train", "convert", "eval", "bench"},
+    "suite": {"base", "ops", "layers", "models", "data", "train", "convert", "eval", "bench", "experiments"},
     "configs": set(),
 }
 
@@ -128,8 +130,30 @@ def test_train_does_not_import_eval():
     assert not bad, "\n".join(bad)
 
 
+def test_conversion_has_one_home_above_the_native_model():
+    """Conversion lives in latte/convert (models/ is the native model alone):
+    nothing at or below train imports it; the trainer reaches its task only
+    by name (train/task.py TASKS, imported when `task: convert` is chosen)."""
+    from latte.train.task import TASKS
+
+    stray = [
+        *(ROOT / "models").glob("convert/*.py"),
+        *(ROOT / "models").glob("convert*.py"),
+        *(ROOT / "train").glob("convert*.py"),
+    ]
+    assert not stray, f"conversion code outside latte/convert: {stray}"
+    below = ("base", "ops", "layers", "models", "data", "train")
+    graph = imports()
+    bad = [f"{m} imports {t}" for m, ts in graph.items() if part(m) in below for t in ts if part(t) == "convert"]
+    assert not bad, "\n".join(bad)
+    module, _, cls = TASKS["convert"].partition(":")
+    assert part(module) == "convert" and f"class {cls}(" in (ROOT.parent / module.replace(".", "/")).with_suffix(
+        ".py"
+    ).read_text(encoding="utf-8")
+
+
 def packages() -> list[str]:
-    """latte and every package below it (latte.ops, ..., latte.data.lra, latte.models.convert)."""
+    """latte and every package below it (latte.ops, ..., latte.data.lra, latte.convert)."""
     return sorted(_module_name(p)[0] for p in ROOT.rglob("__init__.py"))
 
 

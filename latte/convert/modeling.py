@@ -225,7 +225,7 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
                 attn.num_sinks, attn.sink_positions = sinks, where
 
     def save_pretrained(self, save_directory, *, self_contained: bool | None = None, **kwargs: Any) -> None:
-        """See latte.models.convert.io.save_converted (only the new parameters
+        """See latte.convert.io.save_converted (only the new parameters
         when the model keeps a reference to its base weights)."""
         if kwargs:
             raise ValueError(f"save_pretrained: unsupported argument(s) {sorted(kwargs)} for a converted model")
@@ -339,7 +339,7 @@ def convert(
     returned wrapped; `converted.as_original()` runs it unconverted. With the
     default beta_init the result computes exactly the sliding-window version
     of the original. base_weights: where the weights came from (see
-    `latte.models.convert.io.base_reference`), so saving can store only the
+    `latte.convert.io.base_reference`), so saving can store only the
     new parameters."""
     conversion = ConversionConfig() if conversion is None else conversion
     if not isinstance(conversion, ConversionConfig):
