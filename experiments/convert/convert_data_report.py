@@ -46,7 +46,7 @@ def _pilot_table(a, rows: list[dict]) -> str:
 
 def _sinks_of_run(run: Path) -> int:
     """conversion.num_sinks of a convert run's saved config (a config saved
-    before sinks existed had none: latte.models.convert.config)."""
+    before sinks existed had none: latte.convert.config)."""
     cfg = load_yaml(run / "config.yaml") if (run / "config.yaml").is_file() else {}
     return int((cfg.get("conversion") or {}).get("num_sinks", 0))
 

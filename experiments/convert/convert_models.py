@@ -108,7 +108,7 @@ def open_subject(path: str | Path) -> Subject:
     p = Path(path)
     config = p / "config.json"
     if config.is_file() and json.loads(config.read_text()).get("model_type") == "latte_converted":
-        from latte.models.convert import load_converted  # optional dependency: transformers (extra "hf")
+        from latte.convert import load_converted  # optional dependency: transformers (extra "hf")
 
         if not (p / "tokenizer.json").is_file():
             raise ValueError(f"--converted {p}: a converted model folder needs its tokenizer.json beside config.json")
@@ -119,7 +119,7 @@ def open_subject(path: str | Path) -> Subject:
             f"--converted {p}: no such folder "
             "(expected a latte convert run, one of its step-N folders or its model/ folder)"
         )
-    from latte.train.convert import HF_TOKENIZER_DIR  # optional dependency: transformers (extra "hf")
+    from latte.convert.task import HF_TOKENIZER_DIR  # optional dependency: transformers (extra "hf")
 
     trained = open_run(p)
     if trained.config.task != "convert":

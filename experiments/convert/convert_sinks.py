@@ -69,8 +69,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def load_model(a):
     """(converted model at beta's initial value, encode: str -> list[int])."""
-    # optional dependency: latte.models.convert imports transformers (extra "hf")
-    from latte.models.convert import ConversionConfig, convert, convert_pretrained
+    # optional dependency: latte.convert imports transformers (extra "hf")
+    from latte.convert import ConversionConfig, convert, convert_pretrained
 
     # latents carry exactly no weight at beta_init: one per head keeps their cost out of the way
     conversion = ConversionConfig(window_size=a.window, num_sinks=0, latents_per_head=1, qk_mixer="none")
@@ -90,7 +90,7 @@ def load_model(a):
         return model.eval(), lambda text: list(text.encode("utf-8"))
     from transformers import AutoTokenizer
 
-    from latte.models.convert.io import resolve_base  # optional dependency: transformers
+    from latte.convert.io import resolve_base  # optional dependency: transformers
 
     folder, gguf = resolve_base("smollm2")
     tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)

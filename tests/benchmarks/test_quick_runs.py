@@ -68,7 +68,7 @@ def test_window_quick(tmp_path, capsys):
 def test_distill_quick(tmp_path, capsys):
     """Both providers timed and measured at every N; the chunked objective
     agrees with the whole logits (the float64 proof is in
-    tests/models/convert/test_distill.py); 300 tokens spans two chunks."""
+    tests/convert/test_distill.py); 300 tokens spans two chunks."""
     from benchmarks import distill
 
     distill.main(FAST + ["--out", str(tmp_path), "--tokens", "48,300"])

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from ...layers import state_nbytes
-from ..modeling import map_state
+from ..layers import state_nbytes
+from ..models.modeling import map_state
 
 
 class MacchiatoCache(Cache):

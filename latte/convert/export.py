@@ -10,9 +10,9 @@ import shutil
 from pathlib import Path
 
 from latte.config_io import load_yaml
-from latte.models.convert import load_converted
-from latte.models.convert.io import CONFIG_NAME, WEIGHTS_NAME, export_portable
-from latte.train.convert import HF_TOKENIZER_DIR
+from latte.convert import load_converted
+from latte.convert.io import CONFIG_NAME, WEIGHTS_NAME, export_portable
+from latte.convert.task import HF_TOKENIZER_DIR
 from latte.train.lm import TOKENIZER_FILES
 from latte.train.manifest import MANIFEST, step_dirs
 from latte.train.rundir import LOCK_NAME

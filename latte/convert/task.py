@@ -1,5 +1,5 @@
 """Conversion up-training (`task: convert`, `latte convert`): a pretrained
-Hugging Face decoder converted into Latte-Macchiato (latte.models.convert),
+Hugging Face decoder converted into Latte-Macchiato (latte.convert),
 its new parameters trained against the original, with everything `latte
 train` guarantees (docs/conversion.md §5).
 
@@ -16,7 +16,7 @@ train` guarantees (docs/conversion.md §5).
                  reference), plus the tokenizer
     summary      the converted model exported to RUN_DIR/model: config.json +
                  the new parameters + the tokenizer; load it with
-                 latte.models.convert.load_converted or, after register(),
+                 latte.convert.load_converted or, after register(),
                  AutoModelForCausalLM / AutoTokenizer.from_pretrained
 """
 
@@ -34,12 +34,12 @@ import torch
 from torch import nn
 
 from latte.config_io import ConfigErrors
+from latte.convert import convert
+from latte.convert.config import ConversionConfig
+from latte.convert.distill import Distiller, calibrate_beta, freeze_base, record_layers
+from latte.convert.io import NAMED_BASES, base_reference, load_base, resolve_base
 from latte.data import load_tokenizer
 from latte.files import atomic_write
-from latte.models.convert import convert
-from latte.models.convert.config import ConversionConfig
-from latte.models.convert.distill import Distiller, calibrate_beta, freeze_base, record_layers
-from latte.models.convert.io import NAMED_BASES, base_reference, load_base, resolve_base
 from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint
 from latte.train.config import DataConfig, RunConfig

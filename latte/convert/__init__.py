@@ -1,7 +1,7 @@
 """Conversion of pretrained Hugging Face decoders into Latte-Macchiato
 (docs/conversion.md). Needs `transformers` (the `convert` extra).
 
-    from latte.models.convert import ConversionConfig, convert
+    from latte.convert import ConversionConfig, convert
     converted = convert(hf_model, ConversionConfig(window_size=128))
     converted = convert_pretrained(folder, gguf_file=name)   # keeps a reference to the weights
     converted.save_pretrained(out)                            # only the new parameters + the reference

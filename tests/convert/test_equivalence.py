@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
-from latte.models.convert import ConversionConfig, convert
+from latte.convert import ConversionConfig, convert
+from tests.convert.families import FAMILIES, VOCAB, build
 from tests.helpers import rel_err
-from tests.models.convert.families import FAMILIES, VOCAB, build
 
 T = 40
 

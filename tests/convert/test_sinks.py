@@ -10,13 +10,13 @@ import json
 import pytest
 import torch
 
+from latte.convert import ConversionConfig, MacchiatoCache, convert, load_converted
+from latte.convert.distill import calibrate_beta, record_layers
 from latte.eval.long_context import converted_nll, original_window_nll
-from latte.models.convert import ConversionConfig, MacchiatoCache, convert, load_converted
-from latte.models.convert.distill import calibrate_beta, record_layers
+from tests.convert.families import FAMILIES, build
+from tests.convert.test_decode_and_io import W, ids, trained_like
+from tests.convert.test_equivalence import band_mask
 from tests.helpers import rel_err
-from tests.models.convert.families import FAMILIES, build
-from tests.models.convert.test_decode_and_io import W, ids, trained_like
-from tests.models.convert.test_equivalence import band_mask
 
 
 def sink_mask(window, sinks, T):

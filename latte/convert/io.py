@@ -16,7 +16,7 @@ model.safetensors. Two layouts:
 config.json also records the sha256 of model.safetensors (weights_sha256),
 checked before it is read (docs/conversion.md §4).
 
-`latte.models.convert.modeling.load_converted(folder)` reads either (this
+`latte.convert.modeling.load_converted(folder)` reads either (this
 module knows files, not the model class); so does
 `AutoModelForCausalLM.from_pretrained(folder)` after `register()`.
 """
@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from ...files import atomic_write, sha256_file
-from ..weights import save_weights
+from ..files import atomic_write, sha256_file
+from ..models.weights import save_weights
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -245,7 +245,7 @@ def save_converted(model, directory: str | os.PathLike, *, self_contained: bool 
     if not self_contained and ref is None:
         raise ValueError(
             "self_contained=False needs a base reference (convert with base_weights=base_reference(...) "
-            "or use latte.models.convert.convert_pretrained); save with self_contained=True instead"
+            "or use latte.convert.convert_pretrained); save with self_contained=True instead"
         )
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)

@@ -225,7 +225,7 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
                 attn.num_sinks, attn.sink_positions = sinks, where
 
     def save_pretrained(self, save_directory, *, self_contained: bool | None = None, **kwargs: Any) -> None:
-        """See latte.models.convert.io.save_converted (only the new parameters
+        """See latte.convert.io.save_converted (only the new parameters
         when the model keeps a reference to its base weights)."""
         if kwargs:
             raise ValueError(f"save_pretrained: unsupported argument(s) {sorted(kwargs)} for a converted model")
@@ -263,28 +263,18 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError("attention_mask: stream needs LEFT padding (the last column all ones)")
         eos = check_eos(eos_token_id, self.config.vocab_size, input_ids.device)
         pick = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-        return self._decode(input_ids, attention_mask, max_new_tokens, eos, pick)
 
-    @torch.no_grad()
-    def _decode(self, input_ids, mask, max_new_tokens, eos, pick) -> Iterator[torch.Tensor]:
-        if max_new_tokens == 0:
-            return
-        was_training = self.training
-        self.eval()
-        try:
-            real = torch.ones_like(input_ids) if mask is None else mask.long()
+        def prefill():
+            real = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
             pos = (real.cumsum(1) - 1).clamp(min=0)  # RoPE positions count real tokens (as generate does)
-            out = self(input_ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-            cache = out.state
+            out = self(input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+            return out.logits[:, -1], (out.state, pos[:, -1:])
 
-            def step(tok):
-                nonlocal pos
-                pos = pos[:, -1:] + 1
-                return self(tok[:, None], position_ids=pos, state=cache, use_cache=True).logits[:, -1]
+        def step(tok, state):
+            cache, pos = state[0], state[1] + 1
+            return self(tok[:, None], position_ids=pos, state=cache, use_cache=True).logits[:, -1], (cache, pos)
 
-            yield from token_stream(out.logits[:, -1], step, max_new_tokens, eos, pick)
-        finally:
-            self.train(was_training)
+        return token_stream(self, prefill, step, max_new_tokens, eos, pick)
 
     def forward(
         self,
@@ -339,7 +329,7 @@ def convert(
     returned wrapped; `converted.as_original()` runs it unconverted. With the
     default beta_init the result computes exactly the sliding-window version
     of the original. base_weights: where the weights came from (see
-    `latte.models.convert.io.base_reference`), so saving can store only the
+    `latte.convert.io.base_reference`), so saving can store only the
     new parameters."""
     conversion = ConversionConfig() if conversion is None else conversion
     if not isinstance(conversion, ConversionConfig):

@@ -6,8 +6,7 @@ import copy
 import pytest
 import torch
 
-from latte.eval.generation import stream_tokens
-from latte.models.convert import (
+from latte.convert import (
     ConversionConfig,
     MacchiatoCache,
     base_reference,
@@ -16,9 +15,10 @@ from latte.models.convert import (
     load_converted,
     register,
 )
+from latte.eval.generation import stream_tokens
 from latte.models.hf_cache import output_cache
+from tests.convert.families import FAMILIES, VOCAB, build
 from tests.helpers import rel_err
-from tests.models.convert.families import FAMILIES, VOCAB, build
 
 W = 8
 

@@ -20,8 +20,8 @@ pytestmark = [
 def test_gemma3_converts_exactly_with_its_own_window_and_generates():
     from transformers import AutoTokenizer
 
-    from latte.models.convert import ConversionConfig, convert_pretrained
-    from latte.models.convert.io import resolve_base
+    from latte.convert import ConversionConfig, convert_pretrained
+    from latte.convert.io import resolve_base
 
     folder, gguf = resolve_base("gemma3-270m")
     tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)

@@ -19,8 +19,8 @@ pytestmark = [
 def test_smollm2_converts_exactly_and_generates():
     from transformers import AutoTokenizer
 
-    from latte.models.convert import ConversionConfig, convert_pretrained
-    from latte.models.convert.io import resolve_base
+    from latte.convert import ConversionConfig, convert_pretrained
+    from latte.convert.io import resolve_base
 
     folder, gguf = resolve_base("smollm2")
     tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)

@@ -10,7 +10,7 @@
                the LM cross-entropy, through the whole converted model.
 
 `Distiller` packs a converted model and one objective into the module the
-trainer optimises (latte/train/convert.py).
+trainer optimises (latte/convert/task.py).
 
 Only the parameters conversion added (latent branch, beta, LoRA) train; the
 pretrained weights are frozen (`freeze_base`).

@@ -10,6 +10,7 @@ head, E head width, F model width (hidden_size).
                  and the first num_sinks (attention sinks, docs/math.md §4.1)
   latent branch: u = qk_mixer(x); a = u W_a, b = u W_b [B, T, H, L] (new)
   mixing:        latte.ops.macchiato ("joint": one normaliser; beta [H] new)
+                 (both are MacchiatoCore's, shared with the native layer)
   output:        the original o_proj
 
 With beta very negative the latents carry no mass and the layer is exactly
@@ -31,9 +32,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from latte.layers import QKMixer
+from latte.layers.macchiato_attention import MacchiatoCore
 from latte.models.hf_cache import CACHE_NAME, one_cache
-from latte.ops import MacchiatoState, macchiato, macchiato_step, sliding_window_attention_lse
+from latte.ops import MacchiatoState, sliding_window_attention_lse
 from latte.ops.window.sinks import check_num_sinks, window_sinks_lse
 
 from .cache import MacchiatoCache
@@ -95,7 +96,7 @@ def padding_mask(attention_mask, B: int, T: int) -> torch.Tensor | None:
     return None if bool(mask.all()) else mask
 
 
-class ConvertedAttention(nn.Module):
+class ConvertedAttention(MacchiatoCore):
     """Drop-in for a Hugging Face attention module: forward(hidden_states,
     position_embeddings, attention_mask, cache (or past_key_values), **kw) -> (y, None).
     The decoding state lives in a `MacchiatoCache`."""
@@ -133,13 +134,17 @@ class ConvertedAttention(nn.Module):
         # model's rotary module and this layer's type, kept outside the module tree
         self.sink_positions = sink_positions
         self.__dict__["rotary"] = rotary
-        H, L = spec.num_heads, latents_per_head
-        self.latents_per_head = L
-        self.mixer = QKMixer(dim, H, qk_mixer, conv_size=conv_size, causal=True)
-        self.a_proj = nn.Linear(dim, H * L, bias=False)
-        self.b_proj = nn.Linear(dim, H * L, bias=False)
-        self.gate_proj = nn.Linear(dim, H) if mix == "gate" else None
-        self.beta = nn.Parameter(torch.full((H,), float(beta_init)))
+        self.latents_per_head = latents_per_head
+        self.add_latent_branch(
+            dim,
+            spec.num_heads,
+            latents_per_head,
+            qk_mixer=qk_mixer,
+            conv_size=conv_size,
+            mix=mix,
+            gate_bias=True,
+            beta_init=beta_init,
+        )
         self.lora = None
         if lora_rank:
             self.lora = nn.ModuleDict(
@@ -210,7 +215,7 @@ class ConvertedAttention(nn.Module):
     @torch.no_grad()
     def log_masses(self, x: torch.Tensor, position_embeddings) -> LogMasses:
         """Log-masses of the mixture's parts on input x (see LogMasses)."""
-        B, T, _ = x.shape
+        T = x.shape[1]
         q0, k0, v = self._unrotated_qkv(x)
         q, k = self._rope(q0, k0, position_embeddings)
         kw = dict(scale=self.spec.scale, softcap=self.spec.softcap)
@@ -218,10 +223,8 @@ class ConvertedAttention(nn.Module):
             q, k, v, window_size=self.window_size, num_sinks=self.num_sinks, sink_q=self._sink_queries(q0, x), **kw
         )
         _, full, _ = sliding_window_attention_lse(q, k, v, window_size=self.spec.window or T, **kw)
-        gate = None if self.gate_proj is None else self.gate_proj(x).float()
-        u, _, _ = self.mixer(x)
-        a = self.a_proj(u).view(B, T, self.spec.num_heads, self.latents_per_head)
-        return LogMasses(window, full, torch.logsumexp(a.float(), -1), gate)
+        a, _, gate, _, _ = self.latents(x)
+        return LogMasses(window, full, torch.logsumexp(a.float(), -1), None if gate is None else gate.float())
 
     def forward(
         self,
@@ -231,65 +234,39 @@ class ConvertedAttention(nn.Module):
         past_key_values=None,
         cache=None,
         **kwargs,
-    ):
+    ) -> tuple[torch.Tensor, None]:
+        """hidden_states [B, T, F] -> (y [B, T, F], None); the layer's state
+        goes to the cache, when the model passes one."""
         x = hidden_states
         B, T, _ = x.shape
-        H, L = self.spec.num_heads, self.latents_per_head
         mask = padding_mask(attention_mask, B, T)
-        given = one_cache("ConvertedAttention", past_key_values=past_key_values, cache=cache)
-        cache = given if isinstance(given, MacchiatoCache) else None
-        if given is not None and cache is None:
-            raise ValueError(f"{CACHE_NAME}: a converted model keeps a MacchiatoCache, got {type(given).__name__}")
+        cache = self._cache(past_key_values, cache)
         prev = None if cache is None else cache.states[self.layer_idx]
         q0, k0, v = self._unrotated_qkv(x)
         q, k = self._rope(q0, k0, position_embeddings)
-        sink_q = self._sink_queries(q0, x)
-        u, conv, h = self.mixer(
-            x, mask=mask, conv_state=None if prev is None else prev.conv, h=None if prev is None else prev.h
-        )
-        a = self.a_proj(u).view(B, T, H, L)
-        b = self.b_proj(u).view(B, T, H, L)
-        gate = None if self.gate_proj is None else self.gate_proj(x)  # [B, T, H]
-        common = dict(
-            window_size=self.window_size,
-            num_sinks=self.num_sinks,
-            mix=self.mix,
-            beta=self.beta,
+        y, attn, conv, h = self.latent_mix(
+            x,
+            q,
+            k,
+            v,
+            mask=mask,
+            state=prev,
+            keep_state=cache is not None,
+            sink_q=self._sink_queries(q0, x),
             scale=self.spec.scale,
             softcap=self.spec.softcap,
         )
-        if T == 1 and prev is not None:  # decoding: one constant-time step
-            y, attn = macchiato_step(
-                a[:, 0],
-                b[:, 0],
-                v[:, 0],
-                q[:, 0],
-                k[:, 0],
-                gate_t=None if gate is None else gate[:, 0],
-                mask_t=None if mask is None else mask[:, 0],
-                state=prev.attn,
-                sink_q_t=None if sink_q is None else sink_q[:, 0],
-                **common,
-            )
-            y = y.unsqueeze(1)
-        else:
-            y, attn = macchiato(
-                a,
-                b,
-                v,
-                q,
-                k,
-                gate=gate,
-                mask=mask,
-                chunk_size=self.chunk_size,
-                initial_state=None if prev is None else prev.attn,
-                output_final_state=cache is not None,
-                sink_q=sink_q,
-                **common,
-            )
         if cache is not None:
             cache.states[self.layer_idx] = ConvertedLayerState(attn, conv, h)
         return self._project("o_proj", y.flatten(2)), None  # [B, T, H, E] -> [B, T, F]
+
+    @staticmethod
+    def _cache(past_key_values, cache) -> MacchiatoCache | None:
+        """The MacchiatoCache the model passes down, under either name, or None."""
+        given = one_cache("ConvertedAttention", past_key_values=past_key_values, cache=cache)
+        if given is not None and not isinstance(given, MacchiatoCache):
+            raise ValueError(f"{CACHE_NAME}: a converted model keeps a MacchiatoCache, got {type(given).__name__}")
+        return given
 
     def extra_repr(self) -> str:
         s = self.spec

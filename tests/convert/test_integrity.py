@@ -10,9 +10,9 @@ import shutil
 import pytest
 import torch
 
-from latte.models.convert import ConversionConfig, base_reference, convert_pretrained, load_converted
-from latte.models.convert.io import BaseNotFoundError, IntegrityError, export_portable
-from tests.models.convert.families import VOCAB, build
+from latte.convert import ConversionConfig, base_reference, convert_pretrained, load_converted
+from latte.convert.io import BaseNotFoundError, IntegrityError, export_portable
+from tests.convert.families import VOCAB, build
 
 CONV = ConversionConfig(window_size=8, latents_per_head=4)
 

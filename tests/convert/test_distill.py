@@ -7,9 +7,8 @@ import math
 import pytest
 import torch
 
-from latte.models import IGNORE_INDEX
-from latte.models.convert import ConversionConfig, convert
-from latte.models.convert.distill import (
+from latte.convert import ConversionConfig, convert
+from latte.convert.distill import (
     Distiller,
     calibrate_beta,
     chunked_objective,
@@ -19,8 +18,9 @@ from latte.models.convert.distill import (
     next_token_nll,
     record_layers,
 )
-from tests.models.convert.families import VOCAB, build
-from tests.models.convert.test_equivalence import band_mask
+from latte.models import IGNORE_INDEX
+from tests.convert.families import VOCAB, build
+from tests.convert.test_equivalence import band_mask
 
 T = 40
 
