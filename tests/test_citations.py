@@ -70,9 +70,11 @@ def problems_in(text: str, where: str) -> list[str]:
     return out
 
 
-# Code locations named in the docs: `latte/ops/causal.py: latte_causal`,
+# Code locations named in the docs: `latte/ops/latte/causal.py: latte_causal`,
 # `tests/ops/test_causal.py::test_name`, and further `test_name`s after a test file.
-LOCATION = re.compile(r"((?:latte|tests|tools)/[\w/.-]+\.(?:py|yaml))(?:(?:::|:\s+`?)(\w+))?|`(test_\w+)`")
+LOCATION = re.compile(
+    r"((?:latte|tests|tools|experiments|benchmarks)/[\w/.-]+\.(?:py|yaml))(?:(?:::|:\s+`?)(\w+))?|`(test_\w+)`"
+)
 
 
 def location_problems(text: str, where: str) -> list[str]:
@@ -121,7 +123,7 @@ def test_code_locations_named_in_the_docs_exist():
         found += location_problems(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
     assert found == []
     assert location_problems(
-        "`latte/ops/causal.py: latte_causal`, `tests/ops/test_causal.py::nope`, "
+        "`latte/ops/latte/causal.py: latte_causal`, `tests/ops/test_causal.py::nope`, "
         "`test_forward_matches_reference`, `test_nope`, latte/gone.py",
         "x",
     ) == [
@@ -132,7 +134,7 @@ def test_code_locations_named_in_the_docs_exist():
 
 
 def test_code_and_tests_cite_only_documents_in_the_repo():
-    assert problems(ROOT / "latte", ROOT / "tests") == []
+    assert problems(ROOT / "latte", ROOT / "tests", ROOT / "experiments") == []
 
 
 def test_docs_results_and_readme_cite_only_documents_in_the_repo():

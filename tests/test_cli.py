@@ -117,6 +117,31 @@ def test_bench_dispatches_lazily(monkeypatch, capsys):
     assert main(["bench", "nope"]) == 2
 
 
+def test_laboratory_commands_delegate_to_the_checkout(tmp_path, monkeypatch, capsys):
+    """Inside a checkout `latte experiment` and `latte bench train` run the
+    repository's experiments/ and benchmarks/; outside one (an installed wheel
+    in another folder) they exit 2 saying where the code is and what to run."""
+    from latte import cli
+
+    root = cli.checkout_root()
+    assert root is not None and (root / "experiments" / "__init__.py").is_file()
+    assert main(["experiment", "--help"]) == 0
+    assert "mqar, lm-variants, lra, convert" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)  # outside the checkout, with a package that is not an editable checkout
+    monkeypatch.setattr(cli, "__file__", str(tmp_path / "site-packages" / "latte" / "cli.py"))
+    assert cli.checkout_root() is None
+    for argv, named in (
+        (["experiment", "mqar", "--quick"], "python -m experiments"),
+        (["bench", "train", "--quick"], "python -m benchmarks.train"),
+        (["bench", "suite", "--dry-run"], "python -m experiments.gpu_suite"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"latte {argv[0]}" in err and "run it from a checkout" in err and named in err, err
+        assert "Traceback" not in err
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
 def test_bench_device_cuda_without_a_gpu_exits_2_saying_why(tmp_path, capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

@@ -1,6 +1,8 @@
 """The package as a user and a reader meet it: the names `import latte`
-offers, and imports that run one way (ops <- layers <- models <- train <-
-eval/bench/experiments <- suite <- cli, data beside), with no cycle inside a package."""
+offers, imports that run one way (ops <- layers <- models <- train <-
+convert <- eval/bench <- cli, data beside), with no cycle inside a package, and the
+laboratory outside the wheel: the repository's experiments/ and benchmarks/
+import latte, never the reverse, and the wheel holds neither."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import importlib
 import pkgutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -25,10 +28,10 @@ ALLOWED = {
     "data": {"base"},
     "models": {"base", "ops", "layers", "data"},
     "train": {"base", "ops", "layers", "models", "data"},
-    "eval": {"base", "ops", "layers", "models", "data", "train"},
-    "bench": {"base", "ops", "layers", "models", "data", "train"},
-    "experiments": {"base", "ops", "layers", "models", "data", "train", "eval", "bench"},
-    "suite": {"base", "ops", "layers", "models", "data", "train", "eval", "bench", "experiments"},
+    # conversion patches transformers' models (beside models) and trains them as a task
+    "convert": {"base", "ops", "layers", "models", "data", "train"},
+    "eval": {"base", "ops", "layers", "models", "data", "train", "convert"},
+    "bench": {"base", "ops", "layers", "models", "data", "train", "convert"},
     "configs": set(),
 }
 
@@ -121,6 +124,93 @@ def test_imports_run_one_way():
     assert not bad, "\n".join(bad)
 
 
+REPO = ROOT.parent
+LAB = ("experiments", "benchmarks")  # the repository's folders of code that the wheel leaves out
+
+
+def _top_imports(path: Path, package: str) -> set[str]:
+    """Every module one file imports (absolute names), at the top or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            target = f"{base}.{node.module}" if node.level and node.module else base if node.level else node.module
+            found |= {target, *(f"{target}.{a.name}" for a in node.names)}  # `from p import m`: maybe a module
+    return found
+
+
+def _lab_modules(folder: str):
+    for path in sorted((REPO / folder).rglob("*.py")):
+        rel = path.relative_to(REPO).with_suffix("")
+        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        yield path, module, module if rel.name == "__init__" else module.rpartition(".")[0]
+
+
+def test_the_library_never_imports_the_laboratory():
+    """latte/ imports neither experiments/ nor benchmarks/ (they exist only in a
+    checkout); `latte experiment` / `latte bench train` find them at run time."""
+    bad = [
+        f"{m}: imports {name}"
+        for path in ROOT.rglob("*.py")
+        for m, package in [_module_name(path)]
+        for name in sorted(_top_imports(path, package))
+        if name.split(".")[0] in LAB
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_experiments_and_benchmarks_depend_on_latte_one_way():
+    """benchmarks/ imports latte alone; an experiment folder imports latte,
+    experiments.common and itself; the GPU suite, which runs the others, any of them."""
+    bad = []
+    for folder in LAB:
+        for path, module, package in _lab_modules(folder):
+            parts = module.split(".")
+            own = ".".join(parts[:2]) if folder == "experiments" and len(parts) > 2 else folder
+            allowed = ("latte", own) + {
+                "experiments": ("experiments.common", "experiments.COMMANDS"),
+                "benchmarks": (),
+            }[folder]
+            if module.startswith("experiments.gpu_suite"):
+                allowed += ("experiments", "benchmarks")
+            for name in sorted(_top_imports(path, package)):
+                top = name.split(".")[0]
+                if top in ("latte", *LAB) and not any(name == a or name.startswith(f"{a}.") for a in allowed):
+                    if not (module.startswith("experiments.") and name == "experiments"):  # the registry
+                        bad.append(f"{module} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycle_in_the_laboratory():
+    graph = {}
+    for folder in LAB:
+        for path, module, package in _lab_modules(folder):
+            graph[module] = _top_imports(path, package)
+    graph = {m: {t for t in ts if t in graph and t != m} for m, ts in graph.items()}
+    found = cycles(graph)
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_wheel_holds_no_laboratory_code():
+    """The packages setuptools puts in the wheel (pyproject's packages.find,
+    expanded by setuptools' own reader, as the build does): latte and its subpackages, none of them an
+    experiment, the GPU suite or a repository-only benchmark. (.ci/run builds
+    the real wheel and checks its file list the same way.)"""
+    from setuptools.config.pyprojecttoml import read_configuration
+
+    shipped = read_configuration(REPO / "pyproject.toml")["tool"]["setuptools"]["packages"]  # find, expanded
+    assert "latte" in shipped and "latte.bench" in shipped and "latte.models" in shipped
+    assert not [p for p in shipped if not p.startswith("latte")], shipped
+    assert not [p for p in shipped if p.split(".")[1:2] in (["experiments"], ["suite"])], shipped
+    lab_bench = [m for _, m, _ in _lab_modules("benchmarks") if m != "benchmarks"]
+    assert lab_bench, "benchmarks/ holds the repository-only benchmarks"
+    for module in lab_bench:  # none of them also left inside the package
+        assert not (ROOT / "bench" / f"{module.split('.')[-1]}.py").exists(), module
+    assert not (ROOT / "experiments").exists() and not (ROOT / "suite").exists()
+
+
 def test_train_does_not_import_eval():
     """Validation and "open a trained run" live in train (train/validation.py,
     train/runs.py); eval builds on them."""
@@ -128,8 +218,30 @@ def test_train_does_not_import_eval():
     assert not bad, "\n".join(bad)
 
 
+def test_conversion_has_one_home_above_the_native_model():
+    """Conversion lives in latte/convert (models/ is the native model alone):
+    nothing at or below train imports it; the trainer reaches its task only
+    by name (train/task.py TASKS, imported when `task: convert` is chosen)."""
+    from latte.train.task import TASKS
+
+    stray = [
+        *(ROOT / "models").glob("convert/*.py"),
+        *(ROOT / "models").glob("convert*.py"),
+        *(ROOT / "train").glob("convert*.py"),
+    ]
+    assert not stray, f"conversion code outside latte/convert: {stray}"
+    below = ("base", "ops", "layers", "models", "data", "train")
+    graph = imports()
+    bad = [f"{m} imports {t}" for m, ts in graph.items() if part(m) in below for t in ts if part(t) == "convert"]
+    assert not bad, "\n".join(bad)
+    module, _, cls = TASKS["convert"].partition(":")
+    assert part(module) == "convert" and f"class {cls}(" in (ROOT.parent / module.replace(".", "/")).with_suffix(
+        ".py"
+    ).read_text(encoding="utf-8")
+
+
 def packages() -> list[str]:
-    """latte and every package below it (latte.ops, ..., latte.data.lra, latte.models.convert)."""
+    """latte and every package below it (latte.ops, ..., latte.data.lra, latte.convert)."""
     return sorted(_module_name(p)[0] for p in ROOT.rglob("__init__.py"))
 
 
@@ -182,8 +294,7 @@ def test_cycle_finder_sees_deferred_imports():
 def test_deferred_internal_imports_say_why():
     """A latte module imported inside a function instead of at the top is
     there for an optional dependency (transformers, lm-eval) or, in the
-    command line and the GPU suite, so that they start without torch (the
-    suite installs what is missing first); the comment on the import or the
+    command line, so that it starts without torch; the comment on the import or the
     line above says which (docs/design.md §10)."""
     bad = []
     for path in ROOT.rglob("*.py"):
@@ -196,7 +307,7 @@ def test_deferred_internal_imports_say_why():
             while first > 0 and lines[first - 1].strip().startswith(("from ", "import ")):
                 first -= 1  # the group of imports this one belongs to
             said = lines[node.lineno - 1] + (lines[first - 1] if first else "")
-            on_use = module == "latte.cli" or module.startswith("latte.suite.")  # start before torch
+            on_use = module == "latte.cli"  # starts before torch
             if "optional" not in said and not (on_use and "on use" in said):
                 bad.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
     assert not bad, "deferred internal imports without a reason:\n" + "\n".join(sorted(bad))
@@ -267,9 +378,10 @@ def test_internal_helpers_are_not_public_layer_names():
 
 def test_every_command_line_parser_refuses_abbreviated_flags():
     """argparse accepts any unique prefix of a flag by default; each parser of
-    the package and of tools/ turns that off (allow_abbrev=False)."""
+    the package, of tools/ and of the laboratory turns that off (allow_abbrev=False)."""
     lax = []
-    for path in [*ROOT.rglob("*.py"), *(ROOT.parent / "tools").glob("*.py")]:
+    lab = [path for folder in LAB for path in (REPO / folder).rglob("*.py")]
+    for path in [*ROOT.rglob("*.py"), *(ROOT.parent / "tools").glob("*.py"), *lab]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "ArgumentParser":
                 flags = {k.arg: k.value for k in node.keywords}
@@ -277,3 +389,89 @@ def test_every_command_line_parser_refuses_abbreviated_flags():
                 if not (isinstance(value, ast.Constant) and value.value is False):
                     lax.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
     assert not lax, f"parsers accepting abbreviated flags: {lax}"
+
+
+def test_the_two_families_of_ops_stay_apart():
+    """ops/latte/ (latent attention) and ops/window/ (sliding window, sinks)
+    never import each other, and the shared ops modules (checks, layout,
+    packing, backend, ...) import neither: only macchiato.py, which composes
+    them, and the package's public surface (ops/__init__.py) see both
+    (docs/design.md §10)."""
+
+    def family(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 3 and parts[2] in ("latte", "window") else None
+
+    composers = {"latte.ops", "latte.ops.macchiato"}
+    bad = []
+    for module, targets in sorted(imports().items()):
+        if not module.startswith("latte.ops") or module in composers:
+            continue
+        for target in sorted(targets):
+            there = family(target)
+            if there is not None and there != family(module):
+                bad.append(f"{module} imports {target}")
+    assert not bad, "\n".join(bad)
+
+
+# Parts of latte/ the length rule skips (none: the laboratory left the wheel and
+# conversion lives in latte/convert/, where the rule applies).
+MOVING = ()
+LIMIT = 60  # lines per function, its signature and docstring included (docs/design.md habit 7)
+
+
+def long_functions(source: str, limit: int = LIMIT) -> dict[str, int]:
+    """{qualified name: lines} of the functions and methods in `source`
+    longer than `limit` lines, nested ones included."""
+    found = {}
+    stack = [(ast.parse(source), "")]
+    while stack:
+        node, prefix = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            name = prefix
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}."
+                lines = child.end_lineno - child.lineno + 1
+                if not isinstance(child, ast.ClassDef) and lines > limit:
+                    found[name[:-1]] = lines
+            stack.append((child, name))
+    return found
+
+
+def allowed_long_functions() -> dict[str, str]:
+    """{`path: name`: reason} from the list in docs/design.md habit 7."""
+    lines = (ROOT.parent / "docs" / "design.md").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("Functions longer than 60 lines"))
+    allowed = {}
+    for line in lines[start + 1 :]:
+        if not line.strip().startswith("- "):
+            break
+        if line.strip() != "- none":
+            name, _, reason = line.strip()[2:].partition(": ")
+            allowed[name.strip("`")] = reason
+    return allowed
+
+
+def test_long_function_finder_counts_methods_and_nested_functions():
+    body = "\n".join(f"    x{i} = {i}" for i in range(60))
+    source = f"def short():\n    pass\n\n\nclass C:\n    def m(self):\n{textwrap.indent(body, '    ')}\n"
+    source += f"\n\ndef outer():\n    def inner():\n    {body.replace(chr(10), chr(10) + '    ')}\n    return inner\n"
+    assert long_functions(source) == {"C.m": 61, "outer": 63, "outer.inner": 61}
+
+
+def test_functions_are_at_most_60_lines():
+    """Functions in latte/ are at most 60 lines, but for at most 3 named, with
+    their reason, in docs/design.md habit 7."""
+    allowed = allowed_long_functions()
+    assert len(allowed) <= 3, f"at most 3 exceptions, docs/design.md names {len(allowed)}"
+    over = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(MOVING):
+            continue
+        for name, lines in long_functions(path.read_text(encoding="utf-8")).items():
+            if f"latte/{rel}: {name}" not in allowed:
+                over.append(f"latte/{rel}: {name} ({lines} lines)")
+    assert not over, f"functions over {LIMIT} lines (split them, or justify them in docs/design.md):\n" + "\n".join(
+        over
+    )

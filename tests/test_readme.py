@@ -135,7 +135,61 @@ def test_link_check_finds_a_broken_link(tmp_path):
 
 
 def test_the_readme_stays_short():
-    assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 280
+
+
+def headline_rows(text: str) -> list[list[str]]:
+    """The cells of the headline table's rows (header and rule left out)."""
+    table = text.split("<!-- headline:start -->\n", 1)[1].split("<!-- headline:end -->", 1)[0]
+    lines = [x for x in table.splitlines() if x.startswith("|")]
+    return [[c.strip() for c in x.strip().strip("|").split(" | ")] for x in lines[2:]]
+
+
+def test_the_headline_table_is_glanceable():
+    """At most 8 rows of claim | number | link, no cell over 120 characters;
+    the nuance lives in "Status and limits" (tools/readme_tables.py refuses
+    to generate anything longer)."""
+    text = (ROOT / "README.md").read_text()
+    assert "| claim | number | link |" in text
+    rows = headline_rows(text)
+    assert 1 <= len(rows) <= 8
+    for row in rows:
+        assert len(row) == 3 and re.fullmatch(r"\[[^\]]+\]\([^)]+\)", row[2]), row
+        assert max(len(c) for c in row) <= 120, row
+    assert headline_rows("<!-- headline:start -->\n| a | b | c |\n|---|\n| x | y | z |\n<!-- headline:end -->") == [
+        ["x", "y", "z"]
+    ]
+
+
+def test_a_headline_cell_too_long_is_refused(monkeypatch):
+    tool = load_tool()
+    row = tool.ROWS[0]
+    monkeypatch.setattr(tool, "ROWS", [tool.Row("x" * 121, row.figure, row.source)])
+    with pytest.raises(ValueError, match="121 characters; a cell holds at most 120"):
+        tool.headline(tool.Files(ROOT))
+    monkeypatch.setattr(tool, "ROWS", [row] * 9)
+    with pytest.raises(ValueError, match="9 headline rows; the README shows at most 8"):
+        tool.headline(tool.Files(ROOT))
+
+
+READING_PATH = (
+    "latte/ops/reference.py",
+    "latte/ops/latte/causal.py",
+    "latte/layers/latte_attention.py",
+    "latte/models/modeling.py",
+    "latte/models/causal_lm.py",
+)
+
+
+def test_read_the_code_walks_from_the_reference_to_the_model():
+    """A "Read the code" section links the five files of causal Latte in
+    reading order, each with a line on what it adds."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Read the code\n", 1)[1].split("\n## ", 1)[0]
+    items = re.findall(r"^\d+\. \[`([^`]+)`\]\(([^)]+)\): (.+?)(?=^\d+\. |\Z)", section, re.M | re.S)
+    assert tuple(path for path, _, _ in items) == READING_PATH
+    for path, link, what in items:
+        assert link == path and (ROOT / path).is_file() and len(what) > 20
 
 
 def test_ci_runs_the_readmes_test_command_line_for_line():

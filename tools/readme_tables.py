@@ -33,8 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout's latte, also when run from elsewhere
 
-from latte.experiments.convert_tasks import HEADLINE as TASK_METRIC  # noqa: E402
-from latte.experiments.results import readme_body  # noqa: E402
+from experiments.common.results import readme_body  # noqa: E402
+from experiments.convert.convert_tasks import HEADLINE as TASK_METRIC  # noqa: E402
 from latte.reporting import update_readme  # noqa: E402
 
 HEADLINE = ("<!-- headline:start -->", "<!-- headline:end -->")
@@ -95,14 +95,10 @@ class Row:
     source: str  # a file under results/ or benchmarks/, linked from the table
 
 
-OPS, DECODE, TRAIN, SWEEP = (f"benchmarks/{n}.json" for n in ("ops", "decode", "train", "train-sweep"))
-LM, EXTRA, MQAR, CONV, LRA = (
-    f"results/{n}/results.json" for n in ("lm_variants", "extrapolation", "mqar", "convert", "lra")
-)
+OPS, DECODE = (f"benchmarks/{n}.json" for n in ("ops", "decode"))
+LM, EXTRA, MQAR, CONV = (f"results/{n}/results.json" for n in ("lm_variants", "extrapolation", "mqar", "convert"))
 CONV_TASKS, CONV_NEEDLE = (f"results/{n}/results.json" for n in ("convert-tasks", "convert-needle"))
-LONG, LONG_EXTRA, MVS = (
-    f"results/{n}/results.json" for n in ("lm_variants_long", "lm_variants_long/extrapolation", "macchiato_vs_swa")
-)
+LONG_EXTRA = "results/lm_variants_long/extrapolation/results.json"
 
 
 def _size(n_bytes: float) -> str:
@@ -112,49 +108,34 @@ def _size(n_bytes: float) -> str:
     return f"{n_bytes / 2**10:,.0f} KiB"
 
 
-# The figures, one function per row: each reads the committed files through `f`.
+# The figures, one function per row: each reads the committed files through `f`
+# and returns one short cell (at most CELL characters; the nuance lives in the
+# README's "Status and limits").
 
 
 def ops_vs_sdpa(f: Files) -> str:
-    r = f.load(OPS)["ratios"]
-    fb, fw = r["sdpa/latte fwdbwd"], r["sdpa/latte fwd"]
-    return (
-        f"forward+backward {fb['512']:.1f}x at T = 512, {fb['16384']:.1f}x at T = 16,384 "
-        f"(forward {fw['512']:.1f}x and {fw['16384']:.1f}x)"
-    )
+    fb = f.load(OPS)["ratios"]["sdpa/latte fwdbwd"]
+    return f"SDPA takes {fb['512']:.1f}x Latte's time at T = 512, {fb['16384']:.1f}x at T = 16,384 (forward+backward)"
 
 
 def decode(f: Files) -> str:
-    def at(mixer: str, context: int) -> str:
-        ms = f.one(DECODE, "median_ms", mixer=mixer, context=context)
-        return f"{ms:.1f} ms and {_size(f.one(DECODE, 'state_bytes', mixer=mixer, context=context))}"
+    def ms(mixer: str, context: int) -> str:
+        return f"{f.one(DECODE, 'median_ms', mixer=mixer, context=context):.1f} ms"
 
-    return f"Latte {at('latte', 1024)} at 1K context, {at('latte', 65536)} at 64K; softmax (KV cache) " + (
-        f"{at('softmax', 1024)} at 1K, {at('softmax', 16384)} at 16K"
+    def state(mixer: str, context: int) -> str:
+        return _size(f.one(DECODE, "state_bytes", mixer=mixer, context=context))
+
+    return (
+        f"Latte {ms('latte', 1024)} at 1K context, {ms('latte', 65536)} at 64K, state {state('latte', 65536)}; "
+        f"softmax {ms('softmax', 16384)}, KV cache {state('softmax', 16384)} at 16K"
     )
 
 
 def lm_perplexity(f: Files) -> str:
     variants = sorted({r["variant"] for r in f.records(LM)})
     latte = min((v for v in variants if v.startswith("latte")), key=lambda v: f.mean(LM, "val_ppl", variant=v))
-
-    def ppl(v: str) -> str:
-        return f.seeds(LM, "val_ppl", variant=v)
-
-    def long(v: str) -> str:  # one seed
-        return f"{f.one(LONG, 'val_ppl', variant=v):.2f}"
-
-    def mvs(v: str) -> str:
-        return f"{f.one(MVS, 'val_ppl', variant=v):.2f}"
-
-    return (
-        f"300 steps: Macchiato {ppl('macchiato')}, softmax {ppl('softmax')}, sliding window {ppl('swa')}; "
-        f"Latte alone {ppl(latte)} (best of {sum(v.startswith('latte') for v in variants)} qk mixers: {latte}); "
-        f"linear attention {ppl('linear')}. 3,000 steps: softmax {long('softmax')}, Macchiato "
-        f"{long('macchiato')}, sliding window {long('swa')}, Latte {long('latte-conv_rglru')}, linear "
-        f"{long('linear')}; at 1,024 tokens with a 64-token window, Macchiato {mvs('macchiato')} against "
-        f"the window alone {mvs('swa')}"
-    )
+    names = (("macchiato", "Macchiato"), ("softmax", "softmax"), ("swa", "window"), (latte, "Latte"))
+    return ", ".join(f"{name} {f.seeds(LM, 'val_ppl', variant=v)}" for v, name in (*names, ("linear", "linear")))
 
 
 def extrapolation(f: Files) -> str:
@@ -165,65 +146,51 @@ def extrapolation(f: Files) -> str:
             for v in sorted({r["variant"] for r in f.records(rel)})
         }
 
-    def line(rel: str) -> str:
+    def line(rel: str, names: bool) -> str:
         r = ratios(rel)
         latte = [x for v, x in r.items() if v.startswith("latte")]
-        return (
-            f"Macchiato {r['macchiato']:.2f}, Latte {min(latte):.2f}-{max(latte):.2f}, linear {r['linear']:.2f}, "
-            f"sliding window {r['swa']:.2f}; softmax with RoPE {r['softmax']:.2f}"
-        )
+        m, lt, s = ("Macchiato ", "Latte ", "softmax ") if names else ("", "", "")
+        return f"{m}{r['macchiato']:.2f}, {lt}{min(latte):.2f}-{max(latte):.2f}, {s}{r['softmax']:.2f}"
 
-    return f"after 300 steps: {line(EXTRA)}; after 3,000 steps: {line(LONG_EXTRA)}"
+    return f"300 steps: {line(EXTRA, True)}; 3,000 steps: {line(LONG_EXTRA, False)}"
 
 
 def mqar(f: Files) -> str:
     def acc(model: str, T: int, **match) -> str:  # seed 0 at the best learning rate of the cell
         return f"{f.best(MQAR, 'accuracy', model=model, dim=64, seq_len=T, seed=0, **match):.3f}"
 
-    def seeds(model: str, **match) -> str:  # every seed at lr 3e-3, T = 256
+    def seeds(model: str, **match) -> str:  # the mean over every seed at lr 3e-3, T = 256
         cell = dict(model=model, dim=64, seq_len=256, lr=0.003, max_epochs=3, **match)
-        return f"{f.seeds(MQAR, 'accuracy', 3, **cell)} ({len(f.where(MQAR, **cell))} seeds)"
+        return f"{f.mean(MQAR, 'accuracy', **cell):.3f}"
 
     pairs = "; ".join(
         f"T = {T}: {acc('latte-conv', T, num_latents=64)} vs {acc('linear-conv', T)}" for T in (64, 128, 256)
     )
-    return (
-        f"{pairs}; over seeds at T = 256: {seeds('latte-conv', num_latents=64)} vs {seeds('linear-conv')} "
-        f"(softmax at T = 256: {acc('softmax', 256)}, with a state that grows with T)"
-    )
+    return f"{pairs}, over 3 seeds {seeds('latte-conv', num_latents=64)} vs {seeds('linear-conv')}"
 
 
 def conversion_perplexity(f: Files) -> str:
-    def ppl(corpus: str, model: str, context: int, field: str = "ppl") -> float:
-        return f.one(CONV, field, corpus=corpus, model=model, context=context)
+    def ppl(corpus: str, model: str, context: int) -> float:
+        return f.one(CONV, "ppl", corpus=corpus, model=model, context=context)
 
     def span(corpus: str, model: str) -> str:
         r = [ppl(corpus, model, c) / ppl(corpus, "original", c) for c in (1024, 2048, 4096, 8192)]
         return f"{min(r):.2f}-{max(r):.2f}x"
 
-    corpora = ("essays", "plays")
-    conv = ", ".join(f"{c} {span(c, 'converted')}" for c in corpora)
-    cache = ", ".join(span(c, "converted-cachesinks") for c in corpora)
-    sinks = ", ".join(span(c, "window+sinks") for c in corpora)
-    far = ", ".join(
-        f"{ppl(c, 'converted-cachesinks', 32768, 'bucket_ppl_original_documents'):.0f} "
-        f"(absolute: {ppl(c, 'converted', 32768, 'bucket_ppl_original_documents'):.0f}) vs "
-        f"{ppl(c, 'original', 32768, 'bucket_ppl'):,.0f} ({c})"
-        for c in corpora
-    )
     return (
-        f"over the original's, within its 8K training context: {conv}; with the sinks at cache positions "
-        f"{cache} (window + sinks, untrained: {sinks}); positions 16K-32K, past that context, converted with "
-        f"cache positions vs original: {far}"
+        f"over the original's at 1K-8K: essays {span('essays', 'converted')}, plays {span('plays', 'converted')}; "
+        f"window + sinks {span('essays', 'window+sinks')}, {span('plays', 'window+sinks')}"
     )
 
 
 def conversion_decode(f: Files) -> str:
-    def at(model: str) -> str:
-        ms = f.one(CONV, "decode_ms_per_token", corpus="plays", model=model, context=32768)
-        return f"{ms:.0f} ms and {_size(f.one(CONV, 'state_bytes', corpus='plays', model=model, context=32768))}"
+    def at(model: str, field: str) -> float:
+        return f.one(CONV, field, corpus="plays", model=model, context=32768)
 
-    return f"converted {at('converted')} of state; original {at('original')} of KV cache"
+    return (
+        f"converted {at('converted', 'decode_ms_per_token'):.0f} ms, state {_size(at('converted', 'state_bytes'))}; "
+        f"original {at('original', 'decode_ms_per_token'):.0f} ms, KV cache {_size(at('original', 'state_bytes'))}"
+    )
 
 
 def conversion_tasks_needle(f: Files) -> str:
@@ -237,79 +204,40 @@ def conversion_tasks_needle(f: Files) -> str:
 
     tasks = len(f.where(CONV_TASKS, model="original"))
     return (
-        f"{tasks} tasks, average accuracy: converted {average('converted'):.1f}, original "
-        f"{average('original'):.1f}, window + sinks {average('window+sinks'):.1f}; pass keys beyond the "
-        f"window found: converted {beyond('converted')}, window + sinks {beyond('window+sinks')}, original "
-        f"{beyond('original')}"
+        f"{tasks} tasks: converted {average('converted'):.1f}, original {average('original'):.1f}; "
+        f"keys past the window: converted {beyond('converted')}, original {beyond('original')}"
     )
 
 
-def train_step(f: Files) -> str:
-    def ratio(seq: int) -> float:
-        return f.one(TRAIN, "tokens_per_s", mixer="macchiato", seq=seq) / f.one(
-            TRAIN, "tokens_per_s", mixer="softmax", seq=seq
-        )
-
-    return f"{ratio(512):.2f}x at sequence length 512, {ratio(4096):.2f}x at 4,096"
-
-
-def sweep_step(f: Files) -> str:
-    r = f.load(SWEEP)["ratios"]["over_softmax"]["64"]
-    sizes = [("", "vocabulary 8192"), (" @v256", "vocabulary 256")]
-    return "; ".join(
-        f"{name}: Latte {r['latte' + tag]:.2f}x, Macchiato {r['macchiato' + tag]:.2f}x"
-        for tag, name in sizes
-        if "latte" + tag in r
-    )
-
-
-def lra(f: Files) -> str:
-    def task(name: str) -> str:
-        cell = dict(part="train", task=name, budget="reduced")
-        best, majority = f.best(LRA, "test_accuracy", **cell), f.best(LRA, "majority_baseline", **cell)
-        return f"{best:.3f} (majority class {majority:.3f})"
-
-    return f"ListOps {task('listops')}; Pathfinder {task('pathfinder')}"
-
-
-# The headline table, one row per entry (at most 10): what a sceptical reader
-# asks first, each linked to the file that holds the full table, its command,
-# machine and load.
+# The headline table, one row per entry (at most MAX_ROWS): what a sceptical
+# reader asks first, each linked to the file that holds the full table, its
+# command, machine and load.
 ROWS = [
+    Row("Causal Latte vs PyTorch SDPA, one layer of 8 heads, CPU", ops_vs_sdpa, "benchmarks/ops.md"),
+    Row("Decoding one token, the paper's Table 6 model (8 layers, width 512), CPU", decode, "benchmarks/decode.md"),
     Row(
-        "Causal Latte op vs PyTorch SDPA: SDPA's time over Latte's (one layer, 8 heads, CPU)",
-        ops_vs_sdpa,
-        "benchmarks/ops.md",
-    ),
-    Row(
-        "Decoding one token, the paper's Table 6 model (8 layers, width 512), CPU: time, state",
-        decode,
-        "benchmarks/decode.md",
-    ),
-    Row(
-        "Perplexity of 7 token mixers on one recipe (2.4-2.7M parameters, Shakespeare): 300 steps (1.2M tokens, "
-        "3 seeds), 3,000 steps (12.3M tokens, 1 seed)",
+        "Perplexity, 7 mixers on one recipe (2.7M parameters, 1.2M Shakespeare tokens, 3 seeds; Latte: best qk mixer)",
         lm_perplexity,
         "results/README.md",
     ),
     Row(
-        "Perplexity at 16x the training length (4,096 tokens) over 1x, the same runs",
+        "Perplexity at 16x the training length over 1x, the same runs and 3,000-step ones (Latte: range of qk mixers)",
         extrapolation,
         "results/README.md",
     ),
     Row(
-        "Recall (MQAR) at equal state, Latte vs linear attention, both with a short convolution (seed 0; "
-        "three seeds at T = 256)",
+        "Recall (MQAR) at equal state, Latte vs linear attention, both with a short convolution (seed 0)",
         mqar,
         "results/mqar/results.md",
     ),
     Row(
-        "SmolLM2-135M converted to Macchiato (1M tokens of up-training), perplexity on held-out essays and plays",
+        "SmolLM2-135M converted to Macchiato (1M tokens of up-training): held-out perplexity "
+        "(window + sinks: untrained)",
         conversion_perplexity,
         "results/convert/results.md",
     ),
     Row(
-        "The converted SmolLM2 on zero-shot tasks (100 examples each) and pass-key retrieval (1K-32K)",
+        "The converted SmolLM2: zero-shot accuracy (100 examples a task), pass-key retrieval at 1K-32K",
         conversion_tasks_needle,
         "results/convert-tasks/results.md",
     ),
@@ -318,24 +246,22 @@ ROWS = [
         conversion_decode,
         "results/convert/results.md",
     ),
-    Row(
-        "Training step, CPU: the Table 6 model, Macchiato's tokens/s over softmax's; a small model (width 64, "
-        "T = 64), time over softmax's (goals at vocabulary 256: Latte 1.3x, Macchiato 1.6x)",
-        lambda f: f"Table 6 model: {train_step(f)}. Small model: {sweep_step(f)}",
-        "benchmarks/README.md",
-    ),
-    Row("Long Range Arena at 1/8 of the configs' training budget: best test accuracy", lra, "results/lra/results.md"),
 ]
+MAX_ROWS, CELL = 8, 120  # the README's limits: rows, and characters in any cell
 
 
 def headline(files: Files) -> str:
-    if len(ROWS) > 10:
-        raise ValueError(f"ROWS: {len(ROWS)} headline rows; the README shows at most 10")
-    lines = ["| claim | figure | source |", "|---|---|---|"]
+    if len(ROWS) > MAX_ROWS:
+        raise ValueError(f"ROWS: {len(ROWS)} headline rows; the README shows at most {MAX_ROWS}")
+    lines = ["| claim | number | link |", "|---|---|---|"]
     for row in ROWS:
         if not (files.root / row.source).is_file():
             raise ValueError(f"ROWS: the row {row.claim[:40]!r}... links {row.source}, which does not exist")
-        lines.append(f"| {row.claim} | {row.figure(files)} | [{row.source}]({row.source}) |")
+        cells = [row.claim, row.figure(files), f"[{row.source}]({row.source})"]
+        long = [c for c in cells if len(c) > CELL]
+        if long:
+            raise ValueError(f"ROWS: {long[0][:40]!r}... has {len(long[0])} characters; a cell holds at most {CELL}")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -358,7 +284,7 @@ def _sections(text: str, kind: str) -> list[str]:
 def results_folders(root: Path) -> dict[str, str]:
     """Section name -> folder under results/: results/NAME, and a stage of a
     plan written inside its plan's folder, results/PLAN/STAGE, as section
-    PLAN-STAGE (latte/experiments/lm_plans.py stage_outputs)."""
+    PLAN-STAGE (experiments/lm_variants/lm_plans.py stage_outputs)."""
     found = {p.parent.name: p.parent.name for p in (root / "results").glob("*/results.md")}
     for p in (root / "results").glob("*/*/results.md"):
         found[f"{p.parent.parent.name}-{p.parent.name}"] = f"{p.parent.parent.name}/{p.parent.name}"

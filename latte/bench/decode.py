@@ -110,8 +110,22 @@ def bench_mixer(mixer: str, args, rows: list[dict], backend: str = "torch") -> N
     model = LatteForCausalLM(cfg).eval().to(dev)
     amp = torch.autocast(dev, DTYPES[args.dtype], enabled=dev == "cuda" and args.dtype != "float32")
     gen = torch.Generator().manual_seed(0)
+    saved, recs = _prefill_contexts(model, args, amp, gen, label, quadratic=mixer == "softmax")
+    tok = torch.randint(0, cfg.vocab_size, (1, 1), generator=gen).to(dev)
+    _time_steps(model, tok, saved, recs, args, amp, label)
+    rows += list(recs.values())
+    rows += [
+        {"mixer": label, "context": c, **common.skipped("a shorter context was already skipped")}
+        for c in args.contexts
+        if c not in recs
+    ]
+
+
+def _prefill_contexts(model, args, amp, gen, label: str, quadratic: bool) -> tuple[dict, dict]:
+    """Phase 1: (state reached at each context, its record so far), the
+    contexts in order; stops before a prefill predicted over the cap."""
+    dev, vocab = getattr(args, "device", "cpu"), model.config.vocab_size
     state, seen, per_token_prefill, last_avg = None, 0, None, 1.0
-    quadratic = mixer == "softmax"
     saved, recs = {}, {}
     for ctx in args.contexts:
         rec = {"mixer": label, "context": ctx}
@@ -131,7 +145,7 @@ def bench_mixer(mixer: str, args, rows: list[dict], backend: str = "torch") -> N
         t0 = time.perf_counter()
         while seen < ctx:  # prefill through the state, chunk by chunk
             n = min(args.prefill_chunk, ctx - seen)
-            ids = torch.randint(0, cfg.vocab_size, (1, n), generator=gen).to(dev)
+            ids = torch.randint(0, vocab, (1, n), generator=gen).to(dev)
             with amp:
                 state = model(ids, state=state, use_cache=True).state
             seen += n
@@ -145,7 +159,13 @@ def bench_mixer(mixer: str, args, rows: list[dict], backend: str = "torch") -> N
             f"{recs[ctx]['state_bytes'] / 2**20:8.2f} MiB",
             flush=True,
         )
-    tok = torch.randint(0, cfg.vocab_size, (1, 1), generator=gen).to(dev)
+    return saved, recs
+
+
+def _time_steps(model, tok, saved: dict, recs: dict, args, amp, label: str) -> None:
+    """Phase 2: times one greedy step of `tok` from each saved state, round by
+    round, into the contexts' records."""
+    dev = getattr(args, "device", "cpu")
     times = {ctx: [] for ctx in saved}
     for i in range(args.tokens + WARMUP_TOKENS):
         for ctx, st in saved.items():
@@ -167,12 +187,6 @@ def bench_mixer(mixer: str, args, rows: list[dict], backend: str = "torch") -> N
             }
         )
         print(f"  {label:10s} ctx={ctx:6d} {recs[ctx]['median_ms']:8.2f} ms/token", flush=True)
-    rows += list(recs.values())
-    rows += [
-        {"mixer": label, "context": c, **common.skipped("a shorter context was already skipped")}
-        for c in args.contexts
-        if c not in recs
-    ]
 
 
 def run(args) -> dict:

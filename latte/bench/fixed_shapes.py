@@ -11,14 +11,32 @@ Legend: B batch, T time, H heads, Lh latents per head, Dv value width.
 
 from __future__ import annotations
 
+import torch
+
 from latte import reporting
 from latte.ops import distributions as dists
 from latte.ops import latte_causal
 
 from . import common
 from . import providers as P
-from .audit import seeded_randn, timing_line, timing_row
 from .providers import MODE_NAME, MODES, as_call
+
+RULE = 1.3  # the audit's rule: the slowest distribution at most RULE x the fastest (benchmarks/audit.py)
+
+
+def seeded_randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def timing_row(name: str, t: dict) -> dict:
+    med = {d: r["median_ms"] for d, r in t.items()}
+    ratio = max(med.values()) / min(med.values())
+    return {"name": name, "median_ms": med, "times": t, "max_over_min": ratio, "within_rule": ratio <= RULE}
+
+
+def timing_line(row: dict) -> str:
+    return " ".join(f"{d} {v:.1f} ms" for d, v in row["median_ms"].items()) + f"  max/min {row['max_over_min']:.2f}"
+
 
 CAUSAL_SHAPES = {  # name: (B, T, H, Lh, Dv)
     "sweep B=64 T=64 H=2 Lh=32 Dv=32": (64, 64, 2, 32, 32),

@@ -5,7 +5,7 @@
     latte harness run --model latte --model_args pretrained=RUN/model --tasks latte_hellaswag,latte_piqa
 
 `latte harness ARGS` registers the latte classes with transformers' Auto
-classes (`latte.models.hf.register`, and `latte.models.convert.register` for
+classes (`latte.models.hf.register`, and `latte.convert.register` for
 converted models) and with lm-eval (model name "latte": its HF model with
 those classes registered, causal backend), then runs lm-eval's own command
 line with ARGS: every lm-eval option works as documented. From Python, call
@@ -47,8 +47,8 @@ def _import_lm_eval():
 
 def _register_auto_classes() -> None:
     # optional dependency: both modules import transformers (extra "hf")
+    from latte.convert import register as register_converted
     from latte.models import hf
-    from latte.models.convert import register as register_converted
 
     hf.register()
     register_converted()

@@ -42,7 +42,7 @@ def _head_nll(model, hidden: torch.Tensor, targets: torch.Tensor, chunk: int = 1
     """NLL of targets [T] from final hidden states [T, F], the LM head (and
     Gemma 2's final soft-cap) applied chunk by chunk: [T, vocab] logits of a
     long document would not fit."""
-    from latte.models.convert.distill import head_logits  # optional dependency: transformers (extra "hf")
+    from latte.convert.distill import head_logits  # optional dependency: transformers (extra "hf")
 
     out = []
     for i in range(0, hidden.shape[0], chunk):
@@ -123,7 +123,7 @@ def converted_nll(
 ) -> DocumentEval:
     """Per-token NLL of a converted model on ids [T], fed `chunk` tokens at a
     time through its cache; decode timed at each context in `contexts`."""
-    from latte.models.convert import MacchiatoCache  # optional dependency: imports transformers (extra "hf")
+    from latte.convert import MacchiatoCache  # optional dependency: imports transformers (extra "hf")
     from latte.models.hf_cache import cache_kwargs  # optional dependency: transformers (extra "hf")
 
     t0, spent = time.perf_counter(), 0.0

@@ -103,8 +103,8 @@ def first_number(text: str) -> int | None:
 def new_cache(model):
     """The cache a model decodes with: a converted model's MacchiatoCache, or
     transformers' DynamicCache for any other causal LM."""
-    # optional dependency: latte.models.convert imports transformers (extra "hf")
-    from latte.models.convert import ConvertedForCausalLM, MacchiatoCache
+    # optional dependency: latte.convert imports transformers (extra "hf")
+    from latte.convert import ConvertedForCausalLM, MacchiatoCache
 
     if isinstance(model, ConvertedForCausalLM):
         return MacchiatoCache(model.num_layers)

@@ -10,6 +10,8 @@ Legend: B batch, T time, H query heads, K key/value heads, L latents per head
   latent branch: u = qk_mixer(x); a = u W_a, b = u W_b [B,T,H,L]
   mixing:        "joint" (one normaliser over window scores and latent
                  logits + beta) or "gate" (g = x W_g [B,T,H] competes with a)
+                 (these two are MacchiatoCore, which the converted attention
+                 of latte/convert/attention.py shares)
   y = (Macchiato(...) merged over heads) W_o, then dropout
 
 Parameter names follow Llama (q_proj, k_proj, v_proj, o_proj) so a pretrained
@@ -32,7 +34,7 @@ from torch import nn
 from latte._checks import check_positive_int
 from latte.ops import MacchiatoState, macchiato, macchiato_step
 from latte.ops.macchiato import MIXES
-from latte.ops.sinks import check_num_sinks
+from latte.ops.window.sinks import check_num_sinks
 
 from ._checks import (
     check_backend,
@@ -58,7 +60,115 @@ class MacchiatoLayerState(NamedTuple):
     pos: torch.Tensor | None  # [B] int64 real tokens seen so far; None inside a model (its cache counts)
 
 
-class MacchiatoAttention(nn.Module):
+class MacchiatoCore(nn.Module):
+    """The latent branch and the mix of Macchiato (docs/math.md §4), written
+    once for MacchiatoAttention below and for the converted attention
+    (latte/convert/attention.py), which differ only in their window branch.
+
+      latent branch: u = qk_mixer(x); a = u W_a, b = u W_b [B, T, H, L]
+      mixing:        latte.ops.macchiato over the layer's window q, k, v and
+                     a, b ("joint" or "gate", g = x W_g [B, T, H]; beta [H])
+
+    A base class rather than a submodule, so its parameters (mixer.*,
+    a_proj, b_proj, gate_proj, beta) keep their names at the top of the
+    layer: state dicts, checkpoints and converted folders are unchanged. A
+    subclass sets window_size, num_sinks and chunk_size, calls
+    add_latent_branch() in its __init__, and in its forward hands its window
+    q, k, v to latent_mix().
+    """
+
+    def add_latent_branch(
+        self,
+        dim: int,
+        num_heads: int,
+        latents_per_head: int,
+        *,
+        qk_mixer: str,
+        conv_size: int,
+        mix: str,
+        bias: bool = False,
+        gate_bias: bool = False,
+        beta_init: float = 0.0,
+    ) -> None:
+        """Creates mixer, a_proj, b_proj (biases if `bias`), gate_proj (mix
+        "gate"; bias if `gate_bias`) and beta (filled with beta_init), in
+        this order (the random initialisation depends on it)."""
+        H, L = num_heads, latents_per_head
+        self.mix = mix
+        self.mixer = QKMixer(dim, H, qk_mixer, conv_size=conv_size, causal=True)
+        self.a_proj = nn.Linear(dim, H * L, bias=bias)
+        self.b_proj = nn.Linear(dim, H * L, bias=bias)
+        self.gate_proj = nn.Linear(dim, H, bias=gate_bias) if mix == "gate" else None
+        self.beta = nn.Parameter(torch.full((H,), float(beta_init)))
+
+    def latents(self, x: torch.Tensor, *, mask: torch.Tensor | None = None, state=None):
+        """x [B, T, F] -> (a, b [B, T, H, L], gate [B, T, H] or None, conv, h):
+        the latent logits and the qk-mixer's state after the last token;
+        `state`: the layer's state so far (its .conv and .h) or None."""
+        B, T, _ = x.shape
+        H = self.beta.shape[0]
+        conv_state, h = (None, None) if state is None else (state.conv, state.h)
+        u, conv, h = self.mixer(x, mask=mask, conv_state=conv_state, h=h)
+        a = self.a_proj(u).view(B, T, H, -1)
+        b = self.b_proj(u).view(B, T, H, -1)
+        gate = None if self.gate_proj is None else self.gate_proj(x)
+        return a, b, gate, conv, h
+
+    def latent_mix(
+        self,
+        x: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        mask: torch.Tensor | None,
+        state=None,
+        keep_state: bool = True,
+        sink_q: torch.Tensor | None = None,
+        **window,
+    ) -> tuple[torch.Tensor, MacchiatoState | None, torch.Tensor | None, torch.Tensor | None]:
+        """x [B, T, F] the layer input; q [B, T, H, E], k, v [B, T, K, E] the
+        window's (RoPE applied); mask [B, T] bool (False = padding) or None;
+        state: the layer's state so far (.attn, .conv, .h) or None;
+        keep_state: return the Macchiato state (a single token is then one
+        constant-time decoding step); sink_q: macchiato's; window: the
+        window's scale, softcap and the op's backend, as macchiato takes them.
+        -> (y [B, T, H, E], MacchiatoState or None, conv, h)."""
+        a, b, gate, conv, h = self.latents(x, mask=mask, state=state)
+        prev = None if state is None else state.attn
+        window.update(window_size=self.window_size, num_sinks=self.num_sinks, mix=self.mix, beta=self.beta)
+        if x.shape[1] == 1 and keep_state:  # decoding: one constant-time step
+            y, attn = macchiato_step(
+                a[:, 0],
+                b[:, 0],
+                v[:, 0],
+                q[:, 0],
+                k[:, 0],
+                gate_t=None if gate is None else gate[:, 0],
+                mask_t=None if mask is None else mask[:, 0],
+                state=prev,
+                sink_q_t=None if sink_q is None else sink_q[:, 0],
+                **window,
+            )
+            return y.unsqueeze(1), attn, conv, h
+        y, attn = macchiato(
+            a,
+            b,
+            v,
+            q,
+            k,
+            gate=gate,
+            mask=mask,
+            chunk_size=self.chunk_size,
+            initial_state=prev,
+            output_final_state=keep_state,
+            sink_q=sink_q,
+            **window,
+        )
+        return y, attn, conv, h
+
+
+class MacchiatoAttention(MacchiatoCore):
     """Latte-Macchiato layer: forward(x, *, state=None, mask=None) -> (y, state).
 
     Args:
@@ -123,11 +233,16 @@ class MacchiatoAttention(nn.Module):
         self.num_sinks = num_sinks
         self.backend = backend
         add_qkvo(self, dim, num_heads, num_kv_heads, head_dim, rope_theta, bias)
-        self.mixer = QKMixer(dim, num_heads, qk_mixer, conv_size=conv_size, causal=True)
-        self.a_proj = nn.Linear(dim, num_latents, bias=bias)
-        self.b_proj = nn.Linear(dim, num_latents, bias=bias)
-        self.gate_proj = nn.Linear(dim, num_heads, bias=bias) if mix == "gate" else None
-        self.beta = nn.Parameter(torch.zeros(num_heads))
+        self.add_latent_branch(
+            dim,
+            num_heads,
+            num_latents // num_heads,
+            qk_mixer=qk_mixer,
+            conv_size=conv_size,
+            mix=mix,
+            bias=bias,
+            gate_bias=bias,
+        )
         self.dropout = nn.Dropout(dropout)
 
     def forward(
@@ -143,46 +258,9 @@ class MacchiatoAttention(nn.Module):
         from state.pos) -> (y [B, T, dim], MacchiatoLayerState after the last token)."""
         B, T = check_input(x, self.dim, mask, positions)
         state = check_state(state, MacchiatoLayerState, B)
-        H, L = self.num_heads, self.num_latents // self.num_heads
         pos_BT, pos = layer_positions(positions, state, mask, B, T, x.device)
         q, k, v = project_qkv(self, x, pos_BT)
-        u, conv, h = self.mixer(
-            x, mask=mask, conv_state=None if state is None else state.conv, h=None if state is None else state.h
-        )
-        a = self.a_proj(u).view(B, T, H, L)
-        b = self.b_proj(u).view(B, T, H, L)
-        gate = None if self.gate_proj is None else self.gate_proj(x)  # [B, T, H]
-        prev = None if state is None else state.attn
-        common = dict(
-            window_size=self.window_size, mix=self.mix, beta=self.beta, num_sinks=self.num_sinks, backend=self.backend
-        )
-        if T == 1:  # decoding: constant-time step
-            y, attn = macchiato_step(
-                a[:, 0],
-                b[:, 0],
-                v[:, 0],
-                q[:, 0],
-                k[:, 0],
-                gate_t=None if gate is None else gate[:, 0],
-                mask_t=None if mask is None else mask[:, 0],
-                state=prev,
-                **common,
-            )
-            y = y.unsqueeze(1)
-        else:
-            y, attn = macchiato(
-                a,
-                b,
-                v,
-                q,
-                k,
-                gate=gate,
-                mask=mask,
-                chunk_size=self.chunk_size,
-                initial_state=prev,
-                output_final_state=True,
-                **common,
-            )
+        y, attn, conv, h = self.latent_mix(x, q, k, v, mask=mask, state=state, backend=self.backend)
         y = self.dropout(self.o_proj(y.flatten(2)))  # [B, T, H, E] -> [B, T, dim]
         return y, MacchiatoLayerState(attn, conv, h, pos)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -181,28 +182,41 @@ def next_token(
     return logits.argmax(-1) if greedy else sample(logits, temperature, top_k, top_p, generator)
 
 
+@torch.no_grad()
 def token_stream(
-    logits: torch.Tensor,
-    step: Callable[[torch.Tensor], torch.Tensor],
+    model: nn.Module,
+    prefill: Callable[[], tuple[torch.Tensor, Any]],
+    step: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]],
     max_new_tokens: int,
     eos: torch.Tensor | None,
     pick: dict,
 ) -> Iterator[torch.Tensor]:
-    """The decoding loop shared by the models' `stream`: from the last
-    prompt position's logits [B, V], yields one token per row [B] per step;
-    `step(tok)` feeds the tokens and returns the next logits. A row stops at
-    eos (then repeats it); the loop ends after max_new_tokens or when every
-    row has stopped. `pick`: next_token's arguments."""
-    done = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
-    for i in range(max_new_tokens):
-        tok = next_token(logits.float(), **pick)  # [B]
-        if eos is not None:
-            tok = torch.where(done, eos[0], tok)
-            done = done | torch.isin(tok, eos)
-        yield tok
-        if i + 1 == max_new_tokens or bool(done.all()):
-            break
-        logits = step(tok)
+    """The one decoding loop of both causal LMs' `stream` (this module's and
+    the converted model's, latte/convert/modeling.py): `prefill()` runs the
+    prompt and returns (the last position's logits [B, V], the decoding
+    state); `step(tok [B], state)` feeds the chosen tokens and returns the
+    same pair. Yields one token per row [B] per step; a row stops at eos
+    (then repeats it); the loop ends after max_new_tokens or when every row
+    has stopped. Runs without gradients and in eval mode (dropout off), the
+    model's training flag restored after. `pick`: next_token's arguments."""
+    if max_new_tokens == 0:
+        return
+    was_training = model.training
+    model.eval()
+    try:
+        logits, state = prefill()
+        done = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+        for i in range(max_new_tokens):
+            tok = next_token(logits.float(), **pick)  # [B]
+            if eos is not None:
+                tok = torch.where(done, eos[0], tok)
+                done = done | torch.isin(tok, eos)
+            yield tok
+            if i + 1 == max_new_tokens or bool(done.all()):
+                break
+            logits, state = step(tok, state)
+    finally:
+        model.train(was_training)
 
 
 # ---- the model ------------------------------------------------------------------
@@ -349,7 +363,20 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
         self._check_positions(input_ids, mask, max_new_tokens)
         eos = check_eos(eos_token_id, self.model.embed.num_embeddings, input_ids.device)
         pick = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-        return self._decode(input_ids, mask, max_new_tokens, eos, pick)
+
+        def prefill():
+            # One chunked pass; only the last position goes through the head
+            # ([B, T, V] logits of a long prompt would be large).
+            hidden, state = self.model(input_ids, attention_mask=mask, use_cache=True, inputs_checked=True)
+            return self.lm_head(hidden[:, -1]), state
+
+        def step(tok, state):
+            # The new token is real in every row and a valid id: the state
+            # already knows which prompt positions were padding.
+            hidden, state = self.model(tok[:, None], state=state, use_cache=True, inputs_checked=True)
+            return self.lm_head(hidden[:, -1]), state
+
+        return token_stream(self, prefill, step, max_new_tokens, eos, pick)
 
     def _check_positions(self, input_ids: torch.Tensor, mask: torch.Tensor | None, max_new_tokens: int) -> None:
         """Absolute positions stop at max_position_embeddings: refuse up front
@@ -366,32 +393,3 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
                 f"{max(cfg.max_position_embeddings - prompt + 1, 0)} new tokens within max_position_embeddings="
                 f"{cfg.max_position_embeddings} (position_embedding={cfg.position_embedding!r})"
             )
-
-    @torch.no_grad()
-    def _decode(
-        self,
-        input_ids: torch.Tensor,
-        mask: torch.Tensor | None,
-        max_new_tokens: int,
-        eos: torch.Tensor | None,
-        pick: dict,
-    ) -> Iterator[torch.Tensor]:
-        if max_new_tokens == 0:
-            return
-        was_training = self.training
-        self.eval()
-        try:
-            # Prefill: one chunked pass; only the last position goes through
-            # the head ([B, T, V] logits of a long prompt would be large).
-            hidden, state = self.model(input_ids, attention_mask=mask, use_cache=True, inputs_checked=True)
-
-            def step(tok):
-                # The new token is real in every row and a valid id: the state
-                # already knows which prompt positions were padding.
-                nonlocal state
-                hidden, state = self.model(tok[:, None], state=state, use_cache=True, inputs_checked=True)
-                return self.lm_head(hidden[:, -1])
-
-            yield from token_stream(self.lm_head(hidden[:, -1]), step, max_new_tokens, eos, pick)
-        finally:
-            self.train(was_training)

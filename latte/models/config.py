@@ -13,6 +13,7 @@ import difflib
 import json
 import os
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -311,29 +312,8 @@ def _check_ranges(cfg: LatteConfig, errs: ConfigErrors, bad: set[str]) -> None:
             cfg.num_kv_heads,
             f"a divisor of num_heads ({cfg.num_heads})",
         )
-    if ok("causal", "qk_mixer") and cfg.causal is False and mixers & set(LATENT_MIXERS):
-        errs.check(
-            cfg.qk_mixer in ("none", "conv"),
-            "qk_mixer",
-            cfg.qk_mixer,
-            "'none' or 'conv' with causal=False (the RG-LRU is causal only)",
-        )
-    if ok("causal", "linear_qk_mixer") and cfg.causal is False and "linear" in mixers:
-        errs.check(
-            cfg.linear_qk_mixer in ("none", "conv"),
-            "linear_qk_mixer",
-            cfg.linear_qk_mixer,
-            "'none' or 'conv' with causal=False (the RG-LRU is causal only)",
-        )
-    if ok("causal") and cfg.causal is False:
-        causal_only = sorted(mixers - set(BIDIRECTIONAL_MIXERS))
-        errs.check(
-            not causal_only,
-            "mixer",
-            cfg.mixer,
-            f"with causal=False only {', '.join(map(repr, BIDIRECTIONAL_MIXERS))} "
-            f"(no bidirectional form of {', '.join(map(repr, causal_only))})",
-        )
+    if cfg.causal is False:
+        _check_bidirectional(cfg, errs, ok, mixers)
     for name, cond, allowed in (
         ("rope_theta", lambda v: v > 0, "> 0"),
         ("mlp_ratio", lambda v: v > 0, "> 0"),
@@ -343,3 +323,31 @@ def _check_ranges(cfg: LatteConfig, errs: ConfigErrors, bad: set[str]) -> None:
     ):
         if ok(name):
             errs.check(cond(getattr(cfg, name)), name, getattr(cfg, name), allowed)
+
+
+def _check_bidirectional(cfg: LatteConfig, errs: ConfigErrors, ok: Callable[..., bool], mixers: set[str]) -> None:
+    """What an encoder (causal=False) may not use: a causal-only mixer, or the
+    RG-LRU (causal only) as a qk_mixer."""
+    if ok("causal", "qk_mixer") and mixers & set(LATENT_MIXERS):
+        errs.check(
+            cfg.qk_mixer in ("none", "conv"),
+            "qk_mixer",
+            cfg.qk_mixer,
+            "'none' or 'conv' with causal=False (the RG-LRU is causal only)",
+        )
+    if ok("causal", "linear_qk_mixer") and "linear" in mixers:
+        errs.check(
+            cfg.linear_qk_mixer in ("none", "conv"),
+            "linear_qk_mixer",
+            cfg.linear_qk_mixer,
+            "'none' or 'conv' with causal=False (the RG-LRU is causal only)",
+        )
+    if ok("causal"):
+        causal_only = sorted(mixers - set(BIDIRECTIONAL_MIXERS))
+        errs.check(
+            not causal_only,
+            "mixer",
+            cfg.mixer,
+            f"with causal=False only {', '.join(map(repr, BIDIRECTIONAL_MIXERS))} "
+            f"(no bidirectional form of {', '.join(map(repr, causal_only))})",
+        )

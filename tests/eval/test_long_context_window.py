@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from latte.eval.long_context import converted_nll, original_nll, original_window_nll
-from tests.models.convert.families import FAMILIES
-from tests.models.convert.test_decode_and_io import W, ids, trained_like
+from tests.convert.families import FAMILIES
+from tests.convert.test_decode_and_io import W, ids, trained_like
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_window_mask_equals_the_converted_model_before_up_training(family):
-    model = trained_like(family, num_sinks=0)  # the window alone; tests/models/convert/test_sinks.py adds sinks
+    model = trained_like(family, num_sinks=0)  # the window alone; tests/convert/test_sinks.py adds sinks
     with torch.no_grad():
         for attn in model.converted:
             attn.beta.fill_(-30.0)

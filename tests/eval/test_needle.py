@@ -8,7 +8,7 @@ import torch
 
 from latte.data import Document, load_documents, train_bpe
 from latte.eval import needle as N
-from tests.models.convert.test_decode_and_io import ids, trained_like
+from tests.convert.test_decode_and_io import ids, trained_like
 
 
 @pytest.fixture(scope="module")

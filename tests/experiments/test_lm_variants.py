@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from latte.experiments import lm_variants as LV
-from latte.experiments.lm_report import spread
+from experiments.lm_variants import lm_variants as LV
+from experiments.lm_variants.lm_report import spread
 
 
 def test_spread_formats_mean_std_and_range():
@@ -57,7 +57,7 @@ def test_quick_run_all_stages_and_resume(tmp_path, capsys):
     assert len(lat) == 4 and all(0 < r["p_window_mean"] < 1 and r["effective_latents"] >= 1 for r in lat)
     assert (res / "latents" / "macchiato.png").is_file() and (res / "extrapolation" / "extrapolation.png").is_file()
     md = (res / "lm_variants" / "results.md").read_text()
-    assert "latte experiment lm-variants --quick" in md and "| macchiato |" in md
+    assert "python -m experiments.lm_variants --quick" in md and "| macchiato |" in md
     capsys.readouterr()
     assert LV.main(argv) == 0  # everything done: nothing reruns
     err = capsys.readouterr().err
@@ -72,7 +72,7 @@ def test_quick_run_all_stages_and_resume(tmp_path, capsys):
 
 
 def test_latents_by_layer_shows_where_a_collapse_sits():
-    from latte.experiments.lm_report import _latents_by_layer
+    from experiments.lm_variants.lm_report import _latents_by_layer
 
     flat = [
         {"variant": "latte-none", "layer": layer, "head": h, "effective_latents": eff}
@@ -87,7 +87,7 @@ def test_latents_by_layer_shows_where_a_collapse_sits():
 
 
 def test_long_plan_defaults_and_its_result_folders(tmp_path):
-    from latte.experiments.lm_plans import stage_outputs
+    from experiments.lm_variants.lm_plans import stage_outputs
 
     a = LV.parse_args(["--plan", "long"])
     assert a.seeds == "0" and a.runs == "runs/lm_variants_long" and a.eval_tokens == 65536
@@ -101,7 +101,7 @@ def test_long_plan_defaults_and_its_result_folders(tmp_path):
 
 
 def test_curve_table_at_chosen_steps_relative_to_softmax_with_epochs(tmp_path):
-    from latte.experiments.lm_curves import curve_table
+    from experiments.lm_variants.lm_curves import curve_table
 
     def run(variant: str, rows: list[tuple[int, float, int]], finished: bool) -> None:
         d = tmp_path / variant / "seed-0"

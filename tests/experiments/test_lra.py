@@ -7,9 +7,9 @@ import shlex
 
 import pytest
 
-from latte.experiments import lra
-from latte.experiments.cells import run_protocol
-from latte.experiments.results import cell_key
+from experiments.common.cells import run_protocol
+from experiments.common.results import cell_key
+from experiments.lra import lra
 
 
 @pytest.mark.slow
@@ -35,7 +35,7 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys):
     for png in ("curves.png", "pathfinder_examples.png"):
         assert (out / png).stat().st_size > 1000
     md = (out / "results.md").read_text()
-    assert "latte experiment lra --quick" in md and "LRA Transformer" in md and "majority class" in md
+    assert "python -m experiments.lra --quick" in md and "LRA Transformer" in md and "majority class" in md
     assert "old" not in readme.read_text() and "| listops | latte |" in readme.read_text()
     # finished cells are not run again
     capsys.readouterr()

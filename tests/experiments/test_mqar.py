@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
+from experiments.mqar import mqar as M
+from experiments.mqar.mqar_report import best_lr
 from latte.data import mqar_splits
-from latte.experiments import mqar as M
-from latte.experiments.mqar_report import best_lr
 from latte.models import LatteForCausalLM
 
 
@@ -61,7 +61,7 @@ def test_cells_cover_every_family_and_trace_latte_over_latents():
 
 
 def test_equal_state_table_pairs_like_with_like():
-    from latte.experiments.mqar_report import equal_state_table
+    from experiments.mqar.mqar_report import equal_state_table
 
     def rec(model, acc, L=None):
         r = {"seq_len": 64, "num_kv_pairs": 4, "dim": 64, "model": model, "num_latents": L, "accuracy": acc}
@@ -96,7 +96,7 @@ def test_best_lr_keeps_the_most_accurate_run():
 
 
 def test_lr_table_shows_every_lr_where_more_than_one_ran():
-    from latte.experiments.mqar_report import lr_table
+    from experiments.mqar.mqar_report import lr_table
 
     base = {
         "seq_len": 256,
@@ -122,7 +122,7 @@ def test_lr_table_shows_every_lr_where_more_than_one_ran():
 
 
 def test_unfinished_cells_are_grouped_by_width_lr_and_setting():
-    from latte.experiments.mqar_report import _unfinished
+    from experiments.mqar.mqar_report import _unfinished
 
     cells = M.cells_for(((64, 4), (128, 8)), (64, 128), ("linear", "latte-conv"), (1.0, 0.25), (3e-3,))
     dim64 = [c for c in cells if c["dim"] == 64]
@@ -164,7 +164,7 @@ def test_quick_run_writes_results_and_resumes(tmp_path, capsys):
     assert all(s["accuracy_curve"][-1][0] == 4 for s in series)
     assert (out / "accuracy_vs_state.png").stat().st_size > 0
     md = (out / "results.md").read_text()
-    assert "latte experiment mqar --quick" in md and "| softmax |" in md and "## Step time" in md
+    assert "python -m experiments.mqar --quick" in md and "| softmax |" in md and "## Step time" in md
     assert "reduced CPU budget" not in md
     # a second run finds every cell done and trains nothing
     capsys.readouterr()
@@ -234,7 +234,7 @@ def test_restored_cells_reproduce_the_published_report(tmp_path):
 
 
 def test_cells_carry_seed_and_epochs_keeping_the_old_file_names():
-    from latte.experiments.mqar_cells import LEGACY, cell_file_key, with_protocol
+    from experiments.mqar.mqar_cells import LEGACY, cell_file_key, with_protocol
 
     assert LEGACY["max_epochs"] == M.FULL.epochs
     cells = M.cells_for(((256, 16),), (64,), ("linear-conv",), (1.0,), (3e-3,), seeds=(0, 1, 2))
@@ -250,7 +250,7 @@ def test_cells_carry_seed_and_epochs_keeping_the_old_file_names():
 
 
 def test_other_seeds_and_epochs_get_their_own_table():
-    from latte.experiments.mqar_report import headline, seed_table
+    from experiments.mqar.mqar_report import headline, seed_table
 
     def rec(model, seed, acc, epochs=3):
         base = {"seq_len": 256, "num_kv_pairs": 16, "dim": 64, "lr": 3e-3, "mixer": "latte", "num_latents": 64}

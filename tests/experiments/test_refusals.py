@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from experiments.common.cells import run_protocol
+from experiments.common.results import cell_key
+from experiments.lm_variants import lm_variants as LV
+from experiments.lra import lra
+from experiments.mqar import mqar as M
 from latte.cli import main
-from latte.experiments import lm_variants as LV
-from latte.experiments import lra
-from latte.experiments import mqar as M
-from latte.experiments.cells import run_protocol
-from latte.experiments.results import cell_key
 
 README = "# r\n\n<!-- results:NAME:start -->\npublished\n<!-- results:NAME:end -->\n"
 
@@ -223,7 +223,7 @@ def test_bad_experiment_arguments_exit_2_naming_flag_value_and_what_is_allowed(t
 
 
 def test_quick_keeps_options_given_explicitly():
-    from latte.experiments import convert, convert_sinks
+    from experiments.convert import convert, convert_sinks
 
     a = convert.parse_args(["--quick", "--contexts", "32,96", "--documents", "3", "--threads", "2"])
     assert (a.contexts, a.documents, a.threads, a.sample_context) == ("32,96", 3, 2, 64)

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from experiments.common.results import Sweep, provenance, write_results
 from latte.cli import main
-from latte.experiments.results import Sweep, provenance, write_results
 
 
 def test_sweep_resumes_and_never_redoes_a_finished_cell(tmp_path):
@@ -68,9 +68,9 @@ def test_write_results_files_and_readme_section(tmp_path):
         tmp_path / "out", "demo", [{"mixer": "latte", "accuracy": 0.5}], "| a |\n|---|\n| 1 |", run, readme=readme
     )
     assert json.loads((tmp_path / "out" / "results.json").read_text()) == [{"mixer": "latte", "accuracy": 0.5}]
-    assert json.loads((tmp_path / "out" / "run.json").read_text())["command"] == "latte experiment demo --quick"
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["command"] == "python -m experiments.demo --quick"
     text = readme.read_text()
-    assert "old" not in text and "`latte experiment demo --quick`" in text and text.endswith("y\n")
+    assert "old" not in text and "`python -m experiments.demo --quick`" in text and text.endswith("y\n")
     assert "\n#### demo\n" in text  # the same heading level as in results.md
     write_results(
         tmp_path / "out", "demo", [{"a": 1}], "![curve](curve.png) [doc](https://x.org/a.png)", run, readme=readme

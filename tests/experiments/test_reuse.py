@@ -1,4 +1,4 @@
-"""Issue 41: one reuse rule for every sweep (latte/experiments/cells.py), one
+"""Issue 41: one reuse rule for every sweep (experiments/common/cells.py), one
 write rule for every writer outside a run folder (latte/guard.py). The
 numbers in the test names are the rows of the issue's table."""
 
@@ -12,15 +12,15 @@ from types import SimpleNamespace
 
 import pytest
 
+from experiments.common import cells as C
+from experiments.common.results import write_results, writer_of
+from experiments.convert.convert import check_same_base
+from experiments.convert.convert_stages import checks
+from experiments.gpu_suite import runner, stages
+from experiments.lm_variants import lm_variants as LV
 from latte.cli import main
 from latte.config_io import save_yaml
-from latte.experiments import cells as C
-from latte.experiments import lm_variants as LV
-from latte.experiments.convert import check_same_base
-from latte.experiments.convert_stages import checks
-from latte.experiments.results import write_results
 from latte.guard import MARKER, WriteRefused, claim_folder
-from latte.suite import runner, stages
 from latte.train.config import shipped_configs
 from latte.train.task import load_run_config
 
@@ -78,12 +78,13 @@ def test_the_guard_accepts_new_empty_and_its_own_folders_only(tmp_path):
 
 
 def test_experiment_results_go_only_into_their_own_folder(tmp_path):
-    rec, run = [{"a": 1}], {"command": "latte experiment mqar --quick", "machine": {}, "wall_s": 1.0}
+    rec, run = [{"a": 1}], {"command": "python -m experiments.mqar --quick", "machine": {}, "wall_s": 1.0}
+    assert writer_of(run["command"]) == writer_of("latte experiment mqar --quick") == "latte experiment mqar"
     write_results(tmp_path / "mqar", "mqar", rec, "t", run)
     write_results(tmp_path / "mqar", "mqar", rec, "t", run)  # its own, again
     (tmp_path / "README.md").write_text("project\n")
     for out in (tmp_path, tmp_path / "mqar"):
-        other = {**run, "command": "latte experiment lra --quick"}
+        other = {**run, "command": "python -m experiments.lra --quick"}
         with pytest.raises(WriteRefused):
             write_results(out, "lra", rec, "t", other)
     assert (tmp_path / "README.md").read_text() == "project\n"
@@ -93,7 +94,7 @@ def test_every_published_results_folder_is_marked_by_the_command_that_wrote_it()
     root = Path(__file__).resolve().parents[2] / "results"
     for folder in (p for p in root.iterdir() if (p / "run.json").is_file()):
         command = json.loads((folder / "run.json").read_text())["command"]
-        assert command.startswith(json.loads((folder / MARKER).read_text())["writer"] + " "), folder
+        assert writer_of(command) == json.loads((folder / MARKER).read_text())["writer"], folder
 
 
 @pytest.mark.parametrize("where", ["results", "dot"])
@@ -158,7 +159,7 @@ def test_7_a_quick_suite_writes_apart_and_its_records_are_never_reused_by_the_fu
         assert runner._should_run(by_name[s.name], {"status": "ok"}, [], quick=False) is None  # no protocol
 
 
-# ---------------------------------------------------------------- the reuse rule (latte/experiments/cells.py)
+# ---------------------------------------------------------------- the reuse rule (experiments/common/cells.py)
 
 
 def test_a_cell_is_reused_only_when_protocol_and_inputs_match_exactly(tmp_path):

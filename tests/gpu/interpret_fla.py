@@ -1,5 +1,5 @@
 """fla-core's real Triton kernels on CPU under TRITON_INTERPRET=1, through
-latte/ops/gla.py, against the float64 reference: a check run by hand, not
+latte/ops/latte/gla.py, against the float64 reference: a check run by hand, not
 part of the test suite (it needs Triton installed and patches to its
 interpreter, and takes minutes).
 

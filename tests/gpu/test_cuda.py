@@ -13,8 +13,8 @@ import torch
 from latte.ops import LatteState, latte_causal, latte_causal_step, macchiato
 from latte.ops import reference as R
 from latte.ops.backend import fla_missing
-from latte.ops.flex_window import flex_window
-from latte.ops.sliding_window import WindowState
+from latte.ops.window.flex_window import flex_window
+from latte.ops.window.sliding_window import WindowState
 from tests.helpers import grads_of, rel_err
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -147,7 +147,7 @@ def test_flex_window_with_cache_and_padding():
     state = WindowState(
         torch.randn(2, W - 1, 2, 32, dtype=f64), torch.randn(2, W - 1, 2, 32, dtype=f64), torch.rand(2, W - 1) < 0.7
     )
-    from latte.ops.sliding_window import window_blocked
+    from latte.ops.window.sliding_window import window_blocked
 
     want = window_blocked(q, k, v, W, 0.2, mask, state)
     got = flex_window(

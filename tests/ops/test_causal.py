@@ -185,7 +185,7 @@ def test_gradients_with_state_and_mask_for_spread_logits(monkeypatch, scale, kee
     """z grows by far more than exp's range inside chunks and sub-chunks (std
     40, 100): the one intra-chunk form stays exact, forward and backward,
     whether the backward reuses the forward's weights or rebuilds them."""
-    import latte.ops.chunked as K
+    import latte.ops.latte.chunked as K
 
     if not keep:
         monkeypatch.setattr(K, "_KEEP_ELEMS", 0)
@@ -217,7 +217,7 @@ def test_log_normalisers_exact_for_any_growth():
     The kernel works in base 2: logits in, normalisers out, times log2(e)."""
     from latte.ops._checks import NEG
     from latte.ops._exp import LOG2E
-    from latte.ops.intra_chunk import log_normalisers
+    from latte.ops.latte.intra_chunk import log_normalisers
 
     G, T, L, C = 6, 96, 4, 16
     b = torch.randn(G, T, L) * 3
@@ -281,7 +281,7 @@ def test_many_segments_equal_reference(monkeypatch, scale, keep):
     states backward); force one or two chunks per segment at test sizes. The
     backward either reuses the forward's factors and diagonal weights (small
     calls) or rebuilds them (keep=False: what long sequences do)."""
-    import latte.ops.chunked as K
+    import latte.ops.latte.chunked as K
 
     monkeypatch.setattr(K, "_SEGMENT_ELEMS", 6 * 8 * 8)  # G=6, C=8, width 8 -> 1 chunk per segment
     if not keep:

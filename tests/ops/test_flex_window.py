@@ -1,4 +1,4 @@
-"""Macchiato's window branch on flex_attention (latte/ops/flex_window.py).
+"""Macchiato's window branch on flex_attention (latte/ops/window/flex_window.py).
 
 On CPU torch runs flex_attention only eagerly for this (its compiled CPU
 kernel has no log-normaliser and no backward), so these tests check the
@@ -13,8 +13,8 @@ import torch
 from latte.ops import MacchiatoState, macchiato
 from latte.ops import backend as BK
 from latte.ops import reference as R
-from latte.ops.flex_window import BLOCK, band_blocks, flex_window
-from latte.ops.sliding_window import WindowState, window_blocked
+from latte.ops.window.flex_window import BLOCK, band_blocks, flex_window
+from latte.ops.window.sliding_window import WindowState, window_blocked
 from tests.helpers import rel_err
 
 flex = pytest.importorskip("torch.nn.attention.flex_attention")

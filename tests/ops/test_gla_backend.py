@@ -1,4 +1,4 @@
-"""backend "fla": causal Latte as a gated linear attention (latte/ops/gla.py).
+"""backend "fla": causal Latte as a gated linear attention (latte/ops/latte/gla.py).
 
 fla-core's Triton kernels need a GPU, so on CPU the construction (q, k, g,
 state mapping, packing, masking) runs through stand-ins with chunk_gla's
@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from latte.ops import LatteState, gla, latte_causal, latte_causal_step
+from latte.ops import LatteState, latte_causal, latte_causal_step
 from latte.ops import backend as BK
 from latte.ops import reference as R
+from latte.ops.latte import gla
 from tests.helpers import grads_of, rel_err
 
 

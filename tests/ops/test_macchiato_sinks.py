@@ -7,7 +7,7 @@ import torch
 
 from latte.ops import macchiato, macchiato_step
 from latte.ops import reference as R
-from latte.ops.sinks import SinkState, window_sinks_lse
+from latte.ops.window.sinks import SinkState, window_sinks_lse
 from tests.helpers import grads_of, rel_err
 
 f64 = torch.float64

@@ -78,7 +78,7 @@ def test_window_many_segments_with_padding_in_some_equal_reference(monkeypatch, 
     """One query block per segment, padding in some segments only (the
     per-key mask and the own-key exception run in those, the band alone in
     the others); W = 130 spans three key tiles per block."""
-    import latte.ops.window_tiles as WT
+    import latte.ops.window.window_tiles as WT
 
     monkeypatch.setattr(WT, "_SEGMENT_ELEMS", 1)
     q, k, v = qkv(200)  # Q = 64: four blocks

@@ -192,7 +192,7 @@ def test_confusion_metrics():
 
 @pytest.mark.parametrize("dataset", ["listops", "pathfinder"])
 def test_shipped_lra_configs_are_like_for_like(dataset):
-    """The mixer is the only thing `latte experiment lra` changes; the model
+    """The mixer is the only thing `python -m experiments.lra` changes; the model
     fits the dataset's longest input."""
     from latte.data.lra import VOCAB
 

@@ -12,9 +12,9 @@ import signal
 import pytest
 import torch
 
+from latte.convert.task import ConvertRunConfig
 from latte.data import train_bpe
 from latte.train.checkpoint import find_latest_checkpoint, load_checkpoint
-from latte.train.convert import ConvertRunConfig
 from latte.train.loop import train
 from latte.train.task import build_run_config
 from tests.train.runs import losses, run_cli, write_config, write_corpus
@@ -79,7 +79,7 @@ def config(base, run_dir, objective="end_to_end", lora_rank=0, **train_fields) -
 
 
 def test_up_training_trains_only_the_new_parameters_and_exports(base, tmp_path):
-    from latte.models.convert import load_converted
+    from latte.convert import load_converted
 
     summary = train(config(base, tmp_path / "run"))
     run = tmp_path / "run"
@@ -182,7 +182,7 @@ def test_a_hub_name_fails_at_once_naming_base_path_and_bpe_is_explained(base, tm
 
 
 def test_latte_export_of_a_conversion_is_portable(base, tmp_path, capsys):
-    from latte.models.convert import load_converted
+    from latte.convert import load_converted
 
     folder, tok, corpus = base
     copy = tmp_path / "base-copy"

@@ -58,40 +58,12 @@ def load_task(
     (None: every usable core)."""
     if task not in TASKS:
         raise ValueError(f"task={task!r}: expected one of {', '.join(TASKS)}")
-    workers = num_workers or default_workers()
     report: dict = {}
     if task in GENERATED and path is None:
-        missing = [s for s in SPLITS if not isinstance((sizes or {}).get(s), int) or sizes[s] < 1]
-        if missing:
-            raise ValueError(f"task={task!r} is generated: sizes needs a positive count for {missing} (got {sizes})")
         spec = listops_spec if task == "listops" else pathfinder_spec
-        gen = listops.generate_listops if task == "listops" else pathfinder.generate_pathfinder
-        settings = {"sizes": {s: sizes[s] for s in SPLITS}, "seed": seed, "spec": dataclasses.asdict(spec)}
-        splits, meta = cached_splits(
-            cache_dir,
-            task,
-            settings,
-            lambda: gen(settings["sizes"], seed=seed, spec=spec, num_workers=workers),
-            log=log,
-        )
-        report = meta
-    elif path is None:
-        raise ValueError(
-            f"task={task!r} reads published files: set data.path to a local copy ({_WHAT[task]}); nothing is downloaded"
-        )
-    elif task == "listops":
-        splits = _listops_release(Path(path).expanduser())
-    elif task == "pathfinder":
-        raise ValueError(
-            "task='pathfinder': reading the released Pathfinder PNGs is not supported; "
-            "leave data.path unset to generate the images (same process, seeded)"
-        )
-    elif task == "text":
-        splits = files.load_imdb(path, max_length=max_length)
-    elif task == "retrieval":
-        splits = files.load_aan(path, max_length=max_length)
+        splits, report = _generated(task, sizes, seed, spec, cache_dir, num_workers or default_workers(), log)
     else:
-        splits = files.load_cifar10(path)
+        splits = _published(task, path, max_length)
     num_classes, vocab_size, cls_id = VOCAB[task]
     info = {
         "task": task,
@@ -106,6 +78,43 @@ def load_task(
         "generator": report,
     }
     return splits, info
+
+
+def _generated(task, sizes, seed, spec, cache_dir, workers, log) -> tuple[dict[str, ClassificationData], dict]:
+    """(splits, the generator's report) of ListOps or Pathfinder, generated
+    once per settings and cached."""
+    missing = [s for s in SPLITS if not isinstance((sizes or {}).get(s), int) or sizes[s] < 1]
+    if missing:
+        raise ValueError(f"task={task!r} is generated: sizes needs a positive count for {missing} (got {sizes})")
+    gen = listops.generate_listops if task == "listops" else pathfinder.generate_pathfinder
+    settings = {"sizes": {s: sizes[s] for s in SPLITS}, "seed": seed, "spec": dataclasses.asdict(spec)}
+    return cached_splits(
+        cache_dir,
+        task,
+        settings,
+        lambda: gen(settings["sizes"], seed=seed, spec=spec, num_workers=workers),
+        log=log,
+    )
+
+
+def _published(task: str, path: str | None, max_length: int) -> dict[str, ClassificationData]:
+    """The splits of a task read from its published files at `path`."""
+    if path is None:
+        raise ValueError(
+            f"task={task!r} reads published files: set data.path to a local copy ({_WHAT[task]}); nothing is downloaded"
+        )
+    if task == "listops":
+        return _listops_release(Path(path).expanduser())
+    if task == "pathfinder":
+        raise ValueError(
+            "task='pathfinder': reading the released Pathfinder PNGs is not supported; "
+            "leave data.path unset to generate the images (same process, seeded)"
+        )
+    if task == "text":
+        return files.load_imdb(path, max_length=max_length)
+    if task == "retrieval":
+        return files.load_aan(path, max_length=max_length)
+    return files.load_cifar10(path)
 
 
 _WHAT = {"text": files.IMDB_URL, "retrieval": files.LRA_URL + " (tsv_data)", "image": files.CIFAR_URL}

@@ -1,0 +1,12 @@
+"""The benchmarks only this repository runs, beside the tables they wrote
+(README.md here). Each is `python -m benchmarks.NAME` from the repository
+root, or `latte bench NAME` inside a checkout:
+
+    train.py   tokens/s of one AdamW step per mixer (train_report.py: tables; step_profile.py: top ops)
+    window.py  Macchiato's window branch: tile kernel vs flex_attention
+    distill.py conversion's objective: whole logits vs chunks of the head
+    audit.py   each op's time on every input distribution (latte.ops.distributions)
+
+They import `latte` (latte.bench's timing, device and provider helpers);
+`latte` never imports them (tests/test_package.py).
+"""

@@ -1,0 +1,35 @@
+"""The paper's experiments as commands anyone can rerun from a checkout.
+
+One folder per experiment, each with a README stating its contract: it
+imports `latte` (never the other way round: tests/test_package.py), writes
+`results/NAME/`, and has its own tests under tests/experiments/. Run one as
+
+    python -m experiments.mqar --quick        # or: latte experiment mqar --quick (in a checkout)
+
+Every experiment has a quick mode (seconds; what the tests run) and a full
+mode (what produced the committed files under `results/<name>/`), resumes a
+killed sweep where it stopped and shows a progress bar. The shared pieces
+(resumable sweeps, result files, provenance) are in experiments/common/;
+machine info, tables, plots and README sections in `latte.reporting`.
+"""
+
+# name (as `latte experiment NAME` takes it) -> the module whose main(argv) runs it,
+# in the order `latte experiment --help` lists them
+MODULES: dict[str, str] = {
+    "mqar": "experiments.mqar.mqar",
+    "lm-variants": "experiments.lm_variants.lm_variants",
+    "lra": "experiments.lra.lra",
+    "convert": "experiments.convert.convert",
+    "convert-sinks": "experiments.convert.convert_sinks",
+    "convert-data": "experiments.convert.convert_data",
+}
+EXPERIMENTS: tuple[str, ...] = tuple(MODULES)
+# how each is run with `python -m` (a folder's __main__.py runs its main module)
+COMMANDS: dict[str, str] = {
+    "mqar": "experiments.mqar",
+    "lm-variants": "experiments.lm_variants",
+    "lra": "experiments.lra",
+    "convert": "experiments.convert",
+    "convert-sinks": "experiments.convert.convert_sinks",
+    "convert-data": "experiments.convert.convert_data",
+}

@@ -1,0 +1,353 @@
+"""Tables, plots and statements of `latte experiment convert`, written from
+the sweep records by `experiments.common.results.write_results`: recipes,
+perplexity (convert_ppl_report), zero-shot tasks (convert_tasks_report),
+needle (convert_needle), the masked-sinks diagnostic and the sample."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from experiments.common.results import claim_results, provenance, readme_body, write_results
+from latte.eval.long_context import perplexities
+from latte.eval.needle import ANSWER_TOKENS, NEEDLE, QUESTION
+from latte.reporting import update_readme
+from latte.train.manifest import TRAINER
+from latte.train.metrics import run_wall_time
+
+from .convert_models import TRAINED, original_context
+from .convert_needle import needle_records, needle_tables, plot_heatmaps
+from .convert_ppl_report import _fmt, _get, corpus_tables, decode_table, eval_records, plot
+from .convert_stages import (
+    CONTEXTS,
+    DEFAULT_RECIPE,
+    DOCUMENTS,
+    FULL_DOCUMENTS,
+    NEEDLE_CONTEXTS,
+    NEEDLE_DEPTHS,
+    NEEDLE_TRIALS,
+    SHORT,
+    TASK_EXAMPLES,
+    nll_of,
+)
+from .convert_tasks_report import plot_tasks, task_records, task_table
+
+
+def sink_records(cells: list[dict], contexts) -> list[dict]:
+    """One record per (sinks, context) of the sinks stage: perplexity of the
+    original under the window mask with the first `sinks` tokens visible."""
+    out = []
+    for k in sorted({c["sinks"] for c in cells}):
+        mine = [c for c in cells if c["sinks"] == k]
+        wall, load = sum(c["wall_s"] for c in mine), max(c["load"] for c in mine)
+        for row in perplexities([nll_of(c) for c in mine], contexts):
+            out.append(
+                {
+                    "model": f"swa-mask-sinks{k}",
+                    "sinks": k,
+                    "window": mine[0]["window"],
+                    **row,
+                    "wall_s": round(wall, 1),
+                    "max_load": load,
+                }
+            )
+    return out
+
+
+def sink_table(records: list[dict], sinks: list[dict], contexts) -> str:
+    """The window's loss with and without the first tokens, next to the
+    original, the cached sliding-window model and the converted model."""
+    ks = sorted({r["sinks"] for r in sinks})
+    if not ks:
+        return ""
+    window = sinks[0]["window"]
+    shown = [c for c in contexts if any(r["context"] == c for r in sinks)]
+    head = " | ".join(f"window + {k} first token{'s' if k != 1 else ''}" if k else "window (mask)" for k in ks)
+    lines = [
+        f"Where the sliding window loses: the original's weights with every token seeing only the last "
+        f"{window} tokens, and the document's first k tokens kept visible as attention sinks (an explicit "
+        f'mask, `latte.eval.long_context.original_window_nll`; "window (mask)" is the window model computed '
+        "another way). Perplexity over the first C tokens of the same held-out plays:",
+        "",
+        f"| context C | original | {head} | window (cache) | converted |",
+        "|---|---|" + "---|" * len(ks) + "---|---|",
+    ]
+    for c in shown:
+        cols = [_fmt(_get(sinks, f"swa-mask-sinks{k}", c, "ppl")) for k in ks]
+        lines.append(
+            f"| {c:,} | {_fmt(_get(records, 'original', c, 'ppl', 'plays'))} | {' | '.join(cols)} | "
+            f"{_fmt(_get(records, 'window', c, 'ppl', 'plays'))} | "
+            f"{_fmt(_get(records, 'converted', c, 'ppl', 'plays'))} |"
+        )
+    c0, orig = shown[0], _get(records, "original", shown[0], "ppl", "plays")
+    if orig and 0 in ks and max(ks) > 0:
+        ratio = {k: _get(sinks, f"swa-mask-sinks{k}", c0, "ppl") / orig for k in ks}
+        kept = ", ".join(
+            f"{ratio[k]:.2f}x with the first {k} token{'s' if k != 1 else ''} kept visible" for k in ks if k
+        )
+        lines += ["", f"At {c0:,} tokens the window alone is {ratio[0]:.2f}x the original's perplexity; {kept}."]
+    return "\n".join(lines)
+
+
+def recipe_table(rows: list[dict]) -> str:
+    lines = [
+        "| recipe | overrides | validation ppl | training tokens | steps | training wall s | load at start |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['recipe']} | `{r['overrides'] or '-'}` | {r['val_ppl']:.2f} | {r['train_tokens']:,} | "
+            f"{r['steps']} | {r['train_wall_s']:,.0f} | {_fmt(r.get('load_start'), '.1f')} |"
+        )
+    return "\n".join(lines) + "\n\n" + recipe_statement(rows)
+
+
+def recipe_statement(rows: list[dict]) -> str:
+    """Which recipe came out best, and whether the comparison is at equal
+    training tokens (a time budget can stop runs at different steps)."""
+    trained = [r for r in rows if not r["recipe"].startswith("none")]
+    if not trained:
+        return ""
+    best = min(trained, key=lambda r: r["val_ppl"])
+    tokens = {r["train_tokens"] for r in trained}
+    same = (
+        f"Every recipe saw the same {tokens.pop():,} training tokens."
+        if len(tokens) == 1
+        else "**The recipes saw different numbers of training tokens** (the time budget stopped some runs "
+        "early), so this is not a like-for-like comparison."
+    )
+    if len(trained) == 1:
+        return f"Only {best['recipe']} ran. {same}"
+    default = next((r for r in trained if r["recipe"] == DEFAULT_RECIPE), None)
+    verdict = (
+        f"the default, {DEFAULT_RECIPE}, is the best here ({best['val_ppl']:.2f})"
+        if best is default
+        else f"**{best['recipe']} is best here ({best['val_ppl']:.2f}), not the default {DEFAULT_RECIPE}"
+        + (f" ({default['val_ppl']:.2f})" if default else "")
+        + "**"
+    )
+    return f"Lowest validation perplexity: {verdict}. {same}"
+
+
+def sample_md(sample: dict) -> str:
+    def quote(text: str) -> str:
+        return "\n".join("> " + line for line in text.strip().splitlines()) or "> (empty)"
+
+    return (
+        f"Sample: the converted model continues `{sample['document']}` after its first "
+        f"{sample['prompt_tokens']:,} tokens (temperature 0.7, top-k 50, 60 tokens, {sample['wall_s']:.0f} s). "
+        f"The prompt ends with:\n\n{quote(sample['prompt_tail'])}\n\nGenerated:\n\n{quote(sample['generated'])}\n\n"
+        f"The play's actual continuation:\n\n{quote(sample['reference'])}\n"
+    )
+
+
+FULL_COMMAND = "latte experiment convert --readme results/README.md"
+
+
+def full_command(a) -> str:
+    """The protocol's command for what this invocation evaluated."""
+    if a.converted is None:
+        return FULL_COMMAND
+    return f"latte experiment convert --stages eval,tasks,needle --converted {a.converted} --readme results/README.md"
+
+
+def cells_wall_s(recipe_rows, cells, sample) -> float:
+    """Seconds the sweep cells themselves took (training, baselines,
+    evaluation, sample), whichever invocation computed them."""
+    total = sum(r.get("cell_wall_s", 0.0) for r in recipe_rows or [])
+    total += sum(c.get("wall_s", 0.0) for c in cells or [])
+    return total + (sample or {}).get("wall_s", 0.0)
+
+
+def budget_md(a, argv, trained: dict | None, cells_s: float = 0.0, wall_s: float = 0.0) -> str:
+    """What this run did against the full protocol (docs/evaluation.md §7):
+    contexts not evaluated, training tokens and time, the load it ran under."""
+    missing = [c for c in CONTEXTS if c not in a.contexts]
+    parts = []
+    if cells_s > wall_s:
+        parts.append(
+            f"This invocation reused finished cells: the cells took {cells_s:,.0f} s in all "
+            f"(the wall time above is this invocation's)."
+        )
+    if trained:
+        parts.append(
+            f"Up-training ({trained['recipe']}): {trained['train_tokens']:,} tokens in {trained['steps']} steps"
+            + ("" if trained["train_wall_s"] is None else f", {trained['train_wall_s']:,.0f} s of training wall time")
+            + (f", load average {trained['load_start']:.1f} at its start." if "load_start" in trained else ".")
+        )
+    if missing or a.threads < 2:
+        parts.append(
+            f"**Reduced CPU budget**: {a.threads} thread(s) per job (every cell records the load "
+            "average at its start); "
+            + (
+                f"contexts {', '.join(f'{c:,}' for c in missing)} were not evaluated (the original's "
+                "quadratic prefill and the converted model's pass through its cache do not fit this "
+                "budget); "
+                if missing
+                else ""
+            )
+            + f"the full protocol is `{full_command(a)}`."
+        )
+    return " ".join(parts)
+
+
+def stage_budget(a, stage: str) -> str:
+    """The budget a stage ran at, and whether it is below the protocol's
+    defaults (docs/evaluation.md §7.4)."""
+    if stage == "eval":
+        full = "all" if a.full_documents == 0 else a.full_documents
+        text = (
+            f"Budget: corpora {', '.join(a.corpora)}; {a.documents} document(s) each, {full} read to "
+            f"{a.max_context:,} tokens by the window models and {a.original_full_documents} by the original"
+            + (f", the others to {min(SHORT, a.max_context):,}." if a.max_context > SHORT else ".")
+        )
+        reduced = a.documents < DOCUMENTS or (0 < a.full_documents < FULL_DOCUMENTS)
+    elif stage == "tasks":
+        n = "every" if a.task_examples == 0 else f"{a.task_examples:,}"
+        text = (
+            f"Budget: {n} examples per task (all when a task has fewer; MMLU: over its 57 subjects), drawn "
+            "with a fixed seed, the same examples for every model."
+        )
+        reduced = 0 < a.task_examples < TASK_EXAMPLES
+    else:
+        text = (
+            f"Budget: contexts {', '.join(f'{c:,}' for c in a.needle_contexts)}; depths "
+            f"{', '.join(f'{100 * d:.0f}%' for d in a.needle_depths)}; {a.needle_trials} trial(s) per cell."
+        )
+        reduced = (
+            set(NEEDLE_CONTEXTS) - set(a.needle_contexts)
+            or set(NEEDLE_DEPTHS) - set(a.needle_depths)
+            or a.needle_trials < NEEDLE_TRIALS
+        )
+    return text + (" **Below the protocol's default budget.**" if reduced else "")
+
+
+def report(a, argv, started, recipe_rows, cells, sample, sinks=None, tasks=None, needle=None, subject=None) -> None:
+    out = Path(a.out)
+    trained = next((r for r in recipe_rows or [] if r["recipe"] == DEFAULT_RECIPE), None)
+    trained = training_of(subject, a.models) or trained
+    run = provenance("convert", argv, started, threads=a.threads)
+    every = [*(cells or []), *(sinks or []), *(tasks or []), *(needle or [])]
+    run["cells_wall_s"] = round(cells_wall_s(recipe_rows, every, sample), 1)
+    run["budget"] = budget = budget_md(a, argv, trained, run["cells_wall_s"], run["wall_s"])
+    head = budget + "\n\n" if budget else ""
+    if recipe_rows:
+        write_results(
+            out / f"{a.name}-recipes",
+            f"{a.name}-recipes",
+            recipe_rows,
+            recipe_table(recipe_rows) + ("\n\n" + budget if budget else ""),
+            run,
+            readme=a.readme,
+        )
+    if cells:
+        contexts = a.contexts
+        records = eval_records(cells, contexts)
+        if trained:  # every record says what the converted model cost
+            records = [
+                {**r, "train_tokens": trained["train_tokens"], "train_wall_s": trained["train_wall_s"]} for r in records
+            ]
+        corpora = list(dict.fromkeys(r["corpus"] for r in records))
+        md = head + stage_budget(a, "eval") + "\n\n"
+        md += "\n\n".join(corpus_tables(records, c, contexts, original_context(subject)) for c in corpora)
+        md += "\n\n" + decode_table(records, contexts)
+        if sinks:
+            extra = sink_records(sinks, contexts)
+            md += "\n\n" + sink_table(records, extra, contexts)
+            records = records + extra
+        md += "\n\n" + sample_md(sample) if sample else ""
+        claim_results(out / a.name, "convert")
+        plot(records, out / a.name / "convert.png")
+        _write(a, out / a.name, a.name, records, md, run, ["convert.png"])
+    if tasks:
+        md = head + stage_budget(a, "tasks") + "\n\n" + task_table(tasks, _sinks_in(tasks))
+        folder = claim_results(out / f"{a.name}-tasks", "convert")
+        pngs = ["tasks.png"] if plot_tasks(tasks, folder / "tasks.png", _sinks_in(tasks)) else []
+        _write(a, folder, f"{a.name}-tasks", task_records(tasks), md, run, pngs)
+    if needle:
+        records = needle_records(needle)
+        md = head + stage_budget(a, "needle") + " " + needle_format() + "\n\n"
+        md += needle_tables(records, _sinks_in(needle))
+        pngs = plot_heatmaps(records, claim_results(out / f"{a.name}-needle", "convert"), _sinks_in(needle))
+        _write(a, out / f"{a.name}-needle", f"{a.name}-needle", records, md, run, pngs)
+
+
+def _sinks_in(cells) -> int | None:
+    return next((c["sinks"] for c in cells if "sinks" in c), None)
+
+
+# sections the first run adds to a --readme that lacks them (results/README.md
+# can only hold a section once its results files exist: tools/readme_tables.py),
+# by suffix after --name: convert-tasks, convert-gemma3-270m-needle, ...
+NEW_SECTIONS = {
+    "-tasks": "Zero-shot tasks after conversion: original, window, window + sinks, converted",
+    "-needle": "Needle retrieval after conversion: original, window, window + sinks, converted",
+}
+
+
+def _add_section(readme: Path, prefix: str, name: str) -> bool:
+    """Adds the empty section `results:NAME` (NAME = prefix + a suffix of
+    NEW_SECTIONS) under its heading after the sections of the same prefix
+    already there (or at the end); False when NAME has no heading to add."""
+    text = readme.read_text()
+    suffix = name.removeprefix(prefix)
+    if not name.startswith(prefix) or suffix not in NEW_SECTIONS:
+        return False
+    title = NEW_SECTIONS[suffix] + ("" if prefix == "convert" else f" ({prefix})")
+    block = f"\n### {title}\n\n<!-- results:{name}:start -->\n<!-- results:{name}:end -->\n"
+    order = ["", *NEW_SECTIONS]
+    for prev in reversed(order[: order.index(suffix)]):
+        end = f"<!-- results:{prefix}{prev}:end -->\n"
+        if end in text:
+            head, tail = text.split(end, 1)
+            readme.write_text(head + end + block + tail)
+            return True
+    readme.write_text(text.rstrip("\n") + "\n" + block)
+    return True
+
+
+def _write(a, folder: Path, name: str, records, md: str, run: dict, images: list[str]) -> None:
+    """results.json/md/run.json, and the README section `results:NAME` when
+    --readme is given (the same text, links made relative); the tasks and
+    needle sections are added when missing."""
+    write_results(folder, name, records, md, run, images=images)
+    if a.readme:
+        text = Path(a.readme).read_text()
+        if f"<!-- results:{name}:start -->" not in text and not _add_section(Path(a.readme), a.name, name):
+            print(f"note: {a.readme} has no results:{name} markers; section not written", file=sys.stderr)
+            return
+        body = readme_body((folder / "results.md").read_text(), folder, Path(a.readme))
+        update_readme(Path(a.readme), name, body, kind="results")
+
+
+def needle_format() -> str:
+    return (
+        f"Format: the needle `{NEEDLE.strip()}` (a random 5-digit key) inserted after the sentence end nearest "
+        f"below the depth in a haystack of held-out essays, the question `{QUESTION.strip()}` at the end, "
+        f"{ANSWER_TOKENS} tokens decoded greedily; found = the first number in the answer is the key."
+    )
+
+
+def training_of(subject, models=TRAINED) -> dict | None:
+    """What the evaluated checkpoint cost to up-train: tokens and step from
+    its trainer_state.json, the wall time from the run's summary.json when
+    the run finished at that step (a run still training has none). None
+    for a model folder, and when no up-trained model is among `models`
+    (the report then names no checkpoint it did not evaluate)."""
+    if subject is None or subject.run is None or not any(m in TRAINED for m in models):
+        return None
+    state_file = Path(subject.run.checkpoint) / TRAINER
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    summary_file = Path(subject.source) / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    finished = summary.get("step") == subject.run.step
+    tokens = state.get("tokens_seen", summary.get("tokens_seen") if finished else None)
+    if tokens is None:
+        return None
+    return {
+        "recipe": f"{subject.source}, checkpoint {Path(subject.run.checkpoint).name}",
+        "train_tokens": tokens,
+        "steps": subject.run.step,
+        "train_wall_s": round(run_wall_time(subject.source), 1) if finished else None,
+    }

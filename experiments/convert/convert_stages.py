@@ -1,0 +1,331 @@
+"""The stages of `latte experiment convert` (see experiments/convert/convert.py):
+training runs per recipe, long-context evaluation cells, the long sample."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from experiments.common.cells import (
+    INPUTS,
+    digest_or_missing,
+    finished_summary,
+    resolved_config,
+    run_protocol,
+    set_aside_changed_run,
+)
+from experiments.common.results import Sweep, run_latte
+from latte.data import TokenWindows
+from latte.data.heldout import eval_essays, eval_plays
+from latte.eval.long_context import converted_nll, original_decode, original_nll, original_window_nll
+from latte.eval.needle import haystack_text
+from latte.train.lm import pack_split, split_corpus
+from latte.train.metrics import run_wall_time
+from latte.train.runs import open_run
+from latte.train.validation import nll_sums, subset, summarize
+
+from .convert_models import TRAINED, as_model, bos_cell, sinks_cell
+
+RECIPES = {  # name -> latte convert overrides of the shipped config, each one spelled out in full
+    "end_to_end+lora8": ["conversion.lora_rank=8"],
+    "end_to_end": ["conversion.lora_rank=0"],
+    "kl_only": ["distill.lm_weight=0", "conversion.lora_rank=0"],
+    "layerwise": ["distill.objective=layerwise", "conversion.lora_rank=0"],
+}
+# the recipe the shipped config runs and the long-context evaluation reads:
+# the best of the recipe comparison (results/convert-recipes)
+DEFAULT_RECIPE = "end_to_end+lora8"
+CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
+# budgets of the evaluation stages, sized from measured costs to fit about
+# four hours on 2 threads for the four models (docs/evaluation.md §7.4)
+DOCUMENTS = 2  # per corpus
+FULL_DOCUMENTS = 1  # read to 32K by every model; the others to 8K
+TASK_EXAMPLES = 100
+NEEDLE_CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
+NEEDLE_DEPTHS = (0.0, 0.5, 1.0)
+NEEDLE_TRIALS = 1
+
+SHORT = 8192  # the original reads its other documents this far (its training context)
+
+
+def run_dir(a, recipe: str) -> Path:
+    return Path(a.runs) / "recipes" / recipe
+
+
+def checks(a, fields=(), extra=None) -> dict:
+    """cells.Sweep's checks of a stage: the protocol every cell records (the
+    runs' config, --set overrides and resolved config; the sha256 of every
+    input: the base model's files, data files, the converted model's
+    checkpoint once opened (a.inputs); plus `extra(cell)`: the stage's own
+    settings, whose `inputs` add to the others) and the fields its record holds."""
+
+    def protocol(cell: dict) -> dict:
+        own = dict(extra(cell)) if extra else {}
+        base = run_protocol(a.config, a.set)
+        inputs = {**base[INPUTS], **getattr(a, "inputs", {}), **own.pop(INPUTS, {})}
+        return {**base, **own, INPUTS: inputs}
+
+    return dict(protocol=protocol, fields=fields, folder_flag="--runs")
+
+
+# --------------------------------------------------------------------------- recipes
+
+
+def recipes_stage(a) -> list[dict]:
+    names = [r for r in a.recipes.split(",") if r]
+    bad = [r for r in names if r not in RECIPES]
+    if bad or DEFAULT_RECIPE not in names:
+        raise ValueError(f"--recipes: unknown {bad}" if bad else f"--recipes must include {DEFAULT_RECIPE!r}")
+    cells = [{"recipe": r} for r in sorted(names, key=lambda r: r != DEFAULT_RECIPE)]
+    cells += [{"recipe": "none (swa)"}, {"recipe": "none (original)"}]
+
+    # a baseline reads the default recipe's run: its checkpoint is an input
+    def baseline(c: dict) -> dict:
+        return {INPUTS: {"run": digest_or_missing(run_dir(a, DEFAULT_RECIPE))}} if "none" in c["recipe"] else {}
+
+    fields = ("val_ppl", "val_tokens", "train_tokens")
+    sweep = Sweep(Path(a.runs) / "cells-recipes", cells, **checks(a, fields, extra=baseline))
+    rows = sweep.run(lambda c: _recipe_cell(c, a), desc="recipes")
+    # a recipe's overrides as defined now (a cell keeps the string it ran with)
+    return [{**r, "overrides": " ".join(RECIPES[r["recipe"]])} if r["recipe"] in RECIPES else r for r in rows]
+
+
+def _recipe_cell(cell: dict, a) -> dict:
+    recipe = cell["recipe"]
+    if recipe.startswith("none"):  # the untrained baselines on the same validation windows
+        return _baseline_ppl(run_dir(a, DEFAULT_RECIPE), original="original" in recipe)
+    run = run_dir(a, recipe)
+    load0, t0 = os.getloadavg()[0], time.time()
+    sets = [*RECIPES[recipe], *a.set]
+    set_aside_changed_run(run, a.config, sets)  # never resumed under another configuration (cells.py)
+    steps = resolved_config(a.config, sets)["train.steps"]
+    if finished_summary(run, steps) is None:  # one finished before a kill lost its cell is read, not rerun
+        _convert(a, run, sets)
+    s = json.loads((run / "summary.json").read_text())
+    return _recipe_record(s, run, recipe, load0, t0)
+
+
+def _convert(a, run: Path, sets: list[str]) -> None:
+    run_latte(
+        [
+            "convert",
+            "--config",
+            a.config,
+            f"--train.run_dir={run}",
+            f"--train.num_threads={a.threads}",
+            "--train.tensorboard=false",
+            *[f"--{s}" for s in sets],
+        ],
+        run.parent / f"{run.name}.log",
+        a.threads,
+    )
+
+
+def _recipe_record(s: dict, run: Path, recipe: str, load0: float, t0: float) -> dict:
+    return {
+        "val_ppl": s["val_ppl"],
+        "val_tokens": s["val_tokens"],
+        "train_tokens": s["tokens_seen"],
+        "steps": s["step"],
+        "train_wall_s": round(run_wall_time(run), 1),
+        "stopped": s.get("stopped", ""),
+        "overrides": " ".join(RECIPES[recipe]),
+        "load_start": round(load0, 2),
+        "load_end": round(os.getloadavg()[0], 2),
+        "cell_wall_s": round(time.time() - t0, 1),
+    }
+
+
+@torch.no_grad()
+def _baseline_ppl(run: Path, *, original: bool) -> dict:
+    """Validation perplexity (the trainer's windows) of the converted model
+    before up-training (as_sliding_window: beta = -30, no LoRA) or of
+    the original."""
+    trained = open_run(run)
+    model = trained.model.model  # Distiller -> the converted model
+    t0 = time.perf_counter()
+    task = trained.task
+    windows = _val_windows(trained)
+    with model.as_original() if original else model.as_sliding_window() as scored:
+        total, count = nll_sums(scored, windows, batch_size=1)
+    m = summarize(total, int(count), time.perf_counter() - t0)
+    del task
+    return {
+        "val_ppl": m["ppl"],
+        "val_tokens": m["tokens"],
+        "train_tokens": 0,
+        "steps": 0,
+        "train_wall_s": 0.0,
+        "stopped": "",
+        "overrides": "",
+        "cell_wall_s": round(time.perf_counter() - t0, 1),
+    }
+
+
+def _val_windows(trained):
+    c = trained.config.data
+    return subset(TokenWindows(pack_split(trained.config, trained.tokenizer, "validation"), c.seq_len), c.val_windows)
+
+
+# --------------------------------------------------------------------------- long-context evaluation
+
+DECODE_STEPS = 9  # timed decode steps after each context (the first is a warm-up)
+CORPORA = ("plays", "essays")
+
+
+def held_out_documents(a, subject, corpus: str, n: int, max_context: int) -> list[tuple[str, torch.Tensor]]:
+    """n held-out documents of a corpus, tokenized, cut at max_context + 1
+    tokens plus the few that decode timing feeds after the last context.
+    plays: the longest held-out plays (latte.data.heldout.eval_plays; with
+    --quick the stand-in run's own validation documents). essays: the
+    held-out essays joined in n seeded orders (the needle's haystacks),
+    the longest document they make."""
+    if corpus == "plays":
+        if a.quick:
+            docs = split_corpus(subject.run.config)[1]
+        else:
+            docs = eval_plays()
+        texts = [(d.name, d.text) for d in sorted(docs, key=lambda d: -len(d.text))[:n]]
+    elif corpus == "essays":
+        essays = eval_essays()
+        texts = [(f"essays-order-{i}", haystack_text(essays, seed=i)) for i in range(n)]
+    else:
+        raise ValueError(f"--corpora: unknown corpus {corpus!r}; expected some of {CORPORA}")
+    limit = max_context + 1 + DECODE_STEPS
+    bos = subject.bos  # the model's first token, counted in the context
+    return [(name, torch.tensor((bos + subject.tokenizer.encode(text))[:limit])) for name, text in texts]
+
+
+def eval_stage(a, subject, sinks: int) -> list[dict]:
+    """Per-token loss of every model over every held-out document, and the
+    original's decode timing (docs/conversion.md §6)."""
+    contexts, cells, docs = a.contexts, [], {}
+    for corpus in a.corpora:
+        for i, (name, ids) in enumerate(held_out_documents(a, subject, corpus, a.documents, a.max_context)):
+            docs[(corpus, name)] = ids
+            # the cell names how far it reads, so a sweep to a longer context
+            # does not reuse a shorter one's per-token losses
+            for m in reversed(a.models):
+                full = (
+                    i < a.original_full_documents
+                    if m == "original"
+                    else a.full_documents in (0, None) or i < a.full_documents
+                )
+                reads = a.max_context if full else min(SHORT, a.max_context)
+                cell = {"model": m, "corpus": corpus, "document": name, "max_context": reads, **bos_cell(subject)}
+                cell.update(sinks_cell(m, sinks))
+                cell.update({"source": subject.identity} if m in TRAINED else {})
+                cells.append(cell)
+    if "original" in a.models:
+        cells += [{"model": "original-decode", "document": f"context-{c}"} for c in contexts]
+
+    def extra(cell: dict) -> dict:  # how far each model reads depends on its document's rank
+        reach = {}
+        if cell["model"] == "original":
+            reach = {"original_full_documents": a.original_full_documents}
+        elif cell["model"] != "original-decode":
+            reach = {"full_documents": a.full_documents}
+        return {"contexts": ",".join(map(str, contexts)), **reach}
+
+    def fields(cell: dict) -> tuple:
+        return ("ms_per_token", "state_bytes") if cell["model"] == "original-decode" else ("nll", "wall_s", "load")
+
+    sweep = Sweep(Path(a.runs) / "cells-eval", cells, **checks(a, fields, extra=extra))
+    sweep.run(lambda cell: _eval_cell(cell, subject, docs, contexts), desc="eval")
+    return sweep.records()
+
+
+def _eval_cell(cell, subject, docs, contexts) -> dict:
+    model = subject.model
+    load0, c0 = os.getloadavg()[0], time.process_time()
+    if cell["model"] == "original-decode":
+        c = int(cell["document"].removeprefix("context-"))
+        return {**original_decode(model, c), "context": c, "load": round(load0, 2)}
+    ids = docs[(cell["corpus"], cell["document"])]
+    if cell["model"] == "original":
+        res = original_nll(model, ids[: cell["max_context"] + 1])
+    else:  # (the few extra tokens feed the decode timing after the last context)
+        ids = ids[: cell["max_context"] + 1 + DECODE_STEPS]
+        with as_model(subject, cell["model"], cell.get("sinks", 0)) as m:  # every model but the original
+            res = converted_nll(m, ids, contexts=contexts, decode_steps=DECODE_STEPS)
+    record = {
+        "tokens": int(res.nll.shape[0]),
+        "wall_s": round(res.wall_s, 1),
+        "cpu_s": round(time.process_time() - c0, 1),
+        "load": round(load0, 2),
+        "nll": ",".join(f"{x:.5f}" for x in res.nll.tolist()),
+    }
+    for c, d in res.decode.items():
+        record[f"ms_per_token_{c}"] = round(d["ms_per_token"], 2)
+        record[f"state_bytes_{c}"] = int(d["state_bytes"])
+    return record
+
+
+def nll_of(record: dict) -> torch.Tensor:
+    return torch.tensor([float(x) for x in record["nll"].split(",")], dtype=torch.float64)
+
+
+# --------------------------------------------------------------------------- attention sinks
+
+SINKS = (0, 1, 4)  # first tokens kept visible next to the window
+
+
+def sinks_stage(a, subject) -> list[dict]:
+    """Per held-out play and number of sinks: the original's per-token loss
+    under the window mask (docs/conversion.md §6)."""
+    docs = dict(held_out_documents(a, subject, "plays", a.documents, a.sink_context))
+    cells = [
+        {"model": "swa-mask", "sinks": k, "document": name, "max_context": a.sink_context, **bos_cell(subject)}
+        for k in SINKS
+        for name in docs
+    ]
+
+    def cell_fn(cell):
+        model, load0 = subject.model, os.getloadavg()[0]
+        window = model.converted[0].window_size
+        res = original_window_nll(
+            model, docs[cell["document"]][: a.sink_context + 1], window=window, sinks=cell["sinks"]
+        )
+        return {
+            "window": window,
+            "tokens": int(res.nll.shape[0]),
+            "wall_s": round(res.wall_s, 1),
+            "load": round(load0, 2),
+            "nll": ",".join(f"{x:.5f}" for x in res.nll.tolist()),
+        }
+
+    sweep = Sweep(Path(a.runs) / "cells-sinks", cells, **checks(a, ("nll", "tokens", "wall_s", "load")))
+    sweep.run(cell_fn, desc="sinks")
+    return sweep.records()
+
+
+# --------------------------------------------------------------------------- sample
+
+
+def sample_stage(a, subject) -> dict:
+    cells = [{"sample": "long-context", "context": a.sample_context, "source": subject.identity}]
+    sweep = Sweep(Path(a.runs) / "cells-sample", cells, **checks(a, ("generated", "prompt_tokens")))
+    return sweep.run(lambda c: _sample_cell(c, a, subject), desc="sample")[0]
+
+
+@torch.no_grad()
+def _sample_cell(cell, a, subject) -> dict:
+    name, ids = held_out_documents(a, subject, "plays", 1, cell["context"] + 64)[0]
+    prompt = ids[: cell["context"]]
+    model = subject.model
+    t0 = time.perf_counter()
+    g = torch.Generator().manual_seed(0)
+    new = [int(t[0]) for t in model.stream(prompt[None], 60, temperature=0.7, top_k=50, generator=g)]
+    tok = subject.tokenizer
+    return {
+        "document": name,
+        "prompt_tokens": int(prompt.shape[0]),
+        "prompt_tail": tok.decode(prompt[-120:].tolist()),
+        "generated": tok.decode(new),
+        "reference": tok.decode(ids[cell["context"] : cell["context"] + 60].tolist()),
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }

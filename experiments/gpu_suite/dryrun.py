@@ -1,0 +1,177 @@
+"""The dry run of `latte bench suite`: every stage's command checked without
+a GPU, so that GPU time is never spent on a typo (docs/gpu.md §5).
+
+For each stage: the benchmark's or experiment's own argument parser on the
+stage's arguments, the points a CUDA ops sweep would measure, the run
+configs an experiment would load (with its overrides: a misspelt field is a
+ValueError here), the test folder, and whether the output folders can be
+written. The packages each stage needs are listed as found here, to be
+installed from a wheel in --wheels, or missing (a warning: the GPU machine
+is another machine). Exit code 2 when any command is wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import io
+import shlex
+from pathlib import Path
+
+from . import machine
+
+BENCH_MODULES = {
+    "ops": "latte.bench.ops",
+    "train": "benchmarks.train",
+    "decode": "latte.bench.decode",
+    "window": "benchmarks.window",
+    "check": "latte.bench.cuda_check",
+}
+
+
+def _parse(parse_args, argv: list[str]):
+    """(namespace, None) or (None, the parser's message)."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parse_args(argv), None
+    except SystemExit:
+        lines = [x for x in err.getvalue().strip().splitlines() if x.strip()]
+        return None, lines[-1] if lines else "the argument parser exited"
+    except ValueError as e:
+        return None, str(e)
+
+
+def _writable(folder: Path) -> str | None:
+    folder = Path(folder)
+    parent = next((p for p in [folder, *folder.parents] if p.exists()), Path("."))
+    if not parent.is_dir() or not (parent.stat().st_mode & 0o200):
+        return f"{folder}: cannot be created under {parent}"
+    return None
+
+
+def _check_bench(name: str, rest: list[str]) -> tuple[list[str], str]:
+    if name not in BENCH_MODULES:
+        return [f"unknown benchmark {name!r}; expected one of {list(BENCH_MODULES)}"], ""
+    mod = importlib.import_module(BENCH_MODULES[name])
+    args, err = _parse(mod.parse_args, rest)
+    if err:
+        return [f"latte bench {name}: {err}"], ""
+    problems = [p for p in [_writable(args.out)] if p]
+    detail = ""
+    if name == "ops" and args.device == "cuda":
+        # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
+        from latte.bench import cuda
+
+        pts = cuda.plan(args)
+        if not pts:
+            problems.append("latte bench ops --device cuda: no point to measure")
+        Ts = sorted({p["T"] for p in pts})
+        detail = f"{len(pts)} points, T {Ts[0]}..{Ts[-1]}, batch x T {args.tokens}" if pts else ""
+    return problems, detail
+
+
+def _check_lra(rest: list[str]) -> tuple[list[str], str]:
+    # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
+    from experiments.lra import lra
+    from latte.train.task import load_run_config
+
+    args, err = _parse(lra.parse_args, rest)
+    if err:
+        return [f"latte experiment lra: {err}"], ""
+    problems = [p for p in [_writable(Path(args.out)), _writable(Path(args.work))] if p]
+    quick = list(lra.QUICK) if args.quick else []
+    cfg = None
+    for task in args.tasks:
+        for mixer in args.mixers:
+            config, overrides = lra.train_overrides(task, mixer, Path(args.work), [*quick, *args.override])
+            try:
+                cfg = load_run_config(config, overrides)
+            except ValueError as e:
+                problems.append(f"lra {task}/{mixer}: {e}")
+    detail = f"{len(args.tasks) * len(args.mixers)} runs" + (
+        f", {cfg.train.steps} steps x {cfg.train.global_batch_size}" if cfg is not None else ""
+    )
+    return problems, detail
+
+
+def _check_lm(rest: list[str]) -> tuple[list[str], str]:
+    # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
+    from experiments.lm_variants import lm_variants as lm
+    from latte.train.task import load_run_config
+
+    args, err = _parse(lm.parse_args, rest)
+    if err:
+        return [f"latte experiment lm-variants: {err}"], ""
+    problems = [p for p in [_writable(Path(args.runs)), _writable(Path(args.results))] if p]
+    sets = (lm.QUICK_SET if args.quick else []) + args.set
+    for v in args.variants.split(","):
+        try:
+            cfg = load_run_config(lm.VARIANTS[v][0], [f"train.run_dir={args.runs}/{v}/seed-0", *sets])
+        except ValueError as e:
+            problems.append(f"lm-variants {v}: {e}")
+    if problems:
+        return problems, ""
+    d, t = cfg.data, cfg.train
+    tokens = t.steps * t.global_batch_size * d.seq_len
+    return [], f"seq {d.seq_len}, {t.steps} steps x {t.global_batch_size} = {tokens:,} tokens"
+
+
+def check_stage(stage) -> tuple[list[str], str]:
+    """(problems, a one-line summary of what it would do)."""
+    try:
+        return _check_argv(list(stage.argv))
+    except ImportError as e:  # no torch here, say: the command cannot be checked on this machine
+        return [f"cannot be checked here: {type(e).__name__}: {e}"], ""
+
+
+def _check_argv(argv: list[str]) -> tuple[list[str], str]:
+    if argv[:2] == ["-m", "pytest"]:
+        tests = [a for i, a in enumerate(argv[2:], 2) if not a.startswith("-") and argv[i - 1] != "-p"]
+        junit = [a.split("=", 1)[1] for a in argv if a.startswith("--junitxml=")]
+        problems = [f"{t}: no such test folder" for t in tests if not Path(t).exists()]
+        problems += [p for p in (_writable(Path(j).parent) for j in junit) if p]
+        return problems, f"{sum(1 for _ in Path(tests[0]).glob('test_*.py')) if tests else 0} test files"
+    if argv[:3] == ["-m", "latte", "bench"] and len(argv) > 3:
+        return _check_bench(argv[3], argv[4:])
+    if argv[:4] == ["-m", "latte", "experiment", "lra"]:
+        return _check_lra(argv[4:])
+    if argv[:4] == ["-m", "latte", "experiment", "lm-variants"]:
+        return _check_lm(argv[4:])
+    return [f"{shlex.join(argv)}: not a command the dry run knows how to check"], ""
+
+
+def packages_here(wheels: Path) -> dict[str, str]:
+    """{distribution: "found" | "wheel NAME" | "MISSING"} for this interpreter."""
+    dists = [d for d, m, _ in machine.REQUIREMENTS if importlib.util.find_spec(m) is None]
+    found, _ = machine.wheels_for(dists, wheels)
+    out = {d: "found" for d, _, _ in machine.REQUIREMENTS}
+    out.update({d: f"wheel {found[d].name}" if d in found else "MISSING" for d in dists})
+    return out
+
+
+def dry_run(todo: list, args, *, quiet: bool = False) -> int:
+    have = packages_here(args.wheels)
+    problems = 0
+    say = (lambda *_: None) if quiet else print
+    say(f"latte bench suite --dry-run: {len(todo)} stages, budget {args.budget_s:g} s per invocation")
+    absent = [f"{d} ({v})" for d, v in have.items() if v != "found"]
+    say("packages not importable here: " + (", ".join(absent) if absent else "none"))
+    for s in todo:
+        bad, detail = check_stage(s)
+        needs = [d for d, _, w in machine.REQUIREMENTS if w in s.needs and have[d] != "found"]
+        problems += len(bad)
+        flags = " (optional, resumable)" if s.optional else ""
+        say(f"\n[{'ok' if not bad else 'ERROR'}] {s.name}{flags}: {s.what}; ~{s.est_s:g} s, limit {s.budget_s:g} s")
+        say("    " + " ".join(f"{k}={v}" for k, v in s.env) + (" " if s.env else "") + shlex.join(["python3", *s.argv]))
+        for line in ([detail] if detail else []) + [f"problem: {b}" for b in bad]:
+            say(f"    {line}")
+        if needs:
+            say("    packages: " + ", ".join(f"{d} ({have[d]})" for d in needs))
+    core = sum(s.est_s for s in todo if not s.optional)
+    say(
+        f"\nexpected ~{core:g} s for the non-optional stages (+{sum(s.est_s for s in todo if s.optional):g} s optional)"
+    )
+    say("dry run: " + ("every command checked" if not problems else f"{problems} problem(s)"))
+    return 2 if problems else 0

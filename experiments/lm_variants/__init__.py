@@ -1,0 +1,1 @@
+"""The paper's per-variant language-model table (README.md beside this file)."""

@@ -1,0 +1,1 @@
+"""MQAR: associative recall against state size (README.md beside this file)."""

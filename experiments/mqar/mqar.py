@@ -1,0 +1,539 @@
+"""`latte experiment mqar`: associative recall against state size (Zoology protocol, scaled).
+
+Every model is 2 attention-only blocks (mlp "none"), one token mixer, width
+64 or 128, 2 heads, vocabulary 8192, trained from scratch on MQAR
+(latte.data.mqar) at (T=64, 4 pairs), (128, 8) and (256, 16). AdamW (weight
+decay 0.1 except norms/embeddings), linear warm-up then cosine decay
+(latte.train.schedule.lr_at), gradient clipping 1.0, at each learning rate of
+a small sweep; training stops early once test accuracy reaches 0.99. The
+loss and the accuracy count only the query positions (labels != -100); the
+LM head is applied to those rows only, which changes nothing but the cost.
+
+A record per (setting, model, lr): accuracy (of the last evaluation: at the
+early stop or the end), state_bytes (per layer, float32, see `state_bytes`),
+steps, examples, seconds. The report keeps the best lr of each (setting,
+model): as in Zoology, lr is selected on the test accuracy.
+
+    latte experiment mqar --quick                  # seconds: the end-to-end test
+    latte experiment mqar --out results/mqar       # the committed sweep (hours)
+    latte experiment mqar --mixers softmax --settings 64x4 --dims 64   # a slice
+    latte experiment mqar ... --deadline 2026-11-22T18:45   # cells stop there, recorded as incomplete
+    latte experiment mqar --settings 256x16 --mixers linear-conv --seeds 1,2   # more seeds of a cell
+    latte experiment mqar --restore-from results/mqar --report-only   # rebuild the work folder, then the report
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from experiments.common.results import (
+    StepClock,
+    Sweep,
+    check_readme,
+    claim_results,
+    provenance,
+    read_json,
+    utc_deadline,
+    write_results,
+)
+from latte.arguments import checked, float_list, int_at_least, int_list, name_list
+from latte.data.mqar import MQARData, check_mqar_args, mqar_splits
+from latte.models import LatteConfig, LatteForCausalLM
+from latte.train.schedule import lr_at
+
+from .mqar_cells import cell_file_key, other_protocol_records, restore_cells, with_protocol
+from .mqar_report import flat_records, report
+from .mqar_train import accuracy, adamw, batches, scored_logits
+
+NAME = "mqar"
+VOCAB_SIZE = 8192
+NUM_LAYERS, NUM_HEADS = 2, 2
+TARGET = 0.99  # early stop (Zoology)
+# Model families: mixer, qk_mixer, window (None: unused), latents as a
+# multiple of dim (None: unused). Latents = dim gives Latte the state of
+# linear attention at the same width: L (dv + 1) = H dv (dv + 1) when L = H dv.
+FAMILIES = {
+    "softmax": ("softmax", None, None, None),
+    "linear": ("linear", None, None, None),
+    "linear-conv": ("linear", "conv", None, None),
+    "swa-16": ("swa", None, 16, None),
+    "swa-32": ("swa", None, 32, None),
+    "latte-none": ("latte", "none", None, 1.0),
+    "latte-conv": ("latte", "conv", None, 1.0),
+    "latte-conv_rglru": ("latte", "conv_rglru", None, 1.0),
+    "macchiato": ("macchiato", "conv_rglru", 16, 1.0),
+}
+LATENT_MULTIPLES = (0.25, 1.0, 4.0)  # Latte's curve: L = dim/4, dim, 4 dim
+SETTINGS = ((64, 4), (128, 8), (256, 16))
+
+
+@dataclass(frozen=True)
+class Budget:
+    train_examples: dict  # seq_len -> examples
+    test_examples: int
+    epochs: int
+    batch_size: int
+    lrs: tuple
+    vocab_size: int = VOCAB_SIZE
+    eval_every: int = 250  # steps between test evaluations (early stop granularity)
+
+
+# Calibrated with softmax attention at (T=64, 4 pairs), dim 64, lr 3e-3: 20,000
+# examples stall at 0.24 test accuracy while the training loss keeps falling
+# (memorised, 6 epochs); 100,000 reach 0.998 within the second epoch.
+FULL = Budget({64: 100000, 128: 100000, 256: 100000}, 1000, 3, 64, (3e-3, 1e-3))
+QUICK = Budget({16: 128}, 32, 1, 32, (3e-3,))
+QUICK_SETTINGS = ((16, 2),)
+
+
+def state_bytes(
+    mixer: str,
+    *,
+    dim: int,
+    seq_len: int,
+    num_latents: int | None = None,
+    window_size: int | None = None,
+    qk_mixer: str | None = None,
+    conv_size: int = 3,
+) -> dict:
+    """Recurrent state of ONE layer in float32 bytes, split into the attention
+    state and the qk mixer's (conv inputs, RG-LRU state).
+
+    latte: H Lh (dv + 1) = num_latents (dv + 1) floats (Vbar and z);
+    softmax: the KV cache after seq_len tokens, 2 T dim; linear: H dk (dv + 1)
+    (S and z); swa: the W - 1 cached keys and values, 2 (W - 1) dim;
+    macchiato: latte's plus the window cache."""
+    dv = dim // NUM_HEADS
+    window = 2 * (window_size - 1) * dim if window_size else 0
+    attn = {
+        "softmax": 2 * seq_len * dim,
+        "linear": NUM_HEADS * dv * (dv + 1),
+        "swa": window,
+        "latte": (num_latents or 0) * (dv + 1),
+        "macchiato": (num_latents or 0) * (dv + 1) + window,
+    }[mixer]
+    qk = 0
+    if qk_mixer:
+        qk = (conv_size - 1) * dim * ("conv" in qk_mixer) + dim * ("rglru" in qk_mixer)
+    return {"state_bytes": 4 * (attn + qk), "attn_state_bytes": 4 * attn, "qk_mixer_state_bytes": 4 * qk}
+
+
+def cells_for(settings, dims, families, latent_multiples, lrs, seeds=(0,), max_epochs=FULL.epochs) -> list[dict]:
+    """Every (setting, model, dim, num_latents, lr, seed), in the order they
+    run: the first lr before the others, the first seed before the others,
+    dim 64 before 128, Latte at num_latents = dim (linear attention's state)
+    before its other sizes, then setting and family; so a sweep cut short has
+    the most comparable cells first. Every cell carries its protocol fields
+    (seed, max_epochs; see mqar_cells)."""
+    cells = []
+    for seq_len, pairs in settings:
+        for dim in dims:
+            for fam in families:
+                mixer, qk, window, lat = FAMILIES[fam]
+                multiples = latent_multiples if mixer == "latte" else ((lat,) if lat else (None,))
+                for m in multiples:
+                    for lr in lrs:
+                        for seed in seeds:
+                            cells.append(
+                                {
+                                    "seq_len": seq_len,
+                                    "num_kv_pairs": pairs,
+                                    "model": fam,
+                                    "dim": dim,
+                                    "num_latents": int(m * dim) if m else None,
+                                    "lr": lr,
+                                    "seed": seed,
+                                    "max_epochs": max_epochs,
+                                }
+                            )
+
+    def priority(c: dict) -> tuple:
+        multiple = c["num_latents"] / c["dim"] if c["num_latents"] else 1.0
+        return (
+            lrs.index(c["lr"]),
+            seeds.index(c["seed"]),
+            dims.index(c["dim"]),
+            multiple != 1.0,
+            settings.index((c["seq_len"], c["num_kv_pairs"])),
+            list(families).index(c["model"]),
+            multiple,
+        )
+
+    return sorted(cells, key=priority)
+
+
+def model_config(cell: dict, vocab_size: int = VOCAB_SIZE) -> LatteConfig:
+    mixer, qk, window, _ = FAMILIES[cell["model"]]
+    extra = {("linear_qk_mixer" if mixer == "linear" else "qk_mixer"): qk} if qk else {}
+    return LatteConfig(
+        vocab_size=vocab_size,
+        dim=cell["dim"],
+        num_layers=NUM_LAYERS,
+        num_heads=NUM_HEADS,
+        num_latents=cell["num_latents"] or NUM_HEADS,
+        mixer=mixer,
+        window_size=window or 16,
+        mlp="none",
+        dropout=0.0,
+        max_position_embeddings=cell["seq_len"],
+        **extra,
+    )
+
+
+def train_cell(
+    cell: dict,
+    train: MQARData,
+    test: MQARData,
+    budget: Budget,
+    seed: int = 0,
+    verbose: bool = False,
+    deadline: float | None = None,
+) -> dict:
+    """Train one model on one setting at one lr; returns the record's fields.
+    Test accuracy is measured every `budget.eval_every` steps and at the end;
+    training stops at the first measurement >= TARGET. The cell's own seed
+    and max_epochs, when it has them, replace `seed` and budget.epochs."""
+    seed = cell.get("seed", seed)
+    budget = dataclasses.replace(budget, epochs=cell.get("max_epochs", budget.epochs))
+    torch.manual_seed(seed)
+    model = LatteForCausalLM(model_config(cell, train.vocab_size))
+    opt = adamw(model, cell["lr"])
+    total = budget.epochs * math.ceil(len(train) / budget.batch_size)
+    warmup = max(1, total // 20)
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
+    step, skipped, acc, best, epoch, loss = 0, 0, 0.0, 0.0, 0, math.nan
+    # Training time only (evaluations excluded), per eval interval and per
+    # epoch: does a step slow down as the model learns (sharper key logits)?
+    clock, curve = StepClock(), []  # curve: [step, test accuracy] at each evaluation
+    for epoch, idx in batches(len(train), budget.batch_size, budget.epochs, torch.Generator().manual_seed(seed)):
+        clock.start(epoch)
+        lr = lr_at(step, base_lr=cell["lr"], warmup_steps=warmup, total_steps=total, decay="cosine")
+        for group in opt.param_groups:
+            group["lr"] = lr
+        logits, target = scored_logits(model, train.input_ids[idx], train.labels[idx])
+        loss_t = F.cross_entropy(logits, target)
+        loss_t.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if torch.isfinite(loss_t) and torch.isfinite(norm):
+            opt.step()
+            loss = float(loss_t.detach())
+        else:  # a non-finite step is dropped, and counted in the record
+            skipped += 1
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        clock.stop()
+        out_of_time = deadline is not None and time.time() >= deadline
+        if step % budget.eval_every == 0 or step == total or out_of_time:
+            clock.interval()
+            acc = accuracy(model, test)
+            best = max(best, acc)
+            curve.append([step, round(acc, 4)])
+            if verbose:
+                print(
+                    f"  {cell['model']} dim {cell['dim']} L {cell['num_latents']} T {cell['seq_len']} "
+                    f"lr {cell['lr']:g}: step {step} (epoch {epoch}) loss {loss:.3f} accuracy {acc:.3f} "
+                    f"({time.perf_counter() - t0:.0f} s)",
+                    file=sys.stderr,
+                )
+            if acc >= TARGET or out_of_time:
+                break
+    return {
+        **state_bytes(
+            model.config.mixer,
+            dim=cell["dim"],
+            seq_len=cell["seq_len"],
+            num_latents=cell["num_latents"],
+            window_size=FAMILIES[cell["model"]][2],
+            qk_mixer=FAMILIES[cell["model"]][1],
+        ),
+        "mixer": model.config.mixer,
+        "qk_mixer": FAMILIES[cell["model"]][1],
+        "window_size": FAMILIES[cell["model"]][2],
+        "accuracy": round(acc, 4),
+        "best_accuracy": round(best, 4),
+        "reached_target": acc >= TARGET,
+        "incomplete": acc < TARGET and step < total,
+        "planned_steps": total,
+        "epochs": epoch,
+        "steps": step,
+        "skipped_steps": skipped,
+        "examples": len(train),
+        "test_examples": len(test),
+        "examples_seen": min(step * budget.batch_size, epoch * len(train)),
+        "final_loss": round(loss, 4),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "loadavg_start": round(load0, 2),
+        "loadavg_end": round(os.getloadavg()[0], 2),
+        "parameters": model.num_parameters(),
+        "fillers": train.fillers,
+        "ms_per_step": round(1000 * clock.total_s / max(step, 1), 1),
+        "cpu_ms_per_step": round(1000 * clock.cpu_s / max(step, 1), 1),
+        "interval_ms_per_step": clock.interval_ms,
+        "interval_cpu_ms_per_step": clock.interval_cpu_ms,
+        "epoch_train_seconds": clock.epoch_s,
+        "accuracy_curve": curve,
+    }
+
+
+DIMS = int_list(low=NUM_HEADS)
+LRS = float_list("learning rates > 0", lambda v: v > 0)
+MULTIPLES = float_list("multiples > 0", lambda v: v > 0)
+SEEDS = int_list(low=0)
+
+
+def _settings(text: str) -> tuple[tuple[int, int], ...]:
+    """--settings "64x4,128x8": (seq_len, num_kv_pairs) pairs MQAR can hold."""
+    allowed = "comma-separated T x pairs like 64x4,128x8 with T >= 4 x pairs"
+    out = []
+    for item in text.split(","):
+        try:
+            T, P = (int(v) for v in item.strip().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}") from None
+        try:
+            check_mqar_args(VOCAB_SIZE, T, P, 0.01)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r} ({e})") from None
+        out.append((T, P))
+    if len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"expected {allowed} without repeats, got {text!r}")
+    return tuple(out)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        k, n = -1, 0
+    if not 0 <= k < n:
+        raise argparse.ArgumentTypeError(f"expected K/N with 0 <= K < N (worker K of N), got {text!r}")
+    return k, n
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte experiment mqar", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a tiny sweep in seconds (the end-to-end test)")
+    p.add_argument("--out", default=None, help="results folder (default results/mqar, quick: results/mqar-quick)")
+    p.add_argument("--work", default=None, help="finished cells, for resuming (default runs/experiments/mqar[-quick])")
+    p.add_argument("--settings", default=None, type=checked(_settings), help="T x pairs list, e.g. 64x4,128x8")
+    p.add_argument("--dims", default=None, type=checked(DIMS), help="widths, e.g. 64,128")
+    p.add_argument(
+        "--mixers", default=None, type=checked(name_list(FAMILIES)), help=f"model families among {', '.join(FAMILIES)}"
+    )
+    p.add_argument("--lrs", default=None, type=checked(LRS), help="learning rates, e.g. 1e-3,3e-3")
+    p.add_argument(
+        "--latent-multiples",
+        default=None,
+        type=checked(MULTIPLES),
+        help=f"Latte's num_latents as multiples of dim (default {','.join(map(str, LATENT_MULTIPLES))})",
+    )
+    p.add_argument("--train-examples", type=int_at_least(1), default=None, help="training examples per setting")
+    p.add_argument(
+        "--epochs", type=int_at_least(1), default=None, help="most epochs per run (default 3; cells carry it)"
+    )
+    p.add_argument(
+        "--seeds", default="0", type=checked(SEEDS), help="training seeds (model init and batch order), e.g. 0,1,2"
+    )
+    p.add_argument(
+        "--restore-from",
+        default=None,
+        metavar="RESULTS_DIR",
+        help="first write the work folder's missing cell files back from RESULTS_DIR/results.json and "
+        "step_times.json (the published cells, on a machine without the original work folder)",
+    )
+    p.add_argument("--random-fillers", action="store_true", help="random tokens instead of 0 between queries")
+    p.add_argument(
+        "--shard", default="0/1", type=_shard, help="K/N: run every N-th pending cell from K (parallel workers)"
+    )
+    p.add_argument("--report-only", action="store_true", help="write the results of the finished cells, run none")
+    p.add_argument(
+        "--threads",
+        type=int_at_least(1),
+        default=1,
+        help="torch threads (1: these tiny models lose more to thread sync than they gain)",
+    )
+    p.add_argument("--verbose", action="store_true", help="a line per epoch on stderr")
+    p.add_argument(
+        "--deadline",
+        default=None,
+        metavar="YYYY-MM-DDTHH:MM",
+        help="UTC wall clock at which a cell stops where it is and is recorded as incomplete "
+        "(rerun by the next sweep); no new cell starts after it",
+    )
+    p.add_argument(
+        "--readme",
+        default=None,
+        help="replace the section results:NAME (NAME: the --out folder's name) of this markdown file "
+        "(the repository's: results/README.md)",
+    )
+    p.add_argument("--note", default=None, help="a sentence for the results' text (how or where the cells ran)")
+    return p.parse_args(argv)
+
+
+def _plan(a: argparse.Namespace):
+    """(budget, settings, dims, families, latent multiples, seeds); the
+    options' texts were checked by argparse (parse_args)."""
+    budget = QUICK if a.quick else FULL
+    settings = _settings(a.settings) if a.settings else QUICK_SETTINGS if a.quick else SETTINGS
+    seeds = SEEDS(a.seeds)
+    budget = dataclasses.replace(
+        budget,
+        train_examples={T: a.train_examples or budget.train_examples.get(T, 100000) for T, _ in settings},
+        epochs=a.epochs or budget.epochs,  # argparse refuses 0
+        lrs=LRS(a.lrs) if a.lrs else budget.lrs,
+    )
+    dims = DIMS(a.dims) if a.dims else ((16,) if a.quick else (64, 128))
+    odd = [d for d in dims if d % NUM_HEADS]
+    if odd:
+        raise ValueError(f"--dims {a.dims}: each width must be a multiple of the {NUM_HEADS} heads; {odd} is not")
+    families = name_list(FAMILIES)(a.mixers) if a.mixers else tuple(FAMILIES)
+    multiples = (1.0,) if a.quick else LATENT_MULTIPLES
+    if a.latent_multiples:
+        multiples = MULTIPLES(a.latent_multiples)
+        if any((m * d) != int(m * d) or int(m * d) % NUM_HEADS for m in multiples for d in dims):
+            raise ValueError(
+                f"--latent-multiples {a.latent_multiples}: each must be > 0 and give a whole "
+                f"num_latents, a multiple of the {NUM_HEADS} heads, at every width in {dims}"
+            )
+    return budget, settings, dims, families, multiples, seeds
+
+
+def _scope(a: argparse.Namespace) -> str:
+    """What part of the full protocol the command covers, for the results'
+    text ("" for the full sweep or the quick test)."""
+    narrowed = {
+        name: v
+        for name, v in (
+            ("settings", a.settings),
+            ("dims", a.dims),
+            ("mixers", a.mixers),
+            ("lrs", a.lrs),
+            ("latent multiples", a.latent_multiples),
+            ("training examples", a.train_examples),
+            ("epochs", a.epochs),
+            ("seeds", a.seeds if a.seeds != "0" else None),
+        )
+        if v
+    }
+    note = f" {a.note}" if a.note else ""
+    if a.quick or not narrowed:
+        return note.strip()
+    return (
+        "**A reduced CPU budget**, narrowed from the full protocol to "
+        + "; ".join(f"{k} {v}" for k, v in narrowed.items())
+        + ". The full sweep (widths 64 and 128, lr 3e-3 and 1e-3, every family, num_latents = dim/4, dim, "
+        "4 dim, T = 64, 128, 256) is `latte experiment mqar`." + note
+    )
+
+
+def protocol(budget: Budget, random_fillers: bool):
+    """What a cell's result depends on beyond its own fields (the data and
+    the budget), recorded in its file (results.Sweep)."""
+
+    def of(cell: dict) -> dict:
+        return {
+            "train_examples": budget.train_examples[cell["seq_len"]],
+            "test_examples": budget.test_examples,
+            "fillers": "random" if random_fillers else "zeros",
+            "batch_size": budget.batch_size,
+            "eval_every": budget.eval_every,
+            "vocab_size": budget.vocab_size,
+        }
+
+    return of
+
+
+def _restored(sweep: Sweep, restore_from: str | None) -> Sweep:
+    """The sweep, its missing cell files first written back from the
+    published results when --restore-from is given (mqar_cells.restore_cells)."""
+    if restore_from:
+        n = restore_cells(restore_from, sweep.work, published_protocol(Path(restore_from)))
+        print(f"mqar: restored {n} cell files from {restore_from} into {sweep.work}", file=sys.stderr)
+    return sweep
+
+
+def published_protocol(results_dir: Path):
+    """The protocol of the command that wrote results_dir (its run.json):
+    what cells restored from its results ran under (mqar_cells.restore_cells)."""
+    run = results_dir / "run.json"
+    if not run.is_file():
+        raise ValueError(f"--restore-from {results_dir}: no run.json there (the command that wrote the results)")
+    words = shlex.split(str(read_json(run).get("command", "")))
+    if words[:3] != ["latte", "experiment", NAME]:
+        raise ValueError(f"--restore-from {results_dir}: {run} names no `latte experiment {NAME}` command")
+    try:
+        published = parse_args(words[3:])
+    except SystemExit:
+        raise ValueError(f"--restore-from {results_dir}: the command in {run} no longer parses") from None
+    return protocol(_plan(published)[0], published.random_fillers)
+
+
+# every record holds these (the report reads them)
+FIELDS = ("accuracy", "state_bytes", "mixer", "seconds", "loadavg_start", "fillers", "examples", "test_examples")
+
+
+def main(argv: list[str]) -> int:
+    a = parse_args(argv)
+    started = time.time()
+    budget, settings, dims, families, multiples, seeds = _plan(a)
+    deadline = utc_deadline(a.deadline, "--deadline")
+    out = Path(a.out or ("results/mqar-quick" if a.quick else "results/mqar"))
+    check_readme(a.readme, [out.name])
+    claim_results(out, NAME, create=False)  # before any work: the one write rule (latte/guard.py)
+    torch.set_num_threads(a.threads)
+    cells = cells_for(settings, dims, families, multiples, budget.lrs, seeds, budget.epochs)
+    sweep_args = dict(key=cell_file_key, protocol=protocol(budget, a.random_fillers), fields=FIELDS)
+    sweep = _restored(Sweep(a.work or f"runs/experiments/{out.name}", cells, **sweep_args), a.restore_from)
+    k, n = a.shard
+    data: dict = {}
+
+    def run(cell: dict) -> dict:
+        key = (cell["seq_len"], cell["num_kv_pairs"])
+        if key not in data:
+            data.clear()  # one setting in memory at a time; regenerating one takes seconds
+            data[key] = mqar_splits(
+                budget.train_examples[key[0]],
+                budget.test_examples,
+                seq_len=key[0],
+                num_kv_pairs=key[1],
+                vocab_size=budget.vocab_size,
+                seed=0,
+                random_fillers=a.random_fillers,
+            )
+        return train_cell(cell, *data[key], budget, verbose=a.verbose, deadline=deadline)
+
+    other_protocol_records(sweep, cells)  # every cell file the report reads is checked before any training
+    if not a.report_only:
+        pending = sweep.pending()
+        print(
+            f"mqar: {len(cells) - len(pending)} of {len(cells)} cells already done in {sweep.work}; "
+            f"shard {k}/{n} runs {len(pending[k::n])} of the other {len(pending)}",
+            file=sys.stderr,
+        )
+        stop = lambda: deadline is not None and time.time() >= deadline  # noqa: E731
+        Sweep(sweep.work, pending[k::n], **sweep_args).run(run, desc=f"mqar {k}/{n}", stop=stop)
+    records = [with_protocol(r) for r in sweep.records()] + other_protocol_records(sweep, cells)
+    if not records:
+        raise ValueError(
+            f"--work {sweep.work}: no finished cells of this plan to report (a mistyped folder?); "
+            f"{out} and the README are left as they were"
+        )
+    pending = sweep.pending()
+    claim_results(out, NAME)
+    tables, images = report(records, out, budget=budget, pending=pending, planned=sweep.cells, scope=_scope(a))
+    # named after the folder: results/NAME/ fills the README section results:NAME
+    run = provenance(NAME, argv, started, threads=a.threads)
+    write_results(out, out.name, flat_records(records), tables, run, readme=a.readme, images=images)
+    print(tables)
+    return 0

@@ -1,0 +1,131 @@
+"""Causal Latte as a gated linear attention, run by fla-core's kernels
+(docs/math.md §3.2; backend "fla", see backend.py).
+
+Legend: B batch, T time, H heads, L latents per head (the GLA key width),
+D value width per head, N documents of a packed batch.
+
+With z_t = logaddexp(z_0, logcumsumexp_{s<=t} b_s) per latent (z_0 the
+state's log-normaliser, -inf without one):
+  query  q_t = softmax(a_t)
+  key    k_t = exp(b_t - z_t)           in [0, 1]
+  decay  g_t = z_{t-1} - z_t            <= 0 (log space, per key channel)
+  scale  1
+GLA's state h_t = exp(g_t) h_{t-1} + k_t v_t^T is then Latte's normalised
+state S_t = sum_s exp(b_s - z_t) v_s (the decays telescope to exp(z_s - z_t)),
+and o_t = q_t h_t is y_t. The state (S, z) of LatteState maps one to one:
+S is GLA's h, z is kept beside it.
+
+Two guards, both exact to far below float32 precision:
+- b is centred on its largest value per latent (p(s|l,t) does not change)
+  so that z keeps float32 precision when all logits share a large offset.
+- g is clamped at G_FLOOR: a jump of z by more than 40 (a logit far above
+  everything before it, or the first real token after masked ones, whose
+  logits are -1e30) leaves at most exp(-40) = 4e-18 of the old state instead
+  of 0, and keeps the kernels' in-chunk cumulative sums of g small, so their
+  float32 differences stay precise.
+
+Masked tokens (mask False) get k = 0: they add nothing and leave z as it is.
+Gradients flow through this construction by autograd and through the GLA
+kernel by fla's own backward.
+
+fla's kernels run float32 dots in TF32 on Ampere and newer GPUs (relative
+errors ~1e-3); TRITON_F32_DEFAULT=ieee in the environment before the first
+call makes them exact float32 (docs/gpu.md §4).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import NEG, state_dtype
+from ..varlen import pack, unpack
+
+# Smallest log-decay passed to the kernels (see the module docstring).
+G_FLOOR = -40.0
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _kernels():
+    """(chunk_gla, fused_recurrent_gla) from fla-core; the tests swap in
+    pure-torch stand-ins with the same signatures."""
+    from fla.ops.gla import chunk_gla, fused_recurrent_gla
+
+    return chunk_gla, fused_recurrent_gla
+
+
+def _masked(b, mask):
+    """Key logits of padding (mask False) become NEG, as in causal.mask_keys."""
+    return b if mask is None else b.masked_fill(~mask.view(*mask.shape, *([1] * (b.dim() - mask.dim()))), NEG)
+
+
+def gla_inputs(a, b, *, mask=None, z0=None):
+    """a, b [B, T, H, L], mask [B, T] bool, z0 [B, H, L] (None: no earlier
+    tokens) -> q, k, g [B, T, H, L] in the work dtype (float32, float64 for
+    float64 inputs) and z after the last token [B, H, L]."""
+    work = state_dtype(a.dtype)
+    q = torch.softmax(a.to(work), dim=-1)
+    b = _masked(b.to(work), mask)
+    c = b.amax(1) if z0 is None else torch.maximum(b.amax(1), z0.to(work))
+    c = c.detach()  # [B, H, L]: a shift that cancels in k and g (precision only)
+    bc = b - c.unsqueeze(1)
+    z = torch.logcumsumexp(bc, dim=1)  # [B, T, H, L]
+    if z0 is None:
+        z_before = torch.full_like(z[:, :1], float("-inf"))
+    else:
+        z_before = (z0.to(work) - c).unsqueeze(1)
+        z = torch.logaddexp(z, z_before)
+    k = torch.exp(bc - z)
+    if mask is not None:
+        k = k.masked_fill(~mask[:, :, None, None], 0.0)
+    g = (torch.cat([z_before, z[:, :-1]], 1) - z).clamp(G_FLOOR, 0.0)
+    return q, k, g, z[:, -1] + c
+
+
+def _io_dtype(v):
+    """q, k, v go to the kernels in v's dtype when it is half precision,
+    float32 otherwise; g and the state are float32. (float64 passes through
+    for the tests' stand-in kernels; backend.py never sends it to fla.)"""
+    return v.dtype if v.dtype in _HALF else state_dtype(v.dtype)
+
+
+def _call(kernel, q, k, v, g, S0, **kw):
+    io, work = _io_dtype(v), state_dtype(v.dtype)
+    S0 = None if S0 is None else S0.to(work).contiguous()
+    return kernel(q.to(io), k.to(io), v.to(io), g.to(work), scale=1.0, initial_state=S0, output_final_state=True, **kw)
+
+
+def gla_chunked(a, b, v, S0=None, z0=None, mask=None, cu_seqlens=None):
+    """Causal Latte on chunk_gla (inputs checked by the caller): a, b [B, T,
+    H, L], v [B, T, H, D], the state (S0 [N, H, L, D], z0 [N, H, L]) or None.
+    Returns y [B, T, H, D] in the work dtype, S, z after the last token (per
+    document with cu_seqlens, B == 1: the construction runs per document on
+    a padded copy, as z restarts at each start; the kernel on the packed
+    tensors)."""
+    if cu_seqlens is None:
+        q, k, g, z = gla_inputs(a, b, mask=mask, z0=z0)
+        y, S = _call(_kernels()[0], q, k, v, g, S0)
+        return y.to(state_dtype(v.dtype)), S, z
+
+    (a_pad, doc), (b_pad, _) = unpack(a, cu_seqlens), unpack(b, cu_seqlens)
+    run_mask = doc if mask is None else doc & unpack(mask.unsqueeze(-1), cu_seqlens)[0].squeeze(-1)
+    q, k, g, z = gla_inputs(a_pad, b_pad, mask=run_mask, z0=z0)
+    q, k, g = (pack(x, doc) for x in (q, k, g))  # [1, T, H, L]
+    y, S = _call(_kernels()[0], q, k, v, g, S0, cu_seqlens=cu_seqlens.long())
+    return y.to(state_dtype(v.dtype)), S, z
+
+
+def gla_step(a_t, b_t, v_t, S, z, mask_t=None):
+    """One decoding step on fused_recurrent_gla: a_t, b_t [B, H, L], v_t
+    [B, H, D], the state S [B, H, L, D], z [B, H, L] (z = -inf: empty) in the
+    work dtype -> (y_t [B, H, D], S, z after the token)."""
+    work = S.dtype
+    b = _masked(b_t.to(work), mask_t)
+    z_new = torch.logaddexp(z, b)
+    k = torch.exp(b - z_new)
+    if mask_t is not None:
+        k = k.masked_fill(~mask_t[:, None, None], 0.0)
+    g = (z - z_new).clamp(G_FLOOR, 0.0)  # -inf (empty state) -> G_FLOOR: the state is 0 anyway
+    q = torch.softmax(a_t.to(work), -1)
+    y, S_new = _call(_kernels()[1], q.unsqueeze(1), k.unsqueeze(1), v_t.unsqueeze(1), g.unsqueeze(1), S)
+    return y[:, 0], S_new, z_new

@@ -1,0 +1,269 @@
+"""Exact causal sliding-window softmax attention (docs/math.md §4, the l = 0 state).
+
+Legend: B batch, T time, H query heads, K key/value heads (H = K * G, grouped
+KV), G queries per KV head, E query/key width, D value width, W window size,
+P = W - 1 cached tokens, Q query block, N blocks.
+
+Token t attends to s in (t - W, t]. The blocked form cuts the queries into
+blocks of Q tokens and the keys into tiles of Q; block n sees the c + 1 tiles
+ending with its own (c = ceil((W - 1) / Q)), so the scores are
+[N, Q, (c + 1) Q]-sized: linear in T, never T x T. Besides the output it
+returns the log-normaliser lse_t = log sum_{s in W(t)} exp(e_{t,s}), which
+Macchiato needs to mix the window with the latents in one distribution.
+Optional soft-capping (Gemma 2) replaces each score e by c * tanh(e / c).
+
+A query always sees its own key, even when it is padding: every row then has
+at least one finite score, so no NaN arises from an empty softmax, and real
+tokens never see padded keys.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .._checks import check_mask, check_positive_int, check_rank, check_same, check_shape, state_dtype
+from .._exp import exp_floored
+from .window_tiles import WindowTiles
+
+
+class WindowState(NamedTuple):
+    """Keys/values of the last W - 1 tokens, oldest first (keys already carry
+    their RoPE rotation). Constant in T."""
+
+    k: torch.Tensor  # [B, P, K, E]
+    v: torch.Tensor  # [B, P, K, D]
+    mask: torch.Tensor  # [B, P] bool, True where the slot holds a real token
+
+
+def check_qkv(q, k, v, mask, suffix=""):
+    dims = 3 if suffix else 4
+    layout = "[B, H, E]" if suffix else "[B, T, H, E]"
+    check_rank("q" + suffix, q, dims, layout)
+    check_rank("k" + suffix, k, dims, layout.replace("H", "K"))
+    check_rank("v" + suffix, v, dims, layout.replace("H", "K").replace("E", "D"))
+    lead = dims - 2
+    check_same(f"q{suffix}, k{suffix}, v{suffix}", [q.shape[0], k.shape[0], v.shape[0]], "batch sizes")
+    if not suffix:
+        check_same("q, k, v", [q.shape[1], k.shape[1], v.shape[1]], "sequence lengths")
+    check_same(f"q{suffix}, k{suffix}", [q.shape[-1], k.shape[-1]], "query/key widths")
+    check_same(f"k{suffix}, v{suffix}", [k.shape[lead], v.shape[lead]], "key/value head counts")
+    if q.shape[lead] % k.shape[lead]:
+        raise ValueError(
+            f"q{suffix}, k{suffix}: query heads ({q.shape[lead]}) must be a multiple of "
+            f"key/value heads ({k.shape[lead]})"
+        )
+    check_mask("mask" + suffix, mask, tuple(q.shape[:lead]))
+
+
+def check_softcap(softcap) -> None:
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0):
+        raise ValueError(f"softcap: expected None or a number > 0 (scores become c * tanh(s / c)), got {softcap!r}")
+
+
+def empty_window_state(k: torch.Tensor, v: torch.Tensor, window_size: int, work) -> WindowState:
+    B, K = k.shape[0], k.shape[-2]
+    P = window_size - 1
+    return WindowState(
+        k.new_zeros(B, P, K, k.shape[-1], dtype=work),
+        v.new_zeros(B, P, K, v.shape[-1], dtype=work),
+        torch.zeros(B, P, dtype=torch.bool, device=k.device),
+    )
+
+
+def check_window_state(state, B: int, k, v, window_size, name="initial_state"):
+    if not isinstance(state, WindowState):
+        raise ValueError(f"{name}: expected a WindowState(k, v, mask), got {type(state).__name__}")
+    K, P = k.shape[-2], window_size - 1
+    check_shape(f"{name}.k", state.k, (B, P, K, k.shape[-1]), "[B, window_size - 1, K, E]")
+    check_shape(f"{name}.v", state.v, (B, P, K, v.shape[-1]), "[B, window_size - 1, K, D]")
+    check_mask(f"{name}.mask", state.mask, (B, P))
+
+
+def check_window(q, k, v, window_size, mask, softcap, state=None, suffix=""):
+    """The checks of the window ops, at their boundary: q, k, v [B, (T,) H|K, E|D],
+    the mask, window_size, softcap and a WindowState to continue from."""
+    check_qkv(q, k, v, mask, suffix=suffix)
+    check_positive_int("window_size", window_size)
+    check_softcap(softcap)
+    if not suffix and q.shape[1] == 0:
+        raise ValueError("q: sequence length T must be >= 1, got 0")
+    if state is not None:
+        check_window_state(state, q.shape[0], k, v, window_size, name="state" if suffix else "initial_state")
+
+
+# Query block (and key tile) size of the blocked kernel, at most.
+_QBLOCK = 64
+
+
+def query_block(T: int, window_size: int) -> int:
+    """The block Q: a block sees c + 1 = ceil((W - 1) / Q) + 1 tiles of Q keys,
+    so a window much shorter than _QBLOCK takes blocks about its own size
+    (W = 16: 2 tiles of 16, 32 scores per query instead of 128 with Q = 64)."""
+    return min(T, _QBLOCK, max(16, -(-(window_size - 1) // 8) * 8))
+
+
+def extend_window(k, v, window_size, mask, state, lengths, work):
+    """The cached window followed by the new keys: kk [B, P + T, K, E],
+    vv [B, P + T, K, D], km [B, P + T] (True = a real token) and the
+    WindowState after the sequence (lengths [B]: each row's own end)."""
+    B, T = k.shape[:2]
+    P = window_size - 1
+    state = state if state is not None else empty_window_state(k, v, window_size, work)
+    mask = mask if mask is not None else torch.ones(B, T, dtype=torch.bool, device=k.device)
+    kk = torch.cat([state.k.to(work), k.to(work)], 1)  # [B, P + T, K, E]
+    vv = torch.cat([state.v.to(work), v.to(work)], 1)  # [B, P + T, K, D]
+    km = torch.cat([state.mask, mask], 1)  # [B, P + T]
+    if lengths is None:
+        return kk, vv, km, WindowState(kk[:, T:], vv[:, T:], km[:, T:])
+    # the P slots before each row's end: [len_b, len_b + P) of cache + sequence
+    idx = lengths.to(k.device)[:, None] + torch.arange(P, device=k.device)[None, :]  # [B, P]
+
+    def take(x: torch.Tensor) -> torch.Tensor:
+        return x.gather(1, idx.view(B, P, *([1] * (x.dim() - 2))).expand(B, P, *x.shape[2:]))
+
+    return kk, vv, km, WindowState(take(kk), take(vv), take(km))
+
+
+def window_blocked(q, k, v, window_size, scale, mask, state, lengths=None, softcap=None):
+    """Core in the work dtype: returns (y [B,T,H,D], lse [B,T,H], WindowState).
+
+    lengths [B]: tokens of each row for a right-padded batch of documents, so
+    each row's final buffer ends at its own last token (default: T for all).
+    """
+    B, T, H, E = q.shape
+    K, D, P = k.shape[2], v.shape[-1], window_size - 1
+    G = H // K
+    work = state_dtype(q.dtype)
+    masked = mask is not None  # padding among the keys: decided by the call, never by the values
+    kk, vv, km, new_state = extend_window(k, v, window_size, mask, state, lengths, work)
+    Q = query_block(T, window_size)
+    N, c = -(-T // Q), -(-P // Q)
+    pad, front = N * Q - T, c * Q - P  # zeros after the sequence, masked slots before the cache
+
+    def padded(x, before=0):  # along time: `before` slots in front, `pad` after
+        return F.pad(x, (0,) * (2 * (x.dim() - 2)) + (before, pad)) if before or pad else x
+
+    def tiles(x):  # [B, P + T, K, W] -> [N + c, B * K, Q, W]: tile i = padded slots [iQ, iQ + Q)
+        x = padded(x, front)
+        return x.view(B, N + c, Q, K, x.shape[-1]).permute(1, 0, 3, 2, 4).reshape(N + c, B * K, Q, x.shape[-1])
+
+    # block n: queries [nQ, nQ + Q) see tiles n .. n + c, i.e. keys [nQ - cQ, nQ + Q)
+    qb = padded(q.to(work)).view(B, N, Q, K, G, E).permute(1, 0, 3, 4, 2, 5)
+    y, lse = WindowTiles.apply(
+        qb.reshape(N, B * K, G * Q, E),
+        tiles(kk),
+        tiles(vv),
+        padded(km, front).view(B, N + c, Q),
+        K,
+        P,
+        scale,
+        masked,
+        softcap,
+    )
+    y = y.view(N, B, K, G, Q, D).permute(1, 0, 4, 2, 3, 5).reshape(B, N * Q, H, D)[:, :T]
+    lse = lse.view(N, B, K, G, Q).permute(1, 0, 4, 2, 3).reshape(B, N * Q, H)[:, :T]
+    return y, lse, new_state
+
+
+def sliding_window_attention_lse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    window_size: int,
+    scale: float | None = None,
+    mask: torch.Tensor | None = None,
+    initial_state: WindowState | None = None,
+    output_final_state: bool = False,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, WindowState | None]:
+    """Like sliding_window_attention, also returning the window log-normaliser.
+
+    Returns (y [B, T, H, D] in v's dtype, lse [B, T, H] float32, state or None).
+    """
+    check_window(q, k, v, window_size, mask, softcap, initial_state)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    y, lse, state = window_blocked(q, k, v, window_size, scale, mask, initial_state, softcap=softcap)
+    return y.to(v.dtype), lse, (state if output_final_state else None)
+
+
+def sliding_window_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    window_size: int,
+    scale: float | None = None,
+    mask: torch.Tensor | None = None,
+    initial_state: WindowState | None = None,
+    output_final_state: bool = False,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, WindowState | None]:
+    """Exact causal softmax attention over the last `window_size` tokens.
+
+    Args:
+        q: [B, T, H, E]; k: [B, T, K, E]; v: [B, T, K, D] with H a multiple
+            of K (grouped KV heads: query head h uses KV head h // (H / K)).
+        window_size: tokens seen by each query, itself included (>= 1).
+        scale: score scale, default 1/sqrt(E).
+        mask: [B, T] bool, False for padding (never attended to).
+        initial_state / output_final_state: a WindowState to continue from.
+        softcap: None, or c > 0 for scores c * tanh(scale q.k / c) (Gemma 2).
+    Returns:
+        (y [B, T, H, D] in v's dtype, WindowState or None)
+    """
+    check_window(q, k, v, window_size, mask, softcap, initial_state)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    y, _, state = window_blocked(q, k, v, window_size, scale, mask, initial_state, softcap=softcap)
+    return y.to(v.dtype), (state if output_final_state else None)
+
+
+def window_step(q_t, k_t, v_t, *, window_size, scale, mask_t, state, softcap=None):
+    """One decoding step in the work dtype: (y_t [B,H,D], lse_t [B,H], state)."""
+    B, H, E = q_t.shape
+    K = k_t.shape[1]
+    work = state_dtype(q_t.dtype)
+    state = state if state is not None else empty_window_state(k_t, v_t, window_size, work)
+    own = torch.ones(B, 1, dtype=torch.bool, device=q_t.device)
+    kk = torch.cat([state.k.to(work), k_t.to(work).unsqueeze(1)], 1)  # [B, W, K, E]
+    vv = torch.cat([state.v.to(work), v_t.to(work).unsqueeze(1)], 1)  # [B, W, K, D]
+    valid = torch.cat([state.mask, own], 1)  # own key always visible
+    s = torch.einsum("bkge,bwke->bkgw", q_t.to(work).view(B, K, H // K, E), kk) * scale
+    keep = valid[:, None, None]
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    m = s.masked_fill(~keep, float("-inf")).amax(-1, keepdim=True)  # finite: the own key is valid
+    p = exp_floored(s - m) * keep  # masked keys exactly 0, no exp of -inf (_exp.py)
+    total = p.sum(-1, keepdim=True)
+    lse = (m + total.log()).squeeze(-1)  # [B, K, G]
+    y = torch.einsum("bkgw,bwkd->bkgd", p / total, vv)
+    m = own[:, 0] if mask_t is None else mask_t
+    new_state = WindowState(kk[:, 1:], vv[:, 1:], torch.cat([state.mask, m.unsqueeze(1)], 1)[:, 1:])
+    return y.reshape(B, H, -1), lse.reshape(B, H), new_state
+
+
+def sliding_window_step(
+    q_t: torch.Tensor,
+    k_t: torch.Tensor,
+    v_t: torch.Tensor,
+    state: WindowState | None = None,
+    *,
+    window_size: int,
+    scale: float | None = None,
+    mask_t: torch.Tensor | None = None,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, WindowState]:
+    """One decoding step: q_t [B, H, E], k_t [B, K, E], v_t [B, K, D]; state:
+    the WindowState so far (None: empty).
+
+    Returns (y_t [B, H, D] in v's dtype, WindowState). Constant in the context.
+    """
+    check_window(q_t, k_t, v_t, window_size, mask_t, softcap, state, suffix="_t")
+    scale = q_t.shape[-1] ** -0.5 if scale is None else scale
+    y, _, state = window_step(
+        q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=state, softcap=softcap
+    )
+    return y.to(v_t.dtype), state
