@@ -342,3 +342,52 @@ def test_3_lm_variants_another_set_is_refused_then_started_over_with_the_old_run
     config = (tmp_path / "runs" / "softmax" / "seed-0" / "config.yaml").read_text()
     assert "lr: 0.1" in config
     assert os.path.exists(tmp_path / "old-cells")
+
+
+TIMES = ("seconds", "loadavg_start", "loadavg_end", "ms_per_step", "cpu_ms_per_step")
+
+
+def _mqar_results(out: Path) -> list[dict]:
+    records = json.loads((out / "results.json").read_text())
+    return [{k: v for k, v in r.items() if not k.startswith(TIMES)} for r in records]
+
+
+class _Killed(BaseException):
+    """What a kill -9 leaves in process: nothing after this point runs."""
+
+
+def test_mqar_sweep_killed_at_any_point_gives_the_uninterrupted_results(tmp_path, monkeypatch):
+    """A kill inside the second cell (its file never written), one halfway
+    through a cell file's atomic write (a partial temp file left) and one
+    after the last cell before the report: the same command then publishes
+    the results of an uninterrupted run (every field but time measurements)."""
+    from experiments.mqar import mqar as M
+
+    def argv(name: str) -> list[str]:
+        where = ["--work", str(tmp_path / name / "work"), "--out", str(tmp_path / name / "out")]
+        return ["--quick", "--mixers", "softmax,linear,swa-16", *where]
+
+    assert M.main(argv("ref")) == 0
+    reference = _mqar_results(tmp_path / "ref" / "out")
+    real, calls = M.train_cell, []
+
+    def dies_in_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise _Killed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(M, "train_cell", dies_in_second)
+    with pytest.raises(_Killed):
+        M.main(argv("run"))
+    monkeypatch.setattr(M, "train_cell", real)
+    cells = tmp_path / "run" / "work" / "cells"
+    assert len(list(cells.glob("*.json"))) == 1 and not (tmp_path / "run" / "out" / "results.json").exists()
+    (cells / ".half-written.json.tmp-4242").write_text('{"seq_len": 16, "accur')  # a write cut by the kill
+    monkeypatch.setattr(M, "report", lambda *a, **k: (_ for _ in ()).throw(_Killed()))  # killed before the report
+    with pytest.raises(_Killed):
+        M.main(argv("run"))
+    monkeypatch.undo()
+    assert len(list(cells.glob("*.json"))) == 3
+    assert M.main(argv("run")) == 0
+    assert _mqar_results(tmp_path / "run" / "out") == reference
