@@ -102,14 +102,15 @@ def _mix(y_win, lse_win, y_lat, a, gate, beta, mix):
     return w * y_win + (1 - w) * y_lat
 
 
-def _kernels(backend, x, chunk_size, softcap):
-    """(window, latents) functions for the backend (backend.py) on tensors like x.
-    A soft-capped window stays on the tiles kernel (flex_window has no softcap)."""
+def _kernels(backend, x, chunk_size, softcap, cached=False):
+    """(window, latents) functions for the backend (backend.py) on tensors like x
+    (cached: continuing from a window state). A soft-capped window stays on the
+    tiles kernel (flex_window has no softcap)."""
 
     def window(q, k, v, window_size, scale, mask, state, lengths):
         return window_blocked(q, k, v, window_size, scale, mask, state, lengths, softcap)
 
-    if softcap is None and resolve_window(backend, x) == "flex":
+    if softcap is None and resolve_window(backend, x, cached=cached) == "flex":
         window = flex_window  # the flex kernel replaces the tiles one
     if resolve_latent(backend, x) == "fla":
         latents = fla_chunked
@@ -172,7 +173,7 @@ def macchiato(
         raise ValueError("a: sequence length T must be >= 1, got 0")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
 
-    window, latents = _kernels(backend, q, chunk_size, softcap)
+    window, latents = _kernels(backend, q, chunk_size, softcap, cached=initial_state is not None)
 
     def run(a, b, v, q, k, gate, sink_q, mask, state):
         lat_state, win_state, sink_state = state if state is not None else (None, None, None)
