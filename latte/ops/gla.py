@@ -56,10 +56,15 @@ _HALF = (torch.bfloat16, torch.float16)
 
 
 def _kernels():
-    """(chunk_gla, fused_recurrent_gla) from fla-core; the tests swap in
-    pure-torch stand-ins with the same signatures."""
+    """(chunk_gla, fused_recurrent_gla) from fla-core, their autotuners pinned
+    to one configuration each on the first call (fla_tuning.py); the tests
+    swap in pure-torch stand-ins with the same signatures."""
     from fla.ops.gla import chunk_gla, fused_recurrent_gla
 
+    from . import fla_tuning
+
+    if torch.cuda.is_available():  # not under Triton's CPU interpreter
+        fla_tuning.pin_for_device(torch.cuda.current_device())
     return chunk_gla, fused_recurrent_gla
 
 
