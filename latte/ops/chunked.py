@@ -19,7 +19,7 @@ The second sum is the diagonal block of the sub-chunk (intra_chunk.py), the
 only pairs taken one by one; every other pair goes through the states
 between sub-chunks. The states are scanned in two levels: a J-step loop
 vectorised over the chunks of the segment, then a log-depth scan over its
-chunks (log2(n) steps, each one vectorised over all of them: the number of
+chunks (2 log2(n) steps, each one vectorised over the chunks: the number of
 ops does not grow with T but by a log factor).
 Backward, with qu_tl = q_tl (dy_t . Vbar_tl) (the gradient w.r.t. lq) and
 u = qu / q:
@@ -116,20 +116,39 @@ def _factors(lq, b, z, r):
     return lqz, Q, kf, exp2_nonpositive_(r - e)
 
 
+def _combine_(Y, E, first, last, s, reverse):
+    """Y_k += 2^(E_j - E_k) Y_j (reverse: 2^(E_k - E_j)) for the targets k =
+    first, first + 2s, .., last and their partners j = k - s (reverse:
+    k + s): disjoint strided views, so in place."""
+    if first > last:
+        return
+    tgt = slice(first, last + 1, 2 * s)
+    src = slice(first + s, last + s + 1, 2 * s) if reverse else slice(first - s, last - s + 1, 2 * s)
+    older, newer = (E[tgt], E[src]) if reverse else (E[src], E[tgt])
+    Y[tgt].addcmul_(exp2_nonpositive_(older - newer).unsqueeze(-1), Y[src])
+
+
 def _chunk_scan_(Y, E, reverse=False):
-    """In place over chunks, log2(n) steps (Hillis-Steele): Y [n, G, L, W]
-    with Y_k normalised at E_k [n, G, L] (base 2, non-decreasing in k)
-    becomes sum_{i <= k} 2^(E_i - E_k) Y_i (reverse: sum_{i >= k}
-    2^(E_k - E_i) Y_i). After the step of span s, Y_k holds the 2s terms up
-    to k; every decay is taken from E directly, an exponent <= 0."""
-    n, s = len(Y), 1
-    while s < n:
-        decay = exp2_nonpositive_(E[:-s] - E[s:]).unsqueeze(-1)  # older minus newer
-        if reverse:
-            Y[:-s].add_(decay * Y[s:])  # the product is a new tensor: no aliasing
-        else:
-            Y[s:].add_(decay * Y[:-s])
+    """In place over chunks, in 2 log2(n) steps (Brent-Kung: O(n) work): Y
+    [n, G, L, W] with Y_k normalised at E_k [n, G, L] (base 2,
+    non-decreasing in k) becomes sum_{i <= k} 2^(E_i - E_k) Y_i (reverse:
+    sum_{i >= k} 2^(E_k - E_i) Y_i). Every partial sum stays normalised at
+    its own index's E, so each step's decays come from E directly, an
+    exponent <= 0. Reverse runs the same steps on the mirrored indices."""
+    n = len(Y)
+
+    def targets(first, s):  # (first, last) of first, first + 2s, .. <= n - 1, mirrored for reverse
+        last = first + (n - 1 - first) // (2 * s) * 2 * s
+        return (n - 1 - last, n - 1 - first) if reverse else (first, last)
+
+    spans = []
+    s = 1
+    while s < n:  # up-sweep: Y_k sums the 2s entries up to k
+        _combine_(Y, E, *targets(2 * s - 1, s), s, reverse)
+        spans.append(s)
         s *= 2
+    for s in reversed(spans[:-1]):  # down-sweep: the prefixes in between
+        _combine_(Y, E, *targets(3 * s - 1, s), s, reverse)
 
 
 def _scan(X, g, J, first, reverse=False):

@@ -357,3 +357,23 @@ def test_aten_ops_per_forward_backward_grow_at_most_by_a_log_factor():
     large = op_count.count(op_count.fwd_bwd(16384, shape))
     assert large.total <= 1.5 * small.total, (small.total, large.total)
     assert large.by_op["aten.lift_fresh"] == 0 and small.by_op["aten.lift_fresh"] == 0
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_chunk_scan_equals_the_sums_it_stands_for(reverse):
+    """_chunk_scan_ (Brent-Kung, strided in-place steps) against the O(n^2)
+    sums Y_k = sum_i 2^(E_i - E_k) Y_i over i <= k (reverse: i >= k), for
+    every n up to 40 (powers of two and not)."""
+    from latte.ops.chunked import _chunk_scan_
+
+    for n in range(1, 41):
+        Y = torch.randn(n, 2, 3, 4, dtype=torch.float64)
+        E = torch.sort(torch.randn(n, 2, 3, dtype=torch.float64) * 3, 0).values
+        i, k = torch.arange(n)[None, :], torch.arange(n)[:, None]
+        keep = (i >= k) if reverse else (i <= k)
+        diff = (E[None, :] - E[:, None]) * (-1 if reverse else 1)  # [k, i]: E_i - E_k (reverse: E_k - E_i)
+        W = torch.where(keep[..., None, None], torch.exp2(diff), torch.zeros(()))
+        ref = torch.einsum("kigl,igld->kgld", W, Y)
+        out = Y.clone()
+        _chunk_scan_(out, E, reverse)
+        assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12), n
