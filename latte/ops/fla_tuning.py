@@ -34,6 +34,8 @@ import os
 from collections import Counter
 from pathlib import Path
 
+import torch
+
 TABLE = Path(__file__).with_name("fla_tuning.json")
 ENTRY_POINTS = ("fla.ops.gla.chunk", "fla.ops.gla.fused_recurrent")
 
@@ -167,8 +169,6 @@ def pin(gpu_name: str, table: dict | None = None, import_module=importlib.import
 @functools.cache
 def pin_for_device(device_index: int) -> dict[str, str]:
     """pin() for the GPU in hand, once per process and device."""
-    import torch
-
     return pin(torch.cuda.get_device_name(device_index))
 
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import torch
 
+from . import fla_tuning
 from ._checks import NEG, state_dtype
 from .varlen import pack, unpack
 
@@ -60,8 +61,6 @@ def _kernels():
     to one configuration each on the first call (fla_tuning.py); the tests
     swap in pure-torch stand-ins with the same signatures."""
     from fla.ops.gla import chunk_gla, fused_recurrent_gla
-
-    from . import fla_tuning
 
     if torch.cuda.is_available():  # not under Triton's CPU interpreter
         fla_tuning.pin_for_device(torch.cuda.current_device())
