@@ -19,6 +19,6 @@ def grads_of(fn, inputs, cotangent_seed=123):
     leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
     out = fn(*leaves)
     g = torch.Generator().manual_seed(cotangent_seed)
-    cot = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.dtype)
+    cot = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.device, out.dtype)  # seeded on the CPU
     (out * cot).sum().backward()
     return out.detach(), [x.grad for x in leaves]

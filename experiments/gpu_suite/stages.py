@@ -34,6 +34,7 @@ DEFAULT_WORK = Path("runs/gpu")  # run folders of the training stages (ignored b
 # --quick writes apart from the full suite's folders and published results
 QUICK_OUT, QUICK_WORK, QUICK_RESULTS = Path("benchmarks/cuda-quick"), Path("runs/gpu-quick"), Path("results/quick")
 DEFAULT_BUDGET_S = 1140.0  # 19 minutes; one call of the device tool: --budget-s 540
+FIRST_RUN_BUDGET_S = 480.0  # --first-run: all the evidence within 8 minutes, compiles included
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,31 @@ def stages(out: Path = DEFAULT_OUT, work: Path = DEFAULT_WORK, quick: bool = Fal
     ]
 
 
+def first_run(out: Path = DEFAULT_OUT, work: Path = DEFAULT_WORK, quick: bool = False) -> list[Stage]:
+    """`--first-run` (issue 42): one call on a bare GPU machine, each stage
+    smaller than the full suite's, under one hard deadline (FIRST_RUN_BUDGET_S);
+    Triton's kernel cache kept in WORK/triton-kernels (packed with the
+    results) so that a second call starts warm."""
+    env = (("TRITON_CACHE_DIR", str(work / "triton-kernels")),)
+    kernels = (str(work / "triton-kernels"),)
+    ops = ("--device", "cuda", "--dtype", "bfloat16", "--providers", "latte,latte-fla,fla-gla,sdpa")
+    ops += () if quick else ("--seqs", "4096,16384,65536", "--tokens", "65536")
+    full = lambda *a: () if quick else a  # noqa: E731  arguments of the full-size run only
+    return [
+        Stage("first-tests", _pytest(out, "tests-tf32.xml"), 180, 120, ("core", "tests"), env, outputs=kernels,
+              what="tests/gpu, TF32"),
+        Stage("first-check", _bench("check", out, quick, "--device", "cuda", *full("--seqs", "256,4096")), 75, 40,
+              env=env, outputs=kernels, what="fla and torch vs float64 on the device, T 256 and 4096"),
+        Stage("first-ops", _bench("ops", out, quick, *ops, "--point-cap", "15", "--time-budget", "90"), 120, 90,
+              env=env, outputs=kernels, what="latte (torch, fla), chunk_gla, sdpa flash: 4K/16K/64K bf16, memory"),
+        Stage("first-train", _bench("train", out, quick, "--device", "cuda", *full("--tokens-per-step", "16384")),
+              90, 60, env=env, outputs=kernels, what="Table 6 model, one AdamW step per mixer: tokens/s"),
+        Stage("first-decode", _bench("decode", out, quick, "--device", "cuda", "--prefill-cap", "20",
+                                     *full("--contexts", "1024,16384,131072")),
+              75, 45, env=env, outputs=kernels, what="ms/token from the state vs the KV cache, to 128K"),
+    ]  # fmt: skip
+
+
 def parse_args(argv=None, names: list[str] | None = None):
     p = argparse.ArgumentParser(allow_abbrev=False, prog="latte bench suite", description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -183,7 +209,10 @@ def parse_args(argv=None, names: list[str] | None = None):
     )
     p.add_argument("--wheels", type=Path, default=Path(".whl"), help="wheels of the missing packages (.whl/)")
     p.add_argument("--site", type=Path, default=Path("/tmp/latte-gpu-site"), help="where the wheels are installed")
-    p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="seconds for this invocation")
+    p.add_argument(
+        "--budget-s", type=float, default=None, help="seconds for this invocation (default 1140; 480 first run)"
+    )
+    p.add_argument("--first-run", action="store_true", help="the first-run stages only, 8 minutes in all (first_run)")
     p.add_argument("--stages", default=None, help="comma-separated subset, in the suite's order (default all)")
     p.add_argument("--skip", default="", help="comma-separated stages to leave out")
     p.add_argument("--no-optional", action="store_true", help="leave out the optional stages (lra, lm)")
@@ -193,7 +222,9 @@ def parse_args(argv=None, names: list[str] | None = None):
     p.add_argument("--dry-run", action="store_true", help="check every stage's command; run nothing")
     p.add_argument("--report-only", action="store_true", help="rewrite OUT's tables from its JSON; run nothing")
     args = p.parse_args(argv)
-    names = names or [s.name for s in stages()]
+    if args.budget_s is None:
+        args.budget_s = FIRST_RUN_BUDGET_S if args.first_run else DEFAULT_BUDGET_S
+    names = names or [s.name for s in (first_run() if args.first_run else stages())]
     for flag in ("stages", "skip", "redo"):
         given = [x for x in (getattr(args, flag) or "").split(",") if x]
         bad = [x for x in given if x not in names]
@@ -208,9 +239,10 @@ def parse_args(argv=None, names: list[str] | None = None):
 
 
 def selected(args) -> list[Stage]:
+    every = (first_run if getattr(args, "first_run", False) else stages)(args.out, args.work, args.quick)
     return [
         s
-        for s in stages(args.out, args.work, args.quick)
+        for s in every
         if (not args.stages or s.name in args.stages)
         and s.name not in args.skip
         and not (args.no_optional and s.optional and s.name not in args.stages)

@@ -102,23 +102,40 @@ def _decode_err(a, b, v, backend: str, dtype, steps: int) -> float:
     return _rel(torch.cat(ys, 1), full)
 
 
+def _failed(e: BaseException, what: str = "unavailable") -> dict:
+    """A path that raised, as a row: fla on CPU, fla-core missing, out of
+    memory, a kernel that fails to compile, a device mix-up."""
+    return common.skipped(f"{what}: {type(e).__name__}: {str(e)[:200]}")
+
+
+def _check_path(backend: str, dtype: str, a, b, v, cot, ref, args) -> dict:
+    y_ref, g_ref = ref
+    fn = lambda *x: latte_causal(*x, backend=backend)[0]  # noqa: E731
+    y, g = _run(fn, a, b, v, cot, common_dtype(dtype))
+    row = dict(forward=_rel(y, y_ref), **{f"grad_{n}": _rel(x, r) for n, x, r in zip("abv", g, g_ref)})
+    row["finite"] = bool(torch.isfinite(y).all()) and all(bool(torch.isfinite(x).all()) for x in g)
+    if dtype == "float32":
+        row["decode_vs_forward"] = _decode_err(a, b, v, backend, torch.float32, args.steps)
+    return row
+
+
 def check_case(T: int, dist: str, args, seed: int = 0) -> list[dict]:
+    """One row per path; a path (or the reference) that raises is a row
+    saying why, never a missing row."""
     shape = QUICK_SHAPE if args.quick else FULL_SHAPE
     a, b, v, cot = _inputs(T, dist, shape, args.device, seed)
     exact = T <= args.exact_max_t
-    y_ref, g_ref = _reference(a, b, v, cot, exact)
+    try:
+        ref, ref_error = _reference(a, b, v, cot, exact), None
+    except Exception as e:  # noqa: BLE001  (recorded in every row of this shape)
+        ref, ref_error = None, _failed(e, "reference failed")
     rows = []
     for backend, dtype in PATHS:
         row = {"T": T, "dist": dist, "path": backend, "dtype": dtype, "reference": "exact" if exact else "torch f64"}
         try:
-            fn = lambda *x, backend=backend: latte_causal(*x, backend=backend)[0]  # noqa: E731
-            y, g = _run(fn, a, b, v, cot, common_dtype(dtype))
-            row.update(forward=_rel(y, y_ref), **{f"grad_{n}": _rel(x, r) for n, x, r in zip("abv", g, g_ref)})
-            row["finite"] = bool(torch.isfinite(y).all()) and all(bool(torch.isfinite(x).all()) for x in g)
-            if dtype == "float32":
-                row["decode_vs_forward"] = _decode_err(a, b, v, backend, torch.float32, args.steps)
-        except (ImportError, RuntimeError, ValueError) as e:  # fla on CPU, fla-core missing, out of memory
-            row.update(common.skipped(f"unavailable: {type(e).__name__}: {str(e)[:200]}"))
+            row.update(ref_error or _check_path(backend, dtype, a, b, v, cot, ref, args))
+        except Exception as e:  # noqa: BLE001  (a failed path is a row, not a lost run)
+            row.update(_failed(e))
         rows.append(row)
         print(f"  T={T:6d} {dist:8s} {backend:5s} {dtype:8s} " + _fmt_row(row), flush=True)
     return rows
@@ -134,15 +151,24 @@ def _fmt_row(r: dict) -> str:
     return f"forward {r['forward']:.1e} grads {r['grad_a']:.1e} {r['grad_b']:.1e} {r['grad_v']:.1e}"
 
 
-def run(args) -> dict:
+def run(args, save=None) -> dict:
+    """All shapes; save(result so far) after each one (a run cut short keeps them)."""
     check_device(args.device)
     common.set_threads(args.threads)
     info = {**reporting.machine_info(), **device_info(args.device)}
     t0, rows = time.perf_counter(), []
+    res = _result(args, info, rows)
     for T in args.seqs:
         for i, dist in enumerate(DISTS):
             rows += check_case(T, dist, args, seed=i)
-    info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+            info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+            res["wall_s"] = time.perf_counter() - t0
+            if save is not None:
+                save(res)
+    return res
+
+
+def _result(args, info: dict, rows: list) -> dict:
     B, H, L, D = QUICK_SHAPE if args.quick else FULL_SHAPE
     return {
         "benchmark": "check",
@@ -159,7 +185,7 @@ def run(args) -> dict:
             "error": "max |x - ref| / max |ref| against float64 on the same device",
         },
         "results": rows,
-        "wall_s": time.perf_counter() - t0,
+        "wall_s": 0.0,
     }
 
 
@@ -195,10 +221,13 @@ def markdown(res: dict) -> str:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    res = run(args)
     name = f"check-{args.device}"
-    common.write_json(args.out / f"{name}.json", res)
-    (args.out / f"{name}.md").write_text(markdown(res))
+
+    def save(res):
+        common.write_json(args.out / f"{name}.json", res)
+        (args.out / f"{name}.md").write_text(markdown(res))
+
+    res = run(args, save)
     print(markdown(res))
     return res
 

@@ -8,6 +8,7 @@ forward+backward. Peak memory is measured afterwards in a worker process
 both are recorded as skipped with the reason otherwise.
 
     python -m latte.bench.ops [--quick] [--threads 2] [--out bench-results]
+    python -m latte.bench.ops --count-ops     # ATen ops per forward+backward vs T (op_count.py)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from latte.layers import LatteAttention
 from latte.ops import distributions as dists
 from latte.ops import linear_recurrence
 
-from . import common, cuda, fixed_shapes
+from . import common, cuda, fixed_shapes, op_count
 from . import providers as P
 from .cuda import PROVIDERS as CUDA_PROVIDERS
 from .device import add_device_args, check_device, resolve_device_args
@@ -52,6 +53,11 @@ def parse_args(argv=None):
     p.add_argument("--recurrent-max-t", type=int_at_least(1), default=2048, help="longest T for latte-recurrent")
     p.add_argument("--rglru-t", type=int_at_least(1), default=None, help="T of the linear_recurrence comparison (4096)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory worker")
+    p.add_argument(
+        "--count-ops",
+        action="store_true",
+        help="only count the ATen ops per forward+backward of latte_causal, T = 1K..16K (op_count.py)",
+    )
     p.add_argument(
         "--dists",
         default="std1,std10",
@@ -438,6 +444,13 @@ def main(argv=None) -> dict:
     if args.device == "cuda":
         check_device(args.device)
         return cuda.main_ops(args)
+    if args.count_ops:
+        common.set_threads(args.threads)
+        res = op_count.run(quick=args.quick)
+        common.write_json(args.out / "ops-count.json", res)
+        (args.out / "ops-count.md").write_text(op_count.markdown(res))
+        print(op_count.markdown(res))
+        return res
     res = run(args)
     common.write_outputs(args, "ops", res, markdown(res), plot, image_in_readme=True)
     return res

@@ -84,7 +84,7 @@ def _recurrent(a, b, v):
 def _naive(q, k, v):
     T = q.shape[-2]
     s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # [B, H, T, T]
-    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
     return torch.softmax(s, -1) @ v
 
 

@@ -93,14 +93,14 @@ def original_window_nll(converted, ids: torch.Tensor, *, window: int, sinks: int
     if window < 1 or sinks < 0:
         raise ValueError(f"original_window_nll: window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
     t0 = time.perf_counter()
-    pos = torch.arange(ids.shape[0])
+    pos = torch.arange(ids.shape[0], device=ids.device)
     back = pos[:, None] - pos[None, :]  # query minus key position
     allowed = (back >= 0) & ((back < window) | (pos[None, :] < sinks))
     with converted.as_original() as base:
         # additive float mask: eager attention adds a 4D mask to the scores
         # (a boolean one would be added as 0/1), SDPA accepts either
         dtype = next(base.parameters()).dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=ids.device).masked_fill_(~allowed, torch.finfo(dtype).min)
         hidden = base.model(input_ids=ids[None], attention_mask=mask[None, None], use_cache=False)
         nll = _head_nll(base, hidden.last_hidden_state[0][:-1], ids[1:])
     return DocumentEval(nll, time.perf_counter() - t0)
@@ -161,10 +161,15 @@ def original_decode(converted, context: int, *, steps: int = 9, seed: int = 0) -
     with converted.as_original() as base:
         cache = DynamicCache(config=cfg)
         E, K = converted.converted[0].spec.head_dim, cfg.num_key_value_heads
+        dev = next(base.parameters()).device  # drawn on the CPU (seeded), kept where the model is
+
+        def rand(*shape):
+            return torch.randn(*shape, generator=g).to(dev)
+
         for i in range(cfg.num_hidden_layers):
-            cache.update(torch.randn(1, K, context, E, generator=g), torch.randn(1, K, context, E, generator=g), i)
+            cache.update(rand(1, K, context, E), rand(1, K, context, E), i)
         nbytes = sum(x.numel() * x.element_size() for layer in cache.layers for x in (layer.keys, layer.values))
-        tokens = torch.randint(0, cfg.vocab_size, (steps,), generator=g)
+        tokens = torch.randint(0, cfg.vocab_size, (steps,), generator=g).to(dev)
         ms = _time_steps(lambda tok: base(input_ids=tok, **cache_kwargs(cache), use_cache=True), tokens)
     return {"ms_per_token": ms, "state_bytes": float(nbytes)}
 

@@ -157,7 +157,7 @@ def greedy_answer(
     out = _feed(model, cache, ids[start:], chunk)
     tokens = [int(out.logits[0, -1].argmax())]
     while len(tokens) < new_tokens:
-        step = torch.tensor([[tokens[-1]]])
+        step = torch.tensor([[tokens[-1]]], device=ids.device)
         out = model(input_ids=step, **cache_kwargs(cache), use_cache=True, logits_to_keep=1)
         tokens.append(int(out.logits[0, -1].argmax()))
     return tokens

@@ -9,19 +9,30 @@ macchiato, macchiato_step and of the layers):
            tensors only; in Macchiato the window branch then runs through
            torch's flex_attention (flex_window.py).
   "auto":  on a CUDA tensor, "fla" for the latents when fla-core and Triton
-           import and flex_attention for the window; the torch kernels on any
-           other device or dtype (float64 stays on the exact torch path).
+           import; the torch kernels on any other device or dtype (float64
+           stays on the exact torch path). Macchiato's window takes
+           flex_attention where its compile (one per shape) is paid once:
+           inside a compiled caller, or in a training call (gradients on,
+           no cached window: the shapes repeat step after step); inference
+           (prefill of any length, decoding) keeps the tiles kernel, which
+           needs no compile per new length.
 None means the process default: set_backend(...), else the LATTE_BACKEND
-environment variable as it was when latte was imported, else "torch" (read
-once, so that torch.compile sees a plain global).
+environment variable as it was when latte was imported, else "auto" (read
+once, so that torch.compile sees a plain global): fla's kernels on CUDA, the
+torch kernels on the CPU and for float64.
 
 An explicit "fla" fails with a clear error where it cannot run (no CUDA
 tensor, float64, fla-core or Triton missing) instead of falling back.
+
+What "auto" chose is logged once per choice and reason (logger
+"latte.ops.backend", level INFO) and kept in `chosen` ({"latents": (name,
+why), "window": (name, why)}; eager calls only).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 import torch
@@ -29,6 +40,19 @@ import torch
 BACKENDS = ("torch", "fla", "auto")
 _env_default = os.environ.get("LATTE_BACKEND") or None
 _default: str | None = None
+log = logging.getLogger(__name__)
+chosen: dict[str, tuple[str, str]] = {}
+_logged: set[tuple[str, str, str]] = set()
+
+
+def _choose(kind: str, name: str, why: str) -> str:
+    """Record (and log once) what runs `kind` ("latents" / "window") and why."""
+    if not torch.compiler.is_compiling():
+        chosen[kind] = (name, why)
+        if (kind, name, why) not in _logged:
+            _logged.add((kind, name, why))
+            log.info("latte: %s on %s (%s)", kind, name, why)
+    return name
 
 
 def _check_name(name, where: str) -> str:
@@ -38,18 +62,18 @@ def _check_name(name, where: str) -> str:
 
 
 def set_backend(name: str | None) -> None:
-    """Process-wide default for backend=None (None: back to LATTE_BACKEND / "torch")."""
+    """Process-wide default for backend=None (None: back to LATTE_BACKEND / "auto")."""
     global _default
     _default = None if name is None else _check_name(name, "backend")
 
 
 def get_backend() -> str:
-    """The default in force: set_backend's, else LATTE_BACKEND's, else "torch"."""
+    """The default in force: set_backend's, else LATTE_BACKEND's, else "auto"."""
     if _default is not None:
         return _default
     if _env_default is not None:
         return _check_name(_env_default, "LATTE_BACKEND (environment)")
-    return "torch"
+    return "auto"
 
 
 @functools.cache
@@ -82,11 +106,14 @@ def resolve_latent(backend: str | None, x: torch.Tensor) -> str:
     err = _fla_error(x)
     if name == "fla" and err is not None:
         raise ValueError(f"backend='fla': {err}")
-    return "fla" if err is None else "torch"
+    if name == "fla":
+        return "fla"
+    return _choose("latents", "torch" if err else "fla", err or "CUDA tensors, fla-core and Triton import")
 
 
-def resolve_window(backend: str | None, x: torch.Tensor) -> str:
-    """ "tiles" (window_tiles.py) or "flex" (flex_attention) for Macchiato's window."""
+def resolve_window(backend: str | None, x: torch.Tensor, *, cached: bool = False) -> str:
+    """ "tiles" (window_tiles.py) or "flex" (flex_attention) for Macchiato's
+    window on queries like x; cached: the call continues from a window state."""
     name = get_backend() if backend is None else _check_name(backend, "backend")
     if name == "torch":
         return "tiles"
@@ -96,5 +123,11 @@ def resolve_window(backend: str | None, x: torch.Tensor) -> str:
                 f"backend='fla': the flex_attention window needs CUDA float32/bfloat16 "
                 f"tensors, got {x.dtype} on {x.device}"
             )
-        return "tiles"
-    return "flex"
+        return _choose("window", "tiles", f"{x.dtype} on {x.device.type}")
+    if name == "fla":
+        return "flex"
+    if torch.compiler.is_compiling():
+        return _choose("window", "flex", "inside a compiled caller: compiled once with it")
+    if torch.is_grad_enabled() and not cached:
+        return _choose("window", "flex", "training: the shapes repeat, one compile per shape")
+    return _choose("window", "tiles", "inference: a new length would compile flex_attention again")

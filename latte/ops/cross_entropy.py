@@ -27,6 +27,7 @@ from torch.autograd.function import once_differentiable
 
 from ._checks import check_rank
 from ._exp import exp_floor
+from .layout import no_autocast
 
 # Rows per chunk are chosen so one chunk's logits hold about this many floats
 # (32 MB): large matmuls, small enough to stay out of the page-fault path.
@@ -129,22 +130,23 @@ def linear_cross_entropy(
     V = weight.shape[0]
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= V))
     # a value check reads back to the host: eager calls only (a compiled or
-    # exported graph has none; the models check their labels before this)
-    if not torch.compiler.is_compiling() and bool(bad.any()):
+    # exported graph has none; the models check their labels before this; a
+    # meta tensor has no values)
+    if not torch.compiler.is_compiling() and targets.device.type != "meta" and bool(bad.any()):
         raise ValueError(
             f"targets: found {int(targets[bad][0])}; targets must be in [0, {V - 1}] or ignore_index ({ignore_index})"
         )
     if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1):
         raise ValueError(f"chunk_rows: expected an integer >= 1 or None, got {chunk_rows!r}")
     device = hidden.device.type
-    if torch.is_autocast_enabled(device):  # what nn.Linear would compute in
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):  # what nn.Linear would compute in
         dtype = torch.get_autocast_dtype(device)
         hidden, weight = hidden.to(dtype), weight.to(dtype)
     elif hidden.dtype != weight.dtype:
         raise ValueError(f"hidden, weight: dtypes must match outside autocast, got {hidden.dtype} and {weight.dtype}")
     grad = torch.is_grad_enabled()
     needs = (grad and hidden.requires_grad, grad and weight.requires_grad)
-    with torch.autocast(device, enabled=False):
+    with no_autocast(device):
         return LinearCrossEntropy.apply(
             hidden.contiguous(), weight, targets.long(), ignore_index, _chunk_rows(V, chunk_rows), needs
         )

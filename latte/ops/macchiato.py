@@ -119,14 +119,15 @@ def _check_packing(a, k, v, cu_seqlens, initial_state, window_size, num_sinks):
     return lengths
 
 
-def _kernels(backend, x, chunk_size, softcap):
-    """(window, latents) functions for the backend (backend.py) on tensors like x.
-    A soft-capped window stays on the tiles kernel (flex_window has no softcap)."""
+def _kernels(backend, x, chunk_size, softcap, cached=False):
+    """(window, latents) functions for the backend (backend.py) on tensors like x
+    (cached: continuing from a window state). A soft-capped window stays on the
+    tiles kernel (flex_window has no softcap)."""
 
     def window(q, k, v, window_size, scale, mask, state, lengths):
         return window_blocked(q, k, v, window_size, scale, mask, state, lengths, softcap)
 
-    if softcap is None and resolve_window(backend, x) == "flex":
+    if softcap is None and resolve_window(backend, x, cached=cached) == "flex":
         window = flex_window  # the flex kernel replaces the tiles one
     if resolve_latent(backend, x) == "fla":
         latents = fla_chunked
@@ -237,7 +238,8 @@ def macchiato(
     _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, False, softcap, num_sinks, sink_q)
     lengths = _check_packing(a, k, v, cu_seqlens, initial_state, window_size, num_sinks)
     local = _Local(window_size, q.shape[-1] ** -0.5 if scale is None else scale, num_sinks, softcap)
-    run = functools.partial(_sequence, _kernels(backend, q, chunk_size, softcap), local, lengths, beta, mix)
+    kernels = _kernels(backend, q, chunk_size, softcap, cached=initial_state is not None)
+    run = functools.partial(_sequence, kernels, local, lengths, beta, mix)
     tensors = (a, b, v, q, k, gate, sink_q)
     if cu_seqlens is not None:
         y, state = run_packed(run, tensors, cu_seqlens, mask, initial_state)

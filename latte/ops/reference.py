@@ -36,7 +36,7 @@ def _causal_log_weights(b, z0=None, mask=None):
         b = b.masked_fill(~mask[:, :, None, None], NEG_INF)
     B, T, H, L = b.shape
     logits = b.permute(0, 2, 3, 1)[..., None, :].expand(B, H, L, T, T)  # [.., t, s]
-    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    future = torch.ones(T, T, dtype=torch.bool, device=b.device).triu(1)
     logits = logits.masked_fill(future, NEG_INF)
     if z0 is not None:  # the initial state acts as one earlier pseudo-token
         init = z0.to(f64)[..., None, None].expand(B, H, L, T, 1)
@@ -85,10 +85,10 @@ def window_matrix_logits(q, k, window_size, scale=None, mask=None, softcap=None,
         return e if softcap is None else softcap * torch.tanh(e / softcap)
 
     e = scores(q)
-    t = torch.arange(T)[:, None]
-    s = torch.arange(T)[None, :]
+    t = torch.arange(T, device=q.device)[:, None]
+    s = torch.arange(T, device=q.device)[None, :]
     allowed = (s <= t) & (s > t - window_size)
-    real = torch.ones(B, T, dtype=torch.bool) if mask is None else mask
+    real = torch.ones(B, T, dtype=torch.bool, device=q.device) if mask is None else mask
     sink = real & (real.cumsum(1) <= num_sinks)  # [B, T(s)]: the first num_sinks real tokens
     if sink_q is not None:  # a sink outside the window is scored by sink_q
         outside = sink[:, None, None, :] & (s <= t - window_size)[None, None]
@@ -166,7 +166,7 @@ def linear_attention(q, k, v, *, causal=True, initial_state=None, mask=None):
     T = q.shape[1]
     A = torch.einsum("bthe,bshe->bhts", q, k)  # [B, H, T, T]
     if causal:
-        A = A * torch.ones(T, T, dtype=f64).tril()
+        A = A * torch.ones(T, T, dtype=f64, device=A.device).tril()
     num = torch.einsum("bhts,bshd->bthd", A, v)
     den = A.sum(-1).transpose(1, 2)  # [B, T, H]
     S = torch.einsum("bthe,bthd->bhed", k, v)

@@ -306,3 +306,74 @@ def test_many_segments_equal_reference(monkeypatch, scale, keep):
     assert rel_err(out, out_ref) < 1e-10
     for name, x, xr in zip("a b v S0 z0".split(), g, g_ref):
         assert rel_err(x, xr, floor=1e-3) < 1e-8, name
+
+
+@pytest.mark.parametrize("keep", [True, False])
+@pytest.mark.parametrize(
+    "chunks,with_state,scale", [(2, True, 1.0), (3, False, 40.0), (5, True, 40.0), (37, True, 1.0)]
+)
+def test_log_depth_chunk_scan_equals_reference(monkeypatch, chunks, with_state, scale, keep):
+    """The chunk-to-chunk scan (log2(n) steps over n chunks, forward and
+    reverse): chunk counts that are and are not powers of two, the last
+    chunk partly padding, with and without an initial state, masked tokens,
+    one segment; forward, final state and every gradient against float64."""
+    import latte.ops.latte.chunked as K
+
+    if not keep:
+        monkeypatch.setattr(K, "_KEEP_ELEMS", 0)
+    T = chunks * 8 - 3
+    a, b, v = inputs(T, 4, 3, scale=scale)
+    state = random_state(2, 3, 4, 3) if with_state else None
+    mask = torch.rand(2, T) > 0.2
+    mask[:, 0] = True
+    leaves = [a, b, v] + (list(state) if with_state else [])
+
+    def fast(a, b, v, *st):
+        y, out = latte_causal(
+            a, b, v, chunk_size=8, initial_state=LatteState(*st) if st else None, mask=mask, output_final_state=True
+        )
+        return torch.cat([y[mask].flatten(), out.S.flatten(), out.z.flatten()])
+
+    def ref(a, b, v, *st):
+        y, (S, z) = R.latte_causal(a, b, v, initial_state=st or None, mask=mask)
+        return torch.cat([y[mask].flatten(), S.flatten(), z.flatten()])
+
+    out, g = grads_of(fast, leaves)
+    out_ref, g_ref = grads_of(ref, leaves)
+    assert rel_err(out, out_ref) < 1e-10
+    for x, xr in zip(g, g_ref):
+        assert rel_err(x, xr, floor=1e-3) < 1e-8
+
+
+def test_aten_ops_per_forward_backward_grow_at_most_by_a_log_factor():
+    """Issue 42: on a GPU every ATen op is a launch. From T = 1K to 16K (16x
+    the chunks, one segment) the ops of one forward+backward grow <= 1.5x
+    (the log-depth chunk scan adds a few per doubling); a call after the
+    first builds no tensor from Python data (lift_fresh: torch.tensor(list))."""
+    from latte.bench import op_count
+
+    shape = (1, 1, 2, 2)
+    small = op_count.count(op_count.fwd_bwd(1024, shape))
+    large = op_count.count(op_count.fwd_bwd(16384, shape))
+    assert large.total <= 1.5 * small.total, (small.total, large.total)
+    assert large.by_op["aten.lift_fresh"] == 0 and small.by_op["aten.lift_fresh"] == 0
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_chunk_scan_equals_the_sums_it_stands_for(reverse):
+    """_chunk_scan_ (Brent-Kung, strided in-place steps) against the O(n^2)
+    sums Y_k = sum_i 2^(E_i - E_k) Y_i over i <= k (reverse: i >= k), for
+    every n up to 40 (powers of two and not)."""
+    from latte.ops.latte.chunked import _chunk_scan_
+
+    for n in range(1, 41):
+        Y = torch.randn(n, 2, 3, 4, dtype=torch.float64)
+        E = torch.sort(torch.randn(n, 2, 3, dtype=torch.float64) * 3, 0).values
+        i, k = torch.arange(n)[None, :], torch.arange(n)[:, None]
+        keep = (i >= k) if reverse else (i <= k)
+        diff = (E[None, :] - E[:, None]) * (-1 if reverse else 1)  # [k, i]: E_i - E_k (reverse: E_k - E_i)
+        W = torch.where(keep[..., None, None], torch.exp2(diff), torch.zeros(()))
+        ref = torch.einsum("kigl,igld->kgld", W, Y)
+        out = Y.clone()
+        _chunk_scan_(out, E, reverse)
+        assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12), n

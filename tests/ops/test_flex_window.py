@@ -99,7 +99,7 @@ def test_macchiato_on_the_flex_window_matches_reference(monkeypatch, mix):
     M = importlib.import_module("latte.ops.macchiato")  # the module, not the function latte.ops exports
 
     calls = []
-    monkeypatch.setattr(M, "resolve_window", lambda backend, x: "flex")
+    monkeypatch.setattr(M, "resolve_window", lambda backend, x, **kw: "flex")
     monkeypatch.setattr(M, "flex_window", lambda *args: calls.append(1) or flex_window(*args))
     B, T, H, K, L, E, W = 2, 150, 4, 2, 3, 6, 20
     a, b = torch.randn(B, T, H, L, dtype=f64), torch.randn(B, T, H, L, dtype=f64)

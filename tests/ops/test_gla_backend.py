@@ -271,7 +271,7 @@ def test_macchiato_latents_on_gla_match_reference(monkeypatch, exact, mix):
 
     M = importlib.import_module("latte.ops.macchiato")  # the module, not the function latte.ops exports
     monkeypatch.setattr(M, "resolve_latent", lambda backend, x: "fla")
-    monkeypatch.setattr(M, "resolve_window", lambda backend, x: "tiles")
+    monkeypatch.setattr(M, "resolve_window", lambda backend, x, **kw: "tiles")
     B, T, H, L, E, W = 2, 50, 4, 3, 6, 9
     a, b = torch.randn(B, T, H, L, dtype=torch.float64), torch.randn(B, T, H, L, dtype=torch.float64) * 10
     q, k, v = (torch.randn(B, T, H, E, dtype=torch.float64) for _ in range(3))
@@ -281,3 +281,53 @@ def test_macchiato_latents_on_gla_match_reference(monkeypatch, exact, mix):
     y = M.macchiato(a, b, v, q, k, window_size=W, mix=mix, gate=gate, mask=mask, backend="fla")[0]
     y_ref = R.macchiato(a, b, v, q, k, W, mix=mix, gate=gate, mask=mask)
     assert rel_err(y[mask], y_ref[mask]) < 1e-10
+
+
+# ---- the two-level log-normaliser (issue 42) ----------------------------------
+
+
+@pytest.mark.parametrize("T,chunk", [(1, 4), (13, 4), (64, 8), (70, 7), (130, 64)])
+@pytest.mark.parametrize("before", ["none", "state", "empty state"])
+def test_two_level_log_normaliser_equals_one_scan(T, chunk, before):
+    """log_normalisers (inside chunks, then over chunk totals) against one
+    T-long logcumsumexp, forward and gradients, float64, with spread logits
+    and masked (NEG) keys; z_before: none (-inf), a state, an empty state."""
+    from latte.ops._checks import NEG
+
+    bc = torch.randn(2, T, 3, 4, dtype=torch.float64) * 20
+    bc[0, : T // 3] = NEG  # left padding
+    zb = {"none": torch.full((2, 1, 3, 4), float("-inf"), dtype=torch.float64)}.get(before)
+    if zb is None:
+        zb = torch.randn(2, 1, 3, 4, dtype=torch.float64) * 5 if before == "state" else torch.full((2, 1, 3, 4), NEG)
+        zb = zb.double()
+
+    def two(bc, zb):
+        return gla.log_normalisers(bc, zb, chunk=chunk)
+
+    def one(bc, zb):
+        return torch.logaddexp(torch.logcumsumexp(bc, 1), zb.clamp(min=NEG))
+
+    out, (g_bc, g_zb) = grads_of(two, [bc, zb])
+    out_ref, (g_bc_ref, g_zb_ref) = grads_of(one, [bc, zb])
+    assert torch.isfinite(out).all() and torch.isfinite(g_bc).all() and torch.isfinite(g_zb).all()
+    assert rel_err(out, out_ref) < 1e-12
+    real = bc > NEG / 2  # a masked key's own gradient is dropped by the masking (gla_inputs)
+    assert rel_err(g_bc[real], g_bc_ref[real], floor=1.0) < 1e-10
+    if before == "state":
+        assert rel_err(g_zb, g_zb_ref, floor=1.0) < 1e-10
+
+
+def test_kernel_output_keeps_its_dtype(monkeypatch):
+    """bf16 in: the kernel's bf16 output is returned as it is (no float32 round trip)."""
+    monkeypatch.setattr(BK, "_fla_error", lambda x: None)
+
+    def bf16_kernel(q, k, v, g, scale=1.0, initial_state=None, output_final_state=False, cu_seqlens=None):
+        y, h = gla_loop(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens)
+        return y.to(v.dtype), h.float()
+
+    monkeypatch.setattr(gla, "_kernels", lambda: (bf16_kernel, bf16_kernel))
+    a, b, v = (x.bfloat16() for x in inputs(70))
+    y, S, z = gla.gla_chunked(a, b, v)
+    assert y.dtype == torch.bfloat16 and S.dtype == torch.float32 and z.dtype == torch.float32
+    y_ref = R.latte_causal(a, b, v)[0]
+    assert rel_err(y, y_ref) < 2e-2

@@ -212,7 +212,7 @@ def test_sinks_merge_with_the_flex_window_too(monkeypatch):
     import importlib
 
     M = importlib.import_module("latte.ops.macchiato")
-    monkeypatch.setattr(M, "resolve_window", lambda backend, x: "flex")
+    monkeypatch.setattr(M, "resolve_window", lambda backend, x, **kw: "flex")
     a, b, v, q, k = inputs(90)
     mask = padded(2, 90)
     y, _ = macchiato(a, b, v, q, k, window_size=12, chunk_size=16, mask=mask, num_sinks=3, backend="auto")

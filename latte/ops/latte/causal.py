@@ -104,13 +104,14 @@ def causal_chunked(a, b, v, chunk_size, state, mask):
     return y, LatteState(S_last.view(B, H, L, D), z_last.view(B, H, L))
 
 
-def fla_chunked(a, b, v, state, mask, cu_seqlens=None):
-    """causal_chunked on fla-core's chunk_gla (gla.py): (y in the work dtype, LatteState)."""
+def fla_chunked(a, b, v, state, mask, cu_seqlens=None, keep_dtype=False):
+    """causal_chunked on fla-core's chunk_gla (gla.py): (y in the work dtype,
+    or as the kernel returns it with keep_dtype, LatteState)."""
 
     y, S, z = gla_chunked(
         a, b, v, None if state is None else state.S, None if state is None else state.z, mask, cu_seqlens
     )
-    return y, LatteState(S, z)
+    return (y if keep_dtype else y.to(state_dtype(v.dtype))), LatteState(S, z)
 
 
 def latte_causal(
@@ -160,7 +161,7 @@ def latte_causal(
             return causal_chunked(a_, b_, v_, chunk_size, state_, mask_)
 
         if fla:
-            y, state = fla_chunked(a, b, v, initial_state, mask, cu_seqlens)
+            y, state = fla_chunked(a, b, v, initial_state, mask, cu_seqlens, keep_dtype=True)
         else:
             y, state = run_packed(run, (a, b, v), cu_seqlens, mask, initial_state)
     else:
@@ -169,7 +170,7 @@ def latte_causal(
         if T == 0:
             raise ValueError("a: sequence length T must be >= 1, got 0")
         if fla:
-            y, state = fla_chunked(a, b, v, initial_state, mask)
+            y, state = fla_chunked(a, b, v, initial_state, mask, keep_dtype=True)
         else:
             y, state = causal_chunked(a, b, v, chunk_size, initial_state, mask)
     return y.to(v.dtype), (state if output_final_state else None)

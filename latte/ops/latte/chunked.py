@@ -18,8 +18,9 @@ log-normaliser, r_m = z before sub-chunk m and e_m = z at its end:
 The second sum is the diagonal block of the sub-chunk (intra_chunk.py), the
 only pairs taken one by one; every other pair goes through the states
 between sub-chunks. The states are scanned in two levels: a J-step loop
-vectorised over the chunks of the segment, then a loop over its chunks
-(as recurrence.py).
+vectorised over the chunks of the segment, then a log-depth scan over its
+chunks (2 log2(n) steps, each one vectorised over the chunks: the number of
+ops does not grow with T but by a log factor).
 Backward, with qu_tl = q_tl (dy_t . Vbar_tl) (the gradient w.r.t. lq) and
 u = qu / q:
   dv_s  = sum_{t>=s} sum_l q_tl W[t, s, l] dy_t
@@ -39,6 +40,7 @@ sub-chunks and the diagonal blocks are rebuilt in the backward.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -51,7 +53,11 @@ from .intra_chunk import diagonal_backward, diagonal_blocks, diagonal_key_grads,
 # many floats per tensor (16 MB): small enough for the allocator to reuse
 # freed blocks instead of mapping (and page-faulting) fresh memory for every
 # temporary, which made T = 65536 cost 18x T = 16384.
+# On a GPU there is no page-faulting to avoid, only its memory to fit:
+# segments there hold about 1/256 of the device's memory per tensor
+# (_segment_elems), so a long input runs in a few large segments.
 _SEGMENT_ELEMS = 1 << 22
+_DEVICE_MEMORY_SHARE = 256
 
 
 # Forward intermediates of one call up to this many floats (32 MB) are kept
@@ -63,9 +69,22 @@ _SEGMENT_ELEMS = 1 << 22
 _KEEP_ELEMS = 1 << 23
 
 
-def _segments(G, N, C, width):
+@functools.cache
+def _device_segment_elems(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).total_memory // 4 // _DEVICE_MEMORY_SHARE
+
+
+def _segment_elems(device: torch.device | None) -> int:
+    """Floats per temporary of one segment on `device` (no host-device sync:
+    the device's total memory, read once per device)."""
+    if device is not None and device.type == "cuda":
+        return max(_SEGMENT_ELEMS, _device_segment_elems(device))
+    return _SEGMENT_ELEMS
+
+
+def _segments(G, N, C, width, device=None):
     """Runs of whole chunks: [(first, end)) chunk indices."""
-    n = max(1, _SEGMENT_ELEMS // (G * C * width))
+    n = max(1, _segment_elems(device) // (G * C * width))
     return [(n0, min(N, n0 + n)) for n0 in range(0, N, n)]
 
 
@@ -97,9 +116,39 @@ def _factors(lq, b, z, r):
     return lqz, Q, kf, exp2_nonpositive_(r - e)
 
 
-def _chunk_decays(z, r, J):
-    """2^(z before each chunk - z at its end) [n, G, L, 1]."""
-    return exp2_nonpositive_(r[::J] - z[J - 1 :: J, :, -1]).unsqueeze(-1)
+def _combine_(Y, E, first, last, s, reverse):
+    """Y_k += 2^(E_j - E_k) Y_j (reverse: 2^(E_k - E_j)) for the targets k =
+    first, first + 2s, .., last and their partners j = k - s (reverse:
+    k + s): disjoint strided views, so in place."""
+    if first > last:
+        return
+    tgt = slice(first, last + 1, 2 * s)
+    src = slice(first + s, last + s + 1, 2 * s) if reverse else slice(first - s, last - s + 1, 2 * s)
+    older, newer = (E[tgt], E[src]) if reverse else (E[src], E[tgt])
+    Y[tgt].addcmul_(exp2_nonpositive_(older - newer).unsqueeze(-1), Y[src])
+
+
+def _chunk_scan_(Y, E, reverse=False):
+    """In place over chunks, in 2 log2(n) steps (Brent-Kung: O(n) work): Y
+    [n, G, L, W] with Y_k normalised at E_k [n, G, L] (base 2,
+    non-decreasing in k) becomes sum_{i <= k} 2^(E_i - E_k) Y_i (reverse:
+    sum_{i >= k} 2^(E_k - E_i) Y_i). Every partial sum stays normalised at
+    its own index's E, so each step's decays come from E directly, an
+    exponent <= 0. Reverse runs the same steps on the mirrored indices."""
+    n = len(Y)
+
+    def targets(first, s):  # (first, last) of first, first + 2s, .. <= n - 1, mirrored for reverse
+        last = first + (n - 1 - first) // (2 * s) * 2 * s
+        return (n - 1 - last, n - 1 - first) if reverse else (first, last)
+
+    spans = []
+    s = 1
+    while s < n:  # up-sweep: Y_k sums the 2s entries up to k
+        _combine_(Y, E, *targets(2 * s - 1, s), s, reverse)
+        spans.append(s)
+        s *= 2
+    for s in reversed(spans[:-1]):  # down-sweep: the prefixes in between
+        _combine_(Y, E, *targets(3 * s - 1, s), s, reverse)
 
 
 def _scan(X, g, J, first, reverse=False):
@@ -123,8 +172,9 @@ def _forward_states(Sx, g, z, r, J, S0, S_before):
     """Sx [M + 1, G, L, D] holds K_m in slots 1..M; turns slot m + 1 into
     the state after sub-chunk m and slot 0 into S0, and writes the state
     before each chunk into S_before [n, G, L, D]. One chunk runs the loop from
-    S0; several run it from zero, carry the chunk states in a loop over
-    chunks and add each one's decayed share (two levels)."""
+    S0; several run it from zero, carry the chunk states by a log-depth
+    scan over chunks (_chunk_scan_) and add each one's decayed share (two
+    levels)."""
     n = len(S_before)
     Sx[0] = S0
     S_before[0] = S0
@@ -132,9 +182,8 @@ def _forward_states(Sx, g, z, r, J, S0, S_before):
     _scan(X, g, J, S0 if n == 1 else None)
     if n == 1:
         return
-    gc, ends = _chunk_decays(z, r, J), X[J - 1 :: J]  # ends: each chunk's end state from zero
-    for k in range(n - 1):  # chunk to chunk: a short loop on [G, L, D]
-        torch.addcmul(ends[k], gc[k], S_before[k], out=S_before[k + 1])
+    S_before[1:] = X[J - 1 : -1 : J]  # each chunk's end state from zero, normalised at its end
+    _chunk_scan_(S_before, r[::J])  # chunk to chunk: S_before[k] is normalised at r before chunk k
     # 2^(z before the chunk - e_m): the chunk's initial state decayed to each sub-chunk end
     decay = exp2_nonpositive_(r[::J].unsqueeze(1) - z[:, :, -1].unflatten(0, (n, J))).unsqueeze(-1)
     X.unflatten(0, (n, J)).addcmul_(decay, S_before.unsqueeze(1))
@@ -153,11 +202,10 @@ def _backward_states(Rx, g, z, r, J, init):
     _scan(X, g, J, init if n == 1 else None, reverse=True)
     if n == 1:
         return
-    gc, firsts = _chunk_decays(z, r, J), X[::J]  # firsts: before each chunk, from zero after it
-    after = torch.empty_like(Rx[:n])  # the reverse state after each chunk
+    after = torch.empty_like(Rx[:n])  # the reverse state after each chunk, normalised at its end
+    after[:-1] = X[J::J]  # before each later chunk, from zero after it
     after[-1] = init
-    for k in range(n - 1, 0, -1):
-        torch.addcmul(firsts[k], gc[k], after[k], out=after[k - 1])
+    _chunk_scan_(after, z[J - 1 :: J, :, -1], reverse=True)
     decay = exp2_nonpositive_(r.unflatten(0, (n, J)) - z[J - 1 :: J, :, -1].unsqueeze(1)).unsqueeze(-1)
     X.unflatten(0, (n, J)).addcmul_(decay, after.unsqueeze(1))
 
@@ -244,7 +292,8 @@ class LatteChunked(torch.autograd.Function):
         y = v.new_empty(M, G, c, D)
         S_before = v.new_empty(M // J, G, L, D)
         z, r = torch.empty_like(b), b.new_empty(M, G, L)
-        segments = [(n0 * J, n1 * J) for n0, n1 in _segments(G, M // J, J * c, max(L, D, L * D // c))]
+        width = max(L, D, L * D // c)
+        segments = [(n0 * J, n1 * J) for n0, n1 in _segments(G, M // J, J * c, width, v.device)]
         S, zl, kept = S0, z0, []
         keep = M * G * c * L * 7 <= _KEEP_ELEMS
         for (lq_, b_, v_, y_, z_, r_), (Sb_,) in _parts(segments, J, (lq, b, v, y, z, r), (S_before,)):

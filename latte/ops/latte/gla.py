@@ -28,6 +28,12 @@ Masked tokens (mask False) get k = 0: they add nothing and leave z as it is.
 Gradients flow through this construction by autograd and through the GLA
 kernel by fla's own backward.
 
+z is formed in two levels (log_normalisers): a logcumsumexp inside chunks
+of Z_CHUNK tokens, all chunks at once, then one over the n = T / Z_CHUNK
+chunk totals, combined with one logaddexp; no scan runs T steps long, in
+the forward or in autograd's backward. The kernel's output stays in its
+dtype (bf16 for bf16 inputs): latte_causal returns it as it is.
+
 fla's kernels run float32 dots in TF32 on Ampere and newer GPUs (relative
 errors ~1e-3); TRITON_F32_DEFAULT=ieee in the environment before the first
 call makes them exact float32 (docs/gpu.md §4).
@@ -39,24 +45,46 @@ import torch
 
 from .._checks import NEG, state_dtype
 from ..varlen import pack, unpack
+from . import fla_tuning
 
 # Smallest log-decay passed to the kernels (see the module docstring).
 G_FLOOR = -40.0
+
+# Tokens per chunk of the two-level log-normaliser (log_normalisers).
+Z_CHUNK = 64
 
 _HALF = (torch.bfloat16, torch.float16)
 
 
 def _kernels():
-    """(chunk_gla, fused_recurrent_gla) from fla-core; the tests swap in
-    pure-torch stand-ins with the same signatures."""
+    """(chunk_gla, fused_recurrent_gla) from fla-core, their autotuners pinned
+    to one configuration each on the first call (fla_tuning.py); the tests
+    swap in pure-torch stand-ins with the same signatures."""
     from fla.ops.gla import chunk_gla, fused_recurrent_gla
 
+    if torch.cuda.is_available():  # not under Triton's CPU interpreter
+        fla_tuning.pin_for_device(torch.cuda.current_device())
     return chunk_gla, fused_recurrent_gla
 
 
 def _masked(b, mask):
     """Key logits of padding (mask False) become NEG, as in causal.mask_keys."""
     return b if mask is None else b.masked_fill(~mask.view(*mask.shape, *([1] * (b.dim() - mask.dim()))), NEG)
+
+
+def log_normalisers(bc, z_before, chunk=Z_CHUNK):
+    """z_t = logaddexp(z_before, logcumsumexp_{s<=t} bc_s) for bc [B, T, H, L]
+    (finite) and z_before [B, 1, H, L] (-inf: nothing before), in two levels:
+    inside chunks of `chunk` tokens, then over the chunk totals. Everything
+    stays finite (-inf becomes NEG, which adds exactly nothing): logcumsumexp's
+    backward gives NaN at a -inf entry."""
+    B, T, H, L = bc.shape
+    n = -(-T // chunk)
+    x = torch.nn.functional.pad(bc, (0, 0, 0, 0, 0, n * chunk - T), value=NEG).view(B, n, chunk, H, L)
+    within = torch.logcumsumexp(x, dim=2)  # [B, n, chunk, H, L]
+    totals = torch.cat([z_before.clamp(min=NEG), within[:, :, -1]], 1)  # [B, n + 1, H, L]: before, each chunk's
+    before = torch.logcumsumexp(totals, dim=1)[:, :-1]  # z before each chunk
+    return torch.logaddexp(within, before.unsqueeze(2)).flatten(1, 2)[:, :T]
 
 
 def gla_inputs(a, b, *, mask=None, z0=None):
@@ -69,12 +97,11 @@ def gla_inputs(a, b, *, mask=None, z0=None):
     c = b.amax(1) if z0 is None else torch.maximum(b.amax(1), z0.to(work))
     c = c.detach()  # [B, H, L]: a shift that cancels in k and g (precision only)
     bc = b - c.unsqueeze(1)
-    z = torch.logcumsumexp(bc, dim=1)  # [B, T, H, L]
     if z0 is None:
-        z_before = torch.full_like(z[:, :1], float("-inf"))
+        z_before = torch.full_like(bc[:, :1], float("-inf"))
     else:
         z_before = (z0.to(work) - c).unsqueeze(1)
-        z = torch.logaddexp(z, z_before)
+    z = log_normalisers(bc, z_before)  # [B, T, H, L]
     k = torch.exp(bc - z)
     if mask is not None:
         k = k.masked_fill(~mask[:, :, None, None], 0.0)
@@ -98,21 +125,21 @@ def _call(kernel, q, k, v, g, S0, **kw):
 def gla_chunked(a, b, v, S0=None, z0=None, mask=None, cu_seqlens=None):
     """Causal Latte on chunk_gla (inputs checked by the caller): a, b [B, T,
     H, L], v [B, T, H, D], the state (S0 [N, H, L, D], z0 [N, H, L]) or None.
-    Returns y [B, T, H, D] in the work dtype, S, z after the last token (per
-    document with cu_seqlens, B == 1: the construction runs per document on
-    a padded copy, as z restarts at each start; the kernel on the packed
-    tensors)."""
+    Returns y [B, T, H, D] as the kernel gives it (v's dtype when half, else
+    the work dtype), S, z after the last token (per document with
+    cu_seqlens, B == 1: the construction runs per document on a padded
+    copy, as z restarts at each start; the kernel on the packed tensors)."""
     if cu_seqlens is None:
         q, k, g, z = gla_inputs(a, b, mask=mask, z0=z0)
         y, S = _call(_kernels()[0], q, k, v, g, S0)
-        return y.to(state_dtype(v.dtype)), S, z
+        return y, S, z
 
     (a_pad, doc), (b_pad, _) = unpack(a, cu_seqlens), unpack(b, cu_seqlens)
     run_mask = doc if mask is None else doc & unpack(mask.unsqueeze(-1), cu_seqlens)[0].squeeze(-1)
     q, k, g, z = gla_inputs(a_pad, b_pad, mask=run_mask, z0=z0)
     q, k, g = (pack(x, doc) for x in (q, k, g))  # [1, T, H, L]
     y, S = _call(_kernels()[0], q, k, v, g, S0, cu_seqlens=cu_seqlens.long())
-    return y.to(state_dtype(v.dtype)), S, z
+    return y, S, z
 
 
 def gla_step(a_t, b_t, v_t, S, z, mask_t=None):

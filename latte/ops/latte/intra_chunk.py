@@ -34,6 +34,7 @@ positions, vectorised over everything else, and z_t = m_t + log2 a_t.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -138,10 +139,23 @@ def diagonal_weights(lqz: torch.Tensor, b: torch.Tensor, d: int) -> torch.Tensor
     return exp2_nonpositive_(queries(lqz, d) + keys(b, d))
 
 
+def _pair_list(c: int) -> list[int]:
+    return [t * c + t - d for d in range(c) for t in range(d, c)]
+
+
+@functools.cache
+def _cached_pair_index(c: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor(_pair_list(c), device=device)
+
+
 def _pair_index(c: int, device) -> torch.Tensor:
     """Flat positions t * c + s of the pairs (t, s = t - d) in a c x c block,
-    offset-major: d = 0 .. c - 1, then t = d .. c - 1."""
-    return torch.tensor([t * c + t - d for d in range(c) for t in range(d, c)], device=device)
+    offset-major: d = 0 .. c - 1, then t = d .. c - 1. Built once per (c,
+    device) in eager mode (no host-to-device copy per call); a compiled graph
+    holds it as a constant."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(_pair_list(c), device=device)
+    return _cached_pair_index(c, torch.device(device))
 
 
 def _blocks(sums: list[torch.Tensor], c: int) -> torch.Tensor:

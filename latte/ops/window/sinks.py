@@ -27,6 +27,7 @@ import torch
 
 from .._checks import check_mask, check_shape, state_dtype
 from .._exp import exp_floored, logaddexp
+from ..layout import no_autocast
 from .sliding_window import check_window, window_blocked
 
 
@@ -79,7 +80,7 @@ def _attend(q, ks, vs, keep, scale, softcap):
     Work dtype; no exp of an argument below the floor (_exp.py)."""
     B, T, H, E = q.shape
     K = ks.shape[2]
-    with torch.autocast(q.device.type, enabled=False):  # the work dtype, as the window kernel
+    with no_autocast(q.device.type):  # the work dtype, as the window kernel
         s = torch.einsum("btkge,bske->btkgs", q.reshape(B, T, K, H // K, E), ks) * scale
         if softcap is not None:
             s = torch.tanh(s / softcap) * softcap
