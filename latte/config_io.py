@@ -385,3 +385,14 @@ def save_yaml(obj: Any, path: str | os.PathLike) -> None:
     """Writes a dataclass or dict as YAML, atomically (see `atomic_write`)."""
     text = yaml.dump(to_dict(obj), Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
     atomic_write(path, text)
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """A nested dict as one level of dotted keys: {"a": {"b": 1}} -> {"a.b": 1}."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -210,11 +210,11 @@ def resolved_config(config: str, sets: Iterable[str]) -> dict:
     """The run config `latte train --config CONFIG --SET...` resolves to, flat
     ("section.field": value), without the NOT_PROTOCOL fields."""
     # optional at import: the GPU suite imports this module before yaml and torch are installed
-    from latte.config_io import to_dict
+    from latte.config_io import flatten, to_dict
     from latte.train.task import load_run_config
 
     cfg = to_dict(load_run_config(config, [f"--{s.lstrip('-')}" for s in sets]))
-    return {k: v for k, v in _flatten(cfg).items() if k not in NOT_PROTOCOL}
+    return {k: v for k, v in flatten(cfg).items() if k not in NOT_PROTOCOL}
 
 
 def config_inputs(flat: dict) -> dict:
@@ -235,16 +235,6 @@ def run_protocol(config: str, sets: Iterable[str]) -> dict:
     return {"config": config, "sets": protocol_sets(sets), "resolved": flat, INPUTS: config_inputs(flat)}
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 # --------------------------------------------------------------------------- run folders
 
 
@@ -258,10 +248,11 @@ def set_aside_changed_run(run_dir: str | Path, config: str, sets: Iterable[str])
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
         return None
     if saved.is_file():
-        from latte.config_io import load_yaml  # optional at import: the GPU suite reads cells before yaml exists
+        # optional at import: the GPU suite reads cells before yaml exists
+        from latte.config_io import flatten, load_yaml
 
         try:
-            then = {k: v for k, v in _flatten(load_yaml(saved)).items() if k not in NOT_PROTOCOL}
+            then = {k: v for k, v in flatten(load_yaml(saved)).items() if k not in NOT_PROTOCOL}
         except ValueError:
             then = {}
         diff = protocol_difference(then, resolved_config(config, sets))

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from latte.config_io import save_yaml, to_dict
+from latte.config_io import flatten, save_yaml, to_dict
 from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint, check_finite, check_state_against, load_checkpoint
 from latte.train.config import RunConfig, check_world_size
@@ -161,10 +161,10 @@ def _compare_configs(saved: dict, cfg: RunConfig, where: Path, task: Task, env: 
     """The task and its architecture fields must match the checkpoint
     (ValueError naming all of them); any other change is allowed with a warning."""
     try:
-        old = _flatten(to_dict(build_run_config(saved, where=f"{where}/config.yaml")))
+        old = flatten(to_dict(build_run_config(saved, where=f"{where}/config.yaml")))
     except ValueError as e:
         raise ValueError(f"{where}: the saved config no longer validates, cannot resume from it:\n{e}") from None
-    new = _flatten(to_dict(cfg))
+    new = flatten(to_dict(cfg))
     if old.get("task") != new["task"]:
         raise ValueError(
             f"cannot resume from {where}: it was trained with task {old.get('task')!r}, "
@@ -186,16 +186,6 @@ def _compare_configs(saved: dict, cfg: RunConfig, where: Path, task: Task, env: 
         )
     if changed and env.is_main:
         log.warning("resuming from %s with a changed config:\n  %s", where, "\n  ".join(changed))
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _seed_everything(seed: int) -> None:
