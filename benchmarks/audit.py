@@ -200,6 +200,7 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(allow_abbrev=False, prog="latte bench audit", description=__doc__.split("\n\n")[0])
     common.add_common_args(p)
     args = p.parse_args(argv)
+    common.claim_outputs(args, "audit", "audit")  # before any work: the write rule (latte/guard.py)
     res = run(args)
     common.write_outputs(args, "audit", res, markdown(res), plot)
     return res

@@ -213,6 +213,7 @@ def plot(res: dict, path) -> bool:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    common.claim_outputs(args, "distill", "distill")  # before any work: the write rule (latte/guard.py)
     res = run(args)
     common.write_outputs(args, "distill", res, markdown(res), plot)
     return res

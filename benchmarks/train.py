@@ -409,6 +409,7 @@ def merge_earlier(res: dict, path) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    common.claim_outputs(args, "train")  # the folder now; its files (named by the results) when written
     res = run(args)
     name = output_name(res["config"])
     if args.merge and (args.out / f"{name}.json").exists():

@@ -228,8 +228,9 @@ def plot(res: dict, path) -> bool:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    res = run(args)
     name = "window" if args.device == "cpu" else f"window-{args.device}"
+    common.claim_outputs(args, "window", name)  # before any work: the write rule (latte/guard.py)
+    res = run(args)
     common.write_outputs(args, name, res, markdown(res), plot)
     return res
 

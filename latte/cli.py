@@ -249,17 +249,28 @@ def _eval_parser() -> argparse.ArgumentParser:
     return p
 
 
+EVAL_WRITER = "latte eval"  # the writer an --out folder's marker records (latte/guard.py)
+
+
 def _eval_output(a: argparse.Namespace) -> Path:
     """The JSON file `latte eval` writes, its folder created before any compute:
-    a bad path fails now, not after the evaluation."""
+    a bad path fails now, not after the evaluation. The default, in the run
+    folder, is the run's own report (lm-variants names it with --out too);
+    any other --out follows the write rule: a new file, or one `latte eval`
+    wrote itself, in a folder that is new, empty or written by `latte eval`,
+    never in a checkpoint, run or model's folder."""
     run = Path(a.run)
     name = "latents.json" if a.latents else "eval.json"
-    out = Path(a.out) if a.out else (run.parent if (run / "manifest.json").is_file() else run) / name
+    own = (run.parent if (run / "manifest.json").is_file() else run) / name  # the run's own report
+    out = Path(a.out) if a.out else own
     if out.is_dir():
         raise ValueError(f"--out {out}: is a folder, expected a file path")
-    if a.out:
+    if out.resolve() != own.resolve():  # outside the run: the write rule, file by file (latte/guard.py)
+        from latte.guard import claim_files
+
+        names = [out.name, out.with_suffix(".png").name] if a.latents else [out.name]
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
+            claim_files(out.parent, EVAL_WRITER, names, owners=(EVAL_WRITER,), flag="--out")
         except OSError as e:
             raise ValueError(f"--out {out}: cannot create its folder {out.parent} ({e.strerror})") from None
     return out

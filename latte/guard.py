@@ -1,6 +1,7 @@
 """The one write rule for every command that writes outside its own run
 folder (docs/reliability.md §8): `latte export`, the suite's report and
-`--pack`, the experiments' result folders.
+`--pack`, the experiments' result folders, the single benchmarks' `--out`
+and `latte eval --out`.
 
 A command writes only into a folder that
 - does not exist (it is created),
@@ -11,6 +12,12 @@ Anything else (a project's root, a README folder, another command's
 results, a base model's folder, a checkpoint, a run folder, or any folder
 inside one of those) is refused with a WriteRefused (a ValueError: the CLI
 exits 2) naming the folder and what it holds, before anything is written.
+
+A folder several commands share (the single benchmarks' `--out`, such as
+benchmarks/, and the GPU suite's folder they run in; `latte eval --out
+FILE`) follows the same rule file by file (`claim_files`): the marker also
+records which command wrote each file, and a command creates new files or
+replaces only the ones it wrote itself there.
 Standard library only: the GPU suite uses it before its packages exist.
 """
 
@@ -45,14 +52,7 @@ def claim_folder(folder: str | os.PathLike, writer: str, *, flag: str = "--out")
 def check_folder(folder: str | os.PathLike, writer: str, *, flag: str = "--out") -> Path:
     """The write rule alone (nothing is created): a WriteRefused naming the
     folder and what it holds, or the folder."""
-    folder = Path(folder)
-    for place in (folder, *folder.resolve().parents):
-        kind = protected_kind(place)
-        if kind:
-            where = "" if place.resolve() == folder.resolve() else f" (inside {place}, {kind})"
-            raise WriteRefused(f"{flag} {folder}: refusing to write into {kind if not where else 'it'}{where}")
-    if folder.exists() and not folder.is_dir():
-        raise WriteRefused(f"{flag} {folder}: a file, not a folder")
+    folder = _not_protected(Path(folder), flag)
     if folder.is_dir() and any(folder.iterdir()):
         owner = written_by(folder)
         if owner != writer:
@@ -65,13 +65,76 @@ def check_folder(folder: str | os.PathLike, writer: str, *, flag: str = "--out")
     return folder
 
 
-def written_by(folder: Path) -> str | None:
-    """The writer the folder's marker names (None without a readable one)."""
+def claim_files(
+    folder: str | os.PathLike,
+    writer: str,
+    names,
+    *,
+    owners: tuple[str, ...],
+    flag: str = "--out",
+    create: bool = True,
+) -> Path:
+    """The write rule for a folder several commands share (the benchmarks'
+    `--out`, `latte eval --out FILE`): `writer` writes only the files `names`
+    there, each one new or written by `writer` itself before (the marker's
+    `files` records every file's writer). The folder is new, empty or marked
+    by one of `owners` (a new one is marked by `owners[0]`); never a
+    checkpoint, a run or a model's folder, nor inside one. Anything else is a
+    WriteRefused naming the folder or the file, before anything is written.
+    Creates the folder, records `names` as `writer`'s and returns the folder
+    (`create=False`: checks only, before the work; nothing is written)."""
+    folder = _not_protected(Path(folder), flag)
+    marker = _marker(folder)
+    if folder.is_dir() and any(folder.iterdir()) and marker.get("writer") not in owners:
+        owner = marker.get("writer")
+        raise WriteRefused(
+            f"{flag} {folder}: holds {_listing(folder)}"
+            + (f", written by `{owner}`" if owner else ", not written by a latte command (no marker)")
+            + f"; `{writer}` writes only into a new or empty folder or one written by `{'` or `'.join(owners)}`: "
+            "choose another folder (nothing was written)"
+        )
+    files = marker.get("files") if isinstance(marker.get("files"), dict) else {}
+    for name in names:
+        if (folder / name).exists() and files.get(name) != writer:
+            by = f"written by `{files[name]}`" if name in files else f"not recorded as written by `{writer}`"
+            raise WriteRefused(
+                f"{flag} {folder}: {name} is there, {by}; `{writer}` replaces only the files it wrote itself: "
+                f"choose another folder or move {folder / name} away (nothing was written)"
+            )
+    if not create or (all(files.get(n) == writer for n in names) and marker.get("writer") in owners):
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"writer": marker.get("writer") or owners[0], "files": {**files, **dict.fromkeys(names, writer)}}
+    tmp = folder / f".{MARKER}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    tmp.replace(folder / MARKER)
+    return folder
+
+
+def _not_protected(folder: Path, flag: str) -> Path:
+    """`folder`, unless it is, or lies inside, a protected folder or is a file."""
+    for place in (folder, *folder.resolve().parents):
+        kind = protected_kind(place)
+        if kind:
+            where = "" if place.resolve() == folder.resolve() else f" (inside {place}, {kind})"
+            raise WriteRefused(f"{flag} {folder}: refusing to write into {kind if not where else 'it'}{where}")
+    if folder.exists() and not folder.is_dir():
+        raise WriteRefused(f"{flag} {folder}: a file, not a folder")
+    return folder
+
+
+def _marker(folder: Path) -> dict:
     try:
         data = json.loads((Path(folder) / MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    return data.get("writer") if isinstance(data, dict) else None
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def written_by(folder: Path) -> str | None:
+    """The writer the folder's marker names (None without a readable one)."""
+    writer = _marker(folder).get("writer")
+    return writer if isinstance(writer, str) else None
 
 
 def protected_kind(folder: Path) -> str | None:

@@ -248,7 +248,39 @@ def test_eval_out_that_cannot_be_written_fails_before_computing(trained_run, tmp
     blocker.write_text("")
     assert main(["eval", "--run", str(trained_run), "--out", str(blocker / "eval.json")]) == 2
     err = capsys.readouterr().err
-    assert f"--out {blocker / 'eval.json'}: cannot create its folder" in err and "evaluating up to" not in err
+    assert f"--out {blocker}: a file, not a folder" in err and "evaluating up to" not in err
+    assert main(["eval", "--run", str(trained_run), "--out", str(blocker / "deeper" / "eval.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {blocker / 'deeper' / 'eval.json'}: cannot create its folder" in err and "evaluating up" not in err
+
+
+def test_eval_out_follows_the_write_rule_and_reruns_over_its_own_file(trained_run, tmp_path, capsys):
+    # docs/reliability.md §8: never over a foreign file, into a checkpoint, a
+    # run or another command's folder; the same command replaces its own file
+    fast = ["eval", "--run", str(trained_run), "--lengths", "1", "--max-tokens", "256", "--out"]
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "eval.json").write_text("mine\n")
+    step = trained_run / "step-00000004"
+    for out, named in (
+        (notes / "eval.json", "holds 1 entry (eval.json), not written by a latte command"),
+        (step / "eval.json", "a checkpoint"),
+        (trained_run / "other.json", "a run folder"),
+        (trained_run / "plots" / "eval.json", f"inside {trained_run}"),
+    ):
+        assert main([*fast, str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {out.parent}" in err and named in err and "evaluating up to" not in err, err
+    assert (notes / "eval.json").read_text() == "mine\n" and not (trained_run / "other.json").exists()
+    assert not (step / "eval.json").exists() and not (trained_run / "plots").exists()
+    mine = tmp_path / "evals" / "eval.json"
+    assert main([*fast, str(mine)]) == 0 and main([*fast, str(mine)]) == 0  # its own file, replaced
+    assert json.loads(mine.read_text())["results"]
+    (mine.parent / "notes.txt").write_text("mine\n")  # a file the command did not write, in its folder
+    assert main([*fast, str(mine.parent / "notes.txt")]) == 2
+    assert "notes.txt is there, not recorded as written by `latte eval`" in capsys.readouterr().err
+    # the run's own report (the default; lm-variants names it with --out) is the run's to write
+    assert main([*fast, str(trained_run / "eval.json")]) == 0 and (trained_run / "eval.json").is_file()
 
 
 def test_bad_float_in_config_fails_before_the_run_folder_is_touched(tmp_path, capsys):

@@ -36,9 +36,17 @@ import torch
 from latte import allocator, reporting
 from latte.arguments import int_at_least
 from latte.files import write_json
+from latte.guard import claim_files
 
 DEFAULT_THREADS = 2
 DEFAULT_OUT = "bench-results"
+# The write rule (latte/guard.py: claim_files): the benchmarks share their
+# --out folder (benchmarks/, bench-results/), each writing only its own files.
+# A new folder's marker names BENCH_FOLDER; the GPU suite's folder (marked by
+# "latte bench suite", experiments/gpu_suite/state.py) takes them too: its
+# stages run them there.
+BENCH_FOLDER = "latte bench"
+BENCH_FOLDER_OWNERS = (BENCH_FOLDER, "latte bench suite")
 
 
 def set_threads(threads: int) -> None:
@@ -231,9 +239,23 @@ def add_common_args(p, *, repeats: int = 5) -> None:
     )
 
 
+def claim_outputs(args, command: str, *names: str, suffixes=(".json", ".md", ".png"), create=False) -> None:
+    """NAME.json, .md and .png of each name are files `latte bench COMMAND`
+    may write in args.out (new, or written by it before), else a WriteRefused
+    (exit 2) naming the folder or file: checked before any work, claimed
+    (`create=True`: the folder made, the files recorded in its marker) right
+    before writing them. Remembers the writer for write_outputs."""
+    args.writer = f"latte bench {command}"
+    names = [f"{n}{s}" for n in names for s in suffixes]
+    claim_files(args.out, args.writer, names, owners=BENCH_FOLDER_OWNERS, flag="--out", create=create)
+
+
 def write_outputs(args, name: str, res: dict, markdown: str, plot, *, image_in_readme: bool = False) -> None:
     """NAME.json, NAME.md and NAME.png in args.out, the README section when
-    --readme is given, and the table on stdout: the same for every benchmark."""
+    --readme is given, and the table on stdout: the same for every benchmark.
+    Checked again by the write rule (claim_outputs) with the writer the
+    benchmark's main claimed as."""
+    claim_outputs(args, args.writer.removeprefix(f"{BENCH_FOLDER} "), name, create=True)
     write_json(args.out / f"{name}.json", res)
     (args.out / f"{name}.md").write_text(markdown)
     png = args.out / f"{name}.png"

@@ -257,6 +257,7 @@ def _write(args, res: dict, echo: bool = False) -> dict:
     res["machine"]["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     res["ratios"] = ops_ratios(res)
     name = output_name(args.dtype)
+    common.claim_outputs(args, "ops", name, create=True)  # the write rule (latte/guard.py)
     common.write_json(args.out / f"{name}.json", res)
     (args.out / f"{name}.md").write_text(markdown_ops(res))
     if echo:

@@ -222,8 +222,10 @@ def markdown(res: dict) -> str:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     name = f"check-{args.device}"
+    common.claim_outputs(args, "check", name, suffixes=(".json", ".md"))  # before any work (latte/guard.py)
 
     def save(res):
+        common.claim_outputs(args, "check", name, suffixes=(".json", ".md"), create=True)
         common.write_json(args.out / f"{name}.json", res)
         (args.out / f"{name}.md").write_text(markdown(res))
 

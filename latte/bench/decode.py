@@ -300,8 +300,10 @@ def plot(res: dict, path) -> bool:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    name = "decode" if args.device == "cpu" else f"decode-{args.device}"
+    common.claim_outputs(args, "decode", name)  # before any work: the write rule (latte/guard.py)
     res = run(args)
-    common.write_outputs(args, "decode" if args.device == "cpu" else f"decode-{args.device}", res, markdown(res), plot)
+    common.write_outputs(args, name, res, markdown(res), plot)
     return res
 
 

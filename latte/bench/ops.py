@@ -441,12 +441,15 @@ def plot(res: dict, path) -> bool:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    name = cuda.output_name(args.dtype) if args.device == "cuda" else "ops-count" if args.count_ops else "ops"
+    common.claim_outputs(args, "ops", name)  # before any work: the write rule (latte/guard.py)
     if args.device == "cuda":
         check_device(args.device)
         return cuda.main_ops(args)
     if args.count_ops:
         common.set_threads(args.threads)
         res = op_count.run(quick=args.quick)
+        common.claim_outputs(args, "ops", "ops-count", create=True)
         common.write_json(args.out / "ops-count.json", res)
         (args.out / "ops-count.md").write_text(op_count.markdown(res))
         print(op_count.markdown(res))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from benchmarks import audit, train
+from latte.guard import MARKER
 from latte.ops import distributions
 from tests.bench.quick_checks import FAST
 from tests.bench.quick_checks import check_files as _check_files
@@ -126,7 +127,9 @@ def test_train_tag_names_its_own_files(tmp_path):
     train.main(FAST + ["--out", str(tmp_path), "--mixers", "softmax", "--seqs", "32"])
     res = train.main(FAST + ["--out", str(tmp_path), "--mixers", "softmax", "--seqs", "32", "--tag", "1thread"])
     assert res["config"]["tag"] == "1thread"
-    assert {p.name for p in tmp_path.glob("*.json")} == {"train.json", "train-1thread.json"}
+    assert {p.name for p in tmp_path.glob("*.json")} == {"train.json", "train-1thread.json", MARKER}
+    files = json.loads((tmp_path / MARKER).read_text())["files"]  # each run's files recorded (latte/guard.py)
+    assert files["train.json"] == files["train-1thread.json"] == "latte bench train"
     assert json.loads((tmp_path / "train.json").read_text())["config"]["tag"] is None
 
 
