@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -391,3 +394,65 @@ def test_mqar_sweep_killed_at_any_point_gives_the_uninterrupted_results(tmp_path
     assert len(list(cells.glob("*.json"))) == 3
     assert M.main(argv("run")) == 0
     assert _mqar_results(tmp_path / "run" / "out") == reference
+
+
+LRA_TIMES = ("wall_s", "loadavg_1min", "resumed_from_step", "train_examples_per_s", "command")
+
+
+def _lra_results(out: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in LRA_TIMES} for r in json.loads((out / "results.json").read_text())]
+
+
+@pytest.mark.slow
+def test_lra_sweep_killed_at_any_point_gives_the_uninterrupted_results(tmp_path, monkeypatch):
+    """A real SIGKILL of the sweep's process right after the first run's
+    step-1 checkpoint (LATTE_FAULTS); then kills simulated in process: after
+    the second run ended but before its cell file was written, halfway
+    through a cell file's write, before the report. The same command then
+    publishes the results of an uninterrupted run (every field but time
+    measurements), and no finished run is resumed for 0 steps."""
+    from experiments.lra import lra
+
+    def argv(name: str) -> list[str]:
+        where = ["--work", str(tmp_path / name / "work"), "--out", str(tmp_path / name / "out")]
+        tiny = ["--override", "train.steps=2", "optim.warmup_steps=0", "train.eval_every=0", "train.save_every=1"]
+        return ["--quick", "--tasks", "listops", "--mixers", "latte", "softmax", "--parts", "train", *where, *tiny]
+
+    assert lra.main(argv("ref")) == 0
+    reference = _lra_results(tmp_path / "ref" / "out")
+    assert len(reference) == 2
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "LATTE_FAULTS": "kill_after_save=1", "PYTHONPATH": str(root)}
+    killed = subprocess.run(
+        [sys.executable, "-m", "latte", "experiment", "lra", *argv("run")], cwd=root, env=env, capture_output=True
+    )
+    work, out = tmp_path / "run" / "work", tmp_path / "run" / "out"
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    assert (work / "listops-latte" / "step-00000001").is_dir() and not (
+        work / "listops-latte" / "step-00000002"
+    ).exists()
+    assert not (work / "cells").exists() and not out.exists()
+    real, calls = lra.run_training, []
+
+    def dies_after_second_run(*args, **kwargs):
+        record = real(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 2:
+            raise _Killed  # the run ended, its cell file is never written
+        return record
+
+    monkeypatch.setattr(lra, "run_training", dies_after_second_run)
+    with pytest.raises(_Killed):
+        lra.main(argv("run"))
+    monkeypatch.setattr(lra, "run_training", real)
+    assert len(list((work / "cells").glob("*.json"))) == 1 and (work / "listops-softmax" / "summary.json").is_file()
+    (work / "cells" / ".half-written.json.tmp-4242").write_text('{"task": "listops", "test_acc')  # a cut write
+    monkeypatch.setattr(lra, "write_results", lambda *a, **k: (_ for _ in ()).throw(_Killed()))
+    with pytest.raises(_Killed):
+        lra.main(argv("run"))
+    monkeypatch.undo()
+    assert len(list((work / "cells").glob("*.json"))) == 2 and not (out / "results.json").exists()
+    assert lra.main(argv("run")) == 0
+    records = json.loads((out / "results.json").read_text())
+    assert _lra_results(out) == reference
+    assert all(r["train_examples_per_s"] > 0 for r in records)  # the finished run was read, not resumed
