@@ -513,3 +513,64 @@ def test_convert_data_sweep_killed_at_any_point_gives_the_uninterrupted_results(
     assert (pilot / "summary.json").read_text() == summary  # the finished run was read, not trained again
     assert CD.main([*argv("run"), *tiny]) == 0
     assert _convert_results(out / "results.json") == reference
+
+
+CONVERT_MEASURED = (*CONVERT_TIMES, "wall_s", "max_load", "decode_ms_per_token")
+
+
+@pytest.mark.slow
+def test_convert_sweep_killed_at_any_point_gives_the_uninterrupted_results(tmp_path, monkeypatch):
+    """`latte experiment convert`, recipes and eval stages: the recipe's
+    `latte convert` process killed with SIGKILL after its step-1 checkpoint;
+    then, in process, a kill inside the fourth eval cell, a cell file's write
+    cut halfway and a kill before the report. The same command then
+    publishes the results of an uninterrupted run, both folders."""
+    from experiments.convert import convert as CV
+    from experiments.convert import convert_stages as CS
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def argv(name: str) -> list[str]:
+        where = ["--runs", str(tmp_path / name / "runs"), "--out", str(tmp_path / name / "out")]
+        return ["--quick", "--recipes", "end_to_end+lora8", "--stages", "recipes,eval", "--corpora", "plays", *where]
+
+    def results(name: str) -> list[list[dict]]:
+        out = tmp_path / name / "out"
+        return [
+            [{k: v for k, v in r.items() if k not in CONVERT_MEASURED} for r in json.loads(p.read_text())]
+            for p in (out / "convert-recipes" / "results.json", out / "convert" / "results.json")
+        ]
+
+    tiny = ["--set", "train.save_every=1"]
+    assert CV.main([*argv("ref"), *tiny]) == 0
+    reference = results("ref")
+    runs, out = tmp_path / "run" / "runs", tmp_path / "run" / "out"
+    monkeypatch.setenv("LATTE_FAULTS", "kill_after_save=1")
+    with pytest.raises(RuntimeError, match="exited -9"):
+        CV.main([*argv("run"), *tiny])
+    monkeypatch.delenv("LATTE_FAULTS")
+    assert not list(runs.glob("cells-*/cells/*.json")) and not out.exists()
+    real, calls = CS._eval_cell, []
+
+    def dies_in_the_fourth(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise _Killed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(CS, "_eval_cell", dies_in_the_fourth)
+    with pytest.raises(_Killed):
+        CV.main([*argv("run"), *tiny])
+    monkeypatch.setattr(CS, "_eval_cell", real)
+    eval_cells = runs / "cells-eval" / "cells"
+    assert len(list(eval_cells.glob("*.json"))) == 3 and len(list((runs / "cells-recipes").rglob("*.json"))) == 3
+    (eval_cells / ".half-written.json.tmp-4242").write_text('{"corpus": "plays", "nl')  # a cut write
+    report = CV.report
+    monkeypatch.setattr(CV, "report", lambda *a, **k: (_ for _ in ()).throw(_Killed()))
+    with pytest.raises(_Killed):
+        CV.main([*argv("run"), *tiny])
+    monkeypatch.setattr(CV, "report", report)
+    assert not (out / "convert" / "results.json").exists()
+    assert CV.main([*argv("run"), *tiny]) == 0
+    assert results("run") == reference
