@@ -611,7 +611,8 @@ def main(argv: list[str]) -> int:
         sets = cell_overrides({"part": "train", "task": "pathfinder"}, args, work)
         example_grid(out / "pathfinder_examples.png", _pathfinder_test_split(sets))
     curves(out / "curves.png", work, records)
-    md = tables_md(records) + _missing_md(missing, argv) + "\n![validation accuracy and training loss](curves.png)\n"
+    md = tables_md(records) + _missing_md(missing, argv) + _in_progress_md(missing, args, work)
+    md += "\n![validation accuracy and training loss](curves.png)\n"
     if "pathfinder" in args.tasks:
         md += "\n![Pathfinder test images with labels](pathfinder_examples.png)\n"
     write_results(out, name, records, md, provenance(NAME, argv, started), readme=args.readme)
@@ -732,6 +733,40 @@ def _missing_md(missing: list[dict], argv: list[str]) -> str:
         f"\n**Missing cells** (not finished when these results were written; the same command without "
         f"--report-only, `{command}`, resumes them): {names}.\n"
     )
+
+
+def _in_progress_md(missing: list[dict], args: argparse.Namespace, work: Path) -> str:
+    """Where each missing training cell's run folder stands (read from its CSV logs):
+    steps done of planned, and its validations so far. Not a result: the run may
+    still be going, and its test split is scored only when it ends."""
+    lines = []
+    for cell in (c for c in missing if c["part"] == "train"):
+        config, overrides = train_overrides(cell["task"], cell["mixer"], work, cell_overrides(cell, args, work))
+        cfg = load_run_config(config, overrides)
+        run = Path(cfg.train.run_dir)
+        train_rows = read_csv(run / "metrics.csv") if (run / "metrics.csv").is_file() else []
+        if not train_rows:
+            continue
+        batch = cfg.train.global_batch_size
+        val = read_csv(run / "val.csv") if (run / "val.csv").is_file() else []
+        seen = {int(v["step"]): v for v in val if v.get("val_accuracy")}
+        curve = ", ".join(
+            f"{step * batch:,}: {float(v['val_accuracy']):.3f} ({int(float(v['val_examples'])):,} examples)"
+            for step, v in sorted(seen.items())
+        )
+        step = int(train_rows[-1]["step"])
+        lines.append(
+            f"- {cell['task']}/{cell['mixer']} (`{run}`): step {step:,} of {cfg.train.steps:,} "
+            f"({step * batch:,} of {cfg.train.steps * batch:,} examples) logged; validation accuracy against "
+            f"examples seen so far: {curve or 'none yet'}."
+        )
+    if not lines:
+        return ""
+    head = (
+        "\n**Runs in progress** (read from their run folders when this was written; not results: the "
+        "test split is scored, at the checkpoint chosen on validation, only when a run ends):\n\n"
+    )
+    return head + "\n".join(lines) + "\n"
 
 
 def budget_of(task: str, budget: str) -> str:

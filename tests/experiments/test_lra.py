@@ -143,6 +143,16 @@ def test_lra_protocol_runs_quick_and_tests_the_checkpoint_chosen_on_validation(t
     md = (out / "results.md").read_text()
     assert "The LRA protocol" in md and "checkpoint chosen on validation" in md and "| 16 |" in md
     assert "old" not in readme.read_text() and "| listops | latte-paper |" in readme.read_text()
+    # --report-only: a run still going is listed with its progress, read from its logs, not as a result
+    going = work / "listops-softmax"
+    going.mkdir()
+    (going / "metrics.csv").write_text("step,loss\n1,2.3\n3,2.2\n")
+    (going / "val.csv").write_text("step,val_accuracy,val_examples\n2,0.5,4\n")
+    assert lra.main([*argv[:6], "softmax", *argv[6:], "--report-only"]) == 0
+    md = (out / "results.md").read_text()
+    assert "Missing cells" in md and "listops/softmax/train" in md and "| listops | softmax |" not in md
+    assert f"- listops/softmax (`{going}`): step 3 of 4 (12 of 16 examples) logged" in md
+    assert "so far: 8: 0.500 (4 examples)." in md
 
 
 def test_the_checkpoint_is_chosen_on_whole_split_validations_that_have_one(tmp_path, monkeypatch):
