@@ -66,6 +66,7 @@ MIXERS = ("latte", "softmax", "linear")
 # Models beside the configs' (a "mixer" of the sweep): name -> (model.mixer, overrides).
 # latte-paper: Latte at the paper's ListOps size (width 128, 6 layers, 40 latents).
 MODELS = {"latte-paper": ("latte", ["model.dim=128", "model.num_layers=6", "model.num_latents=40"])}
+MODEL_TASKS = {"latte-paper": ("listops",)}  # the tasks a model of MODELS is sized for
 ALL_MIXERS = (*MIXERS, *MODELS)
 LRA_TRANSFORMER = {"listops": 0.3637, "pathfinder": 0.7140}  # test accuracy, LRA paper Table 1
 LRA_BUDGET = {
@@ -126,7 +127,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         choices=ALL_MIXERS,
         help=f"{', '.join(MIXERS)} (--budget lra: latte linear softmax latte-paper, in that order); "
-        "latte-paper: Latte at the paper's size (width 128, 6 layers, 40 latents)",
+        "latte-paper: Latte at the paper's ListOps size (width 128, 6 layers, 40 latents; ListOps only)",
     )
     p.add_argument("--parts", nargs="+", default=["generators", "train"], choices=["generators", "train"])
     p.add_argument(
@@ -581,7 +582,8 @@ def main(argv: list[str]) -> int:
     check_overrides(args, work)
     cells = [{"part": "generator", "task": t} for t in args.tasks if "generators" in args.parts and t not in VARIANTS]
     if "train" in args.parts:
-        cells += [{"part": "train", "task": t, "mixer": m} for t in args.tasks for m in args.mixers]
+        pairs = [(t, m) for t in args.tasks for m in args.mixers if t in MODEL_TASKS.get(m, (t,))]
+        cells += [{"part": "train", "task": t, "mixer": m} for t, m in pairs]
     if not cells:
         raise ValueError(
             f"--parts {' '.join(args.parts)} --tasks {' '.join(args.tasks)}: no cells (the control "

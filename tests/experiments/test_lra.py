@@ -153,6 +153,8 @@ def test_lra_protocol_runs_quick_and_tests_the_checkpoint_chosen_on_validation(t
     assert "Missing cells" in md and "listops/softmax/train" in md and "| listops | softmax |" not in md
     assert f"- listops/softmax (`{going}`): step 3 of 4 (12 of 16 examples) logged" in md
     assert "so far: 8: 0.500 (4 examples)." in md
+    with pytest.raises(ValueError, match="no cells"):  # latte-paper is sized for ListOps alone
+        lra.main(["--budget", "lra", "--tasks", "pathfinder", "--mixers", "latte-paper", "--parts", "train"])
 
 
 def test_the_checkpoint_is_chosen_on_whole_split_validations_that_have_one(tmp_path, monkeypatch):
