@@ -609,13 +609,15 @@ def main(argv: list[str]) -> int:
         )
     records.sort(key=_row_order)
     out.mkdir(parents=True, exist_ok=True)
-    if "pathfinder" in args.tasks:
+    # the example images only beside Pathfinder results (a report of none would generate its data for them)
+    pathfinder_done = any(r["task"] == "pathfinder" for r in records)
+    if pathfinder_done:
         sets = cell_overrides({"part": "train", "task": "pathfinder"}, args, work)
         example_grid(out / "pathfinder_examples.png", _pathfinder_test_split(sets))
     curves(out / "curves.png", work, records)
     md = tables_md(records) + _missing_md(missing, argv) + _in_progress_md(missing, args, work)
     md += "\n![validation accuracy and training loss](curves.png)\n"
-    if "pathfinder" in args.tasks:
+    if pathfinder_done:
         md += "\n![Pathfinder test images with labels](pathfinder_examples.png)\n"
     write_results(out, name, records, md, provenance(NAME, argv, started), readme=args.readme)
     print(tables_md(records))

@@ -148,9 +148,11 @@ def test_lra_protocol_runs_quick_and_tests_the_checkpoint_chosen_on_validation(t
     going.mkdir()
     (going / "metrics.csv").write_text("step,loss\n1,2.3\n3,2.2\n")
     (going / "val.csv").write_text("step,val_accuracy,val_examples\n2,0.5,4\n")
-    assert lra.main([*argv[:6], "softmax", *argv[6:], "--report-only"]) == 0
+    assert lra.main([*argv[:5], "pathfinder", argv[5], "softmax", *argv[6:], "--report-only"]) == 0
     md = (out / "results.md").read_text()
     assert "Missing cells" in md and "listops/softmax/train" in md and "| listops | softmax |" not in md
+    assert "pathfinder/latte/train" in md and "pathfinder/latte-paper" not in md  # sized for ListOps alone
+    assert not (out / "pathfinder_examples.png").exists()  # no Pathfinder result to show images beside
     assert f"- listops/softmax (`{going}`): step 3 of 4 (12 of 16 examples) logged" in md
     assert "so far: 8: 0.500 (4 examples)." in md
     with pytest.raises(ValueError, match="no cells"):  # latte-paper is sized for ListOps alone
