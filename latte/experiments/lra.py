@@ -468,13 +468,16 @@ def _lra_verdict(runs: list[dict]) -> str:
     """Each run at the LRA protocol against the LRA Transformer and the majority class."""
     out = []
     for r in (r for r in runs if r.get("budget") == "lra"):
-        above = r["test_accuracy"] - r["majority_baseline"]
-        gap = r["test_accuracy"] - r["lra_transformer"]
+        acc = r["test_accuracy"]
+        above, gap = acc - r["majority_baseline"], acc - r["lra_transformer"]
+        half = 1.96 * math.sqrt(acc * (1 - acc) / r["test_examples"])  # normal approximation, one test split
         out.append(
-            f"- {r['task']}, {r['mixer']}: {r['test_accuracy']:.3f} after {r['examples']:,} examples (chosen at "
-            f"{r['selected_examples']:,}), {100 * above:+.1f} points from the majority class "
-            f"({r['majority_baseline']:.3f}) and {100 * gap:+.1f} points from the LRA Transformer "
-            f"({r['lra_transformer']:.3f}, trained on {LRA_BUDGET[r['task']]})."
+            f"- {r['task']}, {r['mixer']}: {acc:.4f} after {r['examples']:,} examples (chosen at "
+            f"{r['selected_examples']:,}; 95% interval of {r['test_examples']:,} test examples ± {100 * half:.1f} "
+            f"points), {100 * above:+.1f} points from the majority class ({r['majority_baseline']:.4f}) and "
+            f"{100 * gap:+.2f} points from the LRA Transformer ({r['lra_transformer']:.4f}, trained on "
+            f"{LRA_BUDGET[r['task']]}): {'level with it' if abs(gap) <= half else 'above' if gap > 0 else 'below'} "
+            "within that interval."
         )
     return "\n".join(out)
 
