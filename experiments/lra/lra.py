@@ -5,6 +5,9 @@ the bidirectional model, latte against softmax and linear attention.
     latte experiment lra --quick --out /tmp/x # seconds: what the tests run
     latte experiment lra --budget reduced --work runs/lra-reduced   # 200 x 16 for ListOps/Pathfinder,
                                               # marked as a reduced CPU budget everywhere
+    latte experiment lra --budget lra --tasks listops --parts train --work runs/lra-protocol
+                                              # ListOps at the LRA's own protocol (5,000 x 32 on
+                                              # 96,000 expressions), checkpoint chosen on validation
 
 Parts, each a resumable sweep cell under --work (a killed run continues;
 a killed training resumes from its last checkpoint, exactly):
@@ -32,6 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from experiments.common.cells import finished_summary, run_protocol, set_aside_changed_run
 from experiments.common.results import Sweep, check_readme, claim_results, provenance, write_results
@@ -39,7 +43,9 @@ from latte.data.lra import listops, load_task, pathfinder
 from latte.reporting import pyplot, save_figure
 from latte.train.checkpoint import find_latest_checkpoint
 from latte.train.loop import train
+from latte.train.manifest import step_dir_name, step_dirs
 from latte.train.metrics import read_csv
+from latte.train.runs import open_run
 from latte.train.task import load_run_config
 
 NAME = "lra"
@@ -58,6 +64,11 @@ VARIANTS = {
     )
 }
 MIXERS = ("latte", "softmax", "linear")
+# Models beside the configs' (a "mixer" of the sweep): name -> (model.mixer, overrides).
+# latte-paper: Latte at the paper's ListOps size (width 128, 6 layers, 40 latents).
+MODELS = {"latte-paper": ("latte", ["model.dim=128", "model.num_layers=6", "model.num_latents=40"])}
+MODEL_TASKS = {"latte-paper": ("listops",)}  # the tasks a model of MODELS is sized for
+ALL_MIXERS = (*MIXERS, *MODELS)
 LRA_TRANSFORMER = {"listops": 0.3637, "pathfinder": 0.7140}  # test accuracy, LRA paper Table 1
 LRA_BUDGET = {
     "listops": "5K steps x batch 32 (160K examples), 6 layers, dim 512",
@@ -87,14 +98,38 @@ QUICK_LISTOPS = ["data.listops_min_length=20", "data.listops_max_length=60", "da
 # --budget reduced: the LRA tasks cut to 200 steps x 16 (3,200 examples; warm-up kept at 1/16 of the
 # steps), what fits in about an hour of one shared CPU thread; the control keeps its config budget.
 REDUCED = ["train.steps=200", "optim.warmup_steps=25", "train.eval_every=50", "train.save_every=50"]
+# --budget lra: ListOps at the LRA's own protocol: 96,000 training expressions (the same stream,
+# cut after the unchanged test and validation splits: see latte.data.lra.common), 5,000 steps x 32
+# (warm-up 1/16 of the steps, as the config's 100 of 1,600). Pathfinder at what fits about 2 hours
+# per mixer on 2 threads (softmax, the slowest, at an estimated 50 examples/s): 160,000 training
+# images (the LRA's training split size), 9,000 steps x 32 = 288,000 examples, 1/111 of the LRA's
+# 200 epochs x 160,000. Every periodic validation scores the whole validation split and every one
+# has a checkpoint (kept): the test split is scored at the step of the best validation accuracy.
+LRA_PROTOCOL = {
+    "listops": ["data.train_examples=96000", "train.steps=5000", "optim.warmup_steps=312", "train.eval_every=250"],
+    "pathfinder": ["data.train_examples=160000", "train.steps=9000", "optim.warmup_steps=562", "train.eval_every=500"],
+}
+LRA_EVERY = {"listops": 250, "pathfinder": 500}
+LRA_COMMON = ["train.global_batch_size=32", "train.eval_batches=0"]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(allow_abbrev=False, prog="latte experiment lra", description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="results/lra", help="where results.json/md and the PNGs go")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="where results.json/md and the PNGs go (results/lra; with --budget lra: results/lra-protocol)",
+    )
     p.add_argument("--work", default="runs/lra", help="run folders and finished sweep cells (resumable)")
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
-    p.add_argument("--mixers", nargs="+", default=list(MIXERS), choices=MIXERS)
+    p.add_argument(
+        "--mixers",
+        nargs="+",
+        default=None,
+        choices=ALL_MIXERS,
+        help=f"{', '.join(MIXERS)} (--budget lra: latte linear softmax latte-paper, in that order); "
+        "latte-paper: Latte at the paper's ListOps size (width 128, 6 layers, 40 latents; ListOps only)",
+    )
     p.add_argument("--parts", nargs="+", default=["generators", "train"], choices=["generators", "train"])
     p.add_argument(
         "--readme",
@@ -105,9 +140,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--budget",
         default="full",
-        choices=["full", "reduced"],
+        choices=["full", "reduced", "lra"],
         help="full: the configs' 1,600 steps x 16; reduced: 200 steps x 16 for listops and "
-        "pathfinder (a reduced CPU budget, said so in every output)",
+        "pathfinder (a reduced CPU budget, said so in every output); lra: ListOps at the LRA "
+        "protocol (96,000 expressions, 5,000 steps x 32), Pathfinder at 9,000 x 32 on 160,000 "
+        "images, the test split scored at the checkpoint of the best validation accuracy",
     )
     p.add_argument(
         "--full-work",
@@ -127,7 +164,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="SECTION.FIELD=VALUE",
         help="extra config overrides for every training run",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    lra = args.budget == "lra"
+    args.out = args.out or ("results/lra-protocol" if lra else "results/lra")
+    args.mixers = args.mixers or (["latte", "linear", "softmax", "latte-paper"] if lra else list(MIXERS))
+    return args
 
 
 # --------------------------------------------------------------------------- generators
@@ -184,11 +225,14 @@ def example_grid(path: Path, data, count: int = 24) -> Path | None:
 def train_overrides(task: str, mixer: str, work: Path, extra: list[str]) -> tuple[str, list[str]]:
     """(config name, overrides) of one cell: `latte train --config <name> --<override> ...`."""
     base, variant = VARIANTS.get(task, (task, []))
-    return f"lra/{base}", [f"model.mixer={mixer}", f"train.run_dir={work / f'{task}-{mixer}'}", *variant, *extra]
+    model, sizes = MODELS.get(mixer, (mixer, []))
+    run_dir = f"train.run_dir={work / f'{task}-{mixer}'}"
+    return f"lra/{base}", [f"model.mixer={model}", *sizes, run_dir, *variant, *extra]
 
 
-def run_training(task: str, mixer: str, work: Path, extra: list[str]) -> dict:
-    """Trains one cell in this process (resuming its run folder) and reads back its summary."""
+def run_training(task: str, mixer: str, work: Path, extra: list[str], budget: str = "full") -> dict:
+    """Trains one cell in this process (resuming its run folder) and reads back its
+    summary; with budget lra, the test split is scored at the checkpoint chosen on validation."""
 
     config, overrides = train_overrides(task, mixer, work, extra)
     cfg = load_run_config(config, overrides)
@@ -196,7 +240,7 @@ def run_training(task: str, mixer: str, work: Path, extra: list[str]) -> dict:
     # wall_s covers this process only: a resumed run says from which step
     latest = find_latest_checkpoint(cfg.train.run_dir) if Path(cfg.train.run_dir).is_dir() else None
     resumed_from = int(latest.name.rsplit("-", 1)[1]) if latest is not None else 0
-    t0 = time.time()
+    t0, load_start = time.time(), os.getloadavg()[0]
     # a run that already ended (killed before its cell was written) is read, not resumed for 0 steps:
     # its summary keeps the training's throughput (cells.py: finished_summary)
     s = finished_summary(cfg.train.run_dir, cfg.train.steps)
@@ -226,8 +270,67 @@ def run_training(task: str, mixer: str, work: Path, extra: list[str]) -> dict:
         "train_label_counts": " ".join(map(str, counts["train"])),
         "test_label_counts": " ".join(map(str, counts["test"])),
         "loadavg_1min": round(os.getloadavg()[0], 2),
+        "loadavg_start": round(load_start, 2),
+        "threads": torch.get_num_threads(),
+        "run_wall_s": round(s.get("wall_time_s") or 0.0, 1),  # every process that trained the run
         "command": shlex.join(["latte", "train", "--config", config, *(f"--{o}" for o in overrides)]),
+        **(chosen_on_validation(Path(cfg.train.run_dir), s) if budget == "lra" else {}),
     }
+
+
+def validation_curve(run_dir: Path, whole: int) -> dict[int, float]:
+    """step -> accuracy of the validations of the whole split (`whole` examples) in
+    the run's val.csv; a later row of a step (a resumed run's) replaces an earlier."""
+    rows = read_csv(run_dir / "val.csv") if (run_dir / "val.csv").is_file() else []
+    return {
+        int(r["step"]): float(r["val_accuracy"])
+        for r in rows
+        if r.get("val_accuracy") and round(float(r["val_examples"])) == whole
+    }
+
+
+def chosen_on_validation(run_dir: Path, summary: dict) -> dict:
+    """The test metrics at the checkpoint of the best whole-split validation accuracy
+    (the earliest of equals), the last step's beside them, and the validation curve.
+    The chosen checkpoint is scored on validation again: it must give val.csv's accuracy."""
+    whole = summary["split_examples"]["validation"]
+    curve = validation_curve(run_dir, whole)
+    saved = {step for step, _ in step_dirs(run_dir)}
+    scored = [(acc, -step) for step, acc in curve.items() if step in saved]
+    if not scored:
+        raise RuntimeError(
+            f"{run_dir}: no validation of the whole split ({whole} examples) in val.csv has a checkpoint "
+            "to choose (--budget lra validates the whole split at every checkpoint)"
+        )
+    acc, step = max(scored)[0], -max(scored)[1]
+    val, test = score_checkpoint(run_dir / step_dir_name(step))
+    if abs(val["accuracy"] - acc) > 1.5 / whole:  # the same weights: at most a near-tie's argmax may move
+        raise RuntimeError(
+            f"{run_dir / step_dir_name(step)}: validation accuracy {val['accuracy']:.4f} now, {acc:.4f} "
+            "in val.csv at that step: the checkpoint does not hold the weights that were validated"
+        )
+    batch = summary["examples_seen"] // max(1, summary["step"])
+    return {
+        "selection": "best validation accuracy",
+        "selected_step": step,
+        "selected_examples": step * batch,
+        "val_accuracy": acc,
+        "test_accuracy": test["accuracy"],
+        "test_balanced_accuracy": test["balanced_accuracy"],
+        "test_macro_f1": test["macro_f1"],
+        "final_val_accuracy": summary["val_accuracy"],
+        "final_test_accuracy": summary["test_accuracy"],
+        "val_curve": " ".join(f"{k * batch}:{v:.4f}" for k, v in sorted(curve.items())),
+    }
+
+
+def score_checkpoint(step_dir: Path) -> tuple[dict, dict]:
+    """(validation, test) metrics of one checkpoint, on the splits its config names."""
+    trained = open_run(step_dir)
+    task = trained.task
+    task._load(log=None)  # the splits (from the data cache) that inference alone does not load
+    with torch.no_grad():
+        return tuple(task._score(trained.model, task.splits[split], 0) for split in ("validation", "test"))
 
 
 # --------------------------------------------------------------------------- outputs
@@ -315,7 +418,7 @@ def tables_md(records: list[dict]) -> str:
         ]
         lines += _label_table(runs)
         lines += ["Commands (one per row, in this order):", "", "```"] + [r["command"] for r in runs] + ["```", ""]
-        lines += [_verdict(runs), ""]
+        lines += [*_lra_tables(runs), _verdict(runs), ""]
     if gens:
         lines += [
             "| generator | per second (wall), one process | per CPU second | CPU share of the process "
@@ -335,8 +438,24 @@ def tables_md(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+LRA_NOTE = (
+    "**The LRA protocol.** Rows marked `lra`: ListOps trained as the Long Range Arena trains it, 5,000 "
+    "steps x 32 = 160,000 examples on 96,000 generated training expressions (the generator's stream cut "
+    "after the 2,000-example test and 1,000-example validation splits, which stay as they were: the three "
+    "are disjoint), warm-up 312 steps then cosine decay; Pathfinder at 9,000 x 32 = 288,000 examples on "
+    "160,000 images (the LRA's 200 epochs x 160,000 = 32M examples is 111 times more). The whole "
+    "validation split is scored every 250 (ListOps) or 500 (Pathfinder) steps, each time with a "
+    "checkpoint; the test accuracy is that of the checkpoint with the best validation accuracy (the last "
+    "step's is shown beside it). The model is the config's (width 64, 2 layers) for latte, softmax and "
+    "linear; latte-paper is Latte at the paper's ListOps size (width 128, 6 layers, 40 latents); the LRA "
+    "Transformer is width 512, 6 layers."
+)
+
+
 def _budget_note(runs: list[dict]) -> list[str]:
     """Says plainly when the LRA tasks ran on the reduced CPU budget, and how to run the full one."""
+    if any(r.get("budget") == "lra" for r in runs):
+        return [LRA_NOTE, ""]
     if not any(r.get("budget") == "reduced" for r in runs):
         return ["Budget: the configs' (`latte/configs/lra/*.yaml`), the same for every mixer of a task.", ""]
     return [
@@ -348,6 +467,24 @@ def _budget_note(runs: list[dict]) -> list[str]:
         "Full mode: `latte experiment lra --readme results/README.md`.",
         "",
     ]
+
+
+def _lra_verdict(runs: list[dict]) -> str:
+    """Each run at the LRA protocol against the LRA Transformer and the majority class."""
+    out = []
+    for r in (r for r in runs if r.get("budget") == "lra"):
+        acc = r["test_accuracy"]
+        above, gap = acc - r["majority_baseline"], acc - r["lra_transformer"]
+        half = 1.96 * math.sqrt(acc * (1 - acc) / r["test_examples"])  # normal approximation, one test split
+        out.append(
+            f"- {r['task']}, {r['mixer']}: {acc:.4f} after {r['examples']:,} examples (chosen at "
+            f"{r['selected_examples']:,}; 95% interval of {r['test_examples']:,} test examples ± {100 * half:.1f} "
+            f"points), {100 * above:+.1f} points from the majority class ({r['majority_baseline']:.4f}) and "
+            f"{100 * gap:+.2f} points from the LRA Transformer ({r['lra_transformer']:.4f}, trained on "
+            f"{LRA_BUDGET[r['task']]}): {'level with it' if abs(gap) <= half else 'above' if gap > 0 else 'below'} "
+            "within that interval."
+        )
+    return "\n".join(out)
 
 
 def _wall(r: dict) -> str:
@@ -376,8 +513,46 @@ def _label_table(runs: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def _lra_tables(runs: list[dict]) -> list[str]:
+    """The runs at the LRA protocol: the checkpoint chosen on validation, the run's wall
+    time, threads and load; then each task's validation accuracy against examples seen."""
+    rows = [r for r in runs if r.get("budget") == "lra"]
+    if not rows:
+        return []
+    lines = [
+        "| task | model | test accuracy (checkpoint chosen on validation) | chosen at step (examples) "
+        "| validation there | test / validation at the last step | majority class | LRA Transformer "
+        "| wall time of the run | threads | load average (start, end) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['task']} | {r['mixer']} | {r['test_accuracy']:.3f} | {r['selected_step']:,} "
+            f"({r['selected_examples']:,}) | {r['val_accuracy']:.3f} | {r['final_test_accuracy']:.3f} / "
+            f"{r['final_val_accuracy']:.3f} | {r['majority_baseline']:.3f} | {_fmt(r['lra_transformer'])} "
+            f"| {r['run_wall_s'] / 60:.0f} min | {r['threads']} | {r['loadavg_start']:.1f}, {r['loadavg_1min']:.1f} |"
+        )
+    lines.append("")
+    for task in TASKS:
+        curves = {r["mixer"]: dict(p.split(":") for p in r["val_curve"].split()) for r in rows if r["task"] == task}
+        if not curves:
+            continue
+        xs = sorted({int(x) for c in curves.values() for x in c})
+        lines += [
+            f"{task}: validation accuracy (whole split) against training examples seen",
+            "",
+            "| examples seen | " + " | ".join(curves) + " |",
+            "|---|" + "---|" * len(curves),
+            *(f"| {x:,} | " + " | ".join(c.get(str(x), "-") for c in curves.values()) + " |" for x in xs),
+            "",
+        ]
+    return lines
+
+
 def _verdict(runs: list[dict]) -> str:
     """What the numbers say against the LRA reference, and what scale would close the gap."""
+    if any(r.get("budget") == "lra" for r in runs):
+        return _lra_verdict(runs)
     out = []
     for task in TASKS:
         rs = [r for r in runs if r["task"] == task]
@@ -410,14 +585,14 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     started = time.time()
     out, work = Path(args.out), Path(args.work)
-    check_readme(args.readme, [NAME])
+    name = section_name(args.budget)
+    check_readme(args.readme, [name])
     check_overrides(args, work)
     claim_results(out, NAME, create=False)  # before any work: the one write rule (latte/guard.py)
-    quick = [*QUICK, f"data.cache_dir={work / 'cache'}"] if args.quick else []
-    extra = [*quick, *args.override]
     cells = [{"part": "generator", "task": t} for t in args.tasks if "generators" in args.parts and t not in VARIANTS]
     if "train" in args.parts:
-        cells += [{"part": "train", "task": t, "mixer": m} for t in args.tasks for m in args.mixers]
+        pairs = [(t, m) for t in args.tasks for m in args.mixers if t in MODEL_TASKS.get(m, (t,))]
+        cells += [{"part": "train", "task": t, "mixer": m} for t, m in pairs]
     if not cells:
         raise ValueError(
             f"--parts {' '.join(args.parts)} --tasks {' '.join(args.tasks)}: no cells (the control "
@@ -428,7 +603,8 @@ def main(argv: list[str]) -> int:
         if cell["part"] == "generator":
             return generator_speed(cell["task"], args.quick)
         budget = budget_of(cell["task"], args.budget)
-        return {"budget": budget, **run_training(cell["task"], cell["mixer"], work, cell_overrides(cell, args, work))}
+        overrides = cell_overrides(cell, args, work)
+        return {"budget": budget, **run_training(cell["task"], cell["mixer"], work, overrides, budget)}
 
     sweep = Sweep(work, cells, **sweep_checks(args, work))
     missing = sweep.pending() if args.report_only else []
@@ -442,15 +618,24 @@ def main(argv: list[str]) -> int:
         )
     records.sort(key=_row_order)
     claim_results(out, NAME)
-    if "pathfinder" in args.tasks:
-        example_grid(out / "pathfinder_examples.png", _pathfinder_test_split(extra))
+    # the example images only beside Pathfinder results (a report of none would generate its data for them)
+    pathfinder_done = any(r["task"] == "pathfinder" for r in records)
+    if pathfinder_done:
+        sets = cell_overrides({"part": "train", "task": "pathfinder"}, args, work)
+        example_grid(out / "pathfinder_examples.png", _pathfinder_test_split(sets))
     curves(out / "curves.png", work, records)
-    md = tables_md(records) + _missing_md(missing) + "\n![validation accuracy and training loss](curves.png)\n"
-    if "pathfinder" in args.tasks:
+    md = tables_md(records) + _missing_md(missing, argv) + _in_progress_md(missing, args, work)
+    md += "\n![validation accuracy and training loss](curves.png)\n"
+    if pathfinder_done:
         md += "\n![Pathfinder test images with labels](pathfinder_examples.png)\n"
-    write_results(out, NAME, records, md, provenance(NAME, argv, started), readme=args.readme)
+    write_results(out, name, records, md, provenance(NAME, argv, started), readme=args.readme)
     print(tables_md(records))
     return 0
+
+
+def section_name(budget: str) -> str:
+    """The README section (results:NAME) of a budget: the LRA protocol's has its own."""
+    return "lra-protocol" if budget == "lra" else NAME
 
 
 def cell_overrides(cell: dict, args: argparse.Namespace, work: Path, budget: str | None = None) -> list[str]:
@@ -458,8 +643,21 @@ def cell_overrides(cell: dict, args: argparse.Namespace, work: Path, budget: str
     last: it wins over the budget's). `budget`: instead of the command's."""
     quick = [*QUICK, f"data.cache_dir={work / 'cache'}"] if args.quick else []
     quick_task = QUICK_LISTOPS if args.quick and cell["task"] == "listops" else []
-    reduced = REDUCED if (budget or budget_of(cell["task"], args.budget)) == "reduced" else []
-    return [*quick, *quick_task, *reduced, *args.override]
+    own = budget_overrides(cell["task"], budget or budget_of(cell["task"], args.budget), work)
+    return [*own, *quick, *quick_task, *args.override]
+
+
+def budget_overrides(task: str, budget: str, work: Path) -> list[str]:
+    """The overrides of a task's budget (before --quick's sizes, which win in the tests)."""
+    if budget == "reduced":
+        return REDUCED
+    if budget != "lra":
+        return []
+    every = LRA_EVERY[task]  # a checkpoint at every validation, all kept, for the choice on validation
+    steps = int(next(o for o in LRA_PROTOCOL[task] if o.startswith("train.steps=")).split("=")[1])
+    keep = steps // every + 5
+    saves = [f"train.save_every={every}", f"train.keep={keep}", f"data.cache_dir={work / 'cache'}"]
+    return [*LRA_PROTOCOL[task], *LRA_COMMON, *saves]
 
 
 def generator_count(task: str, quick: bool) -> int:
@@ -517,23 +715,58 @@ def _row_order(r: dict) -> tuple:
         r["part"] != "generator",
         TASKS.index(r["task"]),
         r.get("budget") == "full",
-        MIXERS.index(r["mixer"]) if "mixer" in r else 0,
+        ALL_MIXERS.index(r["mixer"]) if "mixer" in r else 0,
     )
 
 
-def _missing_md(missing: list[dict]) -> str:
+def _missing_md(missing: list[dict], argv: list[str]) -> str:
     if not missing:
         return ""
     names = ", ".join("/".join(str(c[k]) for k in ("task", "mixer", "part") if k in c) for c in missing)
+    command = shlex.join(["latte", "experiment", NAME, *(a for a in argv if a != "--report-only")])
     return (
-        f"\n**Missing cells** (not finished when these results were written; `latte experiment lra` "
-        f"with the same arguments, without --report-only, resumes them): {names}.\n"
+        f"\n**Missing cells** (not finished when these results were written; the same command without "
+        f"--report-only, `{command}`, resumes them): {names}.\n"
     )
+
+
+def _in_progress_md(missing: list[dict], args: argparse.Namespace, work: Path) -> str:
+    """Where each missing training cell's run folder stands (read from its CSV logs):
+    steps done of planned, and its validations so far. Not a result: the run may
+    still be going, and its test split is scored only when it ends."""
+    lines = []
+    for cell in (c for c in missing if c["part"] == "train"):
+        config, overrides = train_overrides(cell["task"], cell["mixer"], work, cell_overrides(cell, args, work))
+        cfg = load_run_config(config, overrides)
+        run = Path(cfg.train.run_dir)
+        train_rows = read_csv(run / "metrics.csv") if (run / "metrics.csv").is_file() else []
+        if not train_rows:
+            continue
+        batch = cfg.train.global_batch_size
+        val = read_csv(run / "val.csv") if (run / "val.csv").is_file() else []
+        seen = {int(v["step"]): v for v in val if v.get("val_accuracy")}
+        curve = ", ".join(
+            f"{step * batch:,}: {float(v['val_accuracy']):.3f} ({int(float(v['val_examples'])):,} examples)"
+            for step, v in sorted(seen.items())
+        )
+        step = int(train_rows[-1]["step"])
+        lines.append(
+            f"- {cell['task']}/{cell['mixer']} (`{run}`): step {step:,} of {cfg.train.steps:,} "
+            f"({step * batch:,} of {cfg.train.steps * batch:,} examples) logged; validation accuracy against "
+            f"examples seen so far: {curve or 'none yet'}."
+        )
+    if not lines:
+        return ""
+    head = (
+        "\n**Runs in progress** (read from their run folders when this was written; not results: the "
+        "test split is scored, at the checkpoint chosen on validation, only when a run ends):\n\n"
+    )
+    return head + "\n".join(lines) + "\n"
 
 
 def budget_of(task: str, budget: str) -> str:
     """How a cell's budget compares with the configs' (recorded in every training record)."""
-    return "reduced" if budget == "reduced" and task not in VARIANTS else "full"
+    return budget if budget in ("reduced", "lra") and task not in VARIANTS else "full"
 
 
 def _pathfinder_test_split(extra: list[str]):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -142,6 +144,109 @@ def seed_table(head: list[dict], other: list[dict], epochs: int) -> str:
         "examples are the same for every seed. The tables above show seed 0 at the plan's epochs.\n\n"
         + "\n".join(lines)
     )
+
+
+# The pair of equal attention state that issue 44 asks to order: Latte with num_latents = dim
+# against linear attention, both with the short convolution in front of q/k.
+PAIR = ("latte-conv", "linear-conv")
+
+
+def paired_table(records: list[dict]) -> str:
+    """Latte-conv (num_latents = dim) minus linear-conv per seed, for each (setting, dim,
+    lr, epochs) where both ran at two seeds or more: the differences, their mean, standard
+    deviation, 95% confidence interval and two-sided paired t-test p, and the exact
+    sign-flip (permutation) p, which needs no normality (its smallest value is 2 / 2^n)."""
+    runs = defaultdict(dict)
+    for r in records:
+        if r["model"] in PAIR and (r["model"] == PAIR[1] or r["num_latents"] == r["dim"]) and not r.get("incomplete"):
+            runs[(r["seq_len"], r["num_kv_pairs"], r["dim"], r["lr"], r["max_epochs"])][(r["model"], r["seed"])] = r
+    lines = []
+    for key in sorted(runs):
+        got = runs[key]
+        seeds = sorted({s for m, s in got if (PAIR[0], s) in got and (PAIR[1], s) in got})
+        if len(seeds) < 2:
+            continue
+        d = [got[PAIR[0], s]["accuracy"] - got[PAIR[1], s]["accuracy"] for s in seeds]
+        st = paired_stats(d)
+        T, P, dim, lr, epochs = key
+        lines.append(
+            f"| {T}, {P} | {dim} | {lr:g} | {epochs} | {', '.join(map(str, seeds))} | "
+            + ", ".join(f"{x:+.3f}" for x in d)
+            + f" | {st['mean']:+.3f} ± {st['std']:.3f} | [{st['ci_low']:+.3f}, {st['ci_high']:+.3f}] "
+            f"| {st['t']:+.2f} ({st['n'] - 1} df), p = {st['p_t']:.3f} | {st['p_sign_flip']:.3f} | {_order(st)} |"
+        )
+    if not lines:
+        return ""
+    return (
+        f"Accuracy of {PAIR[0]} (num_latents = dim) minus {PAIR[1]}, per seed (the same seed gives both "
+        "the same batch order), at equal attention state:\n\n"
+        "| T, pairs | dim | lr | epochs | seeds | difference per seed | mean ± std | 95% interval "
+        "| paired t | sign-flip p | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines)
+    )
+
+
+def _order(st: dict) -> str:
+    """Which family leads, when the paired t-test's 95% interval excludes 0."""
+    if st["ci_low"] > 0:
+        return f"{PAIR[0]} ahead (p < 0.05)"
+    if st["ci_high"] < 0:
+        return f"{PAIR[1]} ahead (p < 0.05)"
+    return "undecided (the 95% interval holds 0)"
+
+
+def paired_stats(d: list[float]) -> dict:
+    """Mean, standard deviation, Student-t 95% interval and two-sided p of paired
+    differences, and the exact two-sided sign-flip p (every assignment of signs)."""
+    n = len(d)
+    if n < 2:
+        raise ValueError(f"paired_stats: need at least 2 differences, got {n}")
+    mean, std = statistics.mean(d), statistics.stdev(d)
+    se = std / math.sqrt(n)
+    t = mean / se if se > 0 else math.copysign(math.inf, mean) if mean else 0.0
+    half = t_quantile(0.975, n - 1) * se
+    observed = abs(sum(d)) - 1e-12
+    flips = [abs(sum(s * x for s, x in zip(signs, d))) >= observed for signs in itertools.product((1, -1), repeat=n)]
+    return {
+        "n": n,
+        "mean": mean,
+        "std": std,
+        "ci_low": mean - half,
+        "ci_high": mean + half,
+        "t": t,
+        "p_t": 1.0 - t_central(abs(t), n - 1) if math.isfinite(t) else 0.0,
+        "p_sign_flip": sum(flips) / len(flips),
+    }
+
+
+def t_central(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with an integer df >= 1, t >= 0, in closed form
+    (Abramowitz and Stegun 26.7.3-26.7.4)."""
+    if df < 1 or t < 0:
+        raise ValueError(f"t_central: need df >= 1 and t >= 0, got df={df}, t={t}")
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd: 2/pi (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...))
+        term, total = 1.0, 1.0 if df > 1 else 0.0
+        for k in range(1, (df - 3) // 2 + 1):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    term, total = 1.0, 1.0  # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
+    for k in range(1, (df - 2) // 2 + 1):
+        term *= c2 * (2 * k - 1) / (2 * k)
+        total += term
+    return math.sin(theta) * total
+
+
+def t_quantile(q: float, df: int) -> float:
+    """The q quantile (q in (0.5, 1)) of Student's t with df degrees of freedom, by bisection."""
+    lo, hi = 0.0, 1.0
+    while 0.5 + t_central(hi, df) / 2 < q:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if 0.5 + t_central(mid, df) / 2 < q else (lo, mid)
+    return (lo + hi) / 2
 
 
 def _protocol(r: dict, epochs: int) -> str:
@@ -287,6 +392,9 @@ def report(
     seeds = seed_table(head, other, budget.epochs)
     if seeds:
         parts += ["## Seeds and longer training (the cells run at more than one seed or epoch budget)", seeds]
+    paired = paired_table(records)
+    if paired:
+        parts += [f"## {PAIR[0]} against {PAIR[1]}, paired by seed", paired]
     by_lr = lr_table(head)
     if by_lr:
         parts += ["## Accuracy at each learning rate (the runs tried at more than one)", by_lr]

@@ -115,3 +115,75 @@ def test_reduced_budget_is_marked_and_shows_full_budget_cells(tmp_path):
     md = (out / "results.md").read_text()
     assert "Missing cells" in md and "listops/softmax/train" in md and "| listops | softmax |" not in md
     assert not (work / "listops-softmax").exists()
+
+
+def test_lra_protocol_runs_quick_and_tests_the_checkpoint_chosen_on_validation(tmp_path):
+    """--budget lra: the LRA protocol's overrides (96,000 expressions, 5,000 x 32, a
+    checkpoint at every whole-split validation, all kept), Latte at the paper's size as
+    its own row, the test split scored at the best validation's checkpoint, its own
+    README section; --quick's sizes and the user's overrides win, so this takes seconds."""
+    out, work, readme = tmp_path / "out", tmp_path / "work", tmp_path / "README.md"
+    readme.write_text("<!-- results:lra-protocol:start -->\nold\n<!-- results:lra-protocol:end -->\n")
+    argv = ["--quick", "--budget", "lra", "--tasks", "listops", "--mixers", "latte", "latte-paper"]
+    argv += ["--parts", "train", "--out", str(out), "--work", str(work), "--readme", str(readme), "--override"]
+    argv += ["train.steps=4", "train.eval_every=2", "train.save_every=2", "optim.warmup_steps=0"]
+    assert lra.main(argv) == 0
+    records = {r["mixer"]: r for r in json.loads((out / "results.json").read_text())}
+    assert set(records) == {"latte", "latte-paper"}
+    protocol = "--data.train_examples=96000 --train.steps=5000 --optim.warmup_steps=312 --train.eval_every=250"
+    protocol += " --train.global_batch_size=32 --train.eval_batches=0 --train.save_every=250 --train.keep=25"
+    for r in records.values():
+        assert r["budget"] == "lra" and protocol in r["command"] and r["examples"] == 4 * 4
+        curve = dict(p.split(":") for p in r["val_curve"].split())
+        assert list(curve) == ["8", "16"]  # steps 2 and 4 at batch 4, each on the whole validation split
+        best = max(float(a) for a in curve.values())
+        assert r["val_accuracy"] == best and float(curve[str(r["selected_examples"])]) == best
+        assert r["selected_step"] * 4 == r["selected_examples"] and 0 <= r["test_accuracy"] <= 1
+        assert r["final_test_accuracy"] >= 0 and r["threads"] >= 1 and r["run_wall_s"] > 0
+    assert "--model.dim=128 --model.num_layers=6 --model.num_latents=40" in records["latte-paper"]["command"]
+    md = (out / "results.md").read_text()
+    assert "The LRA protocol" in md and "checkpoint chosen on validation" in md and "| 16 |" in md
+    assert "old" not in readme.read_text() and "| listops | latte-paper |" in readme.read_text()
+    # --report-only: a run still going is listed with its progress, read from its logs, not as a result
+    going = work / "listops-softmax"
+    going.mkdir()
+    (going / "metrics.csv").write_text("step,loss\n1,2.3\n3,2.2\n")
+    (going / "val.csv").write_text("step,val_accuracy,val_examples\n2,0.5,4\n")
+    assert lra.main([*argv[:5], "pathfinder", argv[5], "softmax", *argv[6:], "--report-only"]) == 0
+    md = (out / "results.md").read_text()
+    assert "Missing cells" in md and "listops/softmax/train" in md and "| listops | softmax |" not in md
+    assert "pathfinder/latte/train" in md and "pathfinder/latte-paper" not in md  # sized for ListOps alone
+    assert not (out / "pathfinder_examples.png").exists()  # no Pathfinder result to show images beside
+    assert f"- listops/softmax (`{going}`): step 3 of 4 (12 of 16 examples) logged" in md
+    assert "so far: 8: 0.500 (4 examples)." in md
+    with pytest.raises(ValueError, match="no cells"):  # latte-paper is sized for ListOps alone
+        lra.main(["--budget", "lra", "--tasks", "pathfinder", "--mixers", "latte-paper", "--parts", "train"])
+
+
+def test_the_checkpoint_is_chosen_on_whole_split_validations_that_have_one(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "val.csv").write_text(
+        "step,val_accuracy,val_examples\n2,0.50,4\n4,0.25,4\n6,0.75,2\n8,0.90,4\n4,0.50,4\n"
+    )  # 6: a partial validation; 8: no checkpoint; 4 twice (a resumed run): the later row counts
+    for step in (2, 4, 6):
+        (run / f"step-{step:08d}").mkdir()
+    scored = []
+
+    def score(step_dir):
+        scored.append(step_dir.name)
+        return {"accuracy": 0.5}, {"accuracy": 0.4, "balanced_accuracy": 0.3, "macro_f1": 0.2}
+
+    monkeypatch.setattr(lra, "score_checkpoint", score)
+    summary = {"split_examples": {"validation": 4}, "examples_seen": 32, "step": 8}
+    summary |= {"val_accuracy": 0.9, "test_accuracy": 0.1}
+    r = lra.chosen_on_validation(run, summary)
+    assert scored == ["step-00000002"] and r["selected_step"] == 2 and r["selected_examples"] == 8
+    assert r["test_accuracy"] == 0.4 and r["final_test_accuracy"] == 0.1
+    assert r["val_curve"] == "8:0.5000 16:0.5000 32:0.9000"
+    monkeypatch.setattr(lra, "score_checkpoint", lambda d: ({"accuracy": 0.0}, {}))
+    with pytest.raises(RuntimeError, match="does not hold the weights that were validated"):
+        lra.chosen_on_validation(run, summary)
+    (run / "val.csv").write_text("step,val_accuracy,val_examples\n8,0.9,4\n")
+    with pytest.raises(RuntimeError, match="no validation of the whole split"):
+        lra.chosen_on_validation(run, summary)

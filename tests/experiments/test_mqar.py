@@ -268,3 +268,42 @@ def test_other_seeds_and_epochs_get_their_own_table():
     assert "| macchiato L=64 w=16 | 0.003 | 6 | 0 | 0.500 | 0.500 |" in table
     assert "latte-none" not in table  # one seed, one budget: only in the headline tables
     assert headline([rec("latte-conv", 1, 0.7)], 3)[0][0]["seed"] == 1  # a report of other seeds only
+
+
+def test_t_distribution_matches_published_tables():
+    from experiments.mqar.mqar_report import t_central, t_quantile
+
+    # two-sided 5% critical values of Student's t (any statistics table)
+    for df, crit in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)):
+        assert t_quantile(0.975, df) == pytest.approx(crit, abs=1e-4)
+        assert t_central(crit, df) == pytest.approx(0.95, abs=1e-5)
+    assert 1 - t_central(2.0, 2) == pytest.approx(1 - 2 / 6**0.5, abs=1e-12)  # df 2: P(|T| <= t) = t / sqrt(2 + t^2)
+    assert t_central(0.0, 5) == 0.0 and t_central(1e9, 3) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="df >= 1"):
+        t_central(1.0, 0)
+
+
+def test_paired_comparison_over_seeds():
+    from experiments.mqar.mqar_report import paired_stats, paired_table
+
+    st = paired_stats([0.1, 0.2, -0.05])
+    assert st["mean"] == pytest.approx(0.25 / 3) and st["p_sign_flip"] == 0.5  # 4 of the 8 sign patterns
+    assert st["ci_low"] < 0 < st["ci_high"]
+    assert paired_stats([0.1, 0.2, 0.3])["p_sign_flip"] == 0.25  # 3 seeds can never go below 2/8
+    with pytest.raises(ValueError, match="at least 2"):
+        paired_stats([0.1])
+
+    def rec(model, seed, acc, latents=64):
+        base = {"seq_len": 256, "num_kv_pairs": 16, "dim": 64, "lr": 3e-3, "max_epochs": 3}
+        return {**base, "model": model, "seed": seed, "accuracy": acc, "num_latents": latents}
+
+    records = [rec("latte-conv", s, a) for s, a in ((0, 0.6845), (1, 0.6109), (2, 0.9133), (3, 0.5))]
+    records += [rec("linear-conv", s, a, None) for s, a in ((0, 0.7919), (1, 0.8492), (2, 0.9031))]
+    records += [rec("latte-conv", 0, 0.99, 16)]  # another state size: not the equal-state pair
+    table = paired_table(records)
+    assert "| 256, 16 | 64 | 0.003 | 3 | 0, 1, 2 | -0.107, -0.238, +0.010 | -0.112 ± 0.124 |" in table
+    assert "p = 0.260 | 0.500 | undecided" in table  # scipy.stats.ttest_1samp: p = 0.2595
+    ahead = [rec("latte-conv", s, 0.9 + 0.01 * s) for s in range(8)]
+    ahead += [rec("linear-conv", s, 0.5 + 0.02 * s, None) for s in range(8)]
+    assert "latte-conv ahead (p < 0.05)" in paired_table(ahead) and "| 0.008 |" in paired_table(ahead)
+    assert paired_table(records[:1] + records[4:5]) == ""  # one paired seed: nothing to test
