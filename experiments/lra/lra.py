@@ -488,7 +488,10 @@ def _lra_verdict(runs: list[dict]) -> str:
 
 
 def _wall(r: dict) -> str:
-    """Wall time of the process that finished the run; a resumed run names the steps it covers."""
+    """Wall time of every process that trained the run (the trainer's summary);
+    a cell without it: the finishing process's, naming the steps it covers."""
+    if r.get("run_wall_s"):
+        return f"{r['run_wall_s'] / 60:.0f} min"
     start = r.get("resumed_from_step", 0)
     return f"{r['wall_s'] / 60:.0f} min" + (f" (steps {start + 1}-{r['steps']} only)" if start else "")
 
