@@ -63,13 +63,14 @@ from latte.data import load_documents, train_bpe
 from latte.train.task import load_run_config
 
 from .convert_fewshot import FEWSHOT_FULL, FEWSHOT_QUICK, add_fewshot_args, fewshot_report, fewshot_stage
-from .convert_models import DEFAULT_MODELS, MODELS, check_models, open_subject, sinks_of
+from .convert_models import DEFAULT_MODELS, MODELS, TRAINED, check_models, open_subject, sinks_of
 from .convert_needle import needle_stage
 from .convert_report import report
 from .convert_retrieval import (
     RETRIEVAL_FULL,
     RETRIEVAL_QUICK,
     add_retrieval_args,
+    base_subject,
     calibrate_stage,
     parse_retrieval_args,
     retrieval_report,
@@ -236,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     a.max_context = a.contexts[-1]
     recipe_rows = recipes_stage(a) if "recipes" in stages else None
     subject, k = None, None
-    if set(stages) - {"recipes", "calibrate"} or (a.converted and "calibrate" in stages):
+    untrained = set(stages) <= {"recipes", "calibrate", "retrieval", "fewshot"} and not set(a.models) & set(TRAINED)
+    if not a.converted and untrained and set(stages) - {"recipes"}:  # no up-trained weights asked for
+        subject = base_subject(a)  # the base of --config, converted untrained
+        k = sinks_of(subject, a.sinks)
+    elif set(stages) - {"recipes", "calibrate"} or (a.converted and "calibrate" in stages):
         subject = open_subject(a.converted or run_dir(a, DEFAULT_RECIPE))
         k = sinks_of(subject, a.sinks)
     rows = eval_stage(a, subject, k) if "eval" in stages else None
