@@ -21,7 +21,8 @@ Formats (FORMATS): how the prompt wraps the haystack. `chat` puts the whole
 prompt in the model's own chat template (its tokenizer's, as the user's
 turn) and starts the assistant's turn with the answer's first words;
 `question_first` states the question before the haystack as well as after
-it. Every format ends with the answer's first words ("The pass key is"),
+it; `colon` writes the pass key as "The pass key is: K" and ends every
+answer's first words with a colon. Every format ends with the answer's first words ("The pass key is"),
 so the first number decoded is the answer. Calibrate the format on the
 original model first (latte experiment convert --stages calibrate): an
 evaluation the original cannot pass says nothing about a conversion.
@@ -66,6 +67,7 @@ class Format:
     chat: bool  # inside the tokenizer's chat template
     question_first: bool  # the question also before the haystack
     instruction: bool = True  # INSTRUCTION before the haystack
+    colon: bool = False  # "The pass key is: K" and the answer "...is:" (a value follows, not a definition)
 
 
 FORMATS = {
@@ -76,6 +78,8 @@ FORMATS = {
         Format("chat", chat=True, question_first=False),
         Format("chat-qfirst", chat=True, question_first=True),
         Format("bare", chat=False, question_first=False, instruction=False),
+        Format("plain-qfirst-colon", chat=False, question_first=True, colon=True),
+        Format("chat-qfirst-colon", chat=True, question_first=True, colon=True),
     )
 }
 
@@ -128,6 +132,13 @@ def chat_frame(hf_tokenizer) -> tuple[str, str]:
     if not sep:
         raise ValueError("the tokenizer's chat template does not render the user's message as given")
     return pre, post
+
+
+def with_colon(item: Item) -> Item:
+    """The item as `colon` formats state it: the pass key's needle "The pass
+    key is: K. ..." and every answer opened with "...is:"."""
+    needles = tuple(n.replace("The pass key is ", "The pass key is: ", 1) for n in item.needles)
+    return Item(needles, item.question, item.answer_prefix + ":", item.expected)
 
 
 def frame_texts(fmt: Format, item: Item, frame: tuple[str, str] | None) -> tuple[str, str]:
@@ -186,6 +197,7 @@ def build_prompt(
     needle.sentence_ends(hay_ids)."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth={depth}: expected a fraction in [0, 1]")
+    item = with_colon(item) if fmt.colon else item
     head_text, tail_text = frame_texts(fmt, item, frame)
     head, tail = list(bos or []) + encode(head_text), encode(tail_text)
     needles = [encode(" " + n) for n in item.needles]

@@ -44,7 +44,9 @@ def test_prompt_has_the_length_the_needles_and_the_frame(hay, task, fmt, depth):
     p = R.build_prompt(TOK.encode, *hay, 900, depth, item, f, frame=FRAME, bos=[5])
     assert p.ids.shape == (900,) and int(p.ids[0]) == 5
     text = TOK.decode(p.ids.tolist())
+    item = R.with_colon(item) if f.colon else item  # what the prompt states
     assert text.endswith(item.answer_prefix) and (text.count(item.question) == 1 + f.question_first)
+    assert item.answer_prefix.endswith(":") == f.colon
     assert (R.INSTRUCTION in text) == f.instruction and (FRAME[0] in text and FRAME[1] in text) == f.chat
     for s, e, needle in zip(p.starts, p.ends, item.needles):
         assert TOK.decode(p.ids[s:e].tolist()) == " " + needle
