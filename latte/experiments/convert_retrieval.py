@@ -344,7 +344,7 @@ def retrieval_tables(records: list[dict], cells: list[dict], sinks: int | None) 
 
 # --------------------------------------------------------------------------- options
 
-DEFAULT_FORMAT = "chat"  # the calibration's choice (results/convert-calibration)
+DEFAULT_FORMAT = "plain-qfirst-colon"  # the one calibrated format (results/convert-calibration)
 RETRIEVAL_FULL = {  # defaults --quick changes (convert.FULL, convert.QUICK)
     "retrieval_formats": ",".join(CAL_FORMATS),
     "calibrate_contexts": ",".join(map(str, CAL_CONTEXTS)),
@@ -410,13 +410,23 @@ def retrieval_report(a, argv, started, calibration: list[dict] | None, retrieval
 
     out = Path(a.out)
     run = provenance("convert", argv, started, threads=a.threads)
+
+    def spent(cells: list[dict]) -> str:
+        wall, cpu = sum(c["wall_s"] for c in cells), sum(c["cpu_s"] for c in cells)
+        loads = [c["load"] for c in cells]
+        return (
+            f"The {len(cells)} prompts took {wall:,.0f} s of wall time ({cpu:,.0f} s of CPU) in all, on "
+            f"{a.threads} thread(s) beside other jobs (1-min load average {min(loads):.1f} to {max(loads):.1f} "
+            "at their starts); a rerun reuses finished prompts, so the wall time above is this invocation's. "
+        )
+
     if calibration:
         records = calibration_records(calibration)
         md = (
             f"Retrieval formats calibrated on the original model: the single pass key (latte.eval.retrieval) at "
             f"depths {', '.join(f'{100 * d:.0f}%' for d in a.retrieval_depths)}, {a.calibrate_trials} trial(s) "
             "each (trial i reads the held-out essays in order i); greedy decoding; found = the first number "
-            "decoded is the key.\n\n" + calibration_tables(records, calibration)
+            "decoded is the key. " + spent(calibration) + "\n\n" + calibration_tables(records, calibration)
         )
         write_results(out / f"{a.name}-calibration", f"{a.name}-calibration", records, md, run)
     if retrieval:
@@ -424,7 +434,9 @@ def retrieval_report(a, argv, started, calibration: list[dict] | None, retrieval
         md = (
             f"RULER-style retrieval in held-out essays, format `{a.retrieval_format}`, asked needle at depths "
             f"{', '.join(f'{100 * d:.0f}%' for d in a.retrieval_depths)}, {a.retrieval_trials} trial(s) per cell; "
-            "only prompts whose nearest needle lies more than the window from the end are counted.\n\n"
+            "only prompts whose nearest needle lies more than the window from the end are counted. "
+            + spent(retrieval)
+            + "\n\n"
             + retrieval_tables(records, retrieval, sinks)
         )
         write_results(out / f"{a.name}-retrieval", f"{a.name}-retrieval", records, md, run)
