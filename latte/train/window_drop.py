@@ -1,5 +1,5 @@
 """Window drop: a recipe knob of conversion up-training (docs/conversion.md
-§11). With probability `prob` a training micro-batch is computed with every
+§12). With probability `prob` a training micro-batch is computed with every
 converted attention's window shrunk to its last `to` tokens (the sinks
 kept), so that the latent state must carry what the window no longer sees:
 the window cannot absorb the loss on those batches (issue 43: a
