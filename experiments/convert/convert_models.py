@@ -66,6 +66,7 @@ class Subject:
     source: Path  # the run or model folder it came from
     run: object | None = None  # latte.train.runs.TrainedRun when opened from a run folder
     hf_tokenizer_dir: Path | None = None  # transformers tokenizer files, if any
+    hf: object | None = None  # a transformers tokenizer already loaded (wins over hf_tokenizer_dir)
 
     @property
     def identity(self) -> str:
@@ -94,6 +95,8 @@ class Subject:
         """The tokenizer lm-eval reads with: the base model's own transformers
         files when the run wrote them, else one built from the latte tokenizer
         (loaded once: `bos` and the tasks stage share it)."""
+        if self.hf is not None:
+            return self.hf
         if self.hf_tokenizer_dir is not None:
             from transformers import AutoTokenizer  # optional dependency (extra "hf")
 

@@ -38,6 +38,7 @@ from latte.convert import convert
 from latte.convert.config import ConversionConfig
 from latte.convert.distill import Distiller, calibrate_beta, freeze_base, record_layers
 from latte.convert.io import NAMED_BASES, base_reference, load_base, resolve_base
+from latte.convert.window_drop import WindowDropDistiller
 from latte.data import load_tokenizer
 from latte.files import atomic_write
 from latte.train import distributed as D
@@ -106,13 +107,17 @@ class DistillConfig:
     its original's attention output). start_latent_mass: beta is calibrated
     on the first training window so the latents start with this share of
     the attention mass (median over tokens); null = the mass the window lost
-    (docs/conversion.md §5)."""
+    (docs/conversion.md §5). window_drop: the probability that a training
+    micro-batch shrinks every window to window_drop_to tokens, so that the
+    latents must predict alone (latte/convert/window_drop.py; 0 = off)."""
 
     objective: Literal["end_to_end", "layerwise"] = "end_to_end"
     kl_weight: float = 1.0
     lm_weight: float = 1.0
     temperature: float = 1.0
     start_latent_mass: float | None = 0.01
+    window_drop: float = 0.0
+    window_drop_to: int = 16
 
     def __post_init__(self):
         e = ConfigErrors(type(self).__name__)
@@ -125,6 +130,8 @@ class DistillConfig:
             "> 0 or lm_weight > 0 (end_to_end needs a loss)",
         )
         e.check(self.temperature > 0, "temperature", self.temperature, "> 0")
+        e.check(0 <= self.window_drop <= 1, "window_drop", self.window_drop, "a probability in [0, 1]")
+        e.check(self.window_drop_to >= 1, "window_drop_to", self.window_drop_to, ">= 1 (tokens)")
         if self.start_latent_mass is not None:
             e.check(0 < self.start_latent_mass < 1, "start_latent_mass", self.start_latent_mass, "in (0, 1) or null")
         e.raise_if_any()
@@ -227,7 +234,10 @@ class ConversionTask(LanguageModelingTask):
             ids, _ = self.train_windows.batch([0])
             calibrate_beta(model, record_layers(model, ids), latent_mass=c.distill.start_latent_mass)
         d = c.distill
-        return Distiller(model, d.objective, kl_weight=d.kl_weight, lm_weight=d.lm_weight, temperature=d.temperature)
+        kw = dict(kl_weight=d.kl_weight, lm_weight=d.lm_weight, temperature=d.temperature)
+        if d.window_drop:
+            return WindowDropDistiller(model, d.objective, prob=d.window_drop, to=d.window_drop_to, **kw)
+        return Distiller(model, d.objective, **kw)
 
     def checkpoint_keys(self, model: nn.Module) -> set[str]:
         return set(self.trainable_parameters(model))

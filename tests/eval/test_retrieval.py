@@ -1,0 +1,150 @@
+"""RULER-style retrieval (latte.eval.retrieval): prompts of exactly the asked
+length with every needle after a sentence end at or before the asked depth,
+the format's frame around the haystack, scoring, answers from a shared
+prefix state equal to answers alone, and the prompt-length summary."""
+
+import pytest
+import torch
+
+from latte.eval import needle as N
+from latte.eval import retrieval as R
+from tests.convert.test_decode_and_io import trained_like
+from tests.eval.test_needle import DOCS, CharTokenizer
+
+TOK = CharTokenizer()
+FRAME = ("<user>\n", "<end>\n<assistant>\n")
+
+
+@pytest.fixture(scope="module")
+def hay():
+    ids = TOK.encode(N.haystack_text(DOCS, 0) * 3)
+    return ids, N.sentence_ends(TOK, ids)
+
+
+def test_items_are_seeded_and_ask_what_they_plant():
+    for task in R.TASKS:
+        a, b, c = R.make_item(task, 1), R.make_item(task, 1), R.make_item(task, 2)
+        assert a == b and a != c
+    key = R.make_item("passkey", 0)
+    assert len(key.needles) == 1 and str(key.expected[0]) in key.needles[0]
+    multi = R.make_item("multikey", 0)
+    assert len(multi.needles) == R.MULTI_KEYS and len(set(multi.needles)) == R.MULTI_KEYS
+    assert str(multi.expected[0]) in multi.needles[-1] and multi.question.split()[-5] in multi.needles[-1]
+    vals = R.make_item("multivalue", 0)
+    assert len(vals.expected) == R.MULTI_VALUES and all(str(v) in n for v, n in zip(vals.expected, vals.needles))
+    with pytest.raises(ValueError, match="task='nope'"):
+        R.make_item("nope", 0)
+
+
+@pytest.mark.parametrize("task", R.TASKS)
+@pytest.mark.parametrize("fmt", list(R.FORMATS))
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_prompt_has_the_length_the_needles_and_the_frame(hay, task, fmt, depth):
+    item, f = R.make_item(task, 3), R.FORMATS[fmt]
+    p = R.build_prompt(TOK.encode, *hay, 900, depth, item, f, frame=FRAME, bos=[5])
+    assert p.ids.shape == (900,) and int(p.ids[0]) == 5
+    text = TOK.decode(p.ids.tolist())
+    item = R.with_colon(item) if f.colon else item  # what the prompt states
+    assert text.endswith(item.answer_prefix) and (text.count(item.question) == 1 + f.question_first)
+    assert item.answer_prefix.endswith(":") == f.colon
+    assert (R.INSTRUCTION in text) == f.instruction and (FRAME[0] in text and FRAME[1] in text) == f.chat
+    for s, e, needle in zip(p.starts, p.ends, item.needles):
+        assert TOK.decode(p.ids[s:e].tolist()) == " " + needle
+    assert list(p.starts) == sorted(p.starts) and p.shared == p.starts[0]
+    head = len(TOK.encode(R.frame_texts(f, item, FRAME)[0])) + 1
+    n_hay = (
+        900 - (len(TOK.encode(R.frame_texts(f, item, FRAME)[1])) + head) - sum(e - s for s, e in zip(p.starts, p.ends))
+    )
+    asked_at = p.starts[-1] - head - sum(e - s for s, e in zip(p.starts[:-1], p.ends[:-1]))
+    assert round(depth * n_hay) - 80 <= asked_at <= round(depth * n_hay)  # within a sentence, at or before
+    assert asked_at == 0 or hay[1][asked_at - 1]  # right after a sentence end
+    assert p.distance == 900 - p.ends[-1]
+
+
+def test_prompt_errors_name_the_problem(hay):
+    item, f = R.make_item("passkey", 0), R.FORMATS["plain"]
+    with pytest.raises(ValueError, match="depth=1.5"):
+        R.build_prompt(TOK.encode, *hay, 900, 1.5, item, f)
+    with pytest.raises(ValueError, match="too short"):
+        R.build_prompt(TOK.encode, *hay, 100, 0.5, item, f)
+    with pytest.raises(ValueError, match="haystack has only"):
+        R.build_prompt(TOK.encode, *hay, len(hay[0]) + 500, 0.5, item, f)
+    with pytest.raises(ValueError, match="chat template's frame"):
+        R.build_prompt(TOK.encode, *hay, 900, 0.5, item, R.FORMATS["chat"])
+
+
+def test_chat_frame_is_read_from_the_template():
+    class Tok:
+        chat_template = "x"
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            assert add_generation_prompt and not tokenize
+            return "<s>user: " + messages[0]["content"] + "</s>assistant: "
+
+    assert R.chat_frame(Tok()) == ("<s>user: ", "</s>assistant: ")
+    Tok.chat_template = None
+    with pytest.raises(ValueError, match="chat template"):
+        R.chat_frame(Tok())
+
+
+@pytest.mark.parametrize(
+    "task,expected,answer,correct,recall",
+    [
+        ("passkey", (12345,), " 12345.", 1, 1.0),
+        ("passkey", (12345,), " 1234 5", 0, 0.0),
+        ("passkey", (12345,), " 99 then 12345", 0, 1.0),  # the first number is the answer
+        ("multikey", (12345,), "", 0, 0.0),
+        ("multivalue", (12345, 7, 8), " 7, 12345 and 8", 1, 1.0),
+        ("multivalue", (7, 11), " 7 and 9", 0, 0.5),
+    ],
+)
+def test_scoring(task, expected, answer, correct, recall):
+    assert R.score(task, expected, answer) == {"correct": correct, "recall": recall}
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_answers_from_a_shared_prefix_equal_answers_alone(hay, reverse):
+    model = trained_like("llama")  # latents with weight: the state matters
+    prompts = [
+        R.build_prompt(TOK.encode, *hay, c, d, R.make_item("multikey", f"{c}-{d}"), R.FORMATS["bare"])
+        for c in (420, 520)
+        for d in (0.3, 1.0)
+    ]
+    prompts.sort(key=lambda p: p.shared, reverse=reverse)  # reversed: the state starts over
+    shared = R.SharedPrefix(model, chunk=64)
+    for p in prompts:
+        alone = R.answer_prompt(model, TOK.decode, "multikey", p)
+        again = R.answer_prompt(model, TOK.decode, "multikey", p, shared)
+        assert again["answer"] == alone["answer"] and len(alone["answer"]) == R.ANSWER_TOKENS["multikey"]
+        assert again["distance"] == p.distance and again["first_needle"] == p.shared
+    # the check can fail: a state fed from other tokens answers otherwise
+    other = R.SharedPrefix(model, chunk=64)
+    wrong = []
+    for p in prompts:
+        other.fed = p.ids[: p.shared].flip(0)  # claims to hold the prefix, holds something else
+        other.cache = R.new_cache(model)
+        with torch.no_grad():
+            N._feed(model, other.cache, other.fed, 64)
+        other.fed = p.ids[: p.shared].clone()
+        wrong.append(R.answer_prompt(model, TOK.decode, "multikey", p, other)["answer"])
+    assert any(w != R.answer_prompt(model, TOK.decode, "multikey", p)["answer"] for w, p in zip(wrong, prompts))
+
+
+def test_original_model_answers_through_its_dynamic_cache(hay):
+    model = trained_like("llama")
+    p = R.build_prompt(TOK.encode, *hay, 200, 0.5, R.make_item("passkey", 0), R.FORMATS["bare"])
+    with model.as_original() as base, torch.no_grad():
+        alone = R.answer_prompt(base, TOK.decode, "passkey", p)
+        want = base.generate(p.ids[None], max_new_tokens=R.ANSWER_TOKENS["passkey"], do_sample=False)[0, 200:]
+        assert alone["answer"] == TOK.decode(want.tolist())
+        assert (
+            R.answer_prompt(base, TOK.decode, "passkey", p, R.SharedPrefix(base, chunk=64))["answer"] == alone["answer"]
+        )
+
+
+def test_length_summary():
+    s = R.length_summary([100, 200, 400], 128)
+    assert s["prompts"] == 3 and (s["tokens_min"], s["tokens_median"], s["tokens_max"]) == (100, 200, 400)
+    assert (s["beyond_window_median"], s["beyond_window_max"]) == (72, 272)
+    assert s["longer_than_window"] == pytest.approx(2 / 3)
+    assert R.length_summary([], 128) == {"prompts": 0}
