@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+from experiments.common.results import Sweep
 from latte.eval.fewshot import (
     GEN_TASKS,
     MC_TASKS,
@@ -28,7 +29,6 @@ from latte.eval.retrieval import length_summary
 
 from .convert_models import MODELS, Subject, as_model, label, sinks_cell
 from .convert_stages import checks
-from .results import Sweep
 
 FEWSHOT_TASKS = (MMLU, "arc_challenge", "csqa", "hellaswag")
 GENERATIVE_TASKS = ("coqa", "naturalqs_open")
@@ -154,7 +154,7 @@ def fewshot_table(records: list[dict], sinks: int | None) -> str:
 
 
 def fewshot_report(a, argv, started, cells: list[dict] | None, sinks) -> None:
-    from .results import provenance, write_results
+    from experiments.common.results import provenance, write_results
 
     if not cells:
         return

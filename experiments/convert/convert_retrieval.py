@@ -20,10 +20,12 @@ Trial i reads the essays in order i; the planted numbers come from
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 from pathlib import Path
 
+from experiments.common.results import Sweep
 from latte.data.heldout import eval_essays
 from latte.eval.needle import haystack_text, sentence_ends
 from latte.eval.retrieval import (
@@ -37,9 +39,8 @@ from latte.eval.retrieval import (
     make_item,
 )
 
-from .convert_models import MODELS, Subject, as_model, label, sinks_cell
+from .convert_models import MODELS, TRAINED, Subject, as_model, label, sinks_cell
 from .convert_stages import checks
-from .results import Sweep
 
 CAL_FORMATS = ("plain-qfirst", "chat-qfirst", "plain-qfirst-colon", "plain", "bare", "chat")  # as published
 CAL_CONTEXTS = (1024, 2048, 4096)
@@ -141,8 +142,20 @@ def _run(a, subject: Subject, reader: Reader, cells: list[dict], sinks: int, nam
             rec = answer_prompt(model, reader.decode, cell["task"], prompt, shared[cell["model"]])
         return {**rec, "tokens": len(prompt.ids), "window": window, "load": round(load0, 2)}
 
-    sweep = Sweep(Path(a.runs) / f"cells-{name}", cells, **checks(a, ("correct", "answer", "load")))
+    sweep = Sweep(
+        Path(a.runs) / f"cells-{name}", cells, **checks(_inputs_used(a, cells), ("correct", "answer", "load"))
+    )
     return sweep.run(cell_fn, desc=name)
+
+
+def _inputs_used(a, cells: list[dict]):
+    """`a` for the cells' protocol: the up-trained checkpoint counts as an input
+    only when a cell scores a trained model (the original and the window
+    models are the base's, whatever run was opened beside them)."""
+    if any(c["model"] in TRAINED for c in cells):
+        return a
+    inputs = {k: v for k, v in getattr(a, "inputs", {}).items() if k != "converted"}
+    return argparse.Namespace(**{**vars(a), "inputs": inputs})
 
 
 def calibrate_stage(a, subject: Subject | None) -> list[dict]:
@@ -406,7 +419,7 @@ def parse_retrieval_args(a) -> None:
 
 
 def retrieval_report(a, argv, started, calibration: list[dict] | None, retrieval: list[dict] | None, sinks) -> None:
-    from .results import provenance, write_results
+    from experiments.common.results import provenance, write_results
 
     out = Path(a.out)
     run = provenance("convert", argv, started, threads=a.threads)
