@@ -272,7 +272,7 @@ def _eval_output(a: argparse.Namespace) -> Path:
     if out.is_dir():
         raise ValueError(f"--out {out}: is a folder, expected a file path")
     if out.resolve() != own.resolve():  # outside the run: the write rule, file by file (latte/guard.py)
-        from latte.guard import claim_files
+        from latte.guard import claim_files  # on use: the command line starts before torch
 
         names = [out.name, out.with_suffix(".png").name] if a.latents else [out.name]
         try:

@@ -396,7 +396,15 @@ def test_mqar_sweep_killed_at_any_point_gives_the_uninterrupted_results(tmp_path
     assert _mqar_results(tmp_path / "run" / "out") == reference
 
 
-LRA_TIMES = ("wall_s", "loadavg_1min", "resumed_from_step", "train_examples_per_s", "command")
+LRA_TIMES = (
+    "wall_s",
+    "run_wall_s",
+    "loadavg_1min",
+    "loadavg_start",
+    "resumed_from_step",
+    "train_examples_per_s",
+    "command",
+)
 
 
 def _lra_results(out: Path) -> list[dict]:
