@@ -191,7 +191,21 @@ def _order(st: dict) -> str:
         return f"{PAIR[0]} ahead (p < 0.05)"
     if st["ci_high"] < 0:
         return f"{PAIR[1]} ahead (p < 0.05)"
-    return "undecided (the 95% interval holds 0)"
+    need = seeds_for_power(st["mean"], st["std"])
+    more = f"; about {need} seeds would detect a gap this size at 80% power" if need else ""
+    return f"undecided (the 95% interval holds 0{more})"
+
+
+def seeds_for_power(mean: float, std: float, power: float = 0.8, cap: int = 1000) -> int | None:
+    """The smallest n whose paired t-test (two-sided, 5%) detects a true mean difference `mean`
+    with per-seed spread `std` at the given power, by the usual approximation
+    n >= ((t_{0.975, n-1} + t_{power, n-1}) std / |mean|)^2; None when mean is 0 or n > cap."""
+    if mean == 0 or not math.isfinite(mean) or not math.isfinite(std):
+        return None
+    for n in range(2, cap + 1):
+        if n >= ((t_quantile(0.975, n - 1) + t_quantile(power, n - 1)) * std / abs(mean)) ** 2:
+            return n
+    return None
 
 
 def paired_stats(d: list[float]) -> dict:

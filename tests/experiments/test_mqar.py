@@ -303,7 +303,18 @@ def test_paired_comparison_over_seeds():
     table = paired_table(records)
     assert "| 256, 16 | 64 | 0.003 | 3 | 0, 1, 2 | -0.107, -0.238, +0.010 | -0.112 ± 0.124 |" in table
     assert "p = 0.260 | 0.500 | undecided" in table  # scipy.stats.ttest_1samp: p = 0.2595
+    assert "about 12 seeds would detect a gap this size at 80% power" in table
+
     ahead = [rec("latte-conv", s, 0.9 + 0.01 * s) for s in range(8)]
     ahead += [rec("linear-conv", s, 0.5 + 0.02 * s, None) for s in range(8)]
     assert "latte-conv ahead (p < 0.05)" in paired_table(ahead) and "| 0.008 |" in paired_table(ahead)
     assert paired_table(records[:1] + records[4:5]) == ""  # one paired seed: nothing to test
+
+
+def test_seeds_for_power_matches_the_normal_approximation_for_large_n():
+    from experiments.mqar.mqar_report import seeds_for_power
+
+    # normal approximation: ((1.95996 + 0.84162) * 1 / 0.2)^2 = 196.2; t adds about 2 seeds
+    assert 197 <= seeds_for_power(0.2, 1.0) <= 200
+    assert seeds_for_power(1.0, 0.1) == 2  # a gap ten times the spread: two seeds, the least a t-test takes
+    assert seeds_for_power(0.0, 0.1) is None and seeds_for_power(0.001, 1.0) is None  # over the cap
