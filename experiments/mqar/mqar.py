@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import math
 import os
 import shlex
@@ -46,6 +47,7 @@ from experiments.common.results import (
     read_json,
     utc_deadline,
     write_results,
+    writer_of,
 )
 from latte.arguments import checked, float_list, int_at_least, int_list, name_list
 from latte.data.mqar import MQARData, check_mqar_args, mqar_splits
@@ -54,7 +56,7 @@ from latte.train.schedule import lr_at
 
 from .mqar_cells import cell_file_key, other_protocol_records, restore_cells, with_protocol
 from .mqar_report import flat_records, report
-from .mqar_train import accuracy, adamw, batches, scored_logits
+from .mqar_train import accuracy, adamw, batches, load_progress, save_progress, scored_logits
 
 NAME = "mqar"
 VOCAB_SIZE = 8192
@@ -199,11 +201,16 @@ def train_cell(
     seed: int = 0,
     verbose: bool = False,
     deadline: float | None = None,
+    progress: Path | None = None,
+    protocol: dict | None = None,
 ) -> dict:
     """Train one model on one setting at one lr; returns the record's fields.
     Test accuracy is measured every `budget.eval_every` steps and at the end;
     training stops at the first measurement >= TARGET. The cell's own seed
-    and max_epochs, when it has them, replace `seed` and budget.epochs."""
+    and max_epochs, when it has them, replace `seed` and budget.epochs.
+    With `progress` (a file), the run saves itself there at every
+    evaluation and where the deadline stops it, and continues from what it
+    finds there for this cell and `protocol` (mqar_train.load_progress)."""
     seed = cell.get("seed", seed)
     budget = dataclasses.replace(budget, epochs=cell.get("max_epochs", budget.epochs))
     torch.manual_seed(seed)
@@ -211,14 +218,52 @@ def train_cell(
     opt = adamw(model, cell["lr"])
     total = budget.epochs * math.ceil(len(train) / budget.batch_size)
     warmup = max(1, total // 20)
-    t0, load0 = time.perf_counter(), os.getloadavg()[0]
-    step, skipped, acc, best, epoch, loss = 0, 0, 0.0, 0.0, 0, math.nan
+    t0 = time.perf_counter()
     # Training time only (evaluations excluded), per eval interval and per
     # epoch: does a step slow down as the model learns (sharper key logits)?
-    clock, curve = StepClock(), []  # curve: [step, test accuracy] at each evaluation
-    for epoch, idx in batches(len(train), budget.batch_size, budget.epochs, torch.Generator().manual_seed(seed)):
+    clock = StepClock()
+    run = {
+        "step": 0,
+        "skipped": 0,
+        "acc": 0.0,
+        "best": 0.0,
+        "epoch": 0,
+        "loss": math.nan,
+        "curve": [],
+        "seconds": 0.0,
+        "load0": os.getloadavg()[0],
+        "resumed": [],
+    }  # curve: [step, test accuracy] per evaluation
+    identity = {"cell": cell, "protocol": protocol, "budget": dataclasses.asdict(budget)}
+    saved = load_progress(progress, identity) if progress is not None else None
+    if saved is not None and saved.get("record") is not None:
+        return saved["record"]  # finished; the sweep had not written its cell file yet
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        run, clock.__dict__ = saved["run"], saved["clock"]
+        run["resumed"].append(run["step"])
+
+    def snapshot(record: dict | None = None) -> None:
+        if progress is not None:
+            state = {**run, "seconds": run["seconds"] + time.perf_counter() - t0}
+            save_progress(
+                progress,
+                identity,
+                {
+                    "model": model.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "run": state,
+                    "clock": dict(clock.__dict__),
+                    "record": record,
+                },
+            )
+
+    order = batches(len(train), budget.batch_size, budget.epochs, torch.Generator().manual_seed(seed))
+    for epoch, idx in itertools.islice(order, run["step"], None):
+        run["epoch"] = epoch
         clock.start(epoch)
-        lr = lr_at(step, base_lr=cell["lr"], warmup_steps=warmup, total_steps=total, decay="cosine")
+        lr = lr_at(run["step"], base_lr=cell["lr"], warmup_steps=warmup, total_steps=total, decay="cosine")
         for group in opt.param_groups:
             group["lr"] = lr
         logits, target = scored_logits(model, train.input_ids[idx], train.labels[idx])
@@ -227,27 +272,44 @@ def train_cell(
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         if torch.isfinite(loss_t) and torch.isfinite(norm):
             opt.step()
-            loss = float(loss_t.detach())
+            run["loss"] = float(loss_t.detach())
         else:  # a non-finite step is dropped, and counted in the record
-            skipped += 1
+            run["skipped"] += 1
         opt.zero_grad(set_to_none=True)
-        step += 1
+        run["step"] += 1
+        step = run["step"]
         clock.stop()
         out_of_time = deadline is not None and time.time() >= deadline
-        if step % budget.eval_every == 0 or step == total or out_of_time:
+        regular = step % budget.eval_every == 0 or step == total
+        if out_of_time and not regular:
+            snapshot()  # before the extra evaluation, which an uninterrupted run would not make
+        if regular or out_of_time:
             clock.interval()
-            acc = accuracy(model, test)
-            best = max(best, acc)
-            curve.append([step, round(acc, 4)])
+            run["acc"] = acc = accuracy(model, test)
+            run["best"] = max(run["best"], acc)
+            if regular:
+                run["curve"].append([step, round(acc, 4)])
             if verbose:
                 print(
                     f"  {cell['model']} dim {cell['dim']} L {cell['num_latents']} T {cell['seq_len']} "
-                    f"lr {cell['lr']:g}: step {step} (epoch {epoch}) loss {loss:.3f} accuracy {acc:.3f} "
+                    f"lr {cell['lr']:g}: step {step} (epoch {epoch}) loss {run['loss']:.3f} accuracy {acc:.3f} "
                     f"({time.perf_counter() - t0:.0f} s)",
                     file=sys.stderr,
                 )
+            if regular and acc < TARGET and step < total:
+                snapshot()
             if acc >= TARGET or out_of_time:
                 break
+    record = _record(cell, model, budget, run, clock, total, len(train), len(test), train.fillers, t0)
+    if not record["incomplete"]:
+        snapshot(record)
+    return record
+
+
+def _record(cell, model, budget, run, clock, total, n_train, n_test, fillers, t0) -> dict:
+    """The record's fields of a cell's run (train_cell)."""
+    step, epoch, acc = run["step"], run["epoch"], run["acc"]
+    resumed = {"resumed_from_steps": run["resumed"]} if run["resumed"] else {}
     return {
         **state_bytes(
             model.config.mixer,
@@ -261,28 +323,29 @@ def train_cell(
         "qk_mixer": FAMILIES[cell["model"]][1],
         "window_size": FAMILIES[cell["model"]][2],
         "accuracy": round(acc, 4),
-        "best_accuracy": round(best, 4),
+        "best_accuracy": round(run["best"], 4),
         "reached_target": acc >= TARGET,
         "incomplete": acc < TARGET and step < total,
         "planned_steps": total,
         "epochs": epoch,
         "steps": step,
-        "skipped_steps": skipped,
-        "examples": len(train),
-        "test_examples": len(test),
-        "examples_seen": min(step * budget.batch_size, epoch * len(train)),
-        "final_loss": round(loss, 4),
-        "seconds": round(time.perf_counter() - t0, 1),
-        "loadavg_start": round(load0, 2),
+        "skipped_steps": run["skipped"],
+        "examples": n_train,
+        "test_examples": n_test,
+        "examples_seen": min(step * budget.batch_size, epoch * n_train),
+        "final_loss": round(run["loss"], 4),
+        "seconds": round(run["seconds"] + time.perf_counter() - t0, 1),
+        "loadavg_start": round(run["load0"], 2),
         "loadavg_end": round(os.getloadavg()[0], 2),
         "parameters": model.num_parameters(),
-        "fillers": train.fillers,
+        "fillers": fillers,
         "ms_per_step": round(1000 * clock.total_s / max(step, 1), 1),
         "cpu_ms_per_step": round(1000 * clock.cpu_s / max(step, 1), 1),
         "interval_ms_per_step": clock.interval_ms,
         "interval_cpu_ms_per_step": clock.interval_cpu_ms,
         "epoch_train_seconds": clock.epoch_s,
-        "accuracy_curve": curve,
+        "accuracy_curve": run["curve"],
+        **resumed,
     }
 
 
@@ -469,14 +532,23 @@ def published_protocol(results_dir: Path):
     run = results_dir / "run.json"
     if not run.is_file():
         raise ValueError(f"--restore-from {results_dir}: no run.json there (the command that wrote the results)")
-    words = shlex.split(str(read_json(run).get("command", "")))
-    if words[:3] != ["latte", "experiment", NAME]:
-        raise ValueError(f"--restore-from {results_dir}: {run} names no `latte experiment {NAME}` command")
+    command = str(read_json(run).get("command", ""))
+    words = shlex.split(command)  # `latte experiment mqar ARGS` or `python -m experiments.mqar ARGS`
+    if len(words) < 3 or writer_of(command) != f"latte experiment {NAME}":
+        raise ValueError(
+            f"--restore-from {results_dir}: {run} names no `latte experiment {NAME}` "
+            f"(or `python -m experiments.{NAME}`) command"
+        )
     try:
         published = parse_args(words[3:])
     except SystemExit:
         raise ValueError(f"--restore-from {results_dir}: the command in {run} no longer parses") from None
     return protocol(_plan(published)[0], published.random_fillers)
+
+
+def _progress_file(sweep: Sweep, cell: dict) -> Path:
+    """Where a cell's run saves its progress (mqar_train.save_progress)."""
+    return sweep.work / "progress" / f"{cell_file_key(cell)}.pt"
 
 
 # every record holds these (the report reads them)
@@ -511,7 +583,10 @@ def main(argv: list[str]) -> int:
                 seed=0,
                 random_fillers=a.random_fillers,
             )
-        return train_cell(cell, *data[key], budget, verbose=a.verbose, deadline=deadline)
+        return train_cell(
+            cell, *data[key], budget, verbose=a.verbose, deadline=deadline,
+            progress=_progress_file(sweep, cell), protocol=sweep.protocol_of(cell),
+        )  # fmt: skip
 
     other_protocol_records(sweep, cells)  # every cell file the report reads is checked before any training
     if not a.report_only:
@@ -523,6 +598,9 @@ def main(argv: list[str]) -> int:
         )
         stop = lambda: deadline is not None and time.time() >= deadline  # noqa: E731
         Sweep(sweep.work, pending[k::n], **sweep_args).run(run, desc=f"mqar {k}/{n}", stop=stop)
+        for cell in cells:  # a finished cell's file is written: its saved progress has served
+            if sweep.done(cell):
+                _progress_file(sweep, cell).unlink(missing_ok=True)
     records = [with_protocol(r) for r in sweep.records()] + other_protocol_records(sweep, cells)
     if not records:
         raise ValueError(

@@ -3,6 +3,11 @@ at the query positions only, the optimiser, the batch order."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+from pathlib import Path
+
 import torch
 
 from latte.data.mqar import IGNORE_INDEX, MQARData
@@ -48,3 +53,46 @@ def batches(n: int, batch_size: int, epochs: int, g: torch.Generator):
         order = torch.randperm(n, generator=g)
         for i in range(0, n, batch_size):
             yield epoch, order[i : i + batch_size]
+
+
+# --------------------------------------------------------------------------- resuming a cell mid-run
+# A cell's run saves its progress at every test evaluation (every 250 steps at the full budget) and
+# where a deadline stops it, so a killed or stopped run continues where it was instead of starting
+# over. The file records the cell and its protocol: another cell's or protocol's progress is set
+# aside (renamed, nothing deleted), never resumed. A finished run keeps its record there until the
+# sweep's cell file is written, so a kill between the two rebuilds the same cell.
+
+
+def _normal(obj) -> object:
+    return json.loads(json.dumps(obj))
+
+
+def save_progress(path: Path, identity: dict, state: dict) -> None:
+    """Write `state` (model, optimizer, the loop's counters) with the cell's identity, atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save({"identity": _normal(identity), **state}, tmp)
+    os.replace(tmp, path)
+
+
+def load_progress(path: Path, identity: dict) -> dict | None:
+    """The saved progress of this cell under this protocol, or None (nothing saved, or the file was of
+    another cell or protocol or unreadable: then it is renamed `NAME.set-aside-N` and the run starts over)."""
+    if not path.is_file():
+        return None
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+        same = isinstance(saved, dict) and saved.get("identity") == _normal(identity)
+    except Exception as e:  # a damaged file: kept, set aside, never resumed
+        saved, same, why = None, False, f"unreadable ({type(e).__name__}: {e})"
+    else:
+        why = "of another cell or protocol"
+    if same:
+        return saved
+    n = 1
+    while path.with_name(f"{path.name}.set-aside-{n}").exists():
+        n += 1
+    target = path.with_name(f"{path.name}.set-aside-{n}")
+    path.rename(target)
+    print(f"mqar: the saved progress {path} is {why}: set aside as {target}, the run starts over", file=sys.stderr)
+    return None

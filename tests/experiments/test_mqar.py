@@ -318,3 +318,60 @@ def test_seeds_for_power_matches_the_normal_approximation_for_large_n():
     assert 197 <= seeds_for_power(0.2, 1.0) <= 200
     assert seeds_for_power(1.0, 0.1) == 2  # a gap ten times the spread: two seeds, the least a t-test takes
     assert seeds_for_power(0.0, 0.1) is None and seeds_for_power(0.001, 1.0) is None  # over the cap
+
+
+TIMES = {"seconds", "loadavg_start", "loadavg_end", "resumed_from_steps"}
+
+
+def _same_run(a: dict, b: dict) -> bool:
+    """Equal in everything but time measurements and resume provenance."""
+    drop = lambda r: {k: v for k, v in r.items() if k not in TIMES and "ms" not in k and "seconds" not in k}  # noqa: E731
+    return drop(a) == drop(b)
+
+
+def test_a_killed_or_stopped_cell_resumes_where_it_was_with_the_uninterrupted_result(tmp_path, monkeypatch):
+    import time
+
+    torch.set_num_threads(1)
+    train, test = mqar_splits(64, 16, seq_len=8, num_kv_pairs=2, vocab_size=16, seed=0)
+    budget = M.Budget({8: 64}, 16, 3, 16, (3e-3,), vocab_size=16, eval_every=2)  # 12 steps, 6 evaluations
+    cell = {"seq_len": 8, "num_kv_pairs": 2, "model": "latte-conv", "dim": 16, "num_latents": 16, "lr": 3e-3}
+    proto = {"fillers": "zeros"}
+    reference = M.train_cell(cell, train, test, budget)
+    assert reference["steps"] == 12 and len(reference["accuracy_curve"]) == 6
+
+    progress = tmp_path / "progress" / "cell.pt"
+    real, calls = M.accuracy, []
+
+    def killed_at_third_evaluation(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # what a kill leaves: the progress of step 4 on disk
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(M, "accuracy", killed_at_third_evaluation)
+    with pytest.raises(KeyboardInterrupt):
+        M.train_cell(cell, train, test, budget, progress=progress, protocol=proto)
+    monkeypatch.undo()
+    resumed = M.train_cell(cell, train, test, budget, progress=progress, protocol=proto)
+    assert resumed["resumed_from_steps"] == [4] and _same_run(resumed, reference)
+
+    # finished: the saved record is returned (the sweep had not written its cell file), nothing trains
+    monkeypatch.setattr(M, "scored_logits", lambda *a: (_ for _ in ()).throw(AssertionError("trained again")))
+    assert M.train_cell(cell, train, test, budget, progress=progress, protocol=proto) == resumed
+    monkeypatch.undo()
+
+    # a deadline between evaluations: saved before the extra evaluation, continued by the next sweep
+    progress.unlink()
+    stopped = M.train_cell(cell, train, test, budget, deadline=time.time(), progress=progress, protocol=proto)
+    assert stopped["incomplete"] and stopped["steps"] == 1
+    again = M.train_cell(cell, train, test, budget, progress=progress, protocol=proto)
+    assert again["resumed_from_steps"] == [1] and _same_run(again, reference)
+
+    # another protocol's progress is set aside (kept), never resumed
+    other = M.train_cell(cell, train, test, budget, progress=progress, protocol={"fillers": "random"})
+    assert "resumed_from_steps" not in other and _same_run(other, reference)
+    assert (progress.parent / "cell.pt.set-aside-1").is_file()
+    progress.write_bytes(b"not a checkpoint")  # damaged: set aside too
+    assert _same_run(M.train_cell(cell, train, test, budget, progress=progress, protocol=proto), reference)
+    assert (progress.parent / "cell.pt.set-aside-2").read_bytes() == b"not a checkpoint"
