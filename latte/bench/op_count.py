@@ -5,16 +5,22 @@ arithmetic, sets the time of a small or long call alike).
 
 Every ATen call the dispatcher sees is counted, views included, in one
 forward and one backward at each T (one untimed call before, so that
-per-process caches are filled). Two shapes: a small one (one segment of
-the chunked kernel at every T: the log-depth chunk scan alone) and the
-`bench ops` shape, whose chunks the CPU runs in segments of about 16 MB
-(docs/design.md §2): there the count grows with the segments, by design on
-the CPU; a GPU sizes its segments by its memory (latte/ops/chunked.py).
+per-process caches are filled). Three shapes: a small one (one segment of
+the chunked kernel at every T: the log-depth chunk scan alone), the
+`bench ops` shape, and issue 42's GPU shape (its heads and widths, batch 1).
+Two segment policies (latte/ops/latte/chunked.py): the CPU's, on CPU
+tensors, whose segments of about 16 MB per temporary (docs/design.md §2)
+split the `bench ops` shape's long inputs, so that its count grows with the
+segments, by design; and a CUDA device's, 1/256 of its memory per
+temporary (an H100's 80 GB), on `meta` tensors (the same ops, no
+arithmetic) through `chunked.segment_elems`: the ops a GPU would launch,
+counted without one.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 
 import torch
@@ -22,6 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from latte import reporting
 from latte.ops import latte_causal
+from latte.ops.latte import chunked
 
 from . import providers as P
 
@@ -29,7 +36,14 @@ SEQS, QUICK_SEQS = [1024, 2048, 4096, 8192, 16384], [256, 1024]
 SHAPES = {
     "small (B1 H2 Lh8 Dv8)": (1, 2, 8, 8),
     "bench ops (B1 H8 Lh32 Dv64)": (1, P.HEADS, P.LATENTS // P.HEADS, P.DV),
+    "issue 42 GPU (B1 H16 Lh128 Dv128)": (1, 16, 128, 128),
 }
+# segment policy -> (device the tensors live on, floats per segment temporary
+# or None for the device's own choice)
+CUDA_POLICY = "cuda (80 GB: H100)"
+POLICIES = {"cpu": ("cpu", None), CUDA_POLICY: ("meta", chunked.cuda_segment_elems(chunked.H100_MEMORY))}
+# the GPU shape only under the GPU's policy (on the CPU: 2 GB per segment temporary at 16K)
+ROWS = [(s, "cpu") for s in list(SHAPES)[:2]] + [(s, CUDA_POLICY) for s in list(SHAPES)[1:]]
 
 
 class OpCounter(TorchDispatchMode):
@@ -49,10 +63,17 @@ class OpCounter(TorchDispatchMode):
 
 
 def fwd_bwd(T: int, shape, device="cpu", chunk_size: int = P.CHUNK, seed: int = 0):
-    """A zero-argument forward+backward of latte_causal at T."""
+    """A zero-argument forward+backward of latte_causal at T (on `meta`, the
+    inputs are shapes only)."""
     B, H, L, D = shape
     g = torch.Generator().manual_seed(seed)
-    a, b, v = (torch.randn(B, T, H, n, generator=g).to(device).requires_grad_(True) for n in (L, L, D))
+
+    def draw(n):
+        if device == "meta":
+            return torch.empty(B, T, H, n, device="meta")
+        return torch.randn(B, T, H, n, generator=g).to(device)
+
+    a, b, v = (draw(n).requires_grad_(True) for n in (L, L, D))
 
     def call():
         y = latte_causal(a, b, v, chunk_size=chunk_size, backend="torch")[0]
@@ -61,26 +82,41 @@ def fwd_bwd(T: int, shape, device="cpu", chunk_size: int = P.CHUNK, seed: int = 
     return call
 
 
-def count(call) -> OpCounter:
-    """The ops of one call, after an uncounted one (caches filled)."""
-    call()
-    with OpCounter() as c:
+def count(call, elems: int | None = None) -> OpCounter:
+    """The ops of one call, after an uncounted one (caches filled); elems:
+    floats per segment temporary (chunked.segment_elems), None for the
+    device's own policy."""
+    with contextlib.nullcontext() if elems is None else chunked.segment_elems(elems):
         call()
+        with OpCounter() as c:
+            call()
     return c
+
+
+def count_policy(T: int, shape, policy: str) -> OpCounter:
+    """The ops of one forward+backward at T under a segment policy of POLICIES."""
+    device, elems = POLICIES[policy]
+    return count(fwd_bwd(T, shape, device), elems)
 
 
 def run(seqs=None, quick: bool = False) -> dict:
     seqs = seqs or (QUICK_SEQS if quick else SEQS)
     rows, t0 = [], time.perf_counter()
-    for name, shape in SHAPES.items():
+    for name, policy in ROWS:
         for T in seqs:
-            c = count(fwd_bwd(T, shape))
-            rows.append({"shape": name, "T": T, "ops": c.total, "top": dict(c.by_op.most_common(5))})
-            print(f"  {name:28s} T={T:6d} {c.total:6d} ATen ops per forward+backward", flush=True)
+            c = count_policy(T, SHAPES[name], policy)
+            rows.append({"shape": name, "policy": policy, "T": T, "ops": c.total, "top": dict(c.by_op.most_common(5))})
+            print(f"  {name:28s} {policy:18s} T={T:6d} {c.total:6d} ATen ops per forward+backward", flush=True)
     return {
         "benchmark": "op-count",
         "machine": reporting.machine_info(),
-        "config": {"T": seqs, "shapes": SHAPES, "chunk_size": P.CHUNK, "what": __doc__.split("\n\n")[0]},
+        "config": {
+            "T": seqs,
+            "shapes": SHAPES,
+            "policies": {k: {"device": d, "segment_elems": e} for k, (d, e) in POLICIES.items()},
+            "chunk_size": P.CHUNK,
+            "what": __doc__.split("\n\n")[0],
+        },
         "results": rows,
         "wall_s": time.perf_counter() - t0,
     }
@@ -88,15 +124,16 @@ def run(seqs=None, quick: bool = False) -> dict:
 
 def markdown(res: dict) -> str:
     seqs = res["config"]["T"]
-    by = {(r["shape"], r["T"]): r["ops"] for r in res["results"]}
-    shapes = list(res["config"]["shapes"])
+    by = {(r["shape"], r["policy"], r["T"]): r["ops"] for r in res["results"]}
     rows = []
-    for s in shapes:
-        base = by[(s, seqs[0])]
-        rows.append([s] + [f"{by[(s, T)]} ({by[(s, T)] / base:.2f}x)" for T in seqs])
-    head = ["shape"] + [f"T={T:,}" for T in seqs]
+    for s, pol in dict.fromkeys((r["shape"], r["policy"]) for r in res["results"]):
+        base = by[(s, pol, seqs[0])]
+        rows.append([s, pol] + [f"{by[(s, pol, T)]} ({by[(s, pol, T)] / base:.2f}x)" for T in seqs])
+    head = ["shape", "segment policy"] + [f"T={T:,}" for T in seqs]
     return (
         "# ATen ops per forward+backward of latte_causal (backend torch)\n\n"
         f"torch {res['machine']['torch']}, chunk {res['config']['chunk_size']}; "
-        f"in brackets: the ratio to T={seqs[0]:,}.\n\n" + reporting.md_table(head, rows) + "\n"
+        f"in brackets: the ratio to T={seqs[0]:,}. Segment policy cpu: about 16 MB per temporary, "
+        f"on CPU tensors; {CUDA_POLICY}: 1/256 of the device's memory, on meta tensors "
+        "(no GPU involved).\n\n" + reporting.md_table(head, rows) + "\n"
     )

@@ -8,7 +8,7 @@ forward+backward. Peak memory is measured afterwards in a worker process
 both are recorded as skipped with the reason otherwise.
 
     python -m latte.bench.ops [--quick] [--threads 2] [--out bench-results]
-    python -m latte.bench.ops --count-ops     # ATen ops per forward+backward vs T (op_count.py)
+    python -m latte.bench.ops --count-ops     # ATen ops per forward+backward vs T, CPU and GPU segments (op_count.py)
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def parse_args(argv=None):
     p.add_argument(
         "--count-ops",
         action="store_true",
-        help="only count the ATen ops per forward+backward of latte_causal, T = 1K..16K (op_count.py)",
+        help="only count the ATen ops per forward+backward of latte_causal, T = 1K..16K, under the CPU's "
+        "and an 80 GB GPU's segment policy (op_count.py)",
     )
     p.add_argument(
         "--dists",

@@ -283,13 +283,14 @@ def test_many_segments_equal_reference(monkeypatch, scale, keep):
     calls) or rebuilds them (keep=False: what long sequences do)."""
     import latte.ops.latte.chunked as K
 
-    monkeypatch.setattr(K, "_SEGMENT_ELEMS", 6 * 8 * 8)  # G=6, C=8, width 8 -> 1 chunk per segment
     if not keep:
         monkeypatch.setattr(K, "_KEEP_ELEMS", 0)
     a, b, v = inputs(45, 6, 5, scale=scale)
     S0, z0 = random_state(2, 3, 6, 5)
     mask = torch.rand(2, 45) > 0.2
-    assert len(K._segments(6, 6, 8, 8)) == 6
+    with K.segment_elems(6 * 8 * 8):  # G=6, C=8, width 8 -> 1 chunk per segment
+        assert len(K._segments(6, 6, 8, 8)) == 6
+    assert len(K._segments(6, 6, 8, 8)) == 1  # the block's budget ends with it
 
     def fast(a, b, v, S0, z0):
         y, st = latte_causal(
@@ -301,7 +302,8 @@ def test_many_segments_equal_reference(monkeypatch, scale, keep):
         y, (S, z) = R.latte_causal(a, b, v, initial_state=(S0, z0), mask=mask)
         return torch.cat([y[mask].flatten(), S.flatten(), z.flatten()])
 
-    out, g = grads_of(fast, [a, b, v, S0, z0])
+    with K.segment_elems(6 * 8 * 8):
+        out, g = grads_of(fast, [a, b, v, S0, z0])
     out_ref, g_ref = grads_of(ref, [a, b, v, S0, z0])
     assert rel_err(out, out_ref) < 1e-10
     for name, x, xr in zip("a b v S0 z0".split(), g, g_ref):
@@ -357,6 +359,63 @@ def test_aten_ops_per_forward_backward_grow_at_most_by_a_log_factor():
     large = op_count.count(op_count.fwd_bwd(16384, shape))
     assert large.total <= 1.5 * small.total, (small.total, large.total)
     assert large.by_op["aten.lift_fresh"] == 0 and small.by_op["aten.lift_fresh"] == 0
+
+
+def test_aten_ops_under_a_gpus_segments_grow_at_most_by_a_log_factor_at_the_bench_shape():
+    """Issue 42's CPU target at `latte bench ops`'s shape (H 8, Lh 32, Dv 64),
+    counted on `meta` tensors under an 80 GB GPU's segment policy: from T = 1K
+    to 16K the ops of one forward+backward grow <= 1.5x. The same count under
+    segments of 16 MB per temporary (the CPU's: 8 segments at 16K) grows far
+    more, so the bound is the segment policy's and the batched chunk scan's,
+    and this test fails if a GPU's segments shrink to the CPU's."""
+    from latte.bench import op_count
+    from latte.ops.latte import chunked as K
+
+    shape = op_count.SHAPES["bench ops (B1 H8 Lh32 Dv64)"]
+    assert shape == (1, 8, 32, 64)
+
+    def ratio(elems):
+        small, large = (op_count.count(op_count.fwd_bwd(T, shape, "meta"), elems).total for T in (1024, 16384))
+        return large / small
+
+    assert op_count.POLICIES[op_count.CUDA_POLICY] == ("meta", K.cuda_segment_elems(80 * 10**9))
+    assert ratio(K.cuda_segment_elems()) <= 1.5
+    assert ratio(1 << 22) > 1.5  # per 16 MB: the count grows with the segments
+
+
+def test_segment_elems_is_scoped_and_checked():
+    """The segment budget fixed by segment_elems holds inside its block only
+    (restored after an error too) and overrides the device's policy."""
+    from latte.ops.latte import chunked as K
+
+    default = K._segment_elems(torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="inside"):
+        with K.segment_elems(7):
+            assert K._segment_elems(torch.device("cpu")) == K._segment_elems(torch.device("meta")) == 7
+            with K.segment_elems(9):
+                assert K._segment_elems(None) == 9
+            assert K._segment_elems(None) == 7
+            raise RuntimeError("inside")
+    assert K._segment_elems(torch.device("cpu")) == default == K._SEGMENT_ELEMS
+    assert K.cuda_segment_elems(80 * 10**9) == 80 * 10**9 // 4 // 256
+    assert K.cuda_segment_elems(10**6) == K._SEGMENT_ELEMS  # never below the CPU's
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="elems must be an int >= 1"):
+            with K.segment_elems(bad):
+                pass
+
+
+def test_op_count_reports_each_shape_under_each_policy():
+    """`latte bench ops --count-ops`'s rows and table: the CPU policy for
+    each shape, the GPU policy for the bench and issue-42 shapes, by T."""
+    from latte.bench import op_count
+
+    res = op_count.run(seqs=[64, 128])
+    got = [(r["shape"], r["policy"]) for r in res["results"]]
+    assert got == [row for row in op_count.ROWS for _ in (64, 128)]
+    assert {p for _, p in got} == {"cpu", op_count.CUDA_POLICY}
+    md = op_count.markdown(res)
+    assert md.count("(1.00x)") == len(op_count.ROWS) and op_count.CUDA_POLICY in md
 
 
 @pytest.mark.parametrize("reverse", [False, True])

@@ -40,6 +40,8 @@ sub-chunks and the diagonal blocks are rebuilt in the backward.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 
@@ -55,7 +57,9 @@ from .intra_chunk import diagonal_backward, diagonal_blocks, diagonal_key_grads,
 # temporary, which made T = 65536 cost 18x T = 16384.
 # On a GPU there is no page-faulting to avoid, only its memory to fit:
 # segments there hold about 1/256 of the device's memory per tensor
-# (_segment_elems), so a long input runs in a few large segments.
+# (_segment_elems), so a long input runs in a few large segments;
+# segment_elems fixes the size for a block of code (to count a GPU's ops on
+# the CPU, or to test many segments).
 _SEGMENT_ELEMS = 1 << 22
 _DEVICE_MEMORY_SHARE = 256
 
@@ -69,16 +73,58 @@ _DEVICE_MEMORY_SHARE = 256
 _KEEP_ELEMS = 1 << 23
 
 
+# A segment budget fixed for the current context (segment_elems): None
+# chooses by device. A ContextVar, so it ends with its `with` block and is
+# per thread.
+_FIXED_ELEMS: contextvars.ContextVar[int | None] = contextvars.ContextVar("latte_segment_elems", default=None)
+
+# An H100's memory: the default device of cuda_segment_elems, for counting
+# the ops a GPU would issue without one (latte/bench/op_count.py).
+H100_MEMORY = 80 * 10**9
+
+
+def cuda_segment_elems(total_memory: int = H100_MEMORY) -> int:
+    """Floats per temporary of one segment on a CUDA device with
+    `total_memory` bytes: 1/256 of it in float32, at least the CPU's."""
+    return max(_SEGMENT_ELEMS, total_memory // 4 // _DEVICE_MEMORY_SHARE)
+
+
 @functools.cache
+def _device_memory(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).total_memory
+
+
 def _device_segment_elems(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).total_memory // 4 // _DEVICE_MEMORY_SHARE
+    return cuda_segment_elems(_device_memory(device))
+
+
+@contextlib.contextmanager
+def segment_elems(elems: int):
+    """Within the block (this thread or task only), every call sizes its
+    segments to about `elems` floats per temporary, whatever the tensors'
+    device: `with segment_elems(cuda_segment_elems()):` runs the segments an
+    80 GB GPU would, on any device (`meta` included, to count its ops).
+    Results do not depend on it; only the number of segments does. Eager
+    calls only: code compiled by torch.compile ignores it."""
+    if not isinstance(elems, int) or isinstance(elems, bool) or elems < 1:
+        raise ValueError(f"segment_elems: elems must be an int >= 1, got {elems!r}")
+    token = _FIXED_ELEMS.set(elems)
+    try:
+        yield elems
+    finally:
+        _FIXED_ELEMS.reset(token)
 
 
 def _segment_elems(device: torch.device | None) -> int:
     """Floats per temporary of one segment on `device` (no host-device sync:
-    the device's total memory, read once per device)."""
+    the device's total memory, read once per device), unless fixed by
+    segment_elems (in eager mode: dynamo cannot trace ContextVar.get, so a
+    compiled call sizes by its device)."""
+    fixed = None if torch.compiler.is_compiling() else _FIXED_ELEMS.get()
+    if fixed is not None:
+        return fixed
     if device is not None and device.type == "cuda":
-        return max(_SEGMENT_ELEMS, _device_segment_elems(device))
+        return _device_segment_elems(device)
     return _SEGMENT_ELEMS
 
 
