@@ -22,6 +22,7 @@ MODULES: dict[str, str] = {
     "convert": "experiments.convert.convert",
     "convert-sinks": "experiments.convert.convert_sinks",
     "convert-data": "experiments.convert.convert_data",
+    "convert-recipes-v3": "experiments.convert.convert_recipes_v3",
 }
 EXPERIMENTS: tuple[str, ...] = tuple(MODULES)
 # how each is run with `python -m` (a folder's __main__.py runs its main module)
@@ -32,4 +33,5 @@ COMMANDS: dict[str, str] = {
     "convert": "experiments.convert",
     "convert-sinks": "experiments.convert.convert_sinks",
     "convert-data": "experiments.convert.convert_data",
+    "convert-recipes-v3": "experiments.convert.convert_recipes_v3",
 }

@@ -1,5 +1,6 @@
 """The one reuse rule of every sweep (docs/reliability.md §8): mqar,
-lm-variants, lra, convert and its stages, convert-data, convert-sinks, the
+lm-variants, lra, convert and its stages, convert-data, convert-sinks,
+convert-recipes-v3 (the retrieval stage's cells, per pilot), the
 GPU suite's stages (experiments/gpu_suite/runner.py) and any future one.
 
 A cell is a flat dict (its own fields). A finished cell is written to

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from latte.layers.macchiato_attention import latent_branch_only
 from latte.models import IGNORE_INDEX
 
 from .modeling import ConvertedForCausalLM
@@ -157,7 +158,14 @@ class Distiller(nn.Module):
     forward(input_ids, labels) -> output whose `.loss` is the objective SUMMED
     over the target tokens (labels != -100; labels[:, t] is the token after
     input_ids[:, t]): end_to_end = kl_weight * KL + lm_weight * CE per token;
-    layerwise = the sum over layers of the relative MSE, per token."""
+    layerwise = the sum over layers of the relative MSE, per token.
+
+    latent_aux_weight w > 0 adds w times the same objective scored on the
+    latent branch's own prediction: the student run again with every
+    Macchiato layer's output taken from its latents alone (no window or sink
+    key, `latent_branch_only`), against the same teacher targets, computed
+    once. It costs one more student forward and backward per micro-batch;
+    w = 0 computes exactly what the objective alone computes."""
 
     def __init__(
         self,
@@ -167,39 +175,63 @@ class Distiller(nn.Module):
         kl_weight: float = 1.0,
         lm_weight: float = 1.0,
         temperature: float = 1.0,
+        latent_aux_weight: float = 0.0,
     ):
         super().__init__()
         if objective not in OBJECTIVES:
             raise ValueError(f"objective: expected one of {OBJECTIVES}, got {objective!r}")
+        if not (math.isfinite(latent_aux_weight) and latent_aux_weight >= 0):
+            raise ValueError(f"latent_aux_weight: expected a finite number >= 0, got {latent_aux_weight!r}")
         self.model, self.objective = model, objective
         self.kl_weight, self.lm_weight, self.temperature = kl_weight, lm_weight, temperature
+        self.latent_aux_weight = float(latent_aux_weight)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
         if labels is None:
             return self.model(input_ids, use_cache=False)
-        count = (labels != IGNORE_INDEX).sum().clamp(min=1)
+        targets = self.targets(input_ids, labels)
+        loss = self.student_loss(input_ids, labels, targets)
+        if self.latent_aux_weight:
+            loss = loss + self.latent_aux_weight * self.latent_loss(input_ids, labels, targets)
+        return DistillOutput(loss)
+
+    def latent_loss(self, input_ids: torch.Tensor, labels: torch.Tensor, targets) -> torch.Tensor:
+        """The objective of the latent branch's own prediction (summed as forward's)."""
+        with latent_branch_only(self.model):
+            return self.student_loss(input_ids, labels, targets)
+
+    def _dense(self) -> bool:
+        """Whether the head trains (then the full logits, else the chunked head)."""
+        return self.model.get_output_embeddings().weight.requires_grad
+
+    @torch.no_grad()
+    def targets(self, input_ids: torch.Tensor, labels: torch.Tensor):
+        """What the original gives for this batch, once: its layer records
+        (layerwise), else its logits (dense) or final hidden states at the
+        target tokens (None without a KL term)."""
         if self.objective == "layerwise":
-            loss, _ = layerwise_loss(self.model, record_layers(self.model, input_ids))
-            return DistillOutput(loss * count)
-        if self.model.get_output_embeddings().weight.requires_grad:
-            return DistillOutput(self.dense_objective(input_ids, labels))
+            return record_layers(self.model, input_ids)
+        if not self.kl_weight:
+            return None
         keep = labels != IGNORE_INDEX
+        with self.model.as_original() as base:
+            if self._dense():
+                return _at_least_float32(base(input_ids=input_ids, use_cache=False).logits)[keep]
+            return base.model(input_ids=input_ids, use_cache=False).last_hidden_state[keep]
+
+    def student_loss(self, input_ids: torch.Tensor, labels: torch.Tensor, targets) -> torch.Tensor:
+        """The objective of the converted model as it is now (summed over the
+        target tokens), against `targets` (Distiller.targets)."""
+        if self.objective == "layerwise":
+            loss, _ = layerwise_loss(self.model, targets)
+            return loss * (labels != IGNORE_INDEX).sum().clamp(min=1)
+        keep = labels != IGNORE_INDEX
+        kw = dict(lm_weight=self.lm_weight, kl_weight=self.kl_weight, temperature=self.temperature)
+        if self._dense():
+            student = _at_least_float32(self.model(input_ids, use_cache=False).logits)[keep]
+            return full_logits_objective(student, targets, labels[keep], **kw)
         student = self.model.base.model(input_ids=input_ids, use_cache=False).last_hidden_state[keep]
-        teacher = None
-        if self.kl_weight:
-            with torch.no_grad(), self.model.as_original() as base:
-                teacher = base.model(input_ids=input_ids, use_cache=False).last_hidden_state[keep]
-        return DistillOutput(
-            chunked_objective(
-                self.model.base,
-                student,
-                teacher,
-                labels[keep],
-                lm_weight=self.lm_weight,
-                kl_weight=self.kl_weight,
-                temperature=self.temperature,
-            )
-        )
+        return chunked_objective(self.model.base, student, targets, labels[keep], **kw)
 
     def dense_objective(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The end-to-end objective from the full [B, T, vocab] logits of both

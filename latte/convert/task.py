@@ -23,6 +23,7 @@ train` guarantees (docs/conversion.md §5).
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 import time
@@ -109,7 +110,12 @@ class DistillConfig:
     the attention mass (median over tokens); null = the mass the window lost
     (docs/conversion.md §5). window_drop: the probability that a training
     micro-batch shrinks every window to window_drop_to tokens, so that the
-    latents must predict alone (latte/convert/window_drop.py; 0 = off)."""
+    latents must predict alone (latte/convert/window_drop.py; 0 = off).
+    latent_aux_weight: w > 0 adds w times the same objective scored on the
+    latent branch's own prediction (every Macchiato layer's output from its
+    latents alone, no window key; latte/convert/distill.py: Distiller), at
+    the cost of one more student forward and backward per micro-batch
+    (0 = off: the objective alone, bit for bit)."""
 
     objective: Literal["end_to_end", "layerwise"] = "end_to_end"
     kl_weight: float = 1.0
@@ -118,6 +124,7 @@ class DistillConfig:
     start_latent_mass: float | None = 0.01
     window_drop: float = 0.0
     window_drop_to: int = 16
+    latent_aux_weight: float = 0.0
 
     def __post_init__(self):
         e = ConfigErrors(type(self).__name__)
@@ -132,6 +139,13 @@ class DistillConfig:
         e.check(self.temperature > 0, "temperature", self.temperature, "> 0")
         e.check(0 <= self.window_drop <= 1, "window_drop", self.window_drop, "a probability in [0, 1]")
         e.check(self.window_drop_to >= 1, "window_drop_to", self.window_drop_to, ">= 1 (tokens)")
+        w = self.latent_aux_weight
+        e.check(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and w >= 0,
+            "latent_aux_weight",
+            w,
+            "a finite number >= 0 (0 = no auxiliary latent loss)",
+        )
         if self.start_latent_mass is not None:
             e.check(0 < self.start_latent_mass < 1, "start_latent_mass", self.start_latent_mass, "in (0, 1) or null")
         e.raise_if_any()
@@ -235,6 +249,7 @@ class ConversionTask(LanguageModelingTask):
             calibrate_beta(model, record_layers(model, ids), latent_mass=c.distill.start_latent_mass)
         d = c.distill
         kw = dict(kl_weight=d.kl_weight, lm_weight=d.lm_weight, temperature=d.temperature)
+        kw["latent_aux_weight"] = d.latent_aux_weight
         if d.window_drop:
             return WindowDropDistiller(model, d.objective, prob=d.window_drop, to=d.window_drop_to, **kw)
         return Distiller(model, d.objective, **kw)

@@ -26,13 +26,14 @@ trained up.
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from latte._checks import check_positive_int
-from latte.ops import MacchiatoState, macchiato, macchiato_step
+from latte.ops import MacchiatoState, latte_causal, macchiato, macchiato_step
 from latte.ops.macchiato import MIXES
 from latte.ops.window.sinks import check_num_sinks
 
@@ -75,7 +76,16 @@ class MacchiatoCore(nn.Module):
     subclass sets window_size, num_sinks and chunk_size, calls
     add_latent_branch() in its __init__, and in its forward hands its window
     q, k, v to latent_mix().
+
+    latent_only (False; switched by `latent_branch_only`): the layer's
+    output is its latent branch alone, the attention it would compute with
+    no window or sink key: under either mix the window's mass is then 0 and
+    y_t = Latte_t, beta and the gate cancelling (docs/math.md §4). Used to
+    score the latents' own prediction (docs/conversion.md §12); a
+    full-sequence forward only (no decoding state).
     """
+
+    latent_only = False
 
     def add_latent_branch(
         self,
@@ -135,6 +145,8 @@ class MacchiatoCore(nn.Module):
         window's scale, softcap and the op's backend, as macchiato takes them.
         -> (y [B, T, H, E], MacchiatoState or None, conv, h)."""
         a, b, gate, conv, h = self.latents(x, mask=mask, state=state)
+        if self.latent_only:
+            return self.latents_alone(a, b, v, mask=mask, state=state, backend=window.get("backend")), None, conv, h
         prev = None if state is None else state.attn
         window.update(window_size=self.window_size, num_sinks=self.num_sinks, mix=self.mix, beta=self.beta)
         if x.shape[1] == 1 and keep_state:  # decoding: one constant-time step
@@ -166,6 +178,33 @@ class MacchiatoCore(nn.Module):
             **window,
         )
         return y, attn, conv, h
+
+    def latents_alone(self, a, b, v, *, mask, state=None, backend=None) -> torch.Tensor:
+        """The latent branch's output alone, y [B, T, H, E]: causal Latte over
+        a, b [B, T, H, L] and the window's values v [B, T, K, E] (KV heads
+        repeated), as the mix would give it with no window key."""
+        if state is not None:
+            raise ValueError("latent_only: a full-sequence forward without a decoding state (got a state)")
+        H = a.shape[2]
+        v = v if v.shape[2] == H else v.repeat_interleave(H // v.shape[2], dim=2)
+        y, _ = latte_causal(a, b, v, chunk_size=self.chunk_size, mask=mask, backend=backend)
+        return y
+
+
+@contextlib.contextmanager
+def latent_branch_only(model: nn.Module):
+    """Inside the block, every Macchiato layer of `model` (MacchiatoCore:
+    the native layer and the converted attention) outputs its latent branch
+    alone (MacchiatoCore.latent_only); restored after, also on an error."""
+    layers = [m for m in model.modules() if isinstance(m, MacchiatoCore)]
+    saved = [m.latent_only for m in layers]
+    try:
+        for m in layers:
+            m.latent_only = True
+        yield model
+    finally:
+        for m, s in zip(layers, saved):
+            m.latent_only = s
 
 
 class MacchiatoAttention(MacchiatoCore):

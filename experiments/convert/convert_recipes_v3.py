@@ -1,0 +1,278 @@
+"""`latte experiment convert-recipes-v3`: the table of the recipe pilots of
+docs/conversion.md §12 (issue 43), from their `latte convert` run folders.
+
+For each pilot (a run folder, its newest checkpoint, or one of its step-N
+folders) it records
+
+  recipe     the pilot's name (its folder's name, "pilot-" dropped) and its
+             overrides: every field of the run's saved config.yaml that
+             differs from --config with --set (where and how fast a run
+             goes left out, experiments/common/cells.py: NOT_PROTOCOL)
+  budget     the optimizer steps and tokens the checkpoint had trained, and
+             the run's wall time when the checkpoint is its last one
+  retrieval  the retrieval stage of `latte experiment convert`
+             (experiments/convert/convert_retrieval.py): passkey and
+             multikey at 1K and 2K tokens by default, found / prompts whose
+             needle lies beyond the window, for the original, the window +
+             sinks model (both training-free) and the converted pilot
+
+The cells follow the one reuse rule (cells.Sweep): the training-free
+models' cells are computed once in WORK/baselines and shared by every pilot
+of the same window and sinks (they record no pilot's weights), the
+pilot's own in WORK/NAME/CHECKPOINT; a rerun reuses every finished cell, so
+the command resumes where it stopped and a pilot added later costs only its
+own prompts. The results go to --out (results.json, results.md, run.json;
+latte/guard.py's write rule).
+
+    latte experiment convert-recipes-v3 --quick RUN...                 # the stand-in model (the test)
+    latte experiment convert-recipes-v3 runs/pilot-base runs/pilot-wdrop16 ...   # the pilots of §12
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from experiments.common.cells import NOT_PROTOCOL, protocol_difference, resolved_config
+from experiments.common.results import claim_results, provenance, write_results
+from latte.train.manifest import MANIFEST
+from latte.train.metrics import run_wall_time
+
+from .convert import check_args, check_same_base, experiment_base, quick_setup
+from .convert import parse_args as convert_args
+from .convert_models import label, open_subject, sinks_of
+from .convert_retrieval import DEFAULT_FORMAT, length_table, retrieval_records, retrieval_stage
+
+EXPERIMENT = "convert-recipes-v3"
+TASKS = "passkey,multikey"
+CONTEXTS = "1024,2048"
+BASELINES = ("original", "window+sinks")
+# what makes the training-free models of a pilot (they share cells when these agree)
+BASELINE_FIELDS = ("conversion.window_size", "conversion.num_sinks", "conversion.sink_positions")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from latte.arguments import int_at_least
+
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog=f"latte experiment {EXPERIMENT}", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("pilots", nargs="+", help="the pilots' `latte convert` run folders (or step-N folders)")
+    p.add_argument("--config", default="convert/quick", help="the config every pilot ran (overrides are against it)")
+    p.add_argument("--set", action="append", default=[], help="overrides every pilot shares (section.field=value)")
+    p.add_argument("--work", default="runs/convert-recipes-v3", help="the cells (resumable)")
+    p.add_argument("--out", default=f"results/{EXPERIMENT}", help="results.json, results.md, run.json")
+    p.add_argument("--threads", type=int_at_least(1), default=1, help="torch threads")
+    p.add_argument("--readme", default=None, help=f"replace the section results:{EXPERIMENT} of this markdown file")
+    p.add_argument("--retrieval-tasks", default=TASKS, help=f"of the retrieval stage ({TASKS})")
+    p.add_argument("--retrieval-contexts", default=None, help=f"tokens ({CONTEXTS}; --quick: the stage's own)")
+    p.add_argument("--retrieval-depths", default=None, help="depths of the asked needle (the stage's)")
+    p.add_argument("--retrieval-trials", default=None, help="haystack orders per cell (the stage's: 3)")
+    p.add_argument("--retrieval-format", default=None, help=f"prompt format ({DEFAULT_FORMAT}, the calibrated one)")
+    p.add_argument("--quick", action="store_true", help="the stand-in model of `latte experiment convert --quick`")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = parse_args(argv)
+    started = time.time()
+    torch.set_num_threads(a.threads)
+    claim_results(a.out, EXPERIMENT, create=False)  # before any work: the one write rule (latte/guard.py)
+    if a.quick:  # the stand-in base and data of `latte experiment convert --quick`, kept in --work
+        quick = argparse.Namespace(runs=a.work, set=list(a.set))
+        quick_setup(quick)
+        a.set = quick.set
+    names = [pilot_name(p) for p in a.pilots]
+    if len(set(names)) != len(names):
+        raise ValueError(f"pilots {' '.join(a.pilots)}: two pilots have the same name ({', '.join(names)})")
+    rows, cells = [], []
+    for path, name in zip(a.pilots, names):
+        budget, pilot_cells, base_cells = evaluate_pilot(a, Path(path), name)
+        rows.append(budget)
+        cells += [{**c, "recipe": name} for c in pilot_cells]
+        cells += [c for c in base_cells if c not in cells]
+    records = gather(rows, cells)
+    run = provenance(EXPERIMENT, argv, started, threads=a.threads)
+    run["machine"]["threads"] = a.threads
+    claim_results(a.out, EXPERIMENT)
+    write_results(a.out, EXPERIMENT, records, tables(a, rows, records, cells), run, readme=a.readme)
+    print(f"{EXPERIMENT}: {len(rows)} pilots, {len(cells)} prompts -> {a.out}", file=sys.stderr)
+    return 0
+
+
+def pilot_name(path: str) -> str:
+    """A pilot's name: its run folder's name without "pilot-" (a step
+    folder: the run's name, then the step)."""
+    p = Path(path)
+    if (p / MANIFEST).is_file():
+        return f"{pilot_name(str(p.parent))}@{p.name}"
+    return p.resolve().name.removeprefix("pilot-")
+
+
+def stage_args(a, models: str, runs: Path, pins: list[str]) -> argparse.Namespace:
+    """The options of `latte experiment convert --stages retrieval` for
+    these models and cells folder: the same config, overrides and prompts
+    (so cells written by that command with them are reused)."""
+    argv = ["--stages", "retrieval", "--models", models, "--runs", str(runs), "--config", a.config]
+    argv += [f"--set={s}" for s in a.set] + ["--threads", str(a.threads), "--retrieval-tasks", a.retrieval_tasks]
+    for option in ("retrieval_contexts", "retrieval_depths", "retrieval_trials", "retrieval_format"):
+        value = getattr(a, option) or (CONTEXTS if option == "retrieval_contexts" and not a.quick else None)
+        argv += [f"--{option.replace('_', '-')}", str(value)] if value is not None else []
+    ca = convert_args([*argv, *(["--quick"] if a.quick else [])])
+    check_args(ca)
+    ca.set += pins
+    ca.inputs = {"base": experiment_base(ca)}
+    return ca
+
+
+def evaluate_pilot(a, path: Path, name: str) -> tuple[dict, list[dict], list[dict]]:
+    """(the pilot's recipe and budget, its converted model's retrieval
+    cells, the training-free models' cells of its window and sinks)."""
+    if not path.is_dir():
+        raise ValueError(f"pilot {path}: no such folder (expected a `latte convert` run folder or its step-N folder)")
+    subject = open_subject(path)
+    trained = subject.run
+    if trained is None:
+        raise ValueError(f"pilot {path}: a model folder; give the `latte convert` run folder (its budget is there)")
+    run = path.parent if (path / MANIFEST).is_file() else path
+    saved = json.loads((trained.checkpoint / "trainer_state.json").read_text())
+    sinks = sinks_of(subject, None)
+    # the baselines' models are fixed by these fields: pinned, so their cells are shared exactly when they agree
+    flat = _saved_config(run)
+    pins = [f"{k}={flat[k]}" for k in BASELINE_FIELDS if k in flat]
+    base = stage_args(a, ",".join(BASELINES), Path(a.work) / "baselines", pins)
+    base_cells = retrieval_stage(base, subject, sinks)
+    own = stage_args(a, "converted", Path(a.work) / name / Path(trained.checkpoint).name, pins)
+    own.inputs["converted"] = check_same_base(own, subject)
+    pilot_cells = retrieval_stage(own, subject, sinks)
+    last = _last_step(run)
+    wall = run_wall_time(run) if last == int(trained.step) else None
+    budget = {
+        "recipe": name,
+        "run": str(run),
+        "checkpoint": Path(trained.checkpoint).name,
+        "overrides": overrides(a, flat),
+        "steps": int(trained.step),
+        "train_tokens": int(saved.get("tokens_seen", 0)),
+        "finished": last == int(trained.step),
+        "train_wall_s": None if wall is None else round(wall, 1),
+        "sinks": sinks,
+        "window": subject.model.converted[0].window_size,
+        "baselines": " ".join(pins),
+    }
+    return budget, pilot_cells, [{**c, "baselines": budget["baselines"]} for c in base_cells]
+
+
+def _saved_config(run: Path) -> dict:
+    from latte.config_io import flatten, load_yaml
+
+    path = run / "config.yaml"
+    if not path.is_file():
+        raise ValueError(f"pilot {run}: no config.yaml (not a `latte convert` run folder)")
+    return {k: v for k, v in flatten(load_yaml(path)).items() if k not in NOT_PROTOCOL}
+
+
+def _last_step(run: Path) -> int | None:
+    """The step of the run's final evaluation (summary.json), None while it trains."""
+    path = run / "summary.json"
+    if not path.is_file():
+        return None
+    s = json.loads(path.read_text())
+    return None if s.get("stopped") else s.get("step")
+
+
+def overrides(a, flat: dict) -> str:
+    """The recipe: the run's fields that differ from --config with --set
+    (and --quick's stand-in), as `section.field=value`, in the config's order."""
+    expected = resolved_config(a.config, a.set)
+    diff = protocol_difference(expected, flat)
+    return " ".join(f"{k}={_show(now)}" for k, (_, now) in diff.items())
+
+
+def _show(value) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def gather(rows: list[dict], cells: list[dict]) -> list[dict]:
+    """One flat record per (recipe or baseline, task, context): found /
+    prompts beyond the window, with the pilot's recipe and budget."""
+    out = []
+    for group in dict.fromkeys(c["baselines"] for c in cells if "baselines" in c):
+        base = [c for c in cells if c.get("baselines") == group]
+        for r in retrieval_records(base):
+            out.append({"recipe": f"none ({r['model']})", "baselines": group, "train_tokens": 0, **_cell(r)})
+    for row in rows:
+        own = [c for c in cells if c.get("recipe") == row["recipe"]]
+        out += [{**row, **_cell(r)} for r in retrieval_records(own)]
+    return out
+
+
+def _cell(r: dict) -> dict:
+    keep = ("model", "task", "context", "format", "trials", "beyond_window", "found_beyond", "accuracy", "wall_s")
+    return {k: r[k] for k in keep} | {"eval_max_load": r["max_load"]}
+
+
+def _hits(recs: list[dict], task: str, context: int) -> str:
+    r = [x for x in recs if x["task"] == task and x["context"] == context]
+    return f"{r[0]['found_beyond']}/{r[0]['beyond_window']}" if r and r[0]["beyond_window"] else "-"
+
+
+def tables(a, rows: list[dict], records: list[dict], cells: list[dict]) -> str:
+    tasks = list(dict.fromkeys(r["task"] for r in records))
+    contexts = sorted({r["context"] for r in records})
+    cols = [(t, c) for t in tasks for c in contexts]
+    lines = [
+        "| recipe | overrides | steps | tokens trained | train wall time | "
+        + " | ".join(f"{t} {c:,}" for t, c in cols)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * len(cols),
+    ]
+    groups = list(dict.fromkeys(r["baselines"] for r in rows))
+    for group in groups:
+        for m in BASELINES:
+            recs = [r for r in records if r.get("baselines") == group and r["recipe"] == f"none ({m})"]
+            sinks = next((r["sinks"] for r in rows if r["baselines"] == group), None)
+            what = "training-free" + (f" ({group})" if len(groups) > 1 else "")
+            hits = " | ".join(_hits(recs, t, c) for t, c in cols)
+            lines.append(f"| {label(m, sinks)} | {what} | 0 | 0 | - | {hits} |")
+    for row in rows:
+        recs = [r for r in records if r["recipe"] == row["recipe"] and r["model"] == "converted"]
+        wall = f"{row['train_wall_s']:,.0f} s" if row["train_wall_s"] is not None else "(training)"
+        step = f"{row['steps']:,}" + ("" if row["finished"] else f" ({row['checkpoint']}, not the last)")
+        hits = " | ".join(_hits(recs, t, c) for t, c in cols)
+        lines.append(
+            f"| {row['recipe']} | {row['overrides'] or 'none'} | {step} | {row['train_tokens']:,} | {wall} | {hits} |"
+        )
+    return _intro(a, cells) + "\n\n" + "\n".join(lines) + "\n\n" + length_table(cells)
+
+
+def _intro(a, cells: list[dict]) -> str:
+    wall, cpu = sum(c["wall_s"] for c in cells), sum(c.get("cpu_s", 0.0) for c in cells)
+    loads = [c["load"] for c in cells]
+    fmt = cells[0]["format"]
+    trials = max(c["trial"] for c in cells) + 1
+    depths = sorted({c["depth"] for c in cells})
+    return (
+        "The recipe pilots of docs/conversion.md §12: each a `latte convert` run of --config with the overrides "
+        f"shown, then RULER-style retrieval in held-out essays (format `{fmt}`, the asked needle at depths "
+        f"{', '.join(f'{100 * d:.0f}%' for d in depths)}, {trials} trial(s) per cell; greedy decoding). A cell "
+        "is found / prompts whose nearest needle lies more than the window from the end of the prompt; the "
+        "training-free models are the same for every pilot of one window and sinks. The budget is the steps "
+        "and tokens the evaluated checkpoint trained and the run's wall time over all its processes. The "
+        f"{len(cells)} prompts took {wall:,.0f} s of wall time ({cpu:,.0f} s of CPU) when they ran, on "
+        f"{a.threads} thread(s) beside other jobs (1-min load average {min(loads):.1f} to {max(loads):.1f} at "
+        "their starts); a rerun reuses finished prompts (their cells in --work)."
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
