@@ -329,3 +329,30 @@ def test_a_suite_killed_with_sigkill_leaves_no_stage_running(tmp_path):
         proc.kill()
         if (tmp_path / "stage.pid").is_file() and _alive(pid := int((tmp_path / "stage.pid").read_text())):
             os.kill(pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- READMEs and reports written in place
+
+
+def test_a_readme_section_update_killed_leaves_the_readme_whole(tmp_path, monkeypatch):
+    """results/README.md holds every experiment's section: a kill while one
+    section is replaced leaves the old file whole (it was rewritten in place,
+    a kill mid-write truncating every section after it)."""
+    from experiments.convert.convert_report import _add_section
+    from latte.reporting import update_readme
+
+    readme = tmp_path / "README.md"
+    before = "# results\n\n<!-- results:x:start -->\nold\n<!-- results:x:end -->\n\n" + "other sections\n" * 1000
+    readme.write_text(before)
+    for write in (
+        lambda: update_readme(readme, "x", "new", kind="results") or 0,
+        lambda: _add_section(readme, "convert", "convert-tasks") and 0,
+    ):
+        with pytest.MonkeyPatch.context() as m:
+            assert kill_at_every_write(m, tmp_path, write) == 1
+    assert (
+        readme.read_text() != before
+        and "new" in readme.read_text()
+        and "results:convert-tasks:start" in readme.read_text()
+    )
+    assert readme.read_text().endswith("<!-- results:convert-tasks:end -->\n")
