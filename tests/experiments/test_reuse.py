@@ -608,3 +608,16 @@ def test_training_never_writes_into_a_model_a_checkpoint_or_another_commands_fol
     err = _err(capsys)
     assert f"train.run_dir='{folder}'" in err and "choose a new train.run_dir" in err
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("value", ['"long"', "NaN", "-1"])
+def test_a_suite_record_with_a_bad_wall_time_is_refused_naming_the_file(tmp_path, capsys, value):
+    """Row 12's class in the suite's records: a stage's wall time the runner
+    formats (`ok earlier (N s)`) is checked when suite.json is read."""
+    claim_folder(tmp_path, runner.SUITE_WRITER)
+    text = '{"stages": {"check": {"status": "ok", "wall_s": ' + value + '}}, "invocations": []}'
+    (tmp_path / "suite.json").write_text(text)
+    assert stages.main(["--report-only", "--out", str(tmp_path)]) == 2
+    err = _err(capsys)
+    assert str(tmp_path / "suite.json") in err and "field 'wall_s'" in err
+    assert (tmp_path / "suite.json").read_text() == text and not (tmp_path / "README.md").exists()
