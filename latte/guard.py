@@ -144,10 +144,12 @@ def _entries(folder: Path) -> list[Path]:
 def _locked(folder: Path):
     """An exclusive lock on `folder` (flock of its descriptor, released on
     close, also when the process dies): one marker writer at a time."""
+    if fcntl is None:  # no flock (nor directory descriptors) off POSIX
+        yield
+        return
     fd = os.open(folder, os.O_RDONLY)
     try:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)
