@@ -356,3 +356,16 @@ def test_a_readme_section_update_killed_leaves_the_readme_whole(tmp_path, monkey
         and "results:convert-tasks:start" in readme.read_text()
     )
     assert readme.read_text().endswith("<!-- results:convert-tasks:end -->\n")
+
+
+def test_recording_the_fla_tuning_table_killed_leaves_the_table_whole(tmp_path, monkeypatch):
+    """The tuning table ships in the package and every GPU run reads it: a
+    kill while a GPU's tuning is recorded leaves the old table (it was
+    rewritten in place, and a truncated table failed every later run)."""
+    from latte.ops.latte import fla_tuning
+
+    table = tmp_path / "fla_tuning.json"
+    table.write_text(json.dumps({"H100": {"m.k": {"BT": 64}}}) + "\n")
+    monkeypatch.setattr(fla_tuning, "tuned_table", lambda: {"m.k2": {"BT": 32}})
+    assert kill_at_every_write(monkeypatch, tmp_path, lambda: fla_tuning.record("H200", table) and 0) == 1
+    assert fla_tuning.load_table(table) == {"H100": {"m.k": {"BT": 64}}, "H200": {"m.k2": {"BT": 32}}}
