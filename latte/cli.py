@@ -29,6 +29,7 @@ from pathlib import Path
 
 from latte.allocator import tune
 from latte.arguments import int_at_least, number
+from latte.files import atomic_write
 
 USAGE = __doc__.split("\n\n")[1]
 # `latte bench NAME` -> the module whose main(argv) runs it
@@ -327,7 +328,7 @@ def _eval_perplexity(a: argparse.Namespace, multiples: list[int], out: Path) -> 
         "results": results,
     }
     print(perplexity_table(results))  # shown even if writing the file fails
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write(out, json.dumps(report, indent=2) + "\n")  # a kill leaves the old report or the new one
     print(f"wrote {out}", file=sys.stderr)
     return 0
 
@@ -353,7 +354,7 @@ def _eval_latents(a: argparse.Namespace, out: Path) -> int:
         qk_mixer=cfg.model.qk_mixer,
         source=cfg.data.source,
     )
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write(out, json.dumps(report, indent=2) + "\n")  # a kill leaves the old report or the new one
     png = out.with_suffix(".png")
     plotted = plot_latents(
         report,

@@ -18,14 +18,26 @@ benchmarks/, and the GPU suite's folder they run in; `latte eval --out
 FILE`) follows the same rule file by file (`claim_files`): the marker also
 records which command wrote each file, and a command creates new files or
 replaces only the ones it wrote itself there.
+The marker is written whole (a temp file renamed over it) and under an
+exclusive lock on the folder (flock of its descriptor), the rule checked
+again under the lock: of two commands claiming one folder at once only one
+gets it, and two benchmarks recording their files at once both keep their
+record. A temp file a kill left beside the marker does not count as the
+folder's content, and the next claim removes it.
 Standard library only: the GPU suite uses it before its packages exist.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: claims are not locked
+    fcntl = None
 
 MARKER = ".latte-written-by.json"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
@@ -43,9 +55,10 @@ def claim_folder(folder: str | os.PathLike, writer: str, *, flag: str = "--out")
     if written_by(folder) == writer:
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{MARKER}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps({"writer": writer}) + "\n")
-    tmp.replace(folder / MARKER)
+    with _locked(folder):  # another command may have claimed it since the check: check again
+        check_folder(folder, writer, flag=flag)
+        if written_by(folder) != writer:
+            _write_marker(folder, json.dumps({"writer": writer}))
     return folder
 
 
@@ -53,7 +66,7 @@ def check_folder(folder: str | os.PathLike, writer: str, *, flag: str = "--out")
     """The write rule alone (nothing is created): a WriteRefused naming the
     folder and what it holds, or the folder."""
     folder = _not_protected(Path(folder), flag)
-    if folder.is_dir() and any(folder.iterdir()):
+    if folder.is_dir() and _entries(folder):
         owner = written_by(folder)
         if owner != writer:
             raise WriteRefused(
@@ -84,8 +97,23 @@ def claim_files(
     Creates the folder, records `names` as `writer`'s and returns the folder
     (`create=False`: checks only, before the work; nothing is written)."""
     folder = _not_protected(Path(folder), flag)
+    files = _check_files(folder, writer, names, owners, flag)
     marker = _marker(folder)
-    if folder.is_dir() and any(folder.iterdir()) and marker.get("writer") not in owners:
+    if not create or (all(files.get(n) == writer for n in names) and marker.get("writer") in owners):
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    with _locked(folder):  # another benchmark may have recorded its files since: read and check again
+        files = _check_files(folder, writer, names, owners, flag)
+        owner = _marker(folder).get("writer") or owners[0]
+        record = {"writer": owner, "files": {**files, **dict.fromkeys(names, writer)}}
+        _write_marker(folder, json.dumps(record, indent=1, sort_keys=True))
+    return folder
+
+
+def _check_files(folder: Path, writer: str, names, owners: tuple[str, ...], flag: str) -> dict:
+    """claim_files' rule for the folder as it is now; its marker's `files`."""
+    marker = _marker(folder)
+    if folder.is_dir() and _entries(folder) and marker.get("writer") not in owners:
         owner = marker.get("writer")
         raise WriteRefused(
             f"{flag} {folder}: holds {_listing(folder)}"
@@ -101,14 +129,44 @@ def claim_files(
                 f"{flag} {folder}: {name} is there, {by}; `{writer}` replaces only the files it wrote itself: "
                 f"choose another folder or move {folder / name} away (nothing was written)"
             )
-    if not create or (all(files.get(n) == writer for n in names) and marker.get("writer") in owners):
-        return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    record = {"writer": marker.get("writer") or owners[0], "files": {**files, **dict.fromkeys(names, writer)}}
-    tmp = folder / f".{MARKER}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    tmp.replace(folder / MARKER)
-    return folder
+    return files
+
+
+_TEMP = f".{MARKER}.tmp-"  # the marker's temp files: a kill may leave one
+
+
+def _entries(folder: Path) -> list[Path]:
+    """The folder's content, without marker temp files a kill left."""
+    return [p for p in folder.iterdir() if not p.name.startswith(_TEMP)]
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """An exclusive lock on `folder` (flock of its descriptor, released on
+    close, also when the process dies): one marker writer at a time."""
+    if fcntl is None:  # no flock (nor directory descriptors) off POSIX
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _write_marker(folder: Path, text: str) -> None:
+    """The marker written whole (under _locked): temp files of earlier,
+    killed writers removed, then a temp file renamed over it."""
+    for stale in folder.glob(f"{_TEMP}*"):
+        stale.unlink(missing_ok=True)
+    tmp = folder / f"{_TEMP}{os.getpid()}"
+    try:
+        tmp.write_text(text + "\n")
+        os.replace(tmp, folder / MARKER)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _not_protected(folder: Path, flag: str) -> Path:
@@ -154,6 +212,6 @@ def protected_kind(folder: Path) -> str | None:
 
 
 def _listing(folder: Path, shown: int = 5) -> str:
-    names = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir())
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in _entries(folder))
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return f"{len(names)} entr{'y' if len(names) == 1 else 'ies'} ({', '.join(names[:shown])}{more})"

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from latte import allocator
+from latte.files import atomic_write
 
 
 def _cpu_model() -> str:
@@ -115,4 +116,5 @@ def update_readme(path: Path, name: str, markdown: str, image: str | None = None
         body += f"\n\n![{name}]({image})"
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
-    path.write_text(f"{head}{start}\n{body}\n{end}{tail}")
+    # a README holds every other section too: a kill leaves it whole, old or new
+    atomic_write(path, f"{head}{start}\n{body}\n{end}{tail}")

@@ -12,6 +12,7 @@ from pathlib import Path
 from experiments.common.results import claim_results, provenance, readme_body, write_results
 from latte.eval.long_context import perplexities
 from latte.eval.needle import ANSWER_TOKENS, NEEDLE, QUESTION
+from latte.files import atomic_write
 from latte.reporting import update_readme
 from latte.train.manifest import TRAINER
 from latte.train.metrics import run_wall_time
@@ -301,9 +302,9 @@ def _add_section(readme: Path, prefix: str, name: str) -> bool:
         end = f"<!-- results:{prefix}{prev}:end -->\n"
         if end in text:
             head, tail = text.split(end, 1)
-            readme.write_text(head + end + block + tail)
+            atomic_write(readme, head + end + block + tail)
             return True
-    readme.write_text(text.rstrip("\n") + "\n" + block)
+    atomic_write(readme, text.rstrip("\n") + "\n" + block)
     return True
 
 

@@ -12,6 +12,7 @@ import importlib
 import json
 from pathlib import Path
 
+from latte.files import atomic_write
 from latte.guard import check_folder, claim_folder
 
 from .state import SUITE_WRITER, load_state
@@ -106,7 +107,7 @@ def write_report(folder: Path, state: dict | None = None) -> Path:
     notes = state.get("notes") or []
     text += ["", "## Notes", "", *[f"- {n}" for n in notes]] if notes else []
     out = folder / "README.md"
-    out.write_text("\n".join(text) + "\n")
+    atomic_write(out, "\n".join(text) + "\n")  # a kill leaves the old README or the new one
     return out
 
 

@@ -15,6 +15,7 @@ record); a later, shorter stage may run in its place.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -27,6 +28,7 @@ import threading
 import time
 from pathlib import Path
 
+from latte.files import atomic_write
 from latte.guard import check_folder, claim_folder
 
 from . import machine
@@ -61,13 +63,33 @@ def _pump(pipe, log, echo: bool) -> None:
             sys.stdout.flush()
 
 
+def _die_with_parent(parent: int) -> None:
+    """In a stage's process, before it starts (Linux): SIGTERM when the suite
+    dies, even by SIGKILL (PR_SET_PDEATHSIG), so a killed suite never leaves
+    its stage writing beside the one the next invocation starts (a training
+    stage saves its checkpoint and stops on SIGTERM)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the suite died before the call
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def run_stage(argv: list[str], env: dict, log_path: Path, limit_s: float, *, echo: bool = True) -> tuple[int, bool]:
     """(exit code, killed) of `python3 argv` in its own process group, output to log_path (and stdout)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         log.write(f"\n$ {shlex.join(['python3', *argv])}  # {_utc()}\n".encode())
         proc = subprocess.Popen(
-            [sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            [sys.executable, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=functools.partial(_die_with_parent, os.getpid()) if sys.platform == "linux" else None,
         )
         pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo), daemon=True)
         pump.start()
@@ -120,18 +142,26 @@ def pack(args, todo: list, state: dict) -> Path | None:
         return None
     claim_folder(args.pack, PACK_WRITER, flag="--pack")
     target = args.pack / "gpu-suite.tar.gz"
+    tmp = args.pack / f".gpu-suite.tar.gz.tmp-{os.getpid()}"  # a kill leaves the old tarball or the new one
     extra = [Path(o) for s in todo for o in s.outputs if Path(o).exists()]
     for folders in ([Path(args.out), *extra], [Path(args.out), *(e for e in extra if not str(e).startswith("runs"))]):
-        with tarfile.open(target, "w:gz") as tar:
+        with tarfile.open(tmp, "w:gz") as tar:
             for f in folders:
-                tar.add(f, filter=lambda ti: None if "/cache" in ti.name or ti.name.endswith(".cache") else ti)
-        if target.stat().st_size <= PACK_LIMIT:
+                tar.add(f, filter=_packed)
+        if tmp.stat().st_size <= PACK_LIMIT:
             break
         state.setdefault("notes", []).append(f"{_utc()}: the tarball without run folders (over 15 MiB with them)")
+    os.replace(tmp, target)
     readme = Path(args.out) / "README.md"
     if readme.exists():
-        (args.pack / "README.md").write_text(readme.read_text())
+        atomic_write(args.pack / "README.md", readme.read_text())
     return target
+
+
+def _packed(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """What the tarball keeps: no data caches, no temp files a kill left."""
+    name = info.name.rsplit("/", 1)[-1]
+    return None if "/cache" in info.name or name.endswith(".cache") or ".tmp-" in name else info
 
 
 def _finish_stage(args, todo, state) -> None:

@@ -27,6 +27,11 @@ def load_state(out: Path) -> dict:
     if ok:
         ok = all(isinstance(r, dict) and isinstance(r.get("status"), str) for r in state["stages"].values())
         ok = ok and all(isinstance(i, dict) for i in state["invocations"])
+    if ok:  # the fields the runner computes with (a string or NaN wall time: exit 2 naming the file)
+        from experiments.common.cells import check_fields  # standard library at import
+
+        for rec in state["stages"].values():
+            check_fields(rec, path)
     if not ok:
         raise ValueError(
             f'{path}: not a suite record (expected an object with "stages": {{name: {{"status": ...}}}} and '
@@ -36,7 +41,7 @@ def load_state(out: Path) -> dict:
 
 
 def save_state(out: Path, state: dict) -> None:
+    from latte.files import atomic_write  # standard library only
+
     Path(out).mkdir(parents=True, exist_ok=True)
-    tmp = Path(out) / "suite.json.tmp"
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    tmp.replace(Path(out) / "suite.json")
+    atomic_write(Path(out) / "suite.json", json.dumps(state, indent=2) + "\n")

@@ -24,6 +24,7 @@ import os
 import signal
 import time
 
+from latte.files import atomic_write
 from latte.models import num_parameters
 from latte.train import distributed as D
 from latte.train.config import RunConfig
@@ -227,7 +228,7 @@ def evaluate(run: Run) -> dict:
     summary.update({f"val_{k}": v for k, v in metrics.items()}, sample=sample, **extras)
     if run.env.is_main:
         summary.update(_wall_times(run))
-        (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        atomic_write(run.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         resumed = "" if run.progress.wall_before == 0 else f" ({summary['process_wall_time_s']:.0f} s in this process)"
         run.logger.message(
             f"final validation {run.task.format_metrics({**metrics, **extras})}; step {run.progress.step}, "

@@ -103,14 +103,39 @@ def _read_holder(fd: int) -> str:
 
 
 def prepare_run_dir(run_dir: Path) -> RunLock:
-    """Creates run_dir (refusing a path that is a file) and locks it."""
+    """Creates run_dir (refusing a path that is a file, or a folder of
+    another kind: check_not_foreign) and locks it."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"train.run_dir={str(run_dir)!r} is a file, expected a folder (or a path to create)")
+    check_not_foreign(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OSError(e.errno, f"cannot create train.run_dir: {e.strerror}", str(run_dir)) from None
     return RunLock(run_dir).acquire()
+
+
+def check_not_foreign(run_dir: Path) -> None:
+    """A run writes only into a run folder of its own (new, empty or a run's):
+    never into, nor inside, a checkpoint or a model's folder, nor into a
+    folder another command writes (its write marker: results, benchmarks,
+    an export; latte/guard.py). A ValueError (exit 2) naming what it is."""
+    from latte.guard import MARKER, protected_kind, written_by
+
+    for place in (run_dir, *run_dir.resolve().parents):
+        kind = protected_kind(place)
+        if kind and not kind.startswith("a run folder"):
+            what = kind if place.resolve() == run_dir.resolve() else f"inside {place}, {kind}"
+            raise ValueError(
+                f"train.run_dir={str(run_dir)!r}: {what}; a "
+                "run writes its own folder only: choose a new train.run_dir (nothing was written)"
+            )
+    owner = written_by(run_dir) if run_dir.is_dir() else None
+    if owner:
+        raise ValueError(
+            f"train.run_dir={str(run_dir)!r}: written by `{owner}` (its {MARKER}); a run writes its own folder "
+            "only: choose a new train.run_dir (nothing was written)"
+        )
 
 
 # --------------------------------------------------------------------------- resume

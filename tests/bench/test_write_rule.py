@@ -106,3 +106,79 @@ def test_the_committed_benchmarks_folder_is_marked_file_by_file():
     for writer in (SUITE_WRITER, "latte export"):
         with pytest.raises(WriteRefused, match="written by `latte bench`"):
             check_folder(folder, writer)
+
+
+def _racing(monkeypatch) -> None:
+    """Two claims that both pass the first check before either takes the lock
+    (what two commands started at the same moment do)."""
+    import threading
+
+    from latte import guard
+
+    barrier, real = threading.Barrier(2, timeout=10), guard._locked
+    monkeypatch.setattr(guard, "_locked", lambda folder: (barrier.wait(), real(folder))[1])
+
+
+def _both(*claims) -> list:
+    import threading
+
+    results = [None] * len(claims)
+
+    def go(i, claim):
+        try:
+            results[i] = claim()
+        except WriteRefused as e:
+            results[i] = e
+
+    threads = [threading.Thread(target=go, args=(i, c)) for i, c in enumerate(claims)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return results
+
+
+def test_of_two_commands_claiming_one_new_folder_at_once_only_one_gets_it(tmp_path, monkeypatch):
+    from latte.guard import claim_folder
+
+    _racing(monkeypatch)
+    folder = tmp_path / "out"
+    a, b = _both(lambda: claim_folder(folder, "latte export"), lambda: claim_folder(folder, "latte experiment mqar"))
+    assert sorted(type(r).__name__ for r in (a, b)) == ["PosixPath", "WriteRefused"], (a, b)
+    winner = "latte export" if isinstance(b, WriteRefused) else "latte experiment mqar"
+    assert json.loads((folder / MARKER).read_text()) == {"writer": winner}
+    assert [p.name for p in folder.iterdir()] == [MARKER]  # no temp file left
+
+
+def test_two_benchmarks_recording_their_files_at_once_both_keep_their_record(tmp_path, monkeypatch):
+    _racing(monkeypatch)
+    folder, owners = tmp_path / "benchmarks", ("latte bench",)
+    a, b = _both(
+        lambda: claim_files(folder, "latte bench ops", ["ops.json"], owners=owners),
+        lambda: claim_files(folder, "latte bench check", ["check.json"], owners=owners),
+    )
+    assert a == b == folder
+    record = json.loads((folder / MARKER).read_text())
+    assert record == {
+        "writer": "latte bench",
+        "files": {"check.json": "latte bench check", "ops.json": "latte bench ops"},
+    }
+
+
+def test_a_marker_write_cut_by_a_kill_neither_blocks_nor_stays_in_the_folder(tmp_path):
+    """A kill between the marker's temp file and its rename leaves the temp
+    file: the folder is still new to every command, and the next claim
+    removes it."""
+    from latte.guard import claim_folder
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / f".{MARKER}.tmp-4242").write_text('{"wri')
+    check_folder(folder, "latte experiment lra")
+    claim_folder(folder, "latte experiment lra")
+    assert [p.name for p in folder.iterdir()] == [MARKER]
+    shared = tmp_path / "bench"
+    shared.mkdir()
+    (shared / f".{MARKER}.tmp-4242").write_text('{"wri')
+    claim_files(shared, "latte bench ops", ["ops.json"], owners=("latte bench",))
+    assert [p.name for p in shared.iterdir()] == [MARKER]

@@ -582,3 +582,42 @@ def test_convert_sweep_killed_at_any_point_gives_the_uninterrupted_results(tmp_p
     assert not (out / "convert" / "results.json").exists()
     assert CV.main([*argv("run"), *tiny]) == 0
     assert results("run") == reference
+
+
+@pytest.mark.parametrize("kind", ["model", "checkpoint", "results", "export"])
+def test_training_never_writes_into_a_model_a_checkpoint_or_another_commands_folder(tmp_path, capsys, kind):
+    """`latte train --train.run_dir DIR` into a base model's folder, a
+    checkpoint or a folder a command writes (results/mqar: its step folders
+    would make the published folder a run folder no report may write again)
+    exits 2 and leaves DIR as it was."""
+    folder = tmp_path / "dir"
+    if kind == "export":
+        claim_folder(folder, "latte export")
+        for name, text in (("config.json", "{}"), ("model.safetensors", "weights")):
+            (folder / name).write_text(text)
+    elif kind == "model":
+        _model_folder(folder)
+    elif kind == "checkpoint":
+        _fake_run(tmp_path / "run", "{}")
+        folder = tmp_path / "run" / "step-00000002"
+    else:
+        write_results(folder, "mqar", [{"a": 1}], "t", {"command": "latte experiment mqar", "machine": {}, "wall_s": 1})
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    argv = ["train", "--config", "tiny", f"--train.run_dir={folder}", "--train.steps=1", "--optim.warmup_steps=0"]
+    assert main(argv) == 2
+    err = _err(capsys)
+    assert f"train.run_dir='{folder}'" in err and "choose a new train.run_dir" in err
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("value", ['"long"', "NaN", "-1"])
+def test_a_suite_record_with_a_bad_wall_time_is_refused_naming_the_file(tmp_path, capsys, value):
+    """Row 12's class in the suite's records: a stage's wall time the runner
+    formats (`ok earlier (N s)`) is checked when suite.json is read."""
+    claim_folder(tmp_path, runner.SUITE_WRITER)
+    text = '{"stages": {"check": {"status": "ok", "wall_s": ' + value + '}}, "invocations": []}'
+    (tmp_path / "suite.json").write_text(text)
+    assert stages.main(["--report-only", "--out", str(tmp_path)]) == 2
+    err = _err(capsys)
+    assert str(tmp_path / "suite.json") in err and "field 'wall_s'" in err
+    assert (tmp_path / "suite.json").read_text() == text and not (tmp_path / "README.md").exists()

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from latte.files import atomic_write
+
 TABLE = Path(__file__).with_name("fla_tuning.json")
 ENTRY_POINTS = ("fla.ops.gla.chunk", "fla.ops.gla.fused_recurrent")
 
@@ -176,7 +178,7 @@ def record(gpu_name: str, path: Path = TABLE) -> dict:
     """Merge tuned_table() into the table under gpu_name; returns the table."""
     table = load_table(path)
     table.setdefault(gpu_name, {}).update(tuned_table())
-    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    atomic_write(path, json.dumps(table, indent=1, sort_keys=True) + "\n")  # a kill leaves the old table whole
     return table
 
 
