@@ -239,6 +239,17 @@ def run_protocol(config: str, sets: Iterable[str]) -> dict:
 # --------------------------------------------------------------------------- run folders
 
 
+def set_aside(path: Path) -> Path:
+    """Rename `path` (a file or folder) to the first free `NAME.set-aside-N`,
+    deleting nothing; returns the new name."""
+    n = 1
+    while path.with_name(f"{path.name}.set-aside-{n}").exists():
+        n += 1
+    target = path.with_name(f"{path.name}.set-aside-{n}")
+    path.rename(target)
+    return target
+
+
 def set_aside_changed_run(run_dir: str | Path, config: str, sets: Iterable[str]) -> Path | None:
     """When `run_dir` holds a run whose saved config.yaml differs from what
     `config` + `sets` resolve to (NOT_PROTOCOL fields aside), rename it to
@@ -261,11 +272,7 @@ def set_aside_changed_run(run_dir: str | Path, config: str, sets: Iterable[str])
         diff = {"config.yaml": (NOT_RECORDED, "the command's")}
     if not diff:
         return None
-    n = 1
-    while run_dir.with_name(f"{run_dir.name}.set-aside-{n}").exists():
-        n += 1
-    target = run_dir.with_name(f"{run_dir.name}.set-aside-{n}")
-    run_dir.rename(target)
+    target = set_aside(run_dir)
     print(
         f"{run_dir}: its run has another configuration than this command's ({describe(diff, 'in the run', 'now')}); "
         f"it is never resumed under the new one: set aside as {target} (nothing deleted), starting over",

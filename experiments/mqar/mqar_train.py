@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.common.cells import set_aside
 from latte.data.mqar import IGNORE_INDEX, MQARData
 from latte.models import LatteForCausalLM
 
@@ -89,10 +90,6 @@ def load_progress(path: Path, identity: dict) -> dict | None:
         why = "of another cell or protocol"
     if same:
         return saved
-    n = 1
-    while path.with_name(f"{path.name}.set-aside-{n}").exists():
-        n += 1
-    target = path.with_name(f"{path.name}.set-aside-{n}")
-    path.rename(target)
+    target = set_aside(path)
     print(f"mqar: the saved progress {path} is {why}: set aside as {target}, the run starts over", file=sys.stderr)
     return None
