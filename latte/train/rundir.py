@@ -38,6 +38,7 @@ import socket
 import time
 from pathlib import Path
 
+from latte.guard import MARKER, protected_kind, written_by
 from latte.train.checkpoint import scan_checkpoints
 from latte.train.manifest import MANIFEST, step_dirs, verify_checkpoint
 
@@ -120,8 +121,6 @@ def check_not_foreign(run_dir: Path) -> None:
     never into, nor inside, a checkpoint or a model's folder, nor into a
     folder another command writes (its write marker: results, benchmarks,
     an export; latte/guard.py). A ValueError (exit 2) naming what it is."""
-    from latte.guard import MARKER, protected_kind, written_by
-
     for place in (run_dir, *run_dir.resolve().parents):
         kind = protected_kind(place)
         if kind and not kind.startswith("a run folder"):
