@@ -243,7 +243,7 @@ def _pilot_cell(cell: dict, a, first_mix: str) -> dict:
     return {
         **_score(run, a),
         "val_ppl": s["val_ppl"],
-        "train_wall_s": round(run_wall_time(run), 1),
+        "train_wall_s": round(run_wall_time(run), 3),
         "threads": a.threads,
         "load_start": round(load0, 2),
         "load_end": round(os.getloadavg()[0], 2),

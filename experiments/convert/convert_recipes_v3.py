@@ -161,7 +161,7 @@ def evaluate_pilot(a, path: Path, name: str) -> tuple[dict, list[dict], list[dic
         "steps": int(trained.step),
         "train_tokens": int(saved.get("tokens_seen", 0)),
         "finished": last == int(trained.step),
-        "train_wall_s": None if wall is None else round(wall, 1),
+        "train_wall_s": None if wall is None else round(wall, 3),
         "sinks": sinks,
         "window": subject.model.converted[0].window_size,
         "baselines": " ".join(pins),

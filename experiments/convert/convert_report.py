@@ -350,5 +350,5 @@ def training_of(subject, models=TRAINED) -> dict | None:
         "recipe": f"{subject.source}, checkpoint {Path(subject.run.checkpoint).name}",
         "train_tokens": tokens,
         "steps": subject.run.step,
-        "train_wall_s": round(run_wall_time(subject.source), 1) if finished else None,
+        "train_wall_s": round(run_wall_time(subject.source), 3) if finished else None,
     }

@@ -131,7 +131,7 @@ def _recipe_record(s: dict, run: Path, recipe: str, load0: float, t0: float) -> 
         "val_tokens": s["val_tokens"],
         "train_tokens": s["tokens_seen"],
         "steps": s["step"],
-        "train_wall_s": round(run_wall_time(run), 1),
+        "train_wall_s": round(run_wall_time(run), 3),
         "stopped": s.get("stopped", ""),
         "overrides": " ".join(RECIPES[recipe]),
         "load_start": round(load0, 2),

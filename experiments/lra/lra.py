@@ -272,7 +272,7 @@ def run_training(task: str, mixer: str, work: Path, extra: list[str], budget: st
         "loadavg_1min": round(os.getloadavg()[0], 2),
         "loadavg_start": round(load_start, 2),
         "threads": torch.get_num_threads(),
-        "run_wall_s": round(s.get("wall_time_s") or 0.0, 1),  # every process that trained the run
+        "run_wall_s": round(s.get("wall_time_s") or 0.0, 3),  # every process that trained the run
         "command": shlex.join(["latte", "train", "--config", config, *(f"--{o}" for o in overrides)]),
         **(chosen_on_validation(Path(cfg.train.run_dir), s) if budget == "lra" else {}),
     }

@@ -239,7 +239,7 @@ def test_training_of_reads_the_evaluated_checkpoint_of_a_run_still_training(tmp_
     (tmp_path / "summary.json").write_text(json.dumps({"step": 500, "tokens_seen": 1024000, "wall_time_s": 9.0}))
     assert training_of(subject)["train_wall_s"] is None  # the summary is of a later step
     (tmp_path / "summary.json").write_text(json.dumps({"step": 20, "tokens_seen": 40960, "wall_time_s": 9.04}))
-    assert training_of(subject)["train_wall_s"] == 9.0
+    assert training_of(subject)["train_wall_s"] == 9.04
     assert training_of(SimpleNamespace(source=tmp_path, run=None)) is None  # a model folder
     assert training_of(subject, ("original", "window")) is None  # no up-trained model evaluated
     assert training_of(subject, ("window", "converted"))["steps"] == 20
