@@ -83,7 +83,8 @@ def equal_state_table(best: list[dict]) -> str:
 def flat_records(records: list[dict]) -> list[dict]:
     """results.json's records: the per-interval and per-epoch step times
     (lists) summarised by their first and last values; the series themselves
-    go to step_times.json."""
+    go to step_times.json. The steps a run was resumed from become one
+    space-separated string ("3000" or "1250 3500")."""
     flat = []
     for r in records:
         f = {k: v for k, v in r.items() if k not in SERIES}
@@ -93,6 +94,8 @@ def flat_records(records: list[dict]) -> list[dict]:
         cpu = r.get("interval_cpu_ms_per_step") or []
         f["cpu_ms_per_step_first_interval"] = cpu[0] if cpu else None
         f["cpu_ms_per_step_last_interval"] = cpu[-1] if cpu else None
+        if isinstance(f.get("resumed_from_steps"), list):  # a cell continued from saved progress
+            f["resumed_from_steps"] = " ".join(str(s) for s in f["resumed_from_steps"])
         flat.append(f)
     return flat
 
