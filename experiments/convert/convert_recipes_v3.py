@@ -255,6 +255,13 @@ def tables(a, rows: list[dict], records: list[dict], cells: list[dict]) -> str:
     return _intro(a, cells) + "\n\n" + "\n".join(lines) + "\n\n" + length_table(cells)
 
 
+def _threads(cells: list[dict]) -> str:
+    """The torch threads the prompts ran on, as their cells recorded them."""
+    seen = sorted({c["threads"] for c in cells if c.get("threads")})
+    unknown = sum(1 for c in cells if not c.get("threads"))
+    return " or ".join(map(str, seen)) + (f" ({unknown} not recorded)" if unknown else "") if seen else "unrecorded"
+
+
 def _intro(a, cells: list[dict]) -> str:
     wall, cpu = sum(c["wall_s"] for c in cells), sum(c.get("cpu_s", 0.0) for c in cells)
     loads = [c["load"] for c in cells]
@@ -269,7 +276,7 @@ def _intro(a, cells: list[dict]) -> str:
         "training-free models are the same for every pilot of one window and sinks. The budget is the steps "
         "and tokens the evaluated checkpoint trained and the run's wall time over all its processes. The "
         f"{len(cells)} prompts took {wall:,.0f} s of wall time ({cpu:,.0f} s of CPU) when they ran, on "
-        f"{a.threads} thread(s) beside other jobs (1-min load average {min(loads):.1f} to {max(loads):.1f} at "
+        f"{_threads(cells)} thread(s) beside other jobs (1-min load average {min(loads):.1f} to {max(loads):.1f} at "
         "their starts); a rerun reuses finished prompts (their cells in --work)."
     )
 

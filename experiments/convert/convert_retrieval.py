@@ -25,6 +25,8 @@ import math
 import os
 from pathlib import Path
 
+import torch
+
 from experiments.common.results import Sweep
 from latte.data.heldout import eval_essays
 from latte.eval.needle import haystack_text, sentence_ends
@@ -140,7 +142,8 @@ def _run(a, subject: Subject, reader: Reader, cells: list[dict], sinks: int, nam
                 shared[cell["model"]] = SharedPrefix(model)
             shared[cell["model"]].model = model  # the same weights, entered again
             rec = answer_prompt(model, reader.decode, cell["task"], prompt, shared[cell["model"]])
-        return {**rec, "tokens": len(prompt.ids), "window": window, "load": round(load0, 2)}
+        threads = torch.get_num_threads()
+        return {**rec, "tokens": len(prompt.ids), "window": window, "load": round(load0, 2), "threads": threads}
 
     sweep = Sweep(
         Path(a.runs) / f"cells-{name}", cells, **checks(_inputs_used(a, cells), ("correct", "answer", "load"))

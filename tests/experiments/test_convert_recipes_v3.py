@@ -52,7 +52,7 @@ def test_quick_pilots_table_is_gathered_resumed_and_guarded(tmp_path, capsys):
     assert "Command: `python -m experiments.convert.convert_recipes_v3 --quick" in md
     assert "| aux | distill.window_drop=0.5 distill.latent_aux_weight=0.5 | 2 | 256 |" in md
     assert "| window + 4 sinks | training-free |" in md and "passkey 400 | passkey 512 | multikey 400" in md
-    assert json.loads((out / "run.json").read_text())["threads"] == 1
+    assert json.loads((out / "run.json").read_text())["threads"] == 1 and "on 1 thread(s) beside" in md
     # the training-free models' cells once for both pilots; each pilot's own beside them
     assert len(list((work / "baselines" / "cells-retrieval" / "cells").glob("*.json"))) == 2 * 2 * 2 * 2
     for name in ("base", "aux"):
@@ -72,3 +72,10 @@ def test_quick_pilots_table_is_gathered_resumed_and_guarded(tmp_path, capsys):
     assert (other / "notes.md").read_text() == "mine\n" and len(list(other.iterdir())) == 1
     with pytest.raises(ValueError, match="same name"):
         main([*args[:-1], str(tmp_path / "pilot-base")])
+
+
+def test_the_table_states_the_threads_its_prompts_ran_on_not_the_reports():
+    from experiments.convert.convert_recipes_v3 import _threads
+
+    assert _threads([{"threads": 1}, {"threads": 2}, {"threads": 1}]) == "1 or 2"
+    assert _threads([{"threads": 2}, {}]) == "2 (1 not recorded)" and _threads([{}]) == "unrecorded"
