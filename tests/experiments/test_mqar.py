@@ -6,8 +6,9 @@ import json
 import pytest
 import torch
 
+from experiments.common.results import write_results
 from experiments.mqar import mqar as M
-from experiments.mqar.mqar_report import best_lr
+from experiments.mqar.mqar_report import best_lr, flat_records
 from latte.data import mqar_splits
 from latte.models import LatteForCausalLM
 
@@ -356,9 +357,6 @@ def test_a_killed_or_stopped_cell_resumes_where_it_was_with_the_uninterrupted_re
     resumed = M.train_cell(cell, train, test, budget, progress=progress, protocol=proto)
     assert resumed["resumed_from_steps"] == [4] and _same_run(resumed, reference)
     # results.json takes flat records only: the resumed steps become a string there
-    from experiments.common.results import write_results
-    from experiments.mqar.mqar_report import flat_records
-
     run = {"command": "python -m experiments.mqar", "machine": {}, "wall_s": 0.0}
     write_results(tmp_path / "out", "mqar", flat_records([{**cell, **resumed}]), "", run)
     assert json.loads((tmp_path / "out" / "results.json").read_text())[0]["resumed_from_steps"] == "4"
