@@ -218,12 +218,21 @@ def gather(rows: list[dict], cells: list[dict]) -> list[dict]:
 
 def _cell(r: dict) -> dict:
     keep = ("model", "task", "context", "format", "trials", "beyond_window", "found_beyond", "accuracy", "wall_s")
-    return {k: r[k] for k in keep} | {"eval_max_load": r["max_load"]}
+    return {k: r[k] for k in keep if k in r} | {"eval_max_load": r["max_load"]} | _nll(r)
+
+
+def _nll(r: dict) -> dict:
+    return {"answer_nll": r["answer_nll"]} if "answer_nll" in r else {}
 
 
 def _hits(recs: list[dict], task: str, context: int) -> str:
     r = [x for x in recs if x["task"] == task and x["context"] == context]
     return f"{r[0]['found_beyond']}/{r[0]['beyond_window']}" if r and r[0]["beyond_window"] else "-"
+
+
+def _nats(recs: list[dict], task: str, context: int) -> str:
+    r = [x for x in recs if x["task"] == task and x["context"] == context and "answer_nll" in x]
+    return f"{r[0]['answer_nll']:.2f}" if r else "-"
 
 
 def tables(a, rows: list[dict], records: list[dict], cells: list[dict]) -> str:
@@ -236,6 +245,10 @@ def tables(a, rows: list[dict], records: list[dict], cells: list[dict]) -> str:
         + " |",
         "|---|---|---|---|---|" + "---|" * len(cols),
     ]
+    nats = [
+        "| recipe | steps | " + " | ".join(f"{t} {c:,}" for t, c in cols) + " |",
+        "|---|---|" + "---|" * len(cols),
+    ]
     groups = list(dict.fromkeys(r["baselines"] for r in rows))
     for group in groups:
         for m in BASELINES:
@@ -244,6 +257,7 @@ def tables(a, rows: list[dict], records: list[dict], cells: list[dict]) -> str:
             what = "training-free" + (f" ({group})" if len(groups) > 1 else "")
             hits = " | ".join(_hits(recs, t, c) for t, c in cols)
             lines.append(f"| {label(m, sinks)} | {what} | 0 | 0 | - | {hits} |")
+            nats.append(f"| {label(m, sinks)} | 0 | " + " | ".join(_nats(recs, t, c) for t, c in cols) + " |")
     for row in rows:
         recs = [r for r in records if r["recipe"] == row["recipe"] and r["model"] == "converted"]
         wall = f"{row['train_wall_s']:,.0f} s" if row["train_wall_s"] is not None else "(training)"
@@ -252,7 +266,17 @@ def tables(a, rows: list[dict], records: list[dict], cells: list[dict]) -> str:
         lines.append(
             f"| {row['recipe']} | {row['overrides'] or 'none'} | {step} | {row['train_tokens']:,} | {wall} | {hits} |"
         )
-    return _intro(a, cells) + "\n\n" + "\n".join(lines) + "\n\n" + length_table(cells)
+        nats.append(f"| {row['recipe']} | {step} | " + " | ".join(_nats(recs, t, c) for t, c in cols) + " |")
+    graded = ""
+    if any("answer_nll" in r for r in records):
+        graded = (
+            "\n\n**What the state holds about the asked value**, where right-or-wrong says nothing: the value's "
+            "mean negative log-likelihood in nats per token (teacher-forced as the prompt's continuation; the "
+            "digits of a uniform guess cost ln 10 = 2.30 each), over the same prompts beyond the window; lower "
+            "is better, and a model below window + sinks holds something about the value that the window "
+            "cannot (`-`: cells written before this was recorded).\n\n" + "\n".join(nats)
+        )
+    return _intro(a, cells) + "\n\n" + "\n".join(lines) + graded + "\n\n" + length_table(cells)
 
 
 def _threads(cells: list[dict]) -> str:

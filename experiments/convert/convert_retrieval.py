@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 from pathlib import Path
 
 import torch
@@ -300,6 +301,15 @@ def length_table(cells: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _likelihood(far: list[dict]) -> dict:
+    """The asked value's mean NLL (nats per token, teacher-forced) over the
+    prompts beyond the window, when every one of them recorded it (cells
+    written before it was recorded, and multivalue, have none)."""
+    if not far or any("answer_nll" not in c for c in far):
+        return {}
+    return {"answer_nll": round(statistics.fmean(c["answer_nll"] for c in far), 4)}
+
+
 def retrieval_records(cells: list[dict]) -> list[dict]:
     """One record per (task, model, context): found, recall, beyond the window."""
     out = []
@@ -323,6 +333,7 @@ def retrieval_records(cells: list[dict]) -> list[dict]:
                 "accuracy": k / len(far) if far else float("nan"),
                 "accuracy_stderr": math.sqrt(k / len(far) * (1 - k / len(far)) / len(far)) if far else float("nan"),
                 "recall": sum(c["recall"] for c in far) / len(far) if far else float("nan"),
+                **_likelihood(far),
                 "wall_s": round(sum(c["wall_s"] for c in cs), 1),
                 "max_load": max(c["load"] for c in cs),
                 **({"sinks": cs[0]["sinks"]} if "sinks" in cs[0] else {}),

@@ -151,16 +151,44 @@ def greedy_answer(
     """Greedy continuation of ids [T]: the prompt fed `chunk` tokens at a time
     through the model's cache (or from ids[start:] into a cache that already
     holds ids[:start]), then one token per step."""
+    return greedy_and_likelihood(model, ids, (), new_tokens, chunk, cache, start)[0]
+
+
+@torch.no_grad()
+def greedy_and_likelihood(
+    model,
+    ids: torch.Tensor,
+    target: list[int] | tuple[int, ...],
+    new_tokens: int = ANSWER_TOKENS,
+    chunk: int = 1024,
+    cache=None,
+    start: int = 0,
+) -> tuple[list[int], float | None]:
+    """(greedy_answer's tokens, the mean negative log-likelihood in nats per
+    token of `target` as the continuation of the whole prompt; None when
+    `target` is empty). The target is teacher-forced on a copy of the state
+    after the prompt, so the greedy answer is the same as without it."""
     from latte.models.hf_cache import cache_kwargs  # optional dependency: transformers (extra "hf")
 
     cache = new_cache(model) if cache is None else cache
     out = _feed(model, cache, ids[start:], chunk)
-    tokens = [int(out.logits[0, -1].argmax())]
+    first = out.logits[0, -1]
+    nll = None
+    if target:
+        logp = [first.double().log_softmax(-1)[target[0]]]
+        if len(target) > 1:
+            probe = copy.deepcopy(cache)
+            forced = torch.tensor([list(target[:-1])], device=ids.device)
+            more = model(input_ids=forced, **cache_kwargs(probe), use_cache=True, logits_to_keep=len(target) - 1)
+            lp = more.logits[0].double().log_softmax(-1)
+            logp += [lp[i, t] for i, t in enumerate(target[1:])]
+        nll = float(-torch.stack(logp).mean())
+    tokens = [int(first.argmax())]
     while len(tokens) < new_tokens:
         step = torch.tensor([[tokens[-1]]], device=ids.device)
         out = model(input_ids=step, **cache_kwargs(cache), use_cache=True, logits_to_keep=1)
         tokens.append(int(out.logits[0, -1].argmax()))
-    return tokens
+    return tokens, nll
 
 
 def run_trial(model, tokenizer, prompt: NeedlePrompt, chunk: int = 1024, feeder: PrefixFeeder | None = None) -> dict:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .needle import _feed, greedy_answer, new_cache
+from .needle import _feed, greedy_and_likelihood, new_cache
 
 TASKS = ("passkey", "multikey", "multivalue")
 MULTI_KEYS = 4  # needles of the multikey task (one asked)
@@ -159,6 +159,9 @@ class RetrievalPrompt:
     expected: tuple[int, ...]
     starts: tuple[int, ...]  # first token of each needle
     ends: tuple[int, ...]  # one past the last token of each needle
+    # the asked value as the answer writes it (" K" after the answer's first
+    # words), whose likelihood is scored; empty for multivalue (any order)
+    target: tuple[int, ...] = ()
 
     @property
     def distance(self) -> int:
@@ -220,7 +223,8 @@ def build_prompt(
         stops.append(len(ids))
         prev = at
     ids += hay_ids[prev:n_hay] + tail
-    return RetrievalPrompt(torch.tensor(ids), item.expected, tuple(starts), tuple(stops))
+    target = tuple(encode(f" {item.expected[0]}")) if len(item.expected) == 1 else ()
+    return RetrievalPrompt(torch.tensor(ids), item.expected, tuple(starts), tuple(stops), target)
 
 
 def numbers(text: str) -> list[int]:
@@ -260,19 +264,24 @@ class SharedPrefix:
 
 def answer_prompt(model, decode, task: str, prompt: RetrievalPrompt, shared: SharedPrefix | None = None) -> dict:
     """One prompt answered greedily (from the shared prefix's state when
-    given): the cell's record."""
+    given): the cell's record. With a target (passkey, multikey) it also
+    records `answer_nll`, the asked value's mean negative log-likelihood in
+    nats per token as the prompt's continuation (teacher-forced): a graded
+    measure of what the state holds about the value, where greedy decoding
+    only says right or wrong."""
     t0, c0 = time.perf_counter(), time.process_time()
     new = ANSWER_TOKENS[task]
     if shared is None:
-        tokens = greedy_answer(model, prompt.ids, new)
+        tokens, nll = greedy_and_likelihood(model, prompt.ids, prompt.target, new)
     else:
         cache = shared.state(prompt.ids, prompt.shared)
-        tokens = greedy_answer(model, prompt.ids, new, cache=cache, start=prompt.shared)
+        tokens, nll = greedy_and_likelihood(model, prompt.ids, prompt.target, new, cache=cache, start=prompt.shared)
     answer = decode(tokens)
     return {
         "expected": list(prompt.expected),
         "answer": answer,
         **score(task, prompt.expected, answer),
+        **({"answer_nll": round(nll, 4), "answer_tokens": len(prompt.target)} if nll is not None else {}),
         "distance": prompt.distance,
         "first_needle": prompt.shared,
         "wall_s": round(time.perf_counter() - t0, 2),

@@ -3,6 +3,8 @@ length with every needle after a sentence end at or before the asked depth,
 the format's frame around the haystack, scoring, answers from a shared
 prefix state equal to answers alone, and the prompt-length summary."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -140,6 +142,39 @@ def test_original_model_answers_through_its_dynamic_cache(hay):
         assert (
             R.answer_prompt(base, TOK.decode, "passkey", p, R.SharedPrefix(base, chunk=64))["answer"] == alone["answer"]
         )
+
+
+def _reference_nll(model, ids: torch.Tensor, target: tuple[int, ...]) -> float:
+    """The target's mean NLL from one cache-free forward of prompt + target, in float64."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.cat([ids, torch.tensor(target[:-1], dtype=ids.dtype)])[None]).logits[0]
+    logp = logits[len(ids) - 1 :].double().log_softmax(-1)
+    return float(-logp[torch.arange(len(target)), torch.tensor(target)].mean())
+
+
+@pytest.mark.parametrize("which", ["converted", "original"])
+def test_answer_likelihood_equals_a_cache_free_forward(hay, which):
+    """answer_nll: the asked value teacher-forced after the prompt, from the
+    decoding state (alone and from a shared prefix), equals one forward of
+    prompt + value without a cache; the greedy answer is unchanged by it;
+    and it can fail: another value is scored otherwise."""
+    model = trained_like("llama")
+    with model.as_original() if which == "original" else contextlib.nullcontext(model) as m:
+        for task in ("passkey", "multikey"):
+            p = R.build_prompt(TOK.encode, *hay, 420, 0.3, R.make_item(task, 3), R.FORMATS["bare"])
+            assert p.target == tuple(TOK.encode(f" {p.expected[0]}")) and len(p.target) > 1
+            alone = R.answer_prompt(m, TOK.decode, task, p)
+            shared = R.answer_prompt(m, TOK.decode, task, p, R.SharedPrefix(m, chunk=64))
+            want = _reference_nll(m, p.ids, p.target)
+            assert alone["answer_nll"] == pytest.approx(want, abs=2e-4)
+            assert shared["answer_nll"] == pytest.approx(want, abs=2e-4)
+            assert alone["answer_tokens"] == len(p.target)
+            assert alone["answer"] == TOK.decode(N.greedy_answer(m, p.ids, R.ANSWER_TOKENS[task]))
+            other = tuple(TOK.encode(f" {p.expected[0] + 1}"))
+            assert abs(_reference_nll(m, p.ids, other) - want) > 1e-3
+    # multivalue names every value in any order: no single target is scored
+    p = R.build_prompt(TOK.encode, *hay, 420, 0.3, R.make_item("multivalue", 3), R.FORMATS["bare"])
+    assert p.target == () and "answer_nll" not in R.answer_prompt(model, TOK.decode, "multivalue", p)
 
 
 def test_length_summary():

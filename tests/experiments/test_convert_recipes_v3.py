@@ -48,7 +48,13 @@ def test_quick_pilots_table_is_gathered_resumed_and_guarded(tmp_path, capsys):
         assert 0 <= r["found_beyond"] <= r["beyond_window"] == 2  # 2 depths x 1 trial, every needle beyond 8 tokens
         if r["model"] == "converted":  # the budget: 2 steps of 4 x 32 tokens, the run's wall time
             assert r["steps"] == 2 and r["train_tokens"] == 2 * 4 * 32 and r["finished"] and r["train_wall_s"] > 0
+    # the graded measure: the asked value's NLL per token, beside right-or-wrong, in every record
+    assert all(r["answer_nll"] > 0 for r in records)
+    cell = json.loads(next((work / "base" / "step-00000002" / "cells-retrieval" / "cells").glob("*.json")).read_text())
+    assert cell["answer_tokens"] >= 1 and cell["answer_nll"] > 0
     md = (out / "results.md").read_text()
+    nll = by[("aux", "converted", "multikey", 512)]["answer_nll"]
+    assert "**What the state holds about the asked value**" in md and "| aux | 2 |" in md and f"{nll:.2f} |" in md
     assert "Command: `python -m experiments.convert.convert_recipes_v3 --quick" in md
     assert "| aux | distill.window_drop=0.5 distill.latent_aux_weight=0.5 | 2 | 256 |" in md
     assert "| window + 4 sinks | training-free |" in md and "passkey 400 | passkey 512 | multikey 400" in md
