@@ -218,12 +218,22 @@ def resolved_config(config: str, sets: Iterable[str]) -> dict:
     return {k: v for k, v in flatten(cfg).items() if k not in NOT_PROTOCOL}
 
 
+# The config fields a run reads a file or folder from when their value names
+# one (each also takes names: a named source, "bpe", "smollm2", "auto"). Only
+# these are inputs: any other string field holds a name (a mixer, a norm, a
+# task) even where a folder of that name happens to sit in the working
+# directory (model.mixer=latte beside the repository's latte/ package once
+# made every Latte cell's protocol depend on the package's source).
+PATH_FIELDS = ("data.source", "data.tokenizer", "data.path", "base.path", "train.resume")
+
+
 def config_inputs(flat: dict) -> dict:
-    """{field: input_digest} for every string field of a resolved config that
-    names an existing file or folder (data files, a tokenizer, a base model)."""
+    """{field: input_digest} for every PATH_FIELDS field of a resolved config
+    that names an existing file or folder (data files, a tokenizer, a base
+    model, a checkpoint to resume from)."""
     out = {}
     for k, v in flat.items():
-        if isinstance(v, str) and v and k not in NOT_PROTOCOL and Path(v).exists():
+        if k in PATH_FIELDS and isinstance(v, str) and v and Path(v).exists():
             out[k] = input_digest(v)
     return out
 

@@ -180,6 +180,23 @@ def test_a_cell_is_reused_only_when_protocol_and_inputs_match_exactly(tmp_path):
         C.Sweep(tmp_path, [{"i": 0}], protocol=wider).pending()
 
 
+def test_only_path_fields_are_inputs_not_names_that_match_a_folder(tmp_path, monkeypatch):
+    """A name (model.mixer=latte) is never hashed as an input, even beside a
+    folder of that name; a path field naming a file is, and a change of that
+    file changes the protocol."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "latte").mkdir()
+    (tmp_path / "latte" / "code.py").write_text("x = 1\n")
+    (tmp_path / "corpus.txt").write_text("some text\n")
+    flat = {"model.mixer": "latte", "task": "lm", "data.source": "corpus.txt", "data.tokenizer": "bpe"}
+    inputs = C.config_inputs(flat)
+    assert set(inputs) == {"data.source"} and inputs["data.source"] == C.input_digest("corpus.txt")
+    (tmp_path / "latte" / "code.py").write_text("x = 2\n")  # the package changes: no protocol does
+    assert C.config_inputs(flat) == inputs
+    (tmp_path / "corpus.txt").write_text("other text\n")  # the data changes: the protocol does
+    assert C.config_inputs(flat)["data.source"] != inputs["data.source"]
+
+
 def test_a_legacy_cell_without_a_protocol_is_refused_not_reused(tmp_path):
     (tmp_path / "cells").mkdir()
     path = tmp_path / "cells" / "i=0.json"
