@@ -121,10 +121,13 @@ FIELD_RULES = {
     ),
     "majority_baseline": FRACTION,
     **dict.fromkeys(("val_ppl", "unigram_ppl"), _number(1e-12)),
-    **dict.fromkeys(("val_loss", "acc_stderr", "acc_norm_stderr", "answer_nll"), NONNEG),
+    **dict.fromkeys(("val_loss", "acc_stderr", "acc_norm_stderr", "answer_nll", "decoy_nll"), NONNEG),
     "tokens_per_s": _number(1e-12),
     **dict.fromkeys(("wall_s", "train_wall_s", "cell_wall_s", "process_s", "state_bytes"), NONNEG),
-    **dict.fromkeys(("steps", "tokens_seen", "val_tokens", "parameters", "examples_scored", "answer_tokens"), COUNT),
+    **dict.fromkeys(
+        ("steps", "tokens_seen", "val_tokens", "parameters", "examples_scored", "answer_tokens", "answer_likelier"),
+        COUNT,
+    ),
 }
 
 

@@ -222,7 +222,7 @@ def _cell(r: dict) -> dict:
 
 
 def _nll(r: dict) -> dict:
-    return {"answer_nll": r["answer_nll"]} if "answer_nll" in r else {}
+    return {k: r[k] for k in ("answer_nll", "decoy_nll", "nll_gap", "answer_likelier") if k in r}
 
 
 def _hits(recs: list[dict], task: str, context: int) -> str:
@@ -231,8 +231,12 @@ def _hits(recs: list[dict], task: str, context: int) -> str:
 
 
 def _nats(recs: list[dict], task: str, context: int) -> str:
-    r = [x for x in recs if x["task"] == task and x["context"] == context and "answer_nll" in x]
-    return f"{r[0]['answer_nll']:.2f}" if r else "-"
+    r = [x for x in recs if x["task"] == task and x["context"] == context and "nll_gap" in x]
+    if not r:
+        return "-"
+    r = r[0]
+    gap = f"{r['nll_gap']:+.2f} ({r['answer_likelier']}/{r['beyond_window']})"
+    return f"{r['answer_nll']:.2f} / {r['decoy_nll']:.2f}: {gap}"
 
 
 def tables(a, rows: list[dict], records: list[dict], cells: list[dict]) -> str:
@@ -268,13 +272,16 @@ def tables(a, rows: list[dict], records: list[dict], cells: list[dict]) -> str:
         )
         nats.append(f"| {row['recipe']} | {step} | " + " | ".join(_nats(recs, t, c) for t, c in cols) + " |")
     graded = ""
-    if any("answer_nll" in r for r in records):
+    if any("nll_gap" in r for r in records):
         graded = (
-            "\n\n**What the state holds about the asked value**, where right-or-wrong says nothing: the value's "
-            "mean negative log-likelihood in nats per token (teacher-forced as the prompt's continuation; the "
-            "digits of a uniform guess cost ln 10 = 2.30 each), over the same prompts beyond the window; lower "
-            "is better, and a model below window + sinks holds something about the value that the window "
-            "cannot (`-`: cells written before this was recorded).\n\n" + "\n".join(nats)
+            "\n\n**What the state holds about the asked value**, where right-or-wrong says nothing, over the "
+            "same prompts beyond the window: the asked value's and a decoy's mean negative log-likelihood in "
+            "nats per token, each teacher-forced as the prompt's continuation (the decoy: as many digits, "
+            "planted nowhere; a uniform guess costs ln 10 = 2.30 a digit), then decoy - answer and the prompts "
+            "where the asked value is the likelier. A gap above 0 is information about the value itself; a "
+            "lower answer NLL alone can be a better prior over numbers, which the decoy shares. A model that "
+            "cannot see the needle (window + sinks) sets the gap a conversion must beat (`-`: cells written "
+            "before this was recorded).\n\n" + "\n".join(nats)
         )
     return _intro(a, cells) + "\n\n" + "\n".join(lines) + graded + "\n\n" + length_table(cells)
 

@@ -302,12 +302,20 @@ def length_table(cells: list[dict]) -> str:
 
 
 def _likelihood(far: list[dict]) -> dict:
-    """The asked value's mean NLL (nats per token, teacher-forced) over the
-    prompts beyond the window, when every one of them recorded it (cells
-    written before it was recorded, and multivalue, have none)."""
-    if not far or any("answer_nll" not in c for c in far):
+    """Over the prompts beyond the window, when every one of them recorded
+    them (cells written before, and multivalue, have none): the asked
+    value's and the decoy's mean NLL (nats per token, teacher-forced), their
+    mean difference (decoy - answer: what the state holds about the asked
+    value beyond a prior over numbers) and the prompts where the asked
+    value is the likelier."""
+    if not far or any("decoy_nll" not in c for c in far):
         return {}
-    return {"answer_nll": round(statistics.fmean(c["answer_nll"] for c in far), 4)}
+    return {
+        "answer_nll": round(statistics.fmean(c["answer_nll"] for c in far), 4),
+        "decoy_nll": round(statistics.fmean(c["decoy_nll"] for c in far), 4),
+        "nll_gap": round(statistics.fmean(c["decoy_nll"] - c["answer_nll"] for c in far), 4),
+        "answer_likelier": sum(c["answer_nll"] < c["decoy_nll"] for c in far),
+    }
 
 
 def retrieval_records(cells: list[dict]) -> list[dict]:

@@ -24,6 +24,7 @@ import copy
 import random
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -158,23 +159,23 @@ def greedy_answer(
 def greedy_and_likelihood(
     model,
     ids: torch.Tensor,
-    target: list[int] | tuple[int, ...],
+    targets: Sequence[Sequence[int]],
     new_tokens: int = ANSWER_TOKENS,
     chunk: int = 1024,
     cache=None,
     start: int = 0,
-) -> tuple[list[int], float | None]:
-    """(greedy_answer's tokens, the mean negative log-likelihood in nats per
-    token of `target` as the continuation of the whole prompt; None when
-    `target` is empty). The target is teacher-forced on a copy of the state
-    after the prompt, so the greedy answer is the same as without it."""
+) -> tuple[list[int], list[float]]:
+    """(greedy_answer's tokens, for each of `targets` (token ids) its mean
+    negative log-likelihood in nats per token as the continuation of the
+    whole prompt). Each target is teacher-forced on its own copy of the
+    state after the prompt, so the greedy answer is the same as without."""
     from latte.models.hf_cache import cache_kwargs  # optional dependency: transformers (extra "hf")
 
     cache = new_cache(model) if cache is None else cache
     out = _feed(model, cache, ids[start:], chunk)
     first = out.logits[0, -1]
-    nll = None
-    if target:
+    nlls = []
+    for target in targets:
         logp = [first.double().log_softmax(-1)[target[0]]]
         if len(target) > 1:
             probe = copy.deepcopy(cache)
@@ -182,13 +183,13 @@ def greedy_and_likelihood(
             more = model(input_ids=forced, **cache_kwargs(probe), use_cache=True, logits_to_keep=len(target) - 1)
             lp = more.logits[0].double().log_softmax(-1)
             logp += [lp[i, t] for i, t in enumerate(target[1:])]
-        nll = float(-torch.stack(logp).mean())
+        nlls.append(float(-torch.stack(logp).mean()))
     tokens = [int(first.argmax())]
     while len(tokens) < new_tokens:
         step = torch.tensor([[tokens[-1]]], device=ids.device)
         out = model(input_ids=step, **cache_kwargs(cache), use_cache=True, logits_to_keep=1)
         tokens.append(int(out.logits[0, -1].argmax()))
-    return tokens, nll
+    return tokens, nlls
 
 
 def run_trial(model, tokenizer, prompt: NeedlePrompt, chunk: int = 1024, feeder: PrefixFeeder | None = None) -> dict:

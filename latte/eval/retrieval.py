@@ -162,6 +162,9 @@ class RetrievalPrompt:
     # the asked value as the answer writes it (" K" after the answer's first
     # words), whose likelihood is scored; empty for multivalue (any order)
     target: tuple[int, ...] = ()
+    # a value of as many digits planted nowhere in the prompt, scored the
+    # same way: the control for what the model expects of any such number
+    decoy: tuple[int, ...] = ()
 
     @property
     def distance(self) -> int:
@@ -223,8 +226,23 @@ def build_prompt(
         stops.append(len(ids))
         prev = at
     ids += hay_ids[prev:n_hay] + tail
-    target = tuple(encode(f" {item.expected[0]}")) if len(item.expected) == 1 else ()
-    return RetrievalPrompt(torch.tensor(ids), item.expected, tuple(starts), tuple(stops), target)
+    target = decoy = ()
+    if len(item.expected) == 1:
+        target = tuple(encode(f" {item.expected[0]}"))
+        decoy = tuple(encode(f" {decoy_value(item, seed)}"))
+    return RetrievalPrompt(torch.tensor(ids), item.expected, tuple(starts), tuple(stops), target, decoy)
+
+
+def decoy_value(item: Item, seed) -> int:
+    """A number of as many digits as the asked value, seeded, that no needle
+    of the item states (nor any digit string of the needles contains)."""
+    digits = len(str(item.expected[0]))
+    rng = random.Random(f"retrieval-decoy-{item.expected[0]}-{seed}")
+    planted = " ".join(item.needles)
+    while True:
+        v = rng.randrange(10 ** (digits - 1), 10**digits)
+        if str(v) not in planted:
+            return v
 
 
 def numbers(text: str) -> list[int]:
@@ -266,22 +284,28 @@ def answer_prompt(model, decode, task: str, prompt: RetrievalPrompt, shared: Sha
     """One prompt answered greedily (from the shared prefix's state when
     given): the cell's record. With a target (passkey, multikey) it also
     records `answer_nll`, the asked value's mean negative log-likelihood in
-    nats per token as the prompt's continuation (teacher-forced): a graded
-    measure of what the state holds about the value, where greedy decoding
-    only says right or wrong."""
+    nats per token as the prompt's continuation (teacher-forced), and
+    `decoy_nll`, the same for a value planted nowhere: decoy minus answer is
+    a graded measure of what the state holds about the value (about 0 for a
+    model that cannot see the needle, whatever its prior over numbers),
+    where greedy decoding only says right or wrong."""
     t0, c0 = time.perf_counter(), time.process_time()
     new = ANSWER_TOKENS[task]
+    targets = [prompt.target, prompt.decoy] if prompt.target else []
     if shared is None:
-        tokens, nll = greedy_and_likelihood(model, prompt.ids, prompt.target, new)
+        tokens, nlls = greedy_and_likelihood(model, prompt.ids, targets, new)
     else:
         cache = shared.state(prompt.ids, prompt.shared)
-        tokens, nll = greedy_and_likelihood(model, prompt.ids, prompt.target, new, cache=cache, start=prompt.shared)
+        tokens, nlls = greedy_and_likelihood(model, prompt.ids, targets, new, cache=cache, start=prompt.shared)
     answer = decode(tokens)
+    graded = {}
+    if nlls:
+        graded = {"answer_nll": round(nlls[0], 4), "decoy_nll": round(nlls[1], 4), "answer_tokens": len(prompt.target)}
     return {
         "expected": list(prompt.expected),
         "answer": answer,
         **score(task, prompt.expected, answer),
-        **({"answer_nll": round(nll, 4), "answer_tokens": len(prompt.target)} if nll is not None else {}),
+        **graded,
         "distance": prompt.distance,
         "first_needle": prompt.shared,
         "wall_s": round(time.perf_counter() - t0, 2),

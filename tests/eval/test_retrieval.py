@@ -154,10 +154,10 @@ def _reference_nll(model, ids: torch.Tensor, target: tuple[int, ...]) -> float:
 
 @pytest.mark.parametrize("which", ["converted", "original"])
 def test_answer_likelihood_equals_a_cache_free_forward(hay, which):
-    """answer_nll: the asked value teacher-forced after the prompt, from the
-    decoding state (alone and from a shared prefix), equals one forward of
-    prompt + value without a cache; the greedy answer is unchanged by it;
-    and it can fail: another value is scored otherwise."""
+    """answer_nll and decoy_nll: the asked value and a value planted nowhere,
+    each teacher-forced after the prompt from the decoding state (alone and
+    from a shared prefix), equal one forward of prompt + value without a
+    cache; the greedy answer is unchanged by them."""
     model = trained_like("llama")
     with model.as_original() if which == "original" else contextlib.nullcontext(model) as m:
         for task in ("passkey", "multikey"):
@@ -166,15 +166,21 @@ def test_answer_likelihood_equals_a_cache_free_forward(hay, which):
             alone = R.answer_prompt(m, TOK.decode, task, p)
             shared = R.answer_prompt(m, TOK.decode, task, p, R.SharedPrefix(m, chunk=64))
             want = _reference_nll(m, p.ids, p.target)
-            assert alone["answer_nll"] == pytest.approx(want, abs=2e-4)
-            assert shared["answer_nll"] == pytest.approx(want, abs=2e-4)
+            decoy = _reference_nll(m, p.ids, p.decoy)
+            for rec in (alone, shared):
+                assert rec["answer_nll"] == pytest.approx(want, abs=2e-4)
+                assert rec["decoy_nll"] == pytest.approx(decoy, abs=2e-4)
+            assert abs(want - decoy) > 1e-3  # two values, two likelihoods: the check can fail
             assert alone["answer_tokens"] == len(p.target)
             assert alone["answer"] == TOK.decode(N.greedy_answer(m, p.ids, R.ANSWER_TOKENS[task]))
-            other = tuple(TOK.encode(f" {p.expected[0] + 1}"))
-            assert abs(_reference_nll(m, p.ids, other) - want) > 1e-3
+            # the decoy: as many digits, planted nowhere, seeded
+            value = R.decoy_value(R.make_item(task, 3), 0)
+            assert p.decoy == tuple(TOK.encode(f" {value}")) and len(str(value)) == len(str(p.expected[0]))
+            assert str(value) not in TOK.decode(p.ids.tolist())
     # multivalue names every value in any order: no single target is scored
     p = R.build_prompt(TOK.encode, *hay, 420, 0.3, R.make_item("multivalue", 3), R.FORMATS["bare"])
-    assert p.target == () and "answer_nll" not in R.answer_prompt(model, TOK.decode, "multivalue", p)
+    assert p.target == p.decoy == ()
+    assert not {"answer_nll", "decoy_nll"} & set(R.answer_prompt(model, TOK.decode, "multivalue", p))
 
 
 def test_length_summary():

@@ -49,12 +49,15 @@ def test_quick_pilots_table_is_gathered_resumed_and_guarded(tmp_path, capsys):
         if r["model"] == "converted":  # the budget: 2 steps of 4 x 32 tokens, the run's wall time
             assert r["steps"] == 2 and r["train_tokens"] == 2 * 4 * 32 and r["finished"] and r["train_wall_s"] > 0
     # the graded measure: the asked value's NLL per token, beside right-or-wrong, in every record
-    assert all(r["answer_nll"] > 0 for r in records)
+    for r in records:
+        assert r["answer_nll"] > 0 and r["decoy_nll"] > 0 and 0 <= r["answer_likelier"] <= r["beyond_window"]
+        assert r["nll_gap"] == pytest.approx(r["decoy_nll"] - r["answer_nll"], abs=2e-4)
     cell = json.loads(next((work / "base" / "step-00000002" / "cells-retrieval" / "cells").glob("*.json")).read_text())
-    assert cell["answer_tokens"] >= 1 and cell["answer_nll"] > 0
+    assert cell["answer_tokens"] >= 1 and cell["answer_nll"] > 0 and cell["decoy_nll"] > 0
     md = (out / "results.md").read_text()
-    nll = by[("aux", "converted", "multikey", 512)]["answer_nll"]
-    assert "**What the state holds about the asked value**" in md and "| aux | 2 |" in md and f"{nll:.2f} |" in md
+    r = by[("aux", "converted", "multikey", 512)]
+    shown = f"{r['answer_nll']:.2f} / {r['decoy_nll']:.2f}: {r['nll_gap']:+.2f} ({r['answer_likelier']}/2)"
+    assert "**What the state holds about the asked value**" in md and "| aux | 2 |" in md and shown in md
     assert "Command: `python -m experiments.convert.convert_recipes_v3 --quick" in md
     assert "| aux | distill.window_drop=0.5 distill.latent_aux_weight=0.5 | 2 | 256 |" in md
     assert "| window + 4 sinks | training-free |" in md and "passkey 400 | passkey 512 | multikey 400" in md
