@@ -145,7 +145,7 @@ def test_original_model_answers_through_its_dynamic_cache(hay):
 
 
 def _reference_nll(model, ids: torch.Tensor, target: tuple[int, ...]) -> float:
-    """The target's mean NLL from one cache-free forward of prompt + target, in float64."""
+    """The target's mean NLL from one cache-free forward of prompt + target (log-softmax in float64)."""
     with torch.no_grad():
         logits = model(input_ids=torch.cat([ids, torch.tensor(target[:-1], dtype=ids.dtype)])[None]).logits[0]
     logp = logits[len(ids) - 1 :].double().log_softmax(-1)
