@@ -218,7 +218,7 @@ def gather(rows: list[dict], cells: list[dict]) -> list[dict]:
 
 def _cell(r: dict) -> dict:
     keep = ("model", "task", "context", "format", "trials", "beyond_window", "found_beyond", "accuracy", "wall_s")
-    return {k: r[k] for k in keep if k in r} | {"eval_max_load": r["max_load"]} | _nll(r)
+    return {k: r[k] for k in keep} | {"eval_max_load": r["max_load"]} | _nll(r)
 
 
 def _nll(r: dict) -> dict:

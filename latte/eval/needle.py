@@ -174,9 +174,9 @@ def greedy_and_likelihood(
     cache = new_cache(model) if cache is None else cache
     out = _feed(model, cache, ids[start:], chunk)
     first = out.logits[0, -1]
-    nlls = []
+    nlls, first_logp = [], first.double().log_softmax(-1) if targets else None
     for target in targets:
-        logp = [first.double().log_softmax(-1)[target[0]]]
+        logp = [first_logp[target[0]]]
         if len(target) > 1:
             probe = copy.deepcopy(cache)
             forced = torch.tensor([list(target[:-1])], device=ids.device)
