@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -54,6 +56,7 @@ CONTEXTS = "1024,2048"
 BASELINES = ("original", "window+sinks")
 # what makes the training-free models of a pilot (they share cells when these agree)
 BASELINE_FIELDS = ("conversion.window_size", "conversion.num_sinks", "conversion.sink_positions")
+CURVE_PNG = "gap_vs_tokens.png"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -98,10 +101,13 @@ def main(argv: list[str] | None = None) -> int:
         cells += [{**c, "recipe": name} for c in pilot_cells]
         cells += [c for c in base_cells if c not in cells]
     records = gather(rows, cells)
+    points = curve(rows, cells)
     run = provenance(EXPERIMENT, argv, started, threads=a.threads)
     run["machine"]["threads"] = a.threads
     claim_results(a.out, EXPERIMENT)
-    write_results(a.out, EXPERIMENT, records, tables(a, rows, records, cells), run, readme=a.readme)
+    md = tables(a, rows, records, cells) + curve_table(points)
+    images = [CURVE_PNG] if points and plot_curve(points, Path(a.out) / CURVE_PNG) else []
+    write_results(a.out, EXPERIMENT, records + points, md, run, readme=a.readme, images=images)
     print(f"{EXPERIMENT}: {len(rows)} pilots, {len(cells)} prompts -> {a.out}", file=sys.stderr)
     return 0
 
@@ -161,6 +167,7 @@ def evaluate_pilot(a, path: Path, name: str) -> tuple[dict, list[dict], list[dic
         "steps": int(trained.step),
         "train_tokens": int(saved.get("tokens_seen", 0)),
         "finished": last == int(trained.step),
+        "run_steps": last,
         "train_wall_s": None if wall is None else round(wall, 3),
         "sinks": sinks,
         "window": subject.model.converted[0].window_size,
@@ -239,6 +246,185 @@ def _nats(recs: list[dict], task: str, context: int) -> str:
     return f"{r['answer_nll']:.2f} / {r['decoy_nll']:.2f}: {gap}"
 
 
+# --------------------------------------------------------------------------- the curve
+
+
+def pooled_gap(cells: list[dict]) -> dict | None:
+    """The gap (decoy - answer NLL, nats per token) over every prompt of
+    `cells` whose needle lies beyond the window, all tasks and contexts
+    pooled: its mean, the standard error of that mean over prompts, the
+    prompts where the asked value is the likelier, and how many there are.
+    None when none of them recorded the gap."""
+    far = [c for c in cells if c["distance"] > c["window"] and "decoy_nll" in c]
+    if not far:
+        return None
+    gaps = [c["decoy_nll"] - c["answer_nll"] for c in far]
+    se = statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else float("nan")
+    return {
+        "prompts": len(gaps),
+        "nll_gap": round(statistics.fmean(gaps), 4),
+        "nll_gap_stderr": round(se, 4),
+        "answer_likelier": sum(g > 0 for g in gaps),
+    }
+
+
+def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Ordinary least squares y = a + b x: (a, b, the standard error of b
+    from the residuals with n - 2 degrees of freedom; nan for 2 points)."""
+    n = len(xs)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    a = my - b * mx
+    if n < 3:
+        return a, b, float("nan")
+    rss = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys))
+    return a, b, math.sqrt(rss / (n - 2) / sxx)
+
+
+# a slope counts as growth when its 95% interval (Student t, n - 2 degrees of freedom) lies above 0
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def curve(rows: list[dict], cells: list[dict]) -> list[dict]:
+    """How the gap grows with tokens trained, for every run evaluated at
+    two or more checkpoints: one record per checkpoint (the pooled gap of
+    its prompts beyond the window) and per run the least-squares line of
+    the gap against tokens, its slope per 100,000 tokens with a 95%
+    interval, and the tokens at which the line reaches half the original's
+    pooled gap (the target asks half the original's retrieval rate; the gap
+    is its graded stand-in) when the slope's interval lies above 0. The
+    training-free models' pooled gaps are records too (0 tokens): the
+    floor (window + sinks) and the ceiling (original) the curve lies between."""
+    runs = [r for r in dict.fromkeys(row["run"] for row in rows) if sum(row["run"] == r for row in rows) > 1]
+    out = []
+    for run in runs:
+        pts = []
+        for row in sorted((row for row in rows if row["run"] == run), key=lambda row: row["train_tokens"]):
+            g = pooled_gap([c for c in cells if c.get("recipe") == row["recipe"] and c["model"] == "converted"])
+            if g is not None:
+                keep = ("recipe", "run", "checkpoint", "steps", "train_tokens", "baselines")
+                pts.append({**{k: row[k] for k in keep}, "model": "converted", "task": "pooled", **g})
+        if len(pts) < 2:
+            continue
+        group = pts[0]["baselines"]
+        ceiling = pooled_gap([c for c in cells if c.get("baselines") == group and c["model"] == "original"])
+        a, b, se = line_fit([p["train_tokens"] / 1e5 for p in pts], [p["nll_gap"] for p in pts])
+        half = T95.get(len(pts) - 2, 1.96) * se
+        grows = not math.isnan(se) and b - half > 0
+        target = None if ceiling is None else ceiling["nll_gap"] / 2
+        reach = round((target - a) / b * 1e5) if grows and target is not None else None
+        fit = {
+            "gap_slope_per_100k_tokens": round(b, 4),
+            "gap_slope_ci95_low": None if math.isnan(se) else round(b - half, 4),
+            "gap_slope_ci95_high": None if math.isnan(se) else round(b + half, 4),
+            "gap_target": None if target is None else round(target, 4),
+            "tokens_to_target": reach,
+        }
+        out += [{**p, **fit} for p in pts]
+    if out:
+        for group in dict.fromkeys(p["baselines"] for p in out):
+            for m in BASELINES:
+                g = pooled_gap([c for c in cells if c.get("baselines") == group and c["model"] == m])
+                if g is not None:
+                    out.append(
+                        {
+                            "recipe": f"none ({m})",
+                            "baselines": group,
+                            "train_tokens": 0,
+                            "model": m,
+                            "task": "pooled",
+                            **g,
+                        }
+                    )
+    return out
+
+
+def curve_table(points: list[dict]) -> str:
+    if not points:
+        return ""
+    floor = {p["model"]: p for p in points if p["recipe"].startswith("none (")}
+    lines = [
+        "\n\n**How the gap grows with tokens trained.** Each run evaluated at several checkpoints (its step-N "
+        "folders): the gap (decoy - answer NLL, nats per token) over all its prompts beyond the window, every "
+        "task and context pooled, with the standard error over prompts and the prompts where the asked value "
+        "is the likelier; then the least-squares line through the checkpoints' gaps: its slope per 100,000 "
+        "tokens with a 95% interval (Student t over the checkpoints) and, only where that interval lies above 0, "
+        "the tokens at which the line reaches half the original's pooled gap. A slope whose interval holds 0 "
+        "predicts no budget: the curve has not left the floor.",
+        "",
+        "| run | checkpoint | tokens trained | gap (pooled) | asked value likelier |",
+        "|---|---|---|---|---|",
+    ]
+    for m in BASELINES:
+        if m in floor:
+            p = floor[m]
+            lines.append(
+                f"| {m} (training-free) | - | 0 | {p['nll_gap']:+.3f} +- {p['nll_gap_stderr']:.3f} | "
+                f"{p['answer_likelier']}/{p['prompts']} |"
+            )
+    runs = list(dict.fromkeys(p["run"] for p in points if "run" in p))
+    fits = []
+    for run in runs:
+        pts = [p for p in points if p.get("run") == run]
+        for p in pts:
+            lines.append(
+                f"| {run} | {p['checkpoint']} | {p['train_tokens']:,} | {p['nll_gap']:+.3f} +- "
+                f"{p['nll_gap_stderr']:.3f} | {p['answer_likelier']}/{p['prompts']} |"
+            )
+        f = pts[0]
+        ci = (
+            f"[{f['gap_slope_ci95_low']:+.3f}, {f['gap_slope_ci95_high']:+.3f}]"
+            if f["gap_slope_ci95_low"] is not None
+            else "(two points: no interval)"
+        )
+        if f["tokens_to_target"] is not None:
+            verdict = f"the line reaches {f['gap_target']:+.2f} at {f['tokens_to_target']:,} tokens"
+        elif f["gap_target"] is None:
+            verdict = "no prediction (the original's gap was not measured)"
+        elif f["gap_slope_ci95_low"] is None:
+            verdict = "no prediction from two points (evaluate a third checkpoint)"
+        else:
+            where = "lies below 0: the gap shrinks" if f["gap_slope_ci95_high"] < 0 else "holds 0"
+            verdict = f"no prediction: the interval {where} (target {f['gap_target']:+.2f}, half the original's gap)"
+        fits.append(f"- {run}: slope {f['gap_slope_per_100k_tokens']:+.3f} per 100,000 tokens, 95% {ci}; {verdict}.")
+    return "\n".join(lines) + "\n\n" + "\n".join(fits)
+
+
+def plot_curve(points: list[dict], path: Path) -> bool:
+    """The pooled gap against tokens trained, one line per run, the
+    training-free models' gaps as horizontal lines."""
+    from latte.reporting import pyplot, save_figure
+
+    plt = pyplot()
+    if plt is None:
+        return False
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, run in enumerate(dict.fromkeys(p["run"] for p in points if "run" in p)):
+        pts = [p for p in points if p.get("run") == run]
+        ax.errorbar(
+            [p["train_tokens"] for p in pts],
+            [p["nll_gap"] for p in pts],
+            yerr=[p["nll_gap_stderr"] for p in pts],
+            marker="o",
+            ms=4,
+            capsize=3,
+            color=f"C{i % 10}",
+            label=Path(run).name,
+        )
+    for m, style in zip(BASELINES, (":", "--")):
+        for p in (p for p in points if p["model"] == m):
+            ax.axhline(p["nll_gap"], color="k", ls=style, lw=1, label=f"{m} (training-free)")
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.set_xlabel("tokens trained")
+    ax.set_ylabel("decoy - answer NLL (nats/token), beyond the window")
+    ax.set_title("retrieval beyond the window: the graded gap over training", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    save_figure(plt, fig, path, dpi=110)
+    return True
+
+
 def tables(a, rows: list[dict], records: list[dict], cells: list[dict]) -> str:
     tasks = list(dict.fromkeys(r["task"] for r in records))
     contexts = sorted({r["context"] for r in records})
@@ -264,7 +450,13 @@ def tables(a, rows: list[dict], records: list[dict], cells: list[dict]) -> str:
             nats.append(f"| {label(m, sinks)} | 0 | " + " | ".join(_nats(recs, t, c) for t, c in cols) + " |")
     for row in rows:
         recs = [r for r in records if r["recipe"] == row["recipe"] and r["model"] == "converted"]
-        wall = f"{row['train_wall_s']:,.0f} s" if row["train_wall_s"] is not None else "(training)"
+        wall = (
+            f"{row['train_wall_s']:,.0f} s"
+            if row["train_wall_s"] is not None
+            else "(training)"
+            if row["run_steps"] is None
+            else f"(of the run's {row['run_steps']:,} steps)"
+        )
         step = f"{row['steps']:,}" + ("" if row["finished"] else f" ({row['checkpoint']}, not the last)")
         hits = " | ".join(_hits(recs, t, c) for t, c in cols)
         lines.append(
