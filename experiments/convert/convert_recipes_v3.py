@@ -293,7 +293,10 @@ def curve(rows: list[dict], cells: list[dict]) -> list[dict]:
     the gap against tokens, its slope per 100,000 tokens with a 95%
     interval, and the tokens at which the line reaches half the original's
     pooled gap (the target asks half the original's retrieval rate; the gap
-    is its graded stand-in) when the slope's interval lies above 0. The
+    is its graded stand-in) when the slope's interval lies above 0; where
+    only the interval's upper end is above 0, the tokens at which a line of
+    that slope through the points' centre reaches it (the soonest the data
+    allow: a lower bound on the budget under linear growth). The
     training-free models' pooled gaps are records too (0 tokens): the
     floor (window + sinks) and the ceiling (original) the curve lies between."""
     runs = [r for r in dict.fromkeys(row["run"] for row in rows) if sum(row["run"] == r for row in rows) > 1]
@@ -314,12 +317,18 @@ def curve(rows: list[dict], cells: list[dict]) -> list[dict]:
         grows = not math.isnan(se) and b - half > 0
         target = None if ceiling is None else ceiling["nll_gap"] / 2
         reach = round((target - a) / b * 1e5) if grows and target is not None else None
+        # the earliest the data allow: the line at the interval's upper slope through the points' centre
+        high = b + half
+        xs, ys = [p["train_tokens"] / 1e5 for p in pts], [p["nll_gap"] for p in pts]
+        ok = not math.isnan(se) and high > 0 and target is not None
+        soonest = round((statistics.fmean(xs) + (target - statistics.fmean(ys)) / high) * 1e5) if ok else None
         fit = {
             "gap_slope_per_100k_tokens": round(b, 4),
             "gap_slope_ci95_low": None if math.isnan(se) else round(b - half, 4),
             "gap_slope_ci95_high": None if math.isnan(se) else round(b + half, 4),
             "gap_target": None if target is None else round(target, 4),
             "tokens_to_target": reach,
+            "tokens_to_target_soonest": soonest,
         }
         out += [{**p, **fit} for p in pts]
     if out:
@@ -351,7 +360,9 @@ def curve_table(points: list[dict]) -> str:
         "is the likelier; then the least-squares line through the checkpoints' gaps: its slope per 100,000 "
         "tokens with a 95% interval (Student t over the checkpoints) and, only where that interval lies above 0, "
         "the tokens at which the line reaches half the original's pooled gap. A slope whose interval holds 0 "
-        "predicts no budget: the curve has not left the floor.",
+        "predicts no budget: the curve has not left the floor; where the interval's upper end is above 0, the "
+        "tokens at which a line of that slope through the points' centre would reach the target bound the "
+        "budget from below.",
         "",
         "| run | checkpoint | tokens trained | gap (pooled) | asked value likelier |",
         "|---|---|---|---|---|",
@@ -387,6 +398,11 @@ def curve_table(points: list[dict]) -> str:
         else:
             where = "lies below 0: the gap shrinks" if f["gap_slope_ci95_high"] < 0 else "holds 0"
             verdict = f"no prediction: the interval {where} (target {f['gap_target']:+.2f}, half the original's gap)"
+        if f["tokens_to_target_soonest"] is not None:
+            verdict += (
+                f"; at the interval's upper slope the line would reach it at {f['tokens_to_target_soonest']:,} "
+                "tokens at the soonest (a linear extrapolation: a lower bound on the budget, not a forecast)"
+            )
         fits.append(f"- {run}: slope {f['gap_slope_per_100k_tokens']:+.3f} per 100,000 tokens, 95% {ci}; {verdict}.")
     return "\n".join(lines) + "\n\n" + "\n".join(fits)
 

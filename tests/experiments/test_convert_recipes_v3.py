@@ -169,7 +169,7 @@ def test_the_curve_fits_the_pooled_gap_and_predicts_a_budget_only_from_growth():
     assert [p["train_tokens"] for p in own] == [100_000, 200_000, 300_000]
     assert [p["nll_gap"] for p in own] == pytest.approx([0.1, 0.2, 0.3])
     assert own[0]["gap_slope_per_100k_tokens"] == pytest.approx(0.1) and own[0]["gap_target"] == pytest.approx(1.0)
-    assert own[0]["tokens_to_target"] == 1_000_000
+    assert own[0]["tokens_to_target"] == 1_000_000 and own[0]["tokens_to_target_soonest"] == 1_000_000
     floors = {p["model"]: p["nll_gap"] for p in pts if p["model"] != "converted"}
     assert floors == {"original": pytest.approx(2.0), "window+sinks": pytest.approx(0.0)}
     md = curve_table(pts)
@@ -180,10 +180,17 @@ def test_the_curve_fits_the_pooled_gap_and_predicts_a_budget_only_from_growth():
     own = [p for p in curve(rows, cells) if p["model"] == "converted"]
     assert own[0]["gap_slope_ci95_low"] < 0 < own[0]["gap_slope_ci95_high"] and own[0]["tokens_to_target"] is None
     assert "no prediction: the interval holds 0" in curve_table(curve(rows, cells))
+    # ... but its upper end bounds the budget from below: means 0, 0.05, 0.05, 0.05 at 1-4 x 100K tokens
+    a, b, se = line_fit([1.0, 2.0, 3.0, 4.0], [0.0, 0.05, 0.05, 0.05])
+    high = b + 4.303 * se  # Student t, 2 degrees of freedom
+    assert own[0]["gap_slope_ci95_high"] == pytest.approx(high, abs=1e-4)
+    assert own[0]["tokens_to_target_soonest"] == pytest.approx((2.5 + (1.0 - 0.0375) / high) * 1e5, abs=1)
+    assert "at the soonest" in curve_table(curve(rows, cells))
     # a gap that falls with training predicts nothing either, and says it falls
     rows, cells = _curve_inputs({10: (0.35, 0.25), 20: (0.25, 0.15), 30: (0.15, 0.05)})
     own = [p for p in curve(rows, cells) if p["model"] == "converted"]
     assert own[0]["gap_slope_ci95_high"] < 0 and own[0]["tokens_to_target"] is None
+    assert own[0]["tokens_to_target_soonest"] is None
     assert "the interval lies below 0: the gap shrinks" in curve_table(curve(rows, cells))
     # one checkpoint per run: no curve at all
     rows, cells = _curve_inputs({10: (0.1, 0.2)})
