@@ -312,14 +312,14 @@ def curve(rows: list[dict], cells: list[dict]) -> list[dict]:
             continue
         group = pts[0]["baselines"]
         ceiling = pooled_gap([c for c in cells if c.get("baselines") == group and c["model"] == "original"])
-        a, b, se = line_fit([p["train_tokens"] / 1e5 for p in pts], [p["nll_gap"] for p in pts])
+        xs, ys = [p["train_tokens"] / 1e5 for p in pts], [p["nll_gap"] for p in pts]
+        a, b, se = line_fit(xs, ys)
         half = T95.get(len(pts) - 2, 1.96) * se
         grows = not math.isnan(se) and b - half > 0
         target = None if ceiling is None else ceiling["nll_gap"] / 2
         reach = round((target - a) / b * 1e5) if grows and target is not None else None
         # the earliest the data allow: the line at the interval's upper slope through the points' centre
         high = b + half
-        xs, ys = [p["train_tokens"] / 1e5 for p in pts], [p["nll_gap"] for p in pts]
         ok = not math.isnan(se) and high > 0 and target is not None
         soonest = round((statistics.fmean(xs) + (target - statistics.fmean(ys)) / high) * 1e5) if ok else None
         fit = {
