@@ -48,7 +48,7 @@ from latte.train.metrics import run_wall_time
 from .convert import check_args, check_same_base, experiment_base, quick_setup
 from .convert import parse_args as convert_args
 from .convert_models import label, open_subject, sinks_of
-from .convert_retrieval import DEFAULT_FORMAT, length_table, retrieval_records, retrieval_stage
+from .convert_retrieval import DEFAULT_FORMAT, _beyond, length_table, retrieval_records, retrieval_stage
 
 EXPERIMENT = "convert-recipes-v3"
 TASKS = "passkey,multikey"
@@ -255,7 +255,7 @@ def pooled_gap(cells: list[dict]) -> dict | None:
     pooled: its mean, the standard error of that mean over prompts, the
     prompts where the asked value is the likelier, and how many there are.
     None when none of them recorded the gap."""
-    far = [c for c in cells if c["distance"] > c["window"] and "decoy_nll" in c]
+    far = [c for c in _beyond(cells) if "decoy_nll" in c]
     if not far:
         return None
     gaps = [c["decoy_nll"] - c["answer_nll"] for c in far]
