@@ -63,6 +63,21 @@ def qkv(T, H=4, K=2, E=6, D=5, B=2):
     return (torch.randn(B, T, H, E, dtype=f64), torch.randn(B, T, K, E, dtype=f64), torch.randn(B, T, K, D, dtype=f64))
 
 
+def test_flex_window_asks_for_the_main_kernel(monkeypatch):
+    """Under "AUTO" a compiled flex_attention takes its decoding kernel for
+    fewer than 128 queries, which has no configuration once queries x grouped
+    heads pass 128 and no gradient through the log-normaliser; flex_window
+    asks for the main kernel at every length (the GPU regression case is
+    tests/gpu's T=100 over 2 grouped heads)."""
+    import latte.ops.window.flex_window as FW
+
+    seen = []
+    monkeypatch.setattr(FW, "_flex", lambda *a, **kw: seen.append(kw) or flex.flex_attention(*a, **kw))
+    for T in (1, 100, 300):
+        flex_window(*qkv(T), 16, 0.4, None, None)
+    assert [kw["kernel_options"] for kw in seen] == [{"BACKEND": "TRITON"}] * 3
+
+
 @pytest.mark.parametrize("T,W,K", [(1, 4, 2), (37, 1, 4), (37, 5, 2), (200, 16, 1), (300, 130, 2)])
 def test_flex_window_matches_reference(T, W, K):
     q, k, v = qkv(T, K=K)

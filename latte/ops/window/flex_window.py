@@ -29,6 +29,14 @@ from .._checks import state_dtype
 from .sliding_window import extend_window
 
 BLOCK = 128  # flex_attention's default sparse block size
+# flex_attention's main Triton kernel, never its decoding one: under "AUTO",
+# torch picks the decoding kernel for fewer than 128 queries, whose row block
+# (the next power of two of queries x grouped heads) must divide the 128-wide
+# sparse block: 100 queries over 2 grouped heads left it no configuration
+# ("NoValidChoicesError", seen on an H200 with torch 2.11, docs/gpu.md §5);
+# nor does it differentiate through the log-normaliser, which Macchiato's mix
+# does. Decoding steps never come here (window_step).
+KERNEL_OPTIONS = {"BACKEND": "TRITON"}
 
 
 @functools.cache
@@ -116,5 +124,6 @@ def flex_window(q, k, v, window_size, scale, mask, state, lengths=None):
         scale=scale,
         enable_gqa=H != K,
         return_aux=AuxRequest(lse=True),
+        kernel_options=dict(KERNEL_OPTIONS),
     )
     return y.transpose(1, 2).to(work), aux.lse.transpose(1, 2).to(work), new_state
