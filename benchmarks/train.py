@@ -212,6 +212,9 @@ def build_point(
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
     if dist != "std1":
+        # sharpened here, before the move to the device: on the project's
+        # kernels, whatever backend the previous point's calls left set
+        set_backend("torch")
         sharpen_key_logits(model, ids, dists.scale(dist))
     model, ids = model.to(dev), ids.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.01)

@@ -224,6 +224,21 @@ def test_sharpened_key_logits_have_the_asked_spread():
     assert len(seen) == model.config.num_layers and all(abs(s - 10.0) < 1e-3 for s in seen)
 
 
+def test_sharpening_runs_on_the_torch_kernels_whatever_backend_was_left_set():
+    """The std10 variants sharpen on the CPU before the model moves to the
+    device; a previous point's backend ("fla", CUDA only) left set must not
+    reach that forward (it did on an H200: every std10 variant unavailable)."""
+    from latte.ops import backend as BK
+
+    args = train.parse_args(FAST + ["--seqs", "32"])
+    try:
+        BK.set_backend("fla")
+        pt = train.build_point("macchiato", 32, args, dist="std10", backend="torch")
+    finally:
+        BK.set_backend(None)
+    assert pt["dist"] == "std10" and callable(pt["step"])
+
+
 def test_step_profile_counts_ops_and_names_the_top_ones():
     from benchmarks import step_profile
 
