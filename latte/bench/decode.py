@@ -125,6 +125,7 @@ def _prefill_contexts(model, args, amp, gen, label: str, quadratic: bool) -> tup
     """Phase 1: (state reached at each context, its record so far), the
     contexts in order; stops before a prefill predicted over the cap."""
     dev, vocab = getattr(args, "device", "cpu"), model.config.vocab_size
+    _warm_prefill(model, min(args.prefill_chunk, args.contexts[0]), dev, amp)
     state, seen, per_token_prefill, last_avg = None, 0, None, 1.0
     saved, recs = {}, {}
     for ctx in args.contexts:
@@ -160,6 +161,17 @@ def _prefill_contexts(model, args, amp, gen, label: str, quadratic: bool) -> tup
             flush=True,
         )
     return saved, recs
+
+
+def _warm_prefill(model, n: int, dev, amp) -> None:
+    """Two untimed prefill chunks of n tokens, the first from no state and the
+    second from its state, discarded: the kernels' first-call costs (fla's
+    Triton compiles, about 2 s on an H200) would otherwise count as prefill
+    time and skip every longer context by a predicted time they never take."""
+    ids = torch.zeros(1, n, dtype=torch.long, device=dev)
+    with amp:
+        state = model(ids, use_cache=True).state
+        model(ids, state=state, use_cache=True)
 
 
 def _time_steps(model, tok, saved: dict, recs: dict, args, amp, label: str) -> None:

@@ -79,6 +79,33 @@ def test_decode_quick(tmp_path, capsys):
         assert second["skipped"] and "cap" in second["reason"]
 
 
+def test_decode_prefill_time_leaves_out_first_call_costs(monkeypatch):
+    """A kernel's first call (fla's Triton compile on a GPU) is paid before the
+    timed prefill: otherwise it inflates the per-token rate, and the longer
+    contexts are skipped by a prediction they would never take. A fake model
+    on a fake clock: its first two calls cost 100 s, then 1 ms a token."""
+    import contextlib
+    import types
+
+    clock, calls = [0.0], []
+
+    class SlowFirstCall:
+        config = types.SimpleNamespace(vocab_size=11)
+
+        def __call__(self, ids, state=None, use_cache=True):
+            calls.append(ids.shape[1])
+            clock[0] += 100.0 if len(calls) <= 2 else 1e-3 * ids.shape[1]
+            return types.SimpleNamespace(state=(state or 0) + ids.shape[1])
+
+    monkeypatch.setattr(decode, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    args = types.SimpleNamespace(device="cpu", prefill_chunk=8, contexts=[8, 32], prefill_cap=1.0)
+    gen = torch.Generator().manual_seed(0)
+    saved, recs = decode._prefill_contexts(SlowFirstCall(), args, contextlib.nullcontext(), gen, "m", False)
+    assert calls == [8, 8, 8, 8, 8, 8]  # two warm-up chunks, then 8 + 24 tokens in chunks of 8
+    assert recs[8]["prefill_s"] == pytest.approx(0.008) and recs[32]["prefill_s"] == pytest.approx(0.024)
+    assert saved[32] == 32  # the kept state holds the measured tokens only
+
+
 def test_device_options_fail_clearly_without_a_gpu():
 
     if torch.cuda.is_available():
