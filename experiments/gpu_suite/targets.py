@@ -79,8 +79,28 @@ def _check_target(chk: dict | None) -> list[dict]:
         fwd = max(r["forward"] for r in rows)
         grad = max(max(r["grad_a"], r["grad_b"], r["grad_v"]) for r in rows)
         fig = f"worst forward {fwd:.1e}, gradient {grad:.1e} over {len(rows)} cases"
+        if dtype == "bfloat16":
+            fig += _floor_figure(chk, rows)
         out.append(_target(name, fig, fwd <= fwd_tol and grad <= grad_tol and all(r["finite"] for r in rows)))
     return out
+
+
+def _floor_figure(chk: dict, rows: list[dict]) -> str:
+    """The bfloat16 rows beside the rounding floor of the same cases (the
+    reference on the inputs rounded to bfloat16, latte.bench.cuda_check):
+    the floor's worst errors and the largest ratio of path to floor."""
+    keys = ("forward", "grad_a", "grad_b", "grad_v")
+    floor = {(r["T"], r["dist"]): r for r in chk.get("results", []) if r["path"] == "rounding" and not r.get("skipped")}
+    pairs = [(r, floor[(r["T"], r["dist"])]) for r in rows if (r["T"], r["dist"]) in floor]
+    if not pairs:
+        return " (no rounding floor recorded)"
+    f_fwd = max(f["forward"] for _, f in pairs)
+    f_grad = max(max(f[k] for k in keys[1:]) for _, f in pairs)
+    worst = max(r[k] / max(f[k], 1e-12) for r, f in pairs for k in keys)
+    return (
+        f"; bfloat16 rounding of the inputs alone: forward {f_fwd:.1e}, gradient {f_grad:.1e}; "
+        f"at most {worst:.1f}x the floor of its case"
+    )
 
 
 def junit_summary(path: Path) -> dict | None:

@@ -2,7 +2,9 @@
 benchmark sizes, on the key logits training produces (docs/evaluation.md §1.2).
 
 For each T and key-logit distribution (std 1, std 40, +80 spikes; latte.ops.distributions)
-and each path (torch kernels float32, fla float32, fla bfloat16): the forward
+and each path (torch kernels float32, fla float32, fla bfloat16, and the
+bfloat16 floor: the reference's float64 arithmetic on the inputs rounded to
+bfloat16, the error every bfloat16 path starts from): the forward
 output and the gradients of a, b, v under one random cotangent, as relative
 errors max|x - ref| / max|ref| against float64 on the same device: the exact
 reference (latte/ops/reference.py, O(T^2) memory) up to `--exact-max-t`, the
@@ -35,7 +37,7 @@ from .device import DEVICES, check_device, device_info
 
 FULL_T, QUICK_T = [256, 4096], [32]
 DISTS = ("std1", "std40", "spike80")
-PATHS = (("torch", "float32"), ("fla", "float32"), ("fla", "bfloat16"))
+PATHS = (("torch", "float32"), ("fla", "float32"), ("fla", "bfloat16"), ("rounding", "bfloat16"))
 FULL_SHAPE, QUICK_SHAPE = (2, 8, 64, 64), (1, 2, 8, 8)  # B, H, Lh, Dv
 f64 = torch.float64
 
@@ -119,6 +121,16 @@ def _check_path(backend: str, dtype: str, a, b, v, cot, ref, args) -> dict:
     return row
 
 
+def _rounding_floor(a, b, v, cot, ref, exact: bool) -> dict:
+    """The reference's float64 arithmetic on a, b, v rounded to bfloat16: what
+    rounding the inputs alone costs (a key logit near 40 rounds by up to
+    0.16, which moves its softmax weight by up to about 17%)."""
+    y_ref, g_ref = ref
+    y, g = _reference(*(x.to(torch.bfloat16).to(f64) for x in (a, b, v)), cot, exact)
+    row = dict(forward=_rel(y, y_ref), **{f"grad_{n}": _rel(x, r) for n, x, r in zip("abv", g, g_ref)})
+    return {**row, "finite": bool(torch.isfinite(y).all())}
+
+
 def check_case(T: int, dist: str, args, seed: int = 0) -> list[dict]:
     """One row per path; a path (or the reference) that raises is a row
     saying why, never a missing row."""
@@ -133,7 +145,12 @@ def check_case(T: int, dist: str, args, seed: int = 0) -> list[dict]:
     for backend, dtype in PATHS:
         row = {"T": T, "dist": dist, "path": backend, "dtype": dtype, "reference": "exact" if exact else "torch f64"}
         try:
-            row.update(ref_error or _check_path(backend, dtype, a, b, v, cot, ref, args))
+            if ref_error is not None:
+                row.update(ref_error)
+            elif backend == "rounding":
+                row.update(_rounding_floor(a, b, v, cot, ref, exact))
+            else:
+                row.update(_check_path(backend, dtype, a, b, v, cot, ref, args))
         except Exception as e:  # noqa: BLE001  (a failed path is a row, not a lost run)
             row.update(_failed(e))
         rows.append(row)
@@ -211,7 +228,8 @@ def markdown(res: dict) -> str:
         f"{m.get('TRITON_F32_DEFAULT')}; B={s['B']} H={s['H']} Lh={s['Lh']} Dv={s['Dv']}. Relative error "
         f"max|x - ref| / max|ref| against float64 on the device (exact reference up to T={cfg['exact_max_t']}, "
         f"the torch kernels in float64 beyond); decode: the last {cfg['decode_steps']} tokens stepped from the "
-        "prefix's state against the same path's forward.",
+        "prefix's state against the same path's forward. Path `rounding bfloat16`: the reference's float64 "
+        "arithmetic on the inputs rounded to bfloat16, the floor of every bfloat16 path.",
         "",
         reporting.md_table(hdr, rows),
     ]

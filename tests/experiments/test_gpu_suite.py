@@ -170,11 +170,18 @@ def test_check_and_report_regenerate_from_json(tmp_path, monkeypatch):
     runner.save_state(runner.claim_folder(tmp_path, runner.SUITE_WRITER), {"stages": {}, "invocations": []})
     res = cuda_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path)])
     rows = {(r["dist"], r["path"], r["dtype"]): r for r in res["results"]}
-    assert len(rows) == 9 and not any(r.get("skipped") for r in rows.values())
+    assert len(rows) == 12 and not any(r.get("skipped") for r in rows.values())
     for dist in cuda_check.DISTS:
         assert rows[(dist, "fla", "float32")]["forward"] < 1e-4 and rows[(dist, "torch", "float32")]["grad_b"] < 1e-4
         assert rows[(dist, "fla", "float32")]["decode_vs_forward"] < 1e-4
         assert rows[(dist, "fla", "bfloat16")]["forward"] < 5e-2
+        # the bfloat16 floor: rounding the inputs alone costs far more than float32 arithmetic,
+        # and the bfloat16 path (pure-torch kernels here) stays within 2x of it
+        floor, bf16 = rows[(dist, "rounding", "bfloat16")], rows[(dist, "fla", "bfloat16")]
+        assert floor["forward"] > 100 * rows[(dist, "fla", "float32")]["forward"]
+        assert bf16["forward"] < 2 * floor["forward"]
+    fig = next(t["figure"] for t in targets._check_target(res) if "bfloat16: forward" in t["target"])
+    assert "rounding of the inputs alone: forward" in fig and "the floor of its case" in fig
     before = (tmp_path / "check-cpu.md").read_text()
     (tmp_path / "check-cpu.md").write_text("stale")
     written = report.regenerate(tmp_path)
