@@ -22,7 +22,7 @@ interleaved rounds; peak memory is torch.cuda.max_memory_allocated over one
 call. A provider is skipped at a T whose predicted time exceeds `--point-cap`
 and every point after `--time-budget` seconds, with the reason recorded; the
 files are rewritten after every T, so a run cut short keeps what it measured.
-Not measured on a GPU by this project yet (docs/gpu.md §5).
+Its first-run subset ran once, on an H200 (benchmarks/cuda/, docs/gpu.md §5).
 """
 
 from __future__ import annotations
