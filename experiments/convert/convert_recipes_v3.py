@@ -42,6 +42,7 @@ import torch
 
 from experiments.common.cells import NOT_PROTOCOL, protocol_difference, resolved_config
 from experiments.common.results import claim_results, provenance, write_results
+from experiments.common.stats import t_quantile
 from latte.train.manifest import MANIFEST
 from latte.train.metrics import run_wall_time
 
@@ -282,10 +283,6 @@ def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     return a, b, math.sqrt(rss / (n - 2) / sxx)
 
 
-# a slope counts as growth when its 95% interval (Student t, n - 2 degrees of freedom) lies above 0
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-
-
 def curve(rows: list[dict], cells: list[dict]) -> list[dict]:
     """How the gap grows with tokens trained, for every run evaluated at
     two or more checkpoints: one record per checkpoint (the pooled gap of
@@ -314,7 +311,8 @@ def curve(rows: list[dict], cells: list[dict]) -> list[dict]:
         ceiling = pooled_gap([c for c in cells if c.get("baselines") == group and c["model"] == "original"])
         xs, ys = [p["train_tokens"] / 1e5 for p in pts], [p["nll_gap"] for p in pts]
         a, b, se = line_fit(xs, ys)
-        half = T95.get(len(pts) - 2, 1.96) * se
+        # growth: the slope's 95% interval (Student t, n - 2 degrees of freedom) lies above 0
+        half = t_quantile(0.975, len(pts) - 2) * se if len(pts) > 2 else math.nan
         grows = not math.isnan(se) and b - half > 0
         target = None if ceiling is None else ceiling["nll_gap"] / 2
         reach = round((target - a) / b * 1e5) if grows and target is not None else None

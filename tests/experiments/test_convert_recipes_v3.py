@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from experiments.common.stats import t_quantile
 from experiments.convert.convert import quick_setup
 from experiments.convert.convert_recipes_v3 import main
 from latte.guard import WriteRefused
@@ -182,7 +183,7 @@ def test_the_curve_fits_the_pooled_gap_and_predicts_a_budget_only_from_growth():
     assert "no prediction: the interval holds 0" in curve_table(curve(rows, cells))
     # ... but its upper end bounds the budget from below: means 0, 0.05, 0.05, 0.05 at 1-4 x 100K tokens
     a, b, se = line_fit([1.0, 2.0, 3.0, 4.0], [0.0, 0.05, 0.05, 0.05])
-    high = b + 4.303 * se  # Student t, 2 degrees of freedom
+    high = b + t_quantile(0.975, 2) * se  # Student t, 2 degrees of freedom: 4.3027
     assert own[0]["gap_slope_ci95_high"] == pytest.approx(high, abs=1e-4)
     assert own[0]["tokens_to_target_soonest"] == pytest.approx((2.5 + (1.0 - 0.0375) / high) * 1e5, abs=1)
     assert "at the soonest" in curve_table(curve(rows, cells))

@@ -272,7 +272,7 @@ def test_other_seeds_and_epochs_get_their_own_table():
 
 
 def test_t_distribution_matches_published_tables():
-    from experiments.mqar.mqar_report import t_central, t_quantile
+    from experiments.common.stats import t_central, t_quantile
 
     # two-sided 5% critical values of Student's t (any statistics table)
     for df, crit in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)):
