@@ -96,6 +96,7 @@ class Row:
 
 
 OPS, DECODE = (f"benchmarks/{n}.json" for n in ("ops", "decode"))
+OPS_CUDA = "benchmarks/cuda/ops-cuda-bfloat16.json"
 LM, EXTRA, MQAR, CONV = (f"results/{n}/results.json" for n in ("lm_variants", "extrapolation", "mqar", "convert"))
 CONV_TASKS, CONV_NEEDLE = (f"results/{n}/results.json" for n in ("convert-tasks", "convert-needle"))
 LONG_EXTRA = "results/lm_variants_long/extrapolation/results.json"
@@ -115,7 +116,9 @@ def _size(n_bytes: float) -> str:
 
 def ops_vs_sdpa(f: Files) -> str:
     fb = f.load(OPS)["ratios"]["sdpa/latte fwdbwd"]
-    return f"SDPA takes {fb['512']:.1f}x Latte's time at T = 512, {fb['16384']:.1f}x at T = 16,384 (forward+backward)"
+    gpu = f.load(OPS_CUDA)["ratios"]["fwdbwd"]
+    on_gpu = ", ".join(f"{gpu[T]['sdpa/latte-fla']:.2f}x at {int(T) // 1024}K" for T in ("4096", "16384", "65536"))
+    return f"SDPA takes {fb['512']:.1f}x Latte's time at T = 512, {fb['16384']:.1f}x at 16K; on the H200 {on_gpu}"
 
 
 def decode(f: Files) -> str:
@@ -215,7 +218,11 @@ def conversion_tasks_needle(f: Files) -> str:
 # reader asks first, each linked to the file that holds the full table, its
 # command, machine and load.
 ROWS = [
-    Row("Causal Latte vs PyTorch SDPA, one layer of 8 heads, CPU", ops_vs_sdpa, "benchmarks/ops.md"),
+    Row(
+        "Causal Latte vs PyTorch SDPA, one layer, forward+backward: CPU (fp32), H200 (fla vs FlashAttention, bf16)",
+        ops_vs_sdpa,
+        "benchmarks/README.md",
+    ),
     Row("Decoding one token, the paper's Table 6 model (8 layers, width 512), CPU", decode, "benchmarks/decode.md"),
     Row(
         "Perplexity, 7 mixers on one recipe (2.7M parameters, 1.2M Shakespeare tokens, 3 seeds; Latte: best qk mixer)",
