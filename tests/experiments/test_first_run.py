@@ -9,7 +9,7 @@ from experiments.gpu_suite import stages as suite
 def test_first_run_dry_run_checks_every_command(capsys, tmp_path):
     assert suite.main(["--first-run", "--dry-run", "--wheels", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "5 stages, budget 480 s per invocation" in out
+    assert "5 stages, budget 500 s per invocation" in out
     for s in suite.first_run():
         assert f"[ok] {s.name}" in out
     assert "24 points, T 4096..65536, batch x T 65536" in out  # 3 T x 2 modes x 4 providers
