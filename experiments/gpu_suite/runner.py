@@ -20,6 +20,7 @@ import json
 import os
 import shlex
 import signal
+import site
 import subprocess
 import sys
 import tarfile
@@ -78,6 +79,35 @@ def _die_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+OUTSIDE = "<outside the checkout>"
+
+
+def portable(arg: str, repo: Path) -> str:
+    """An argument as the committed records keep it: a path inside the
+    checkout relative to it, any other absolute path (the device's $OUT, a
+    wheel folder elsewhere) replaced by OUTSIDE, so no record names a machine."""
+    key, eq, value = arg.rpartition("=") if arg.startswith("--") and "=" in arg else ("", "", arg)
+    if not value.startswith("/"):
+        return arg
+    try:
+        value = Path(value).resolve().relative_to(repo.resolve()).as_posix()
+    except ValueError:
+        value = OUTSIDE
+    return key + eq + value
+
+
+def _relative_log(log_path: Path, repo: Path) -> None:
+    """A stage's log without the machine's paths that tracebacks print: the
+    checkout's made relative, the interpreter's site-packages named so."""
+    text = log_path.read_text(errors="replace")
+    roots = {f"{d}/": "<site-packages>/" for d in site.getsitepackages()} | {f"{repo.resolve()}/": ""}
+    new = text
+    for root, short in roots.items():
+        new = new.replace(root, short)
+    if new != text:
+        atomic_write(log_path, new)
+
+
 def run_stage(argv: list[str], env: dict, log_path: Path, limit_s: float, *, echo: bool = True) -> tuple[int, bool]:
     """(exit code, killed) of `python3 argv` in its own process group, output to log_path (and stdout)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,6 +138,7 @@ def run_stage(argv: list[str], env: dict, log_path: Path, limit_s: float, *, ech
                 except ProcessLookupError:
                     break
         pump.join(timeout=10)
+    _relative_log(log_path, Path.cwd())
     return proc.returncode, killed
 
 
@@ -184,6 +215,7 @@ def _prepare(args, argv, state) -> tuple[dict, dict]:
     installed = machine.install(machine.missing_of(before), args.wheels, args.site)
     env = machine.child_env(args.site if args.site.exists() else None, repo)
     after = machine.probe(env) if installed["installed"] else before
+    argv = [portable(a, repo) for a in argv]
     inv = {"started_utc": _utc(), "argv": argv, "budget_s": args.budget_s, "machine": after, "install": installed}
     state["invocations"].append(inv)
     return env, inv

@@ -96,6 +96,25 @@ def test_runner_budgets_records_resume_and_pack(tmp_path, monkeypatch):
     assert state["invocations"][-1]["ran"] == ["ok", "long"] and state["stages"]["long"]["status"] == "ok"
 
 
+def test_records_name_no_machine_path(tmp_path, monkeypatch):
+    """suite.json keeps its argv and the logs their tracebacks without the
+    machine's paths: inside the checkout relative, elsewhere replaced."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(machine, "probe", _fake_probe)
+    monkeypatch.setattr(runner, "PACK_MARGIN_S", 0.0)
+    here = str(tmp_path.resolve())
+    assert runner.portable("/somewhere/else/out", tmp_path) == runner.OUTSIDE
+    assert runner.portable(f"--out={here}/o", tmp_path) == "--out=o" and runner.portable("o", tmp_path) == "o"
+    code = "import os, torch; print(os.path.join(os.getcwd(), 'latte', 'ops', 'x.py'), torch.__file__)"
+    args = suite.parse_args(["--out", "o", "--site", "site", "--wheels", "w", "--budget-s", "30"])
+    assert runner.run([Stage("p", ("-c", code), 60, 0.1)], args, ["--pack", "/root/out"], validate=False) == 0
+    state = json.loads((tmp_path / "o" / "suite.json").read_text())
+    assert state["invocations"][-1]["argv"] == ["--pack", runner.OUTSIDE]
+    log = (tmp_path / "o" / "logs" / "p.log").read_text()
+    assert "latte/ops/x.py" in log and here not in log
+    assert "<site-packages>/torch/__init__.py" in log  # the interpreter's own packages, named, not located
+
+
 def test_runner_refuses_without_cuda(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(machine, "probe", lambda env: {**_fake_probe(env), "cuda_available": False})
