@@ -110,12 +110,17 @@ def _failed(e: BaseException, what: str = "unavailable") -> dict:
     return common.skipped(f"{what}: {type(e).__name__}: {str(e)[:200]}")
 
 
-def _check_path(backend: str, dtype: str, a, b, v, cot, ref, args) -> dict:
+def _errors(y, g, ref) -> dict:
+    """A path's output y and gradients g against the reference's: relative errors, and whether all are finite."""
     y_ref, g_ref = ref
-    fn = lambda *x: latte_causal(*x, backend=backend)[0]  # noqa: E731
-    y, g = _run(fn, a, b, v, cot, common_dtype(dtype))
     row = dict(forward=_rel(y, y_ref), **{f"grad_{n}": _rel(x, r) for n, x, r in zip("abv", g, g_ref)})
     row["finite"] = bool(torch.isfinite(y).all()) and all(bool(torch.isfinite(x).all()) for x in g)
+    return row
+
+
+def _check_path(backend: str, dtype: str, a, b, v, cot, ref, args) -> dict:
+    fn = lambda *x: latte_causal(*x, backend=backend)[0]  # noqa: E731
+    row = _errors(*_run(fn, a, b, v, cot, common_dtype(dtype)), ref)
     if dtype == "float32":
         row["decode_vs_forward"] = _decode_err(a, b, v, backend, torch.float32, args.steps)
     return row
@@ -126,10 +131,7 @@ def _rounding_floor(a, b, v, cot, ref, exact: bool) -> dict:
     rounding the inputs alone costs (bfloat16's spacing between 32 and 64 is
     0.25: a key logit near 40 moves by up to 0.125, its softmax weight by up
     to about 13%)."""
-    y_ref, g_ref = ref
-    y, g = _reference(*(x.to(torch.bfloat16).to(f64) for x in (a, b, v)), cot, exact)
-    row = dict(forward=_rel(y, y_ref), **{f"grad_{n}": _rel(x, r) for n, x, r in zip("abv", g, g_ref)})
-    return {**row, "finite": bool(torch.isfinite(y).all())}
+    return _errors(*_reference(*(x.to(torch.bfloat16).to(f64) for x in (a, b, v)), cot, exact), ref)
 
 
 def check_case(T: int, dist: str, args, seed: int = 0) -> list[dict]:
