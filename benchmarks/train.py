@@ -40,7 +40,7 @@ from latte.layers import QK_MIXERS
 from latte.models import LatteConfig, LatteForCausalLM
 from latte.models.config import MIXERS as CONFIG_MIXERS
 from latte.ops import distributions as dists
-from latte.ops import set_backend
+from latte.ops import get_backend, set_backend
 
 from .step_profile import profile_step
 from .train_report import markdown, output_name, plot, step_ratios
@@ -175,9 +175,12 @@ def sharpen_key_logits(model, ids, std: float) -> None:
     """Scale every latent layer's key projection (b_proj) so that its key
     logits on this batch have standard deviation `std` (dropout off), as
     training makes them (they start near 1). Layer by layer: scaling one
-    changes what the later ones see."""
+    changes what the later ones see. Runs where the model is (the CPU, before
+    build_point moves it) on the project's torch kernels, whatever backend a
+    previous point's calls left set; that default is restored after."""
     layers = [m for m in model.modules() if isinstance(getattr(m, "b_proj", None), torch.nn.Linear)]
-    was_training = model.training
+    was_training, backend = model.training, get_backend()
+    set_backend("torch")
     model.eval()
     for m in layers:
         seen = []
@@ -192,6 +195,7 @@ def sharpen_key_logits(model, ids, std: float) -> None:
             if m.b_proj.bias is not None:
                 m.b_proj.bias.mul_(factor)
     model.train(was_training)
+    set_backend(backend)
 
 
 def build_point(
@@ -212,9 +216,6 @@ def build_point(
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
     if dist != "std1":
-        # sharpened here, before the move to the device: on the project's
-        # kernels, whatever backend the previous point's calls left set
-        set_backend("torch")
         sharpen_key_logits(model, ids, dists.scale(dist))
     model, ids = model.to(dev), ids.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.01)
