@@ -66,7 +66,7 @@ def qkv(T, H=4, K=2, E=6, D=5, B=2):
 def test_flex_window_asks_for_the_main_kernel(monkeypatch):
     """Under "AUTO" a compiled flex_attention takes its decoding kernel for
     fewer than 128 queries, which has no configuration once queries x grouped
-    heads pass 128 and no gradient through the log-normaliser; flex_window
+    heads pass 128; flex_window
     asks for the main kernel at every length (the GPU regression case is
     tests/gpu's T=100 over 2 grouped heads)."""
     import latte.ops.window.flex_window as FW

@@ -33,9 +33,8 @@ BLOCK = 128  # flex_attention's default sparse block size
 # torch picks the decoding kernel for fewer than 128 queries, whose row block
 # (the next power of two of queries x grouped heads) must divide the 128-wide
 # sparse block: 100 queries over 2 grouped heads left it no configuration
-# ("NoValidChoicesError", seen on an H200 with torch 2.11, docs/gpu.md §5);
-# nor does it differentiate through the log-normaliser, which Macchiato's mix
-# does. Decoding steps never come here (window_step).
+# ("NoValidChoicesError", seen on an H200 with torch 2.11, docs/gpu.md §5).
+# Decoding steps never come here (window_step).
 KERNEL_OPTIONS = {"BACKEND": "TRITON"}
 
 
