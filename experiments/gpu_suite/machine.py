@@ -45,7 +45,9 @@ REQUIREMENTS = (
 _PROBE = r"""
 import importlib.metadata as md, importlib.util, json, os, sys
 mods = json.loads(sys.argv[1])
-out = {"python": sys.version.split()[0], "executable": sys.executable, "packages": {}}
+# the interpreter named, not located (a record carries no machine path); a venv or not
+out = {"python": sys.version.split()[0], "executable": os.path.basename(sys.executable),
+       "virtualenv": sys.prefix != sys.base_prefix, "packages": {}}
 for dist, mod in mods:
     ok = importlib.util.find_spec(mod) is not None
     try:

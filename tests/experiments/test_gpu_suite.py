@@ -3,6 +3,8 @@ command, the runner keeps its budgets and records and resumes, the wheels
 install, and the report turns JSON into the targets table (docs/gpu.md §5)."""
 
 import json
+import os
+import sys
 import tarfile
 import zipfile
 
@@ -113,6 +115,15 @@ def test_records_name_no_machine_path(tmp_path, monkeypatch):
     log = (tmp_path / "o" / "logs" / "p.log").read_text()
     assert "latte/ops/x.py" in log and here not in log
     assert "<site-packages>/torch/__init__.py" in log  # the interpreter's own packages, named, not located
+
+
+def test_probe_names_the_interpreter_without_its_path():
+    """The machine record says which Python and whether it is a virtual
+    environment, never where it lives (suite.json is committed)."""
+    found = machine.probe(dict(os.environ))
+    assert found["executable"] == os.path.basename(sys.executable) and os.sep not in found["executable"]
+    assert found["virtualenv"] is (sys.prefix != sys.base_prefix)
+    assert sys.prefix not in json.dumps(found)
 
 
 def test_runner_refuses_without_cuda(tmp_path, monkeypatch):
