@@ -15,6 +15,8 @@ from latte.config_io import save_yaml
 from latte.train.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[2]
+# a subprocess trainer (torchrun included) on a loaded 2-core machine: generous, only a hang trips it
+PROCESS_TIMEOUT_S = 600.0
 
 
 def write_corpus(folder: Path) -> Path:
@@ -110,7 +112,7 @@ def _cli(args: list[str], faults: str, torchrun: int) -> tuple[list[str], dict]:
     return cmd, env
 
 
-def run_cli(args: list[str], *, faults: str = "", torchrun: int = 0, timeout: float = 300):
+def run_cli(args: list[str], *, faults: str = "", torchrun: int = 0, timeout: float = PROCESS_TIMEOUT_S):
     """`python -m latte ...` (or torchrun with `torchrun` processes) in a
     subprocess; returns the CompletedProcess."""
     cmd, env = _cli(args, faults, torchrun)
@@ -126,7 +128,7 @@ def start_cli(args: list[str], *, faults: str = "", torchrun: int = 0) -> subpro
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = PROCESS_TIMEOUT_S) -> None:
     """Until `path` exists (e.g. RUN_DIR/hold of LATTE_FAULTS=hold_at=N); fails
     if `proc` ends first."""
     deadline = time.monotonic() + timeout

@@ -34,7 +34,15 @@ from latte.train.config import LMRunConfig
 from latte.train.loop import train
 from latte.train.metrics import read_csv
 from latte.train.runs import open_run
-from tests.train.runs import losses, run_cli, start_cli, tiny_config_dict, wait_for, write_config
+from tests.train.runs import (
+    PROCESS_TIMEOUT_S,
+    losses,
+    run_cli,
+    start_cli,
+    tiny_config_dict,
+    wait_for,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow
 STEPS, NAN_STEP = 4, 2  # step index 2 (the third step) is poisoned; step 2 is saved before it
@@ -73,7 +81,7 @@ def runs(tmp_path_factory, corpus, cache_dir):
                 f"{second.returncode}\n{(root / mode / 'hold').read_text()}\n{second.stderr}"
             )
         os.remove(root / mode / "hold")
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=PROCESS_TIMEOUT_S)
         assert proc.returncode == 0, out + err
         assert err.count("final validation perplexity") == 1  # rank 0 alone reports
     # saved by 2 ranks, resumed from the middle by 2 ranks and by 1 process
