@@ -9,6 +9,9 @@ Providers:
   latte          latte_causal on the project's torch kernels (backend "torch")
   latte-fla      latte_causal on fla-core's chunk_gla (backend "fla"): the q/k/g
                  construction (softmax, logcumsumexp, exp) plus the kernel
+  latte-fla-compiled
+                 latte-fla with the "compiled" construction (backend.set_fla_construction):
+                 q, k, g built by one torch.compile'd function, compiled at its first call
   fla-gla        fla-core's chunk_gla alone on ready q, k, g of the same shapes:
                  latte-fla / fla-gla is the construction's cost
   macchiato      macchiato on the torch kernels
@@ -36,13 +39,14 @@ import torch.nn.functional as F
 
 from latte import reporting
 from latte.ops import latte_causal, macchiato
+from latte.ops.backend import get_fla_construction, set_fla_construction
 
 from . import common
 from .cuda_report import markdown_ops, ops_ratios, plot_ops
 from .device import DTYPES, cuda_peak_mb, device_info, synced
 from .providers import as_call
 
-PROVIDERS = ("latte", "latte-fla", "fla-gla", "macchiato", "macchiato-fla", "sdpa")
+PROVIDERS = ("latte", "latte-fla", "latte-fla-compiled", "fla-gla", "macchiato", "macchiato-fla", "sdpa")
 DEVICE = "cuda"  # the tests run this module's plumbing on "cpu"
 FULL_T = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 QUICK_T = [64, 256]
@@ -132,6 +136,17 @@ def make_inputs(provider: str, T: int, dtype, B: int = 1, shape=(HEADS, LATENTS,
         return [r(B, T, H, L), r(B, T, H, L), r(B, T, H, D)], lambda a, b, v: latte_causal(
             a, b, v, chunk_size=CHUNK, backend=backend
         )[0]
+    if provider == "latte-fla-compiled":
+
+        def compiled(a, b, v):
+            before = get_fla_construction()
+            set_fla_construction("compiled")
+            try:
+                return latte_causal(a, b, v, chunk_size=CHUNK, backend="fla")[0]
+            finally:
+                set_fla_construction(before)
+
+        return [r(B, T, H, L), r(B, T, H, L), r(B, T, H, D)], compiled
     if provider == "fla-gla":
         from fla.ops.gla import chunk_gla
 

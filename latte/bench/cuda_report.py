@@ -14,6 +14,9 @@ RATIOS = (  # name -> (numerator, denominator): > 1 means the denominator is fas
     ("sdpa/latte-fla", "sdpa", "latte-fla"),
     ("latte-fla/fla-gla", "latte-fla", "fla-gla"),
     ("latte/latte-fla", "latte", "latte-fla"),
+    ("sdpa/latte-fla-compiled", "sdpa", "latte-fla-compiled"),
+    ("latte-fla-compiled/fla-gla", "latte-fla-compiled", "fla-gla"),
+    ("latte-fla/latte-fla-compiled", "latte-fla", "latte-fla-compiled"),
     ("sdpa/macchiato-fla", "sdpa", "macchiato-fla"),
     ("macchiato-fla/latte-fla", "macchiato-fla", "latte-fla"),
 )

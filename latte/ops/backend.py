@@ -21,6 +21,16 @@ environment variable as it was when latte was imported, else "auto" (read
 once, so that torch.compile sees a plain global): fla's kernels on CUDA, the
 torch kernels on the CPU and for float64.
 
+How backend "fla" builds the kernel's inputs (q, k, g from the logits: a
+softmax, a two-level logcumsumexp, exp and differences, ~15 elementwise
+passes over [B, T, H, L] forward, more backward) is a second, independent
+switch, FLA_CONSTRUCTIONS: "eager" (op by op, the default) or "compiled"
+(the same function through torch.compile with dynamic shapes, fused into a
+few kernels; one compile, ~tens of seconds, on the first call). Set it with
+set_fla_construction(...) or LATTE_FLA_CONSTRUCTION (read at import). Inside
+a caller that torch.compile already traces, the construction is traced with
+it either way. docs/gpu.md §2.2.
+
 An explicit "fla" fails with a clear error where it cannot run (no CUDA
 tensor, float64, fla-core or Triton missing) instead of falling back.
 
@@ -40,6 +50,9 @@ import torch
 BACKENDS = ("torch", "fla", "auto")
 _env_default = os.environ.get("LATTE_BACKEND") or None
 _default: str | None = None
+FLA_CONSTRUCTIONS = ("eager", "compiled")
+_env_construction = os.environ.get("LATTE_FLA_CONSTRUCTION") or None
+_construction: str | None = None
 log = logging.getLogger(__name__)
 chosen: dict[str, tuple[str, str]] = {}
 _logged: set[tuple[str, str, str]] = set()
@@ -74,6 +87,28 @@ def get_backend() -> str:
     if _env_default is not None:
         return _check_name(_env_default, "LATTE_BACKEND (environment)")
     return "auto"
+
+
+def _check_construction(name, where: str) -> str:
+    if name not in FLA_CONSTRUCTIONS:
+        raise ValueError(f"{where}: expected one of {FLA_CONSTRUCTIONS}, got {name!r}")
+    return name
+
+
+def set_fla_construction(name: str | None) -> None:
+    """How backend "fla" builds q, k, g: "eager" or "compiled" (None: back to
+    LATTE_FLA_CONSTRUCTION / "eager")."""
+    global _construction
+    _construction = None if name is None else _check_construction(name, "fla construction")
+
+
+def get_fla_construction() -> str:
+    """The construction in force: set_fla_construction's, else LATTE_FLA_CONSTRUCTION's, else "eager"."""
+    if _construction is not None:
+        return _construction
+    if _env_construction is not None:
+        return _check_construction(_env_construction, "LATTE_FLA_CONSTRUCTION (environment)")
+    return "eager"
 
 
 @functools.cache

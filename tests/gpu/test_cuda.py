@@ -67,6 +67,21 @@ def test_fla_matches_float64_forward_and_gradients(T, scale, spikes):
 
 
 @needs_fla
+@pytest.mark.parametrize("T,scale,spikes", [(1, 40.0, 0.0), (300, 40.0, 0.0), (300, 1.0, 80.0)])
+def test_fla_compiled_construction_matches_float64(monkeypatch, T, scale, spikes):
+    """The "compiled" construction (inductor's Triton kernels for q, k, g):
+    the same bounds as the eager one, and bfloat16 beside the eager result."""
+    from latte.ops import backend as BK
+
+    monkeypatch.setattr(BK, "_construction", "compiled")
+    test_fla_matches_float64_forward_and_gradients(T, scale, spikes)
+    a, b, v = (x.to(CUDA, torch.bfloat16) for x in latte_inputs(T, scale=scale, spikes=spikes))
+    y = latte_causal(a, b, v, backend="fla")[0]
+    monkeypatch.setattr(BK, "_construction", "eager")
+    assert y.dtype == torch.bfloat16 and rel_err(y.float(), latte_causal(a, b, v, backend="fla")[0].float()) < 2e-2
+
+
+@needs_fla
 def test_fla_packed_documents_and_mask():
     torch.manual_seed(1)
     lengths = [5, 64, 1, 130]

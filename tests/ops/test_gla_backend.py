@@ -265,6 +265,79 @@ def test_process_default(monkeypatch):
         BK.set_backend("triton")
 
 
+@pytest.fixture
+def compiled(monkeypatch):
+    """The "compiled" construction in force; calls of the compiled function counted."""
+    calls = []
+    real = gla._compiled_inputs
+
+    def counted():
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(gla, "_compiled_inputs", counted)
+    monkeypatch.setattr(BK, "_construction", "compiled")
+    return calls
+
+
+def test_compiled_construction_is_exact_in_float64(exact, compiled):
+    """torch.compile's fused q/k/g (inductor, here its CPU code) against the
+    float64 reference, forward and gradients: spikes, an initial state and
+    left padding in one call (one graph), then packed documents (a second)."""
+    a, b, v = inputs(130, scale=1.0, spikes=80.0)
+    S0, z0 = random_state(2, 3, 5, 7)
+    mask = torch.ones(2, 130, dtype=torch.bool)
+    mask[0, :9] = False
+    out, g = grads_of(lambda *x: fla_flat(*x, mask=mask), [a, b, v, S0, z0])
+    out_ref, g_ref = grads_of(lambda *x: ref_flat(*x, mask=mask), [a, b, v, S0, z0])
+    assert compiled and rel_err(out, out_ref) < 1e-10
+    for name, x, xr in zip("a b v S0 z0".split(), g, g_ref):
+        assert rel_err(x, xr) < 1e-8, name
+    cu = torch.tensor([0, 5, 70, 71, 130])
+    a1, b1, v1 = (x[:1] for x in (a, b, v))
+    state = random_state(4, 3, 5, 7)
+    y, st = fla(a1, b1, v1, initial_state=state, output_final_state=True, cu_seqlens=cu)
+    assert len(compiled) == 2
+    BK.set_fla_construction("eager")  # (the fixture's monkeypatch restores the default after)
+    y_eager, st_eager = fla(a1, b1, v1, initial_state=state, output_final_state=True, cu_seqlens=cu)
+    assert len(compiled) == 2  # the eager call did not use it
+    assert rel_err(y, y_eager) < 1e-12 and rel_err(st.S, st_eager.S) < 1e-12
+
+
+def test_compiled_construction_is_not_nested_in_a_compiled_caller(exact, compiled, monkeypatch):
+    """Inside a caller torch.compile traces, the construction is traced with
+    it (a compiled function called while tracing would break the graph)."""
+    a, b, v = inputs(9)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    fla(a, b, v)
+    assert not compiled
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    monkeypatch.setattr(
+        gla, "_compiled_inputs", lambda: lambda *x, **kw: compiled.append(1) or gla.kernel_inputs(*x, **kw)
+    )
+    fla(a, b, v)
+    assert compiled == [1]
+
+
+def test_fla_construction_default_and_errors(monkeypatch):
+    assert BK.get_fla_construction() == "eager"
+    monkeypatch.setattr(BK, "_env_construction", "compiled")
+    assert BK.get_fla_construction() == "compiled"
+    BK.set_fla_construction("eager")
+    try:
+        assert BK.get_fla_construction() == "eager"
+    finally:
+        BK.set_fla_construction(None)
+    monkeypatch.setattr(BK, "_env_construction", "fused")
+    with pytest.raises(
+        ValueError,
+        match=r"LATTE_FLA_CONSTRUCTION \(environment\): expected one of \('eager', 'compiled'\), got 'fused'",
+    ):
+        BK.get_fla_construction()
+    with pytest.raises(ValueError, match="fla construction: expected one of"):
+        BK.set_fla_construction("inductor")
+
+
 @pytest.mark.parametrize("mix", ["joint", "gate"])
 def test_macchiato_latents_on_gla_match_reference(monkeypatch, exact, mix):
     import importlib

@@ -41,8 +41,11 @@ call makes them exact float32 (docs/gpu.md §4).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from .. import backend as BK
 from .._checks import NEG, state_dtype
 from ..varlen import pack, unpack
 from . import fla_tuning
@@ -109,6 +112,30 @@ def gla_inputs(a, b, *, mask=None, z0=None):
     return q, k, g, z[:, -1] + c
 
 
+def kernel_inputs(a, b, io_dtype, mask=None, z0=None):
+    """gla_inputs with q and k cast to the kernel's input dtype: everything
+    backend "fla" computes before the kernel, in one function that
+    torch.compile can fuse whole (the "compiled" construction)."""
+    q, k, g, z = gla_inputs(a, b, mask=mask, z0=z0)
+    return q.to(io_dtype), k.to(io_dtype), g, z
+
+
+@functools.cache
+def _compiled_inputs():
+    """kernel_inputs through torch.compile, built on first use: dynamic
+    shapes (one compile serves every length and batch, bar torch's size-1
+    specialisation), one graph (a break would be a bug, not a slow path)."""
+    return torch.compile(kernel_inputs, dynamic=True, fullgraph=True)
+
+
+def _inputs(a, b, io_dtype, mask=None, z0=None):
+    """q, k (io_dtype), g, z by the construction in force (backend.get_fla_construction);
+    inside a caller that torch.compile traces, traced with it."""
+    if BK.get_fla_construction() == "compiled" and not torch.compiler.is_compiling():
+        return _compiled_inputs()(a, b, io_dtype, mask=mask, z0=z0)
+    return kernel_inputs(a, b, io_dtype, mask=mask, z0=z0)
+
+
 def _io_dtype(v):
     """q, k, v go to the kernels in v's dtype when it is half precision,
     float32 otherwise; g and the state are float32. (float64 passes through
@@ -119,6 +146,7 @@ def _io_dtype(v):
 def _call(kernel, q, k, v, g, S0, **kw):
     io, work = _io_dtype(v), state_dtype(v.dtype)
     S0 = None if S0 is None else S0.to(work).contiguous()
+    # q, k from _inputs are in io already (.to is then a no-op); gla_step's are cast here
     return kernel(q.to(io), k.to(io), v.to(io), g.to(work), scale=1.0, initial_state=S0, output_final_state=True, **kw)
 
 
@@ -129,14 +157,15 @@ def gla_chunked(a, b, v, S0=None, z0=None, mask=None, cu_seqlens=None):
     the work dtype), S, z after the last token (per document with
     cu_seqlens, B == 1: the construction runs per document on a padded
     copy, as z restarts at each start; the kernel on the packed tensors)."""
+    io = _io_dtype(v)
     if cu_seqlens is None:
-        q, k, g, z = gla_inputs(a, b, mask=mask, z0=z0)
+        q, k, g, z = _inputs(a, b, io, mask=mask, z0=z0)
         y, S = _call(_kernels()[0], q, k, v, g, S0)
         return y, S, z
 
     (a_pad, doc), (b_pad, _) = unpack(a, cu_seqlens), unpack(b, cu_seqlens)
     run_mask = doc if mask is None else doc & unpack(mask.unsqueeze(-1), cu_seqlens)[0].squeeze(-1)
-    q, k, g, z = gla_inputs(a_pad, b_pad, mask=run_mask, z0=z0)
+    q, k, g, z = _inputs(a_pad, b_pad, io, mask=run_mask, z0=z0)
     q, k, g = (pack(x, doc) for x in (q, k, g))  # [1, T, H, L]
     y, S = _call(_kernels()[0], q, k, v, g, S0, cu_seqlens=cu_seqlens.long())
     return y, S, z
