@@ -68,10 +68,24 @@ def _choose(kind: str, name: str, why: str) -> str:
     return name
 
 
-def _check_name(name, where: str) -> str:
-    if name not in BACKENDS:
-        raise ValueError(f"{where}: expected one of {BACKENDS}, got {name!r}")
+def _check(name, allowed: tuple[str, ...], where: str) -> str:
+    if name not in allowed:
+        raise ValueError(f"{where}: expected one of {allowed}, got {name!r}")
     return name
+
+
+def _in_force(chosen: str | None, env_value: str | None, allowed: tuple[str, ...], env_name: str, default: str) -> str:
+    """A process-wide choice: the one set in code, else the environment
+    variable's (checked when used), else the default."""
+    if chosen is not None:
+        return chosen
+    if env_value is not None:
+        return _check(env_value, allowed, f"{env_name} (environment)")
+    return default
+
+
+def _check_name(name, where: str) -> str:
+    return _check(name, BACKENDS, where)
 
 
 def set_backend(name: str | None) -> None:
@@ -82,33 +96,19 @@ def set_backend(name: str | None) -> None:
 
 def get_backend() -> str:
     """The default in force: set_backend's, else LATTE_BACKEND's, else "auto"."""
-    if _default is not None:
-        return _default
-    if _env_default is not None:
-        return _check_name(_env_default, "LATTE_BACKEND (environment)")
-    return "auto"
-
-
-def _check_construction(name, where: str) -> str:
-    if name not in FLA_CONSTRUCTIONS:
-        raise ValueError(f"{where}: expected one of {FLA_CONSTRUCTIONS}, got {name!r}")
-    return name
+    return _in_force(_default, _env_default, BACKENDS, "LATTE_BACKEND", "auto")
 
 
 def set_fla_construction(name: str | None) -> None:
     """How backend "fla" builds q, k, g: "eager" or "compiled" (None: back to
     LATTE_FLA_CONSTRUCTION / "eager")."""
     global _construction
-    _construction = None if name is None else _check_construction(name, "fla construction")
+    _construction = None if name is None else _check(name, FLA_CONSTRUCTIONS, "fla construction")
 
 
 def get_fla_construction() -> str:
     """The construction in force: set_fla_construction's, else LATTE_FLA_CONSTRUCTION's, else "eager"."""
-    if _construction is not None:
-        return _construction
-    if _env_construction is not None:
-        return _check_construction(_env_construction, "LATTE_FLA_CONSTRUCTION (environment)")
-    return "eager"
+    return _in_force(_construction, _env_construction, FLA_CONSTRUCTIONS, "LATTE_FLA_CONSTRUCTION", "eager")
 
 
 @functools.cache
