@@ -26,7 +26,8 @@ softmax, a two-level logcumsumexp, exp and differences, ~15 elementwise
 passes over [B, T, H, L] forward, more backward) is a second, independent
 switch, FLA_CONSTRUCTIONS: "eager" (op by op, the default) or "compiled"
 (the same function through torch.compile with dynamic shapes, fused into a
-few kernels; one compile, ~tens of seconds, on the first call). Set it with
+few kernels; compiled on the first call: about 40 s for forward and backward
+on this project's 2-core CPU under load, not yet timed on a GPU). Set it with
 set_fla_construction(...) or LATTE_FLA_CONSTRUCTION (read at import). Inside
 a caller that torch.compile already traces, the construction is traced with
 it either way. docs/gpu.md §2.2.
