@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from latte import reporting
 from latte.ops import latte_causal, macchiato
-from latte.ops.backend import get_fla_construction, set_fla_construction
+from latte.ops.backend import using_fla_construction
 
 from . import common
 from .cuda_report import markdown_ops, ops_ratios, plot_ops
@@ -139,12 +139,8 @@ def make_inputs(provider: str, T: int, dtype, B: int = 1, shape=(HEADS, LATENTS,
     if provider == "latte-fla-compiled":
 
         def compiled(a, b, v):
-            before = get_fla_construction()
-            set_fla_construction("compiled")
-            try:
+            with using_fla_construction("compiled"):
                 return latte_causal(a, b, v, chunk_size=CHUNK, backend="fla")[0]
-            finally:
-                set_fla_construction(before)
 
         return [r(B, T, H, L), r(B, T, H, L), r(B, T, H, D)], compiled
     if provider == "fla-gla":

@@ -42,6 +42,7 @@ why), "window": (name, why)}; eager calls only).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -105,6 +106,19 @@ def set_fla_construction(name: str | None) -> None:
     LATTE_FLA_CONSTRUCTION / "eager")."""
     global _construction
     _construction = None if name is None else _check(name, FLA_CONSTRUCTIONS, "fla construction")
+
+
+@contextlib.contextmanager
+def using_fla_construction(name: str):
+    """The construction `name` inside the block; the earlier choice (set or
+    not) after it."""
+    global _construction
+    before = _construction
+    set_fla_construction(name)
+    try:
+        yield
+    finally:
+        _construction = before
 
 
 def get_fla_construction() -> str:

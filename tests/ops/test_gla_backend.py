@@ -320,7 +320,11 @@ def test_compiled_construction_is_not_nested_in_a_compiled_caller(exact, compile
 
 
 def test_fla_construction_default_and_errors(monkeypatch):
-    assert BK.get_fla_construction() == "eager"
+    monkeypatch.setattr(BK, "_env_construction", None)
+    assert BK._construction is None and BK.get_fla_construction() == "eager"  # nothing before left it set
+    with BK.using_fla_construction("compiled"):
+        assert BK.get_fla_construction() == "compiled"
+    assert BK._construction is None
     monkeypatch.setattr(BK, "_env_construction", "compiled")
     assert BK.get_fla_construction() == "compiled"
     BK.set_fla_construction("eager")
