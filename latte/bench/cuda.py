@@ -8,7 +8,8 @@ chunk 64; `--heads/--latents/--dv` change them.
 Providers:
   latte          latte_causal on the project's torch kernels (backend "torch")
   latte-fla      latte_causal on fla-core's chunk_gla (backend "fla"): the q/k/g
-                 construction (softmax, logcumsumexp, exp) plus the kernel
+                 construction (softmax, logcumsumexp, exp) plus the kernel; the
+                 "eager" construction whatever LATTE_FLA_CONSTRUCTION says
   latte-fla-compiled
                  latte-fla with the "compiled" construction (backend.set_fla_construction):
                  q, k, g built by one torch.compile'd function, compiled at its first call
@@ -131,18 +132,17 @@ def make_inputs(provider: str, T: int, dtype, B: int = 1, shape=(HEADS, LATENTS,
     def r(*size, dt=dtype):
         return torch.randn(*size, generator=g).to(DEVICE, dt)
 
-    if provider in ("latte", "latte-fla"):
-        backend = "fla" if provider == "latte-fla" else "torch"
-        return [r(B, T, H, L), r(B, T, H, L), r(B, T, H, D)], lambda a, b, v: latte_causal(
-            a, b, v, chunk_size=CHUNK, backend=backend
-        )[0]
-    if provider == "latte-fla-compiled":
+    if provider in ("latte", "latte-fla", "latte-fla-compiled"):
+        backend = "torch" if provider == "latte" else "fla"
+        # latte-fla pins "eager" so that latte-fla / latte-fla-compiled compares the two constructions
+        # whatever LATTE_FLA_CONSTRUCTION says; the torch backend builds no kernel inputs
+        construction = {"latte-fla": "eager", "latte-fla-compiled": "compiled"}.get(provider)
 
-        def compiled(a, b, v):
-            with using_fla_construction("compiled"):
-                return latte_causal(a, b, v, chunk_size=CHUNK, backend="fla")[0]
+        def latte(a, b, v):
+            with using_fla_construction(construction) if construction else contextlib.nullcontext():
+                return latte_causal(a, b, v, chunk_size=CHUNK, backend=backend)[0]
 
-        return [r(B, T, H, L), r(B, T, H, L), r(B, T, H, D)], compiled
+        return [r(B, T, H, L), r(B, T, H, L), r(B, T, H, D)], latte
     if provider == "fla-gla":
         from fla.ops.gla import chunk_gla
 

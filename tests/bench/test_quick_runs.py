@@ -145,6 +145,32 @@ def test_cuda_ops_plumbing_runs_on_cpu(tmp_path, monkeypatch):
     assert "sdpa/latte-fla" not in json.dumps(res["ratios"])  # nothing to divide by on CPU
 
 
+def test_cuda_latte_providers_pin_their_construction(monkeypatch):
+    """latte-fla times the eager construction and latte-fla-compiled the
+    compiled one whatever is in force around them, so that their ratio compares
+    the two; the choice in force is the same afterwards."""
+    from latte.bench import cuda
+    from latte.ops import backend as choice
+
+    seen = []
+
+    def fake_latte_causal(a, b, v, chunk_size, backend):
+        seen.append((backend, choice.get_fla_construction()))
+        return (v,)
+
+    monkeypatch.setattr(cuda, "DEVICE", "cpu")
+    monkeypatch.setattr(cuda, "latte_causal", fake_latte_causal)
+    for around in ("eager", "compiled"):
+        with choice.using_fla_construction(around):
+            for p in ("latte", "latte-fla", "latte-fla-compiled"):
+                inputs, fn = cuda.make_inputs(p, 8, torch.float32, 1, (2, 4, 4))
+                fn(*inputs)
+            assert choice.get_fla_construction() == around
+        assert seen == [("torch", around), ("fla", "eager"), ("fla", "compiled")]
+        seen.clear()
+    assert choice._construction is None
+
+
 def test_cuda_ops_options_are_checked():
     with pytest.raises(SystemExit):  # the CUDA sweep's options on the CPU run
         ops.parse_args(["--seqs", "1024"])
