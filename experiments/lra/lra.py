@@ -481,8 +481,12 @@ def _lra_verdict(runs: list[dict]) -> str:
             f"{r['selected_examples']:,}; 95% interval of {r['test_examples']:,} test examples ± {100 * half:.1f} "
             f"points), {100 * above:+.1f} points from the majority class ({r['majority_baseline']:.4f}) and "
             f"{100 * gap:+.2f} points from the LRA Transformer ({r['lra_transformer']:.4f}, trained on "
-            f"{LRA_BUDGET[r['task']]}): {'level with it' if abs(gap) <= half else 'above' if gap > 0 else 'below'} "
-            "within that interval."
+            f"{LRA_BUDGET[r['task']]}): "
+            + (
+                "level with it within that interval."
+                if abs(gap) <= half
+                else f"{'above' if gap > 0 else 'below'} it, outside that interval."
+            )
         )
     return "\n".join(out)
 

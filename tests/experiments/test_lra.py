@@ -187,3 +187,13 @@ def test_the_checkpoint_is_chosen_on_whole_split_validations_that_have_one(tmp_p
     (run / "val.csv").write_text("step,val_accuracy,val_examples\n8,0.9,4\n")
     with pytest.raises(RuntimeError, match="no validation of the whole split"):
         lra.chosen_on_validation(run, summary)
+
+
+def test_lra_verdict_says_which_side_of_the_interval():
+    """level with the LRA Transformer only within the test split's interval; otherwise above or below it, outside."""
+    base = {"budget": "lra", "task": "pathfinder", "mixer": "m", "examples": 288_000, "selected_examples": 96_000}
+    base |= {"majority_baseline": 0.492, "lra_transformer": 0.714, "test_examples": 2000}
+    lines = lra._lra_verdict([base | {"test_accuracy": a} for a in (0.492, 0.71, 0.80)]).splitlines()
+    assert lines[0].endswith("below it, outside that interval.")
+    assert lines[1].endswith("level with it within that interval.")
+    assert lines[2].endswith("above it, outside that interval.")
