@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from experiments.common.cells import NOT_PROTOCOL, protocol_difference, resolved_config
-from experiments.common.results import claim_results, provenance, write_results
+from experiments.common.results import check_readme, claim_results, provenance, write_results
 from experiments.common.stats import t_quantile
 from latte.train.manifest import MANIFEST
 from latte.train.metrics import run_wall_time
@@ -72,7 +72,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--work", default="runs/convert-recipes-v3", help="the cells (resumable)")
     p.add_argument("--out", default=f"results/{EXPERIMENT}", help="results.json, results.md, run.json")
     p.add_argument("--threads", type=int_at_least(1), default=1, help="torch threads")
-    p.add_argument("--readme", default=None, help=f"replace the section results:{EXPERIMENT} of this markdown file")
+    p.add_argument(
+        "--readme",
+        default=None,
+        help="replace the section results:NAME of this markdown file (NAME: --out's folder name)",
+    )
     p.add_argument("--retrieval-tasks", default=TASKS, help=f"of the retrieval stage ({TASKS})")
     p.add_argument("--retrieval-contexts", default=None, help=f"tokens ({CONTEXTS}; --quick: the stage's own)")
     p.add_argument("--retrieval-depths", default=None, help="depths of the asked needle (the stage's)")
@@ -88,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     torch.set_num_threads(a.threads)
     claim_results(a.out, EXPERIMENT, create=False)  # before any work: the one write rule (latte/guard.py)
+    # the table is named after its folder: a second curve (--out results/OTHER) has its own README section
+    section = Path(a.out).name
+    check_readme(a.readme, [section])
     if a.quick:  # the stand-in base and data of `latte experiment convert --quick`, kept in --work
         quick = argparse.Namespace(runs=a.work, set=list(a.set))
         quick_setup(quick)
@@ -108,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     claim_results(a.out, EXPERIMENT)
     md = tables(a, rows, records, cells) + curve_table(points)
     images = [CURVE_PNG] if points and plot_curve(points, Path(a.out) / CURVE_PNG) else []
-    write_results(a.out, EXPERIMENT, records + points, md, run, readme=a.readme, images=images)
+    write_results(a.out, section, records + points, md, run, readme=a.readme, images=images)
     print(f"{EXPERIMENT}: {len(rows)} pilots, {len(cells)} prompts -> {a.out}", file=sys.stderr)
     return 0
 
@@ -506,8 +513,9 @@ def _intro(a, cells: list[dict]) -> str:
     trials = max(c["trial"] for c in cells) + 1
     depths = sorted({c["depth"] for c in cells})
     return (
-        "The recipe pilots of docs/conversion.md §12: each a `latte convert` run of --config with the overrides "
-        f"shown, then RULER-style retrieval in held-out essays (format `{fmt}`, the asked needle at depths "
+        f"Each row a `latte convert` run of --config ({a.config}) with the overrides shown, or one of its step-N "
+        "checkpoints (the recipe pilots of docs/conversion.md §12, the shipped default's learning curve), then "
+        f"RULER-style retrieval in held-out essays (format `{fmt}`, the asked needle at depths "
         f"{', '.join(f'{100 * d:.0f}%' for d in depths)}, {trials} trial(s) per cell; greedy decoding). A cell "
         "is found / prompts whose nearest needle lies more than the window from the end of the prompt; the "
         "training-free models are the same for every pilot of one window and sinks. The budget is the steps "

@@ -93,9 +93,13 @@ def test_quick_pilots_table_is_gathered_resumed_and_guarded(tmp_path, capsys):
     assert len(list((work / "baselines" / "cells-retrieval" / "cells").glob("*.json"))) == 2 * 2 * 2 * 2
     for name in ("base", "aux"):
         assert len(list((work / name / "step-00000002" / "cells-retrieval" / "cells").glob("*.json"))) == 8
-    # a rerun computes nothing again and writes the same table
+    assert md.startswith("#### out\n")  # named after its folder, as its README section is
+    # a rerun computes nothing again and writes the same table, into the README section of --out's name
+    readme = tmp_path / "README.md"
+    readme.write_text("# results\n\n<!-- results:out:start -->\nSTALE SECTION\n<!-- results:out:end -->\n")
     capsys.readouterr()
-    assert main(args) == 0
+    assert main([*args, "--readme", str(readme)]) == 0
+    assert "STALE SECTION" not in readme.read_text() and "#### out\n" in readme.read_text()
     err = capsys.readouterr().err
     assert err.count("retrieval: 16 of 16 cells already done") == 3 and err.count("8 of 8 cells already done") == 3
     assert json.loads((out / "results.json").read_text()) == everything
@@ -106,6 +110,12 @@ def test_quick_pilots_table_is_gathered_resumed_and_guarded(tmp_path, capsys):
     with pytest.raises(WriteRefused, match="notes.md"):
         main([*args[:-3], "--out", str(other), str(tmp_path / "pilot-base")])
     assert (other / "notes.md").read_text() == "mine\n" and len(list(other.iterdir())) == 1
+    # a README without that section is refused before any work (not the section of another folder)
+    (tmp_path / "other.md").write_text(
+        "<!-- results:convert-recipes-v3:start -->\n<!-- results:convert-recipes-v3:end -->\n"
+    )
+    with pytest.raises(ValueError, match="results:out"):
+        main([*args, "--readme", str(tmp_path / "other.md")])
     with pytest.raises(ValueError, match="same name"):
         main([*args[:-1], str(tmp_path / "pilot-base")])
 
