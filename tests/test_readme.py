@@ -174,16 +174,20 @@ def test_a_headline_cell_too_long_is_refused(monkeypatch):
 
 READING_PATH = (
     "latte/ops/reference.py",
+    "latte/ops/latte/minimal.py",
     "latte/ops/latte/causal.py",
-    "latte/layers/latte_attention.py",
-    "latte/models/modeling.py",
+    "latte/ops/macchiato.py",
+    "latte/layers/macchiato_attention.py",
     "latte/models/causal_lm.py",
+    "latte/train/loop.py",
 )
 
 
-def test_read_the_code_walks_from_the_reference_to_the_model():
-    """A "Read the code" section links the five files of causal Latte in
-    reading order, each with a line on what it adds."""
+def test_read_the_code_walks_from_the_reference_to_the_training_loop():
+    """A "Read the code" section links the files of Latte-Macchiato (the
+    default mixer) in reading order, from the float64 definition through the
+    readable chunked form and the fast path to the training loop, each with a
+    line on what it adds."""
     text = (ROOT / "README.md").read_text()
     section = text.split("## Read the code\n", 1)[1].split("\n## ", 1)[0]
     items = re.findall(r"^\d+\. \[`([^`]+)`\]\(([^)]+)\): (.+?)(?=^\d+\. |\Z)", section, re.M | re.S)
