@@ -1,4 +1,4 @@
-"""`latte <command>` / `python -m latte <command>`: train, generate, eval, bench.
+"""`latte <command>` / `python -m latte <command>`: train, convert, generate, eval, export, harness, bench, experiment.
 
     latte train [--config tiny] [--resume auto|never|PATH] [--section.field=value ...]
     latte convert [--config convert/smollm2] [--resume ...] [--section.field=value ...]

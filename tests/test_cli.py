@@ -87,6 +87,15 @@ def test_unknown_command_and_help(capsys):
     assert main(["--help"]) == 0 and "latte train" in capsys.readouterr().out
 
 
+def test_the_first_line_names_every_command(capsys):
+    import latte.cli
+
+    assert main(["fly"]) == 2
+    commands = capsys.readouterr().err.split("expected one of ", 1)[1].split("\n", 1)[0].split(", ")
+    first = latte.cli.__doc__.splitlines()[0].split(": ", 1)[1].rstrip(".").split(", ")
+    assert "train" in commands and sorted(first) == sorted(commands)
+
+
 def test_train_help_lists_the_shipped_configs(capsys):
     from latte.train.config import shipped_configs
 

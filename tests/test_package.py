@@ -340,6 +340,14 @@ def test_top_level_names_are_lazy_and_complete():
         latte.nope  # noqa: B018
 
 
+def test_subpackages_listed_are_the_subpackages_there():
+    """`latte.X` reaches every subpackage, and only subpackages."""
+    there = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert sorted(latte._SUBPACKAGES) == sorted(there)
+    assert latte.convert.__name__ == "latte.convert"
+    assert "convert" in dir(latte)
+
+
 def test_public_ops_and_layer_forwards_are_annotated():
     """Every public op has annotated arguments and return; every layer's
     forward says what it returns (the signatures are the documentation an
