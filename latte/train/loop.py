@@ -140,16 +140,17 @@ def _one_step(run: Run) -> None:
     run.stop.agreed = result.stop if env.is_distributed else max(result.stop, run.stop.requested)
 
 
-# A budgeted run times one validation batch after this many steps of its process
-# (the first step carries the warm-up), unless a validation has measured it already.
+# A budgeted run times one validation batch after each step of its process from
+# this one on (the first step carries the warm-up) until `state.PROBE_BATCHES` are
+# timed, unless a validation has measured the evaluation speed already.
 PROBE_AFTER = 2
 
 
 def _probe_eval(run: Run) -> None:
     """Times the task's evaluation on one global batch (forward only, nothing
-    logged): the evaluation/training speed ratio against the last step, from
-    which `Clock.out_of_time` estimates the final evaluation. Every rank calls it
-    at the same step (evaluation may be collective)."""
+    logged) beside the step just taken; `Clock.out_of_time` estimates the
+    final evaluation from the median of these. Every rank calls it at the
+    same step (evaluation may be collective)."""
     t = run.cfg.train
     batches, t.eval_batches = t.eval_batches, 1
     try:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Any, Protocol
 
 import torch
@@ -266,59 +267,95 @@ def load_trainer_state(parts: dict[str, Stateful], state: dict[str, Any]) -> Non
         part.load_state_dict(state)
 
 
+# Steps whose median is "the current training speed": one slow step (a burst
+# of load) moves no decision; load that stays shows after two steps.
+RECENT_STEPS = 3
+# Validation batches the probe times before the evaluation speed is trusted
+# (one after each of as many steps; their median, docs/reliability.md §7).
+PROBE_BATCHES = 3
+
+
 @dataclass
 class Clock:
-    """Training speed, measured as the run goes (not saved): what the time
-    budget needs to stop in time for the final evaluation."""
+    """Training and evaluation speeds, measured as the run goes (not saved):
+    what the time budget needs to stop in time for the final evaluation."""
 
     t_start: float = 0.0
     train_seconds: float = 0.0  # spent in optimizer steps this session
     train_count: int = 0  # units of those steps
-    recent_rate: float = 0.0  # units per second, moving average of the last steps
-    recent_step_s: float = 0.0  # seconds per step, moving average
-    # evaluation units/s over training units/s (forward only), measured: by the
-    # probe (loop._probe_eval), then by each validation; None until then
-    eval_speedup: float | None = None
-    last_rate: float = 0.0  # units per second of the last step alone
     session_steps: int = 0  # optimizer steps taken by this process
+    last_steps: list[tuple[int, float]] = field(default_factory=list)  # (units, seconds) of the newest steps
+    # evaluation units/s, and the training units/s it was measured beside: the
+    # median of the probe batches (loop._probe_eval), then each validation's own
+    eval_rate: float | None = None
+    eval_train_rate: float = 0.0
+    probes: list[tuple[float, float]] = field(default_factory=list)  # (eval, train) units/s per probe batch
+    predicted_final_s: float | None = None  # the newest estimate of the final evaluation's seconds
+
+    @property
+    def recent_rate(self) -> float:
+        """Training units per second: the median of the newest steps' (0: none yet)."""
+        return median([count / max(seconds, 1e-9) for count, seconds in self.last_steps]) if self.last_steps else 0.0
+
+    @property
+    def recent_step_s(self) -> float:
+        return median([seconds for _, seconds in self.last_steps]) if self.last_steps else 0.0
 
     def step_done(self, count: int, seconds: float) -> None:
         self.train_seconds += seconds
         self.train_count += count
-        rate = count / max(seconds, 1e-9)
-        self.last_rate, self.session_steps = rate, self.session_steps + 1
-        self.recent_rate = rate if not self.recent_rate else 0.7 * self.recent_rate + 0.3 * rate
-        self.recent_step_s = seconds if not self.recent_step_s else 0.7 * self.recent_step_s + 0.3 * seconds
+        self.session_steps += 1
+        self.last_steps = [*self.last_steps, (count, seconds)][-RECENT_STEPS:]
 
     def eval_done(self, size: int, seconds: float) -> None:
+        """A whole validation: its own speed replaces the earlier measurement."""
         if self.recent_rate and size and seconds > 0:
-            self.eval_speedup = size / seconds / self.recent_rate
+            self.eval_rate, self.eval_train_rate = size / seconds, self.recent_rate
 
     def probe_due(self, after_steps: int) -> bool:
         """No measured evaluation speed yet, and this process has just taken
-        its `after_steps`-th step (the first carries the warm-up)."""
-        return self.eval_speedup is None and self.session_steps == after_steps
+        its `after_steps`-th step (the first carries the warm-up) or one of
+        the next PROBE_BATCHES - 1: one probe batch after each."""
+        return self.eval_rate is None and after_steps <= self.session_steps < after_steps + PROBE_BATCHES
 
     def probe_done(self, size: int, seconds: float) -> None:
-        """One evaluation batch timed against the last step alone."""
-        if self.last_rate and size and seconds > 0:
-            self.eval_speedup = size / seconds / self.last_rate
+        """One evaluation batch, timed beside the step just taken. Each is
+        one moment of a machine whose load comes and goes; the median of
+        PROBE_BATCHES such moments is the measurement."""
+        if not (self.last_steps and size and seconds > 0):
+            return
+        count, step_s = self.last_steps[-1]
+        self.probes.append((size / seconds, count / max(step_s, 1e-9)))
+        if len(self.probes) >= PROBE_BATCHES:
+            self.eval_rate = median([e for e, _ in self.probes])
+            self.eval_train_rate = median([t for _, t in self.probes])
+
+    def final_eval_seconds(self, size: int) -> float | None:
+        """The final evaluation of `size` units at the measured evaluation
+        speed, scaled by how much training has slowed (or sped up) since that
+        speed was measured: the load that slows one slows the other."""
+        if self.eval_rate is None or not self.recent_rate:
+            return None
+        return size / self.eval_rate * self.eval_train_rate / self.recent_rate
 
     def out_of_time(self, budget_minutes: float | None, final_eval_size: Callable[[], int]) -> bool:
-        """train.time_budget_minutes bounds the WHOLE job: stop training while
-        there is still time for this step, its checkpoint and the final
-        evaluation, estimated from the current training speed (which also
-        tracks a machine that got busier) and the MEASURED evaluation/training
-        ratio (evaluation is not a fixed factor faster than training; until it
-        is measured only the budget itself stops the run: docs/reliability.md
-        §7). `final_eval_size()`: the units of the final evaluation."""
+        """Whether the step about to start must be the last: asked before
+        each step, since the stop is agreed through that step's collective.
+        train.time_budget_minutes bounds the WHOLE job: training stops after
+        this step when the time left once it is done will be less than
+        1.25 x (one step + the predicted final evaluation) + 5 s
+        (docs/reliability.md §7); the step that then still runs is the one
+        step. Until the evaluation speed is measured only the budget itself
+        stops the run. `final_eval_size()`: the units of the final evaluation."""
         if budget_minutes is None:
             return False
         left = 60 * budget_minutes - (time.perf_counter() - self.t_start)
-        if left <= 0 or not self.recent_rate or self.eval_speedup is None:
+        final_eval_s = self.final_eval_seconds(final_eval_size()) if left > 0 and self.eval_rate else None
+        if final_eval_s is None:
             return left <= 0
-        final_eval_s = final_eval_size() / (self.eval_speedup * self.recent_rate)
-        return left < 1.25 * (self.recent_step_s + final_eval_s) + 5.0  # margin: checkpoint, sample, jitter
+        self.predicted_final_s = final_eval_s
+        after_this_step = left - self.recent_step_s
+        return after_this_step < 1.25 * (self.recent_step_s + final_eval_s) + 5.0  # margin: checkpoint, jitter
 
 
 @dataclass
