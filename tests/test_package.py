@@ -86,8 +86,9 @@ def _targets(node: ast.AST, package: str) -> set[str]:
         if (ROOT.parent / f"{target}.{a.name}".replace(".", "/")).with_suffix(".py").exists()
         or (ROOT.parent / f"{target}.{a.name}".replace(".", "/") / "__init__.py").exists()
     }
-    # `from . import x` names submodules only; anything else also reads the package itself
-    names_only_submodules = node.module is None and len(submodules) == len(node.names)
+    # `from . import x` and `from latte import x` name submodules only (the facade
+    # latte/__init__.py imports nothing on its own); anything else also reads the package itself
+    names_only_submodules = (node.module is None or target == "latte") and len(submodules) == len(node.names)
     return submodules | (set() if names_only_submodules else {target})
 
 
@@ -113,7 +114,7 @@ def violations(imports_of: dict[str, set[str]]) -> list[str]:
         if here == "cli":
             continue
         for target in sorted(targets):
-            there = "base" if target == "latte" else part(target)  # `from latte import __version__`
+            there = part(target)  # the facade `latte` counts as cli: nothing inside imports it
             if there != here and there not in ALLOWED[here]:
                 bad.append(f"{module} ({here}) imports {target} ({there})")
     return bad
@@ -338,6 +339,13 @@ def test_top_level_names_are_lazy_and_complete():
     assert sorted(latte.__all__) == sorted(["__version__", *latte._EXPORTS])
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         latte.nope  # noqa: B018
+
+
+def test_one_version_in_the_package_and_its_metadata():
+    from latte.models.pretrained import __version__ as saved
+
+    lines = (REPO / "pyproject.toml").read_text(encoding="utf-8").splitlines()
+    assert f'version = "{latte.__version__}"' in lines and saved == latte.__version__
 
 
 def test_subpackages_listed_are_the_subpackages_there():

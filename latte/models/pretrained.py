@@ -43,7 +43,7 @@ from typing import Any
 
 from torch import nn
 
-from .. import __version__
+from .._version import __version__
 from ..files import atomic_write
 from .config import LatteConfig, read_json
 from .weights import WEIGHTS_NAME, load_weights, save_weights

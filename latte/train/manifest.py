@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-import latte
+from latte._version import __version__
 from latte.files import sha256_file
 
 MANIFEST = "manifest.json"
@@ -88,7 +88,7 @@ def manifest_json(step_dir: Path, step: int, world_size: int, fmt: str, extra: l
         "step": step,
         "world_size": world_size,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "versions": {"torch": torch.__version__, "latte": latte.__version__, "python": platform.python_version()},
+        "versions": {"torch": torch.__version__, "latte": __version__, "python": platform.python_version()},
         "files": entries,
     }
     return json.dumps(manifest, indent=2)
