@@ -20,7 +20,9 @@ With num_sinks = S > 0 the local branch is the window plus each document's
 first S tokens (attention sinks, docs/math.md §4.1): a separate small branch
 (window/sinks.py) over the sinks outside the window, merged with the window's
 (y, lse) by log-sum-exp before the mixing, so lse_window above becomes the
-log-normaliser of the window and the sinks together.
+log-normaliser of the window and the sinks together. With memory slots
+(docs/math.md §4.2, window/memory.py) a third exact branch, over the tokens
+the slots hold, joins them by the same merge.
 
 A call runs in three phases: the window phase (window + sinks: y_window,
 lse_window), the latent phase (causal Latte: y_latents) and the mix. The
@@ -35,12 +37,21 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import check_cu_seqlens, check_positive_int, check_rank, check_shape, state_dtype
+from ._checks import check_cu_seqlens, check_mask, check_positive_int, check_rank, check_shape, state_dtype
 from ._exp import exp_floor, logsumexp
 from .backend import resolve_latent, resolve_window
 from .latte.causal import LatteState, causal_chunked, causal_step, check_latte_state, fla_chunked
 from .varlen import run_packed
 from .window.flex_window import flex_window
+from .window.memory import (
+    Memory,
+    MemoryArgs,
+    MemoryState,
+    check_memory,
+    check_memory_state,
+    memory_sequence,
+    memory_step,
+)
 from .window.sinks import SinkState, check_num_sinks, check_sink_state, merge, sink_sequence, sink_step
 from .window.sliding_window import WindowState, check_window, check_window_state, window_blocked, window_step
 
@@ -51,6 +62,7 @@ class MacchiatoState(NamedTuple):
     latte: LatteState
     window: WindowState
     sinks: SinkState | None = None  # the first num_sinks tokens (None when num_sinks = 0)
+    memory: MemoryState | None = None  # the memory slots (None without them)
 
 
 class _Local(NamedTuple):
@@ -60,6 +72,8 @@ class _Local(NamedTuple):
     scale: float
     num_sinks: int
     softcap: float | None
+    memory: Memory | None = None  # memory slots (None or 0 slots: none)
+    chunk_size: int = 64  # queries per block of the slots' scan
 
 
 def _repeat_kv(v: torch.Tensor, heads: int) -> torch.Tensor:
@@ -96,7 +110,18 @@ def _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, step, 
         check_shape("beta", beta, (H,), "[H] (one per query head)")
 
 
-def _check_state(state, rows, a, k, v, window_size, num_sinks, name):
+def _check_memory(memory, memory_q, memory_mark, q, sfx):
+    """The slot branch's settings and its optional inputs (docs/math.md §4.2)."""
+    check_memory(memory)
+    if memory_q is not None:
+        check_shape("memory_q" + sfx, memory_q, tuple(q.shape), f"(same as q{sfx})")
+    if memory_mark is not None:
+        check_mask("memory_mark" + sfx, memory_mark, tuple(q.shape[:-2]))
+    if (memory_q is not None or memory_mark is not None) and (memory is None or not memory.slots):
+        raise ValueError(f"memory_q{sfx}, memory_mark{sfx}: only used with memory slots (memory={memory!r})")
+
+
+def _check_state(state, rows, a, k, v, window_size, num_sinks, name, memory=None):
     """A MacchiatoState for `rows` sequences (or packed documents) of these inputs."""
     if not isinstance(state, MacchiatoState):
         raise ValueError(f"{name}: expected a MacchiatoState, got {type(state).__name__}")
@@ -104,9 +129,10 @@ def _check_state(state, rows, a, k, v, window_size, num_sinks, name):
     check_latte_state(state.latte, rows, H, L, v.shape[-1], name=f"{name}.latte")
     check_window_state(state.window, rows, k, v, window_size, name=f"{name}.window")
     check_sink_state(state.sinks, rows, k, v, num_sinks, name=f"{name}.sinks")
+    check_memory_state(state.memory, rows, k, v, memory, window_size, name=f"{name}.memory")
 
 
-def _check_packing(a, k, v, cu_seqlens, initial_state, window_size, num_sinks):
+def _check_packing(a, k, v, cu_seqlens, initial_state, window_size, num_sinks, memory=None):
     """The documents' lengths of a packed call (None if not packed), once
     cu_seqlens and the initial state (one row per document) are checked."""
     B, T = a.shape[:2]
@@ -115,7 +141,7 @@ def _check_packing(a, k, v, cu_seqlens, initial_state, window_size, num_sinks):
         check_cu_seqlens(cu_seqlens, B, T)
         rows, lengths = cu_seqlens.numel() - 1, cu_seqlens[1:] - cu_seqlens[:-1]
     if initial_state is not None:
-        _check_state(initial_state, rows, a, k, v, window_size, num_sinks, "initial_state")
+        _check_state(initial_state, rows, a, k, v, window_size, num_sinks, "initial_state", memory)
     return lengths
 
 
@@ -136,31 +162,59 @@ def _kernels(backend, x, chunk_size, softcap, cached=False):
     return window, latents
 
 
-def _window_phase(window, local: _Local, q, k, v, sink_q, mask, win_state, sink_state, lengths):
-    """The local branch over a sequence, one softmax over the window and the
-    sinks outside it: (y, lse, WindowState, SinkState or None), work dtype."""
-    y, lse, win_state = window(q, k, v, local.window_size, local.scale, mask, win_state, lengths)
+class _MemoryIn(NamedTuple):
+    """The slot branch's inputs of one call (docs/math.md §4.2)."""
+
+    q: torch.Tensor  # the queries that score the slots
+    recall_y: torch.Tensor | None  # the latents read with softmax(b) (rule "recall")
+    mark: torch.Tensor | None  # rule "oracle": the marked tokens
+    state: MemoryState | None
+
+
+def _memory_args(local: _Local) -> MemoryArgs:
+    return MemoryArgs(local.memory, local.window_size, local.num_sinks, local.scale, local.softcap, local.chunk_size)
+
+
+def _window_phase(window, local: _Local, q, k, v, sink_q, mask, win_state, sink_state, lengths, mem=None):
+    """The local branch over a sequence, one softmax over the window, the
+    sinks outside it and the memory slots (mem: _MemoryIn, None without
+    slots): (y, lse, WindowState, SinkState or None, MemoryState or None),
+    work dtype."""
+    y, lse, new_win = window(q, k, v, local.window_size, local.scale, mask, win_state, lengths)
+    lse_window, mem_state = lse, None  # the window alone: rule "attention" reads its normaliser
     if local.num_sinks:
         S, W = local.num_sinks, local.window_size
         y_s, lse_s, sink_state = sink_sequence(
             q, k, v, S, W, local.scale, mask, sink_state, lengths, local.softcap, sink_q
         )
         y, lse = merge(y, lse, y_s, lse_s)
-    return y, lse, win_state, sink_state
+    if mem is not None:
+        y_m, lse_m, mem_state = memory_sequence(
+            q, k, v, mem.q, lse_window, mem.recall_y, mem.mark, mask, win_state, mem.state, lengths, _memory_args(local)
+        )
+        y, lse = merge(y, lse, y_m, lse_m)
+    return y, lse, new_win, sink_state, mem_state
 
 
-def _window_step_phase(local: _Local, q_t, k_t, v_t, sink_q_t, mask_t, win_state, sink_state):
-    """The local branch for one token: (y_t, lse_t, WindowState, SinkState or None)."""
+def _window_step_phase(local: _Local, q_t, k_t, v_t, sink_q_t, mask_t, win_state, sink_state, mem=None):
+    """The local branch for one token: (y_t, lse_t, WindowState, SinkState or
+    None, MemoryState or None); mem: as _window_phase's, for one token."""
     W, scale, softcap = local.window_size, local.scale, local.softcap
-    y, lse, win_state = window_step(
+    y, lse, new_win = window_step(
         q_t, k_t, v_t, window_size=W, scale=scale, mask_t=mask_t, state=win_state, softcap=softcap
     )
+    lse_window, mem_state = lse, None
     if local.num_sinks:
         y_s, lse_s, sink_state = sink_step(
             q_t, k_t, v_t, local.num_sinks, W, scale, mask_t, sink_state, softcap, sink_q_t
         )
         y, lse = merge(y, lse, y_s, lse_s)
-    return y, lse, win_state, sink_state
+    if mem is not None:
+        y_m, lse_m, mem_state = memory_step(
+            q_t, k_t, v_t, mem.q, lse_window, mem.recall_y, mem.mark, mask_t, win_state, mem.state, _memory_args(local)
+        )
+        y, lse = merge(y, lse, y_m, lse_m)
+    return y, lse, new_win, sink_state, mem_state
 
 
 def _mix(y_win, lse_win, y_lat, a, gate, beta, mix):
@@ -175,17 +229,22 @@ def _mix(y_win, lse_win, y_lat, a, gate, beta, mix):
     return w * y_win + (1 - w) * y_lat
 
 
-def _sequence(kernels, local: _Local, lengths, beta, mix, a, b, v, q, k, gate, sink_q, mask, state):
+def _sequence(kernels, local: _Local, lengths, beta, mix, a, b, v, q, k, gate, sink_q, mem_q, mark, mask, state):
     """The three phases over one sequence, or the padded documents of a packed
     one (run_packed): (y [B, T, H, D], MacchiatoState), work dtype."""
     window, latents = kernels
-    lat_state, win_state, sink_state = state if state is not None else (None, None, None)
-    y_win, lse, win_state, sink_state = _window_phase(
-        window, local, q, k, v, sink_q, mask, win_state, sink_state, lengths
+    lat_state, win_state, sink_state, mem_state = state if state is not None else (None,) * 4
+    v_lat = _repeat_kv(v, q.shape[-2])
+    mem = None
+    if local.memory is not None and local.memory.slots:
+        recall = latents(b, b, v_lat, lat_state, mask)[0] if local.memory.rule == "recall" else None
+        mem = _MemoryIn(q if mem_q is None else mem_q, recall, mark, mem_state)
+    y_win, lse, win_state, sink_state, mem_state = _window_phase(
+        window, local, q, k, v, sink_q, mask, win_state, sink_state, lengths, mem
     )
-    y_lat, lat_state = latents(a, b, _repeat_kv(v, q.shape[-2]), lat_state, mask)  # latent phase
+    y_lat, lat_state = latents(a, b, v_lat, lat_state, mask)  # latent phase
     y = _mix(y_win, lse, y_lat, a.to(y_lat.dtype), gate, beta, mix)  # mix phase
-    return y, MacchiatoState(lat_state, win_state, sink_state)
+    return y, MacchiatoState(lat_state, win_state, sink_state, mem_state)
 
 
 def macchiato(
@@ -208,6 +267,9 @@ def macchiato(
     softcap: float | None = None,
     num_sinks: int = 0,
     sink_q: torch.Tensor | None = None,
+    memory: Memory | None = None,
+    memory_q: torch.Tensor | None = None,
+    memory_mark: torch.Tensor | None = None,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, MacchiatoState | None]:
     """Latte-Macchiato attention over a sequence.
@@ -227,6 +289,11 @@ def macchiato(
             its window, under the same normaliser (docs/math.md §4.1).
         sink_q: [B, T, H, E] queries that score the sinks (default q): a
             converted model's queries rotated to one fixed position.
+        memory: Memory(slots, rule, seed) or None: exact keys and values of
+            up to `slots` tokens that have left the window, per KV head,
+            under the same normaliser (docs/math.md §4.2); memory_q [B, T,
+            H, E]: the queries that score them (default q); memory_mark
+            [B, T] bool: the tokens rule "oracle" keeps.
         mask: [B, T] bool, False for padding.
         chunk_size, initial_state (MacchiatoState), output_final_state,
             cu_seqlens (packed documents, B == 1): as in latte_causal.
@@ -236,11 +303,13 @@ def macchiato(
         (y [B, T, H, D] in v's dtype, MacchiatoState or None)
     """
     _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, False, softcap, num_sinks, sink_q)
-    lengths = _check_packing(a, k, v, cu_seqlens, initial_state, window_size, num_sinks)
-    local = _Local(window_size, q.shape[-1] ** -0.5 if scale is None else scale, num_sinks, softcap)
+    _check_memory(memory, memory_q, memory_mark, q, "")
+    lengths = _check_packing(a, k, v, cu_seqlens, initial_state, window_size, num_sinks, memory)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    local = _Local(window_size, scale, num_sinks, softcap, memory, chunk_size)
     kernels = _kernels(backend, q, chunk_size, softcap, cached=initial_state is not None)
     run = functools.partial(_sequence, kernels, local, lengths, beta, mix)
-    tensors = (a, b, v, q, k, gate, sink_q)
+    tensors = (a, b, v, q, k, gate, sink_q, memory_q, memory_mark)
     if cu_seqlens is not None:
         y, state = run_packed(run, tensors, cu_seqlens, mask, initial_state)
     else:
@@ -265,23 +334,36 @@ def macchiato_step(
     softcap: float | None = None,
     num_sinks: int = 0,
     sink_q_t: torch.Tensor | None = None,
+    memory: Memory | None = None,
+    memory_q_t: torch.Tensor | None = None,
+    memory_mark_t: torch.Tensor | None = None,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, MacchiatoState]:
     """One decoding step: a_t, b_t [B, H, Lh], v_t [B, K, D], q_t [B, H, E],
     k_t [B, K, E], gate_t [B, H], sink_q_t [B, H, E] (see macchiato's
-    sink_q); state: the MacchiatoState so far (None: empty). Returns (y_t
-    [B, H, D], MacchiatoState); constant time and memory in the context (the
-    window is a W - 1 buffer, the sinks num_sinks slots)."""
+    sink_q), memory, memory_q_t [B, H, E], memory_mark_t [B] (see
+    macchiato's); state: the MacchiatoState so far (None: empty). Returns
+    (y_t [B, H, D], MacchiatoState); constant time and memory in the context
+    (the window is a W - 1 buffer, the sinks num_sinks slots, the memory its
+    slots)."""
     _check(a_t, b_t, v_t, q_t, k_t, gate_t, beta, mix, window_size, 1, mask_t, True, softcap, num_sinks, sink_q_t)
+    _check_memory(memory, memory_q_t, memory_mark_t, q_t, "_t")
     if state is not None:
-        _check_state(state, q_t.shape[0], a_t, k_t, v_t, window_size, num_sinks, "state")
-    lat_state, win_state, sink_state = state if state is not None else (None, None, None)
-    local = _Local(window_size, q_t.shape[-1] ** -0.5 if scale is None else scale, num_sinks, softcap)
-    y_win, lse, win_state, sink_state = _window_step_phase(
-        local, q_t, k_t, v_t, sink_q_t, mask_t, win_state, sink_state
-    )
+        _check_state(state, q_t.shape[0], a_t, k_t, v_t, window_size, num_sinks, "state", memory)
+    lat_state, win_state, sink_state, mem_state = state if state is not None else (None,) * 4
+    scale = q_t.shape[-1] ** -0.5 if scale is None else scale
+    local = _Local(window_size, scale, num_sinks, softcap, memory)
     work = state_dtype(a_t.dtype)
     v_lat = _repeat_kv(v_t, q_t.shape[1]).to(work)
     y_lat, lat_state = causal_step(a_t.to(work), b_t.to(work), v_lat, lat_state, mask_t, backend)
+    mem = None
+    if memory is not None and memory.slots:  # rule "recall" reads the latents after this token
+        recall = None
+        if memory.rule == "recall":
+            recall = torch.einsum("bhl,bhld->bhd", torch.softmax(b_t.to(work), -1), lat_state.S)
+        mem = _MemoryIn(q_t if memory_q_t is None else memory_q_t, recall, memory_mark_t, mem_state)
+    y_win, lse, win_state, sink_state, mem_state = _window_step_phase(
+        local, q_t, k_t, v_t, sink_q_t, mask_t, win_state, sink_state, mem
+    )
     y = _mix(y_win, lse, y_lat, a_t.to(work), gate_t, beta, mix)
-    return y.to(v_t.dtype), MacchiatoState(lat_state, win_state, sink_state)
+    return y.to(v_t.dtype), MacchiatoState(lat_state, win_state, sink_state, mem_state)

@@ -124,6 +124,11 @@ def macchiato_matrix(
 ):
     """p(s|t) of docs/math.md §4 built term by term: [B, H, T, T]."""
     e = window_matrix_logits(q, k, window_size, scale, mask, softcap, num_sinks, sink_q)  # [B, H, T, T]
+    return _macchiato_from_logits(e, a, b, mix, gate, beta, mask)
+
+
+def _macchiato_from_logits(e, a, b, mix, gate, beta, mask):
+    """p(s|t) given the local branch's scores e [B, H, T, T] (-inf: unseen)."""
     a64 = a.to(f64) + (0 if beta is None else beta.to(f64)[None, None, :, None])
     log_lat = a64.permute(0, 2, 1, 3)  # [B, H, T, L] log of unnormalised p(l|t)
     # log of the window state's unnormalised mass: its scores (joint) or the gate logit
@@ -142,6 +147,76 @@ def macchiato_matrix(
 def macchiato(a, b, v, q, k, window_size, *args, **kw):
     """y [B, T, H, D] = p(s|t) v; the other arguments as macchiato_matrix's."""
     A = macchiato_matrix(a, b, q, k, window_size, *args, **kw)
+    vv = v.to(f64).repeat_interleave(q.shape[2] // v.shape[2], 2)
+    return torch.einsum("bhts,bshd->bthd", A, vv)
+
+
+def _hash32(x: int) -> int:
+    """The 32-bit integer mix of docs/math.md §4.2, on Python integers."""
+    x &= 0xFFFFFFFF
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & 0xFFFFFFFF
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & 0xFFFFFFFF
+    return (x >> 16) ^ x
+
+
+def memory_scores(rule, q, k, v, b, window_size, scale=None, mask=None, softcap=None, num_sinks=0, seed=0, mark=None):
+    """The scores r [B, T, K] of docs/math.md §4.2, -inf for a token that is
+    no candidate (padding, a sink, or unmarked under rule "oracle"); seed:
+    the layer's seed' (rule "random"); mark [B, T] bool (rule "oracle")."""
+    B, T, H, _ = q.shape
+    K = k.shape[2]
+    real = torch.ones(B, T, dtype=torch.bool, device=q.device) if mask is None else mask
+    pos = real.long().cumsum(1) - 1  # real tokens before each one
+    if rule == "recall":
+        vv = v.to(f64).repeat_interleave(H // K, 2)
+        y, _ = latte_causal(b, b, vv, mask=mask)  # softmax(b_s) read against Vbar_s
+        r = (vv - y).norm(dim=-1).view(B, T, K, H // K).mean(-1)
+    elif rule == "key_norm":
+        r = k.to(f64).norm(dim=-1)
+    elif rule == "attention":
+        p = torch.softmax(window_matrix_logits(q, k, window_size, scale, mask, softcap), -1)  # [B, H, T, T]
+        p = p * real[:, None, :, None]  # real queries only
+        r = p.sum(2).view(B, K, H // K, T).mean(2).transpose(1, 2)
+    elif rule == "random":
+        r = torch.tensor(
+            [
+                [[_hash32(_hash32(_hash32(seed) + h) + int(pos[i, t])) / 2.0**32 for h in range(K)] for t in range(T)]
+                for i in range(B)
+            ],
+            dtype=f64,
+        )
+    else:  # oracle
+        r = torch.ones(B, T, K, dtype=f64)
+    cand = real & (pos >= num_sinks) & (mark if rule == "oracle" else True)
+    return torch.where(cand[:, :, None], r.to(f64), NEG_INF)
+
+
+def memory_held(r, window_size, slots):
+    """held [B, K, T(query), T(key)]: the M = slots best candidates s <= t - w,
+    by score, ties to the older position, at every query t, one by one."""
+    B, T, K = r.shape
+    held = torch.zeros(B, K, T, T, dtype=torch.bool)
+    for i in range(B):
+        for h in range(K):
+            for t in range(T):
+                cands = [s for s in range(t - window_size + 1) if r[i, s, h] > NEG_INF]
+                for s in sorted(cands, key=lambda s: (-float(r[i, s, h]), s))[:slots]:
+                    held[i, h, t, s] = True
+    return held
+
+
+def macchiato_memory(a, b, v, q, k, window_size, *, slots, rule, seed=0, mark=None, memory_q=None, **kw):
+    """y [B, T, H, D] of Macchiato with memory slots (docs/math.md §4.2): the
+    local scores of macchiato_matrix (its keyword arguments in kw) plus, at
+    the tokens the slots hold, q . k (memory_q . k with memory_q) under the
+    one softmax."""
+    mask, scale, softcap = kw.get("mask"), kw.get("scale"), kw.get("softcap")
+    r = memory_scores(rule, q, k, v, b, window_size, scale, mask, softcap, kw.get("num_sinks", 0), seed, mark)
+    held = memory_held(r, window_size, slots).repeat_interleave(q.shape[2] // k.shape[2], 1)  # [B, H, T, T]
+    e = window_matrix_logits(q, k, window_size, scale, mask, softcap, kw.get("num_sinks", 0), kw.get("sink_q"))
+    e_mem = window_matrix_logits(q if memory_q is None else memory_q, k, q.shape[1], scale, None, softcap)
+    e = torch.where(held, e_mem, e)  # held tokens are outside the window and the sinks: disjoint
+    A = _macchiato_from_logits(e, a, b, kw.get("mix", "joint"), kw.get("gate"), kw.get("beta"), mask)
     vv = v.to(f64).repeat_interleave(q.shape[2] // v.shape[2], 2)
     return torch.einsum("bhts,bshd->bthd", A, vv)
 

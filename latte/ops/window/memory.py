@@ -1,0 +1,351 @@
+"""Memory slots: exact keys and values of a few tokens that have left the
+window, chosen by a fixed score (docs/math.md §4.2).
+
+Legend: B batch, T time, H query heads, K key/value heads (H = K * G), G
+queries per KV head, E query/key width, D value width, M slots, w the window
+size, P = w - 1 window-buffer tokens, C = M + Q keys of one query block.
+
+A token is a candidate when it is real, not a sink, and (rule "oracle")
+marked; a non-candidate scores -inf. Candidates are ranked per KV head by
+(score descending, position ascending); the slots of query t hold the M best
+candidates s <= t - w, kept in position order. A candidate's score is fixed
+when it leaves the window and depends on no selection, so:
+
+- a sequence first scores every token (`token_scores`, plus the window
+  attention received for rule "attention"), then scans blocks of Q queries:
+  the M held tokens and the block's new candidates, each visible to a query
+  from its entry until M better ones have entered (`_block`);
+- a decoding step attends to the M held tokens, then lets the token that
+  leaves the window compete for a slot (`_select`, shared with the scan).
+
+The window phase works on the "extended" sequence: the P tokens of the
+window buffer (their scores waiting in MemoryState.pending) followed by the
+T new ones; extended token j leaves the window before query j + 1 - P + P,
+that is it is visible to new query t from t = j + 1 on.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .._checks import check_mask, check_shape, state_dtype
+from .._exp import exp_floored
+from ..layout import no_autocast
+
+MEMORY_RULES = ("recall", "key_norm", "attention", "random", "oracle")
+MAX_MEMORY_SLOTS = 4096
+_MASK32 = 0xFFFFFFFF
+_HASH_MUL = 0x45D9F3B
+
+
+class Memory(NamedTuple):
+    """The settings of the slot branch: M slots, the rule, the layer's seed'
+    (docs/math.md §4.2: hash(seed) + layer index; rule "random" only)."""
+
+    slots: int
+    rule: str = "key_norm"
+    seed: int = 0
+
+
+class MemoryArgs(NamedTuple):
+    """What the slot branch of one call needs besides its tensors."""
+
+    memory: Memory
+    window_size: int
+    num_sinks: int
+    scale: float
+    softcap: float | None
+    block: int  # queries per block of the scan
+
+
+class MemoryState(NamedTuple):
+    """The M held tokens per row and KV head, in position order (keys as the
+    op received them), and the scores of the window buffer's tokens."""
+
+    k: torch.Tensor  # [B, M, K, E] (work dtype)
+    v: torch.Tensor  # [B, M, K, D]
+    score: torch.Tensor  # [B, M, K] (work dtype)
+    pos: torch.Tensor  # [B, M, K] int64: absolute position (real tokens before it)
+    mask: torch.Tensor  # [B, M, K] bool: the slot holds a token
+    pending: torch.Tensor  # [B, P, K] scores of the window buffer (-inf: no candidate)
+    pending_pos: torch.Tensor  # [B, P] int64
+    count: torch.Tensor  # [B] int64: real tokens seen
+
+
+def check_memory(memory) -> None:
+    if memory is None:
+        return
+    if not isinstance(memory, Memory):
+        raise ValueError(f"memory: expected None or a Memory(slots, rule, seed), got {type(memory).__name__}")
+    M = memory.slots
+    if isinstance(M, bool) or not isinstance(M, int) or not 0 <= M <= MAX_MEMORY_SLOTS:
+        raise ValueError(f"memory.slots: expected an integer in [0, {MAX_MEMORY_SLOTS}], got {M!r}")
+    if memory.rule not in MEMORY_RULES:
+        raise ValueError(f"memory.rule: expected one of {MEMORY_RULES}, got {memory.rule!r}")
+    if isinstance(memory.seed, bool) or not isinstance(memory.seed, int) or memory.seed < 0:
+        raise ValueError(f"memory.seed: expected an integer >= 0, got {memory.seed!r}")
+
+
+def empty_memory_state(k, v, slots: int, window_size: int, work) -> MemoryState:
+    B, K, M, P, dev = k.shape[0], k.shape[-2], slots, window_size - 1, k.device
+    return MemoryState(
+        k.new_zeros(B, M, K, k.shape[-1], dtype=work),
+        v.new_zeros(B, M, K, v.shape[-1], dtype=work),
+        torch.full((B, M, K), float("-inf"), dtype=work, device=dev),
+        torch.zeros(B, M, K, dtype=torch.int64, device=dev),
+        torch.zeros(B, M, K, dtype=torch.bool, device=dev),
+        torch.full((B, P, K), float("-inf"), dtype=work, device=dev),
+        torch.zeros(B, P, dtype=torch.int64, device=dev),
+        torch.zeros(B, dtype=torch.int64, device=dev),
+    )
+
+
+def check_memory_state(state, B: int, k, v, memory, window_size: int, name: str) -> None:
+    if memory is None or not memory.slots:
+        if state is not None:
+            raise ValueError(f"{name}: a MemoryState needs memory slots (got memory={memory!r})")
+        return
+    if not isinstance(state, MemoryState):
+        got = type(state).__name__
+        raise ValueError(f"{name}: memory slots need the MemoryState of a run with the same memory, got {got}")
+    M, K, P = memory.slots, k.shape[-2], window_size - 1
+    check_shape(f"{name}.k", state.k, (B, M, K, k.shape[-1]), "[B, slots, K, E]")
+    check_shape(f"{name}.v", state.v, (B, M, K, v.shape[-1]), "[B, slots, K, D]")
+    check_shape(f"{name}.score", state.score, (B, M, K), "[B, slots, K]")
+    check_shape(f"{name}.pending", state.pending, (B, P, K), "[B, window_size - 1, K]")
+    check_mask(f"{name}.mask", state.mask, (B, M, K))
+    for field, shape in (("pos", (B, M, K)), ("pending_pos", (B, P)), ("count", (B,))):
+        x = getattr(state, field)
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.int64 or tuple(x.shape) != shape:
+            got = (x.dtype, tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name}.{field}: expected an int64 tensor of shape {shape}, got {got}")
+
+
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    """The 32-bit integer mix of docs/math.md §4.2 on int64 tensors (every
+    product stays below 2^59: no overflow)."""
+    x = x & _MASK32
+    x = (((x >> 16) ^ x) * _HASH_MUL) & _MASK32
+    x = (((x >> 16) ^ x) * _HASH_MUL) & _MASK32
+    return (x >> 16) ^ x
+
+
+def token_scores(memory: Memory, k, v, recall_y, pos, candidate) -> torch.Tensor:
+    """The arrival scores r [B, T, K] of docs/math.md §4.2, -inf for a
+    non-candidate; 0 for rule "attention" (its sum is added by the window).
+    k [B, T, K, E], v [B, T, K, D]; recall_y [B, T, H, D] the latents read
+    with the key-side weights softmax(b) after each token (rule "recall");
+    pos [B, T] int64; candidate [B, T] bool (real, not a sink, marked)."""
+    B, T, K = k.shape[:3]
+    work = state_dtype(k.dtype)
+    if memory.rule == "recall":
+        H, D = recall_y.shape[-2:]
+        err = v.to(work)[:, :, :, None] - recall_y.to(work).view(B, T, K, H // K, D)
+        r = torch.linalg.vector_norm(err, dim=-1).mean(-1)
+    elif memory.rule == "key_norm":
+        r = torch.linalg.vector_norm(k.to(work), dim=-1)
+    elif memory.rule == "random":
+        head = hash32(torch.arange(K, device=k.device) + hash32(torch.tensor(memory.seed, device=k.device)))
+        r = hash32(head[None, None] + pos[:, :, None]).to(work) / 2.0**32
+    else:  # "attention" (summed later) and "oracle" (the mark is the whole score)
+        r = torch.full((B, T, K), 0.0 if memory.rule == "attention" else 1.0, dtype=work, device=k.device)
+    return torch.where(candidate[:, :, None], r, float("-inf"))
+
+
+def window_received(q, kk, lse, real, window_size, scale, softcap):
+    """Attention each extended key received from the window's real queries,
+    under the window's own normaliser, averaged over the query heads of its
+    KV head: [B, P + T, K] (docs/math.md §4.2, rule "attention"). q [B, T,
+    H, E], kk [B, P + T, K, E] (work dtype), lse [B, T, H] the window alone;
+    O(T w) scores, w offsets at a time."""
+    B, T, H, E = q.shape
+    PT, K, P = kk.shape[1], kk.shape[2], window_size - 1
+    pad = (0, 0, 0, 0, P, window_size)  # query of extended index j at j + d: q sits at [P, P + T)
+    qp = torch.nn.functional.pad(q.to(kk.dtype), pad).view(B, -1, K, H // K, E)
+    lp = torch.nn.functional.pad(lse.to(kk.dtype), pad[2:]).view(B, -1, K, H // K)
+    rp = torch.nn.functional.pad(real, (P, window_size))
+    acc = kk.new_zeros(B, PT, K)
+    for d in range(window_size):
+        e = torch.einsum("bjkge,bjke->bjkg", qp[:, d : d + PT], kk) * scale
+        if softcap is not None:
+            e = torch.tanh(e / softcap) * softcap
+        p = exp_floored(e - lp[:, d : d + PT]) * rp[:, d : d + PT, None, None]
+        acc = acc + p.mean(-1)
+    return acc
+
+
+def attend(q, ks, vs, keep, scale, softcap):
+    """Softmax of q [B, T, H, E] over per-head keys ks [B, K, C, E] where
+    keep [B, K, T, C]: (y [B, T, H, D], lse [B, T, H]); y = 0 and lse = -inf
+    where nothing is kept. Work dtype; no exp below the floor (_exp.py)."""
+    B, T, H, E = q.shape
+    K = ks.shape[1]
+    with no_autocast(q.device.type):
+        s = torch.einsum("btkge,bkce->bkgtc", q.reshape(B, T, K, H // K, E), ks) * scale
+        if softcap is not None:
+            s = torch.tanh(s / softcap) * softcap
+        keep = keep[:, :, None]  # [B, K, 1, T, C]
+        s = s.masked_fill(~keep, float("-inf"))
+        some = keep.any(-1)
+        m = torch.where(some, s.detach().amax(-1), 0.0).unsqueeze(-1)
+        p = exp_floored(s - m) * keep
+        total = p.sum(-1) + ~some
+        y = torch.einsum("bkgtc,bkcd->btkgd", p, vs) / total.permute(0, 3, 1, 2).unsqueeze(-1)
+        lse = torch.where(some, m.squeeze(-1) + total.log(), float("-inf"))  # [B, K, G, T]
+    return y.reshape(B, T, H, -1), lse.permute(0, 3, 1, 2).reshape(B, T, H)
+
+
+def _better(score, pos):
+    """better[.., i, c]: key i ranks before key c (higher score, ties to the
+    older position); score, pos [B, K, C]."""
+    si, sc = score[..., :, None], score[..., None, :]
+    return (si > sc) | ((si == sc) & (pos[..., :, None] < pos[..., None, :]))
+
+
+def _select(cand_k, cand_v, score, pos, slots: int):
+    """The M best of C keys per row and KV head, in position order: cand_k
+    [B, K, C, E], cand_v [B, K, C, D], score [B, K, C] (-inf: none), pos [B,
+    K, C] -> (k [B, M, K, E], v, score, pos, mask [B, M, K])."""
+    held = score > float("-inf")
+    rank = (_better(score, pos) & held[..., :, None]).sum(-2)  # better held keys than c
+    keep = held & (rank < slots)
+    order = torch.where(keep, pos, torch.iinfo(torch.int64).max).argsort(dim=-1, stable=True)[..., :slots]
+
+    def take(x):  # [B, K, C, *F] -> [B, M, K, *F]
+        idx = order.view(*order.shape, *([1] * (x.dim() - 3))).expand(*order.shape, *x.shape[3:])
+        return x.gather(2, idx).transpose(1, 2)
+
+    mask = take(keep)
+    return take(cand_k), take(cand_v), take(score).masked_fill(~mask, float("-inf")), take(pos), mask
+
+
+def _block(mem, kx, vx, rx, px, t0, t1, memory_q, scale, softcap, slots):
+    """Queries [t0, t1) of a sequence against the held tokens `mem` (k, v,
+    score, pos, mask of a MemoryState) and the extended tokens j in [t0, t1),
+    which enter at query j + 1: (y, lse [B, t1 - t0, H(, D)], the held tokens
+    after query t1 - 1, i.e. once j = t1 - 1 has entered too)."""
+    ks = torch.cat([mem[0].transpose(1, 2), kx[:, t0:t1].transpose(1, 2)], 2)  # [B, K, C, E]
+    vs = torch.cat([mem[1].transpose(1, 2), vx[:, t0:t1].transpose(1, 2)], 2)
+    score = torch.cat([mem[2].transpose(1, 2), rx[:, t0:t1].transpose(1, 2)], 2)  # [B, K, C]
+    pos = torch.cat([mem[3].transpose(1, 2), px[:, None, t0:t1].expand(-1, ks.shape[1], -1)], 2)
+    M, dev = mem[0].shape[1], kx.device
+    t = torch.arange(t0, t1, device=dev)
+    entry = torch.cat([torch.full((M,), t0, device=dev), torch.arange(t0, t1, device=dev) + 1])  # [C]
+    entered = entry[None, :] <= t[:, None]  # [Q, C]
+    held = score > float("-inf")  # [B, K, C]
+    better = (_better(score, pos) & held[..., :, None]).to(score.dtype)  # [B, K, i, c]
+    ahead = torch.einsum("qi,bkic->bkqc", entered.to(score.dtype), better)  # better entered keys
+    keep = entered[None, None] & held[:, :, None] & (ahead < slots)  # [B, K, Q, C]
+    y, lse = attend(memory_q[:, t0:t1], ks, vs, keep, scale, softcap)
+    return y, lse, _select(ks, vs, score, pos, slots)
+
+
+def _extended(k, v, scores, state, pos, window_state, work):
+    """The window buffer's P tokens followed by the new ones: keys, values,
+    scores and positions [B, P + T, ...]. A buffer that holds fewer than P
+    positions (none yet, or a window state that grows to P) is padded in
+    front with empty ones, whose pending scores are -inf."""
+    P = state.pending.shape[1]
+    kx, vx = k.to(work), v.to(work)
+    if window_state is not None:
+        kx, vx = torch.cat([window_state.k.to(work), kx], 1), torch.cat([window_state.v.to(work), vx], 1)
+    front = P + k.shape[1] - kx.shape[1]
+    if front:
+        kx = torch.nn.functional.pad(kx, (0, 0, 0, 0, front, 0))
+        vx = torch.nn.functional.pad(vx, (0, 0, 0, 0, front, 0))
+    return kx, vx, torch.cat([state.pending, scores], 1), torch.cat([state.pending_pos, pos], 1)
+
+
+def memory_sequence(q, k, v, memory_q, lse_window, recall_y, mark, mask, window_state, state, lengths, cfg):
+    """The slot branch over a sequence (docs/math.md §4.2), in the work dtype:
+    (y [B, T, H, D], lse [B, T, H], MemoryState after each row's end).
+
+    q [B, T, H, E] (the window's queries, for rule "attention"), k, v [B, T,
+    K, E|D]; memory_q [B, T, H, E] the queries that score the slots; lse_window
+    [B, T, H] the window alone; recall_y: see token_scores; mark [B, T] bool
+    (rule "oracle") or None; mask [B, T] or None; window_state: the window
+    buffer before the sequence (None: empty); state: the MemoryState so far
+    (None: empty); lengths [B] each row's end (default T); cfg: MemoryArgs."""
+    B, T = q.shape[:2]
+    memory, W, dev = cfg.memory, cfg.window_size, q.device
+    work = state_dtype(q.dtype)
+    state = state if state is not None else empty_memory_state(k, v, memory.slots, W, work)
+    real = mask if mask is not None else torch.ones(B, T, dtype=torch.bool, device=dev)
+    rank = state.count[:, None] + real.cumsum(1) - 1  # [B, T] absolute positions
+    candidate = real & (rank >= cfg.num_sinks)
+    if memory.rule == "oracle":
+        candidate = candidate & (mark if mark is not None else torch.zeros_like(real))
+    r = token_scores(memory, k, v, recall_y, rank, candidate)
+    kx, vx, rx, px = _extended(k, v, r, state, rank, window_state, work)
+    end = torch.full((B,), T, device=dev) if lengths is None else lengths.to(dev)
+    if memory.rule == "attention":
+        real_q = real & (torch.arange(T, device=dev)[None] < end[:, None])
+        rx = rx + window_received(q, kx, lse_window, real_q, W, cfg.scale, cfg.softcap)
+    return _scan(state, kx, vx, rx, px, memory_q, end, cfg, real)
+
+
+def _scan(state, kx, vx, rx, px, memory_q, end, cfg, real):
+    """The block scan of memory_sequence, then the state at each row's end."""
+    B, T = memory_q.shape[:2]
+    P, dev = cfg.window_size - 1, kx.device
+    j = torch.arange(P + T, device=dev)
+    late = (j[None, :] >= end[:, None])[..., None]  # enters after the row's end (packed rows)
+    mem, ys, lses, rs = tuple(state[:4]), [], [], rx.masked_fill(late, float("-inf"))
+    for t0 in range(0, T, cfg.block):
+        t1 = min(T, t0 + cfg.block)
+        y, lse, mem = _block(mem, kx, vx, rs, px, t0, t1, memory_q, cfg.scale, cfg.softcap, cfg.memory.slots)
+        ys.append(y)
+        lses.append(lse)
+    idx = end[:, None] + torch.arange(P, device=dev)[None]  # [B, P]: the buffer at each row's end
+    pending = rx.gather(1, idx[..., None].expand(B, P, rx.shape[-1]))
+    new = MemoryState(*mem, pending, px.gather(1, idx), state.count + real.sum(1))
+    return torch.cat(ys, 1), torch.cat(lses, 1), new
+
+
+def memory_step(q_t, k_t, v_t, memory_q_t, lse_window_t, recall_y_t, mark_t, mask_t, window_state, state, cfg):
+    """One decoding step of the slot branch: (y_t [B, H, D], lse_t [B, H],
+    MemoryState). The query reads the held tokens; then the token that leaves
+    the window (the buffer's oldest) competes for a slot. Arguments as
+    memory_sequence's, for one token (window_state: the buffer before it)."""
+    B, dev = q_t.shape[0], q_t.device
+    memory, W = cfg.memory, cfg.window_size
+    work = state_dtype(q_t.dtype)
+    state = state if state is not None else empty_memory_state(k_t, v_t, memory.slots, W, work)
+    keep = state.mask.transpose(1, 2)[:, :, None, :]  # [B, K, 1, M]
+    ks, vs = state.k.transpose(1, 2).to(work), state.v.transpose(1, 2).to(work)
+    y, lse = attend(memory_q_t.to(work)[:, None], ks, vs, keep, cfg.scale, cfg.softcap)
+    real = mask_t if mask_t is not None else torch.ones(B, dtype=torch.bool, device=dev)
+    rank = state.count[:, None]  # [B, 1]
+    candidate = real[:, None] & (rank >= cfg.num_sinks)
+    if memory.rule == "oracle":
+        candidate = candidate & (mark_t[:, None] if mark_t is not None else torch.zeros_like(candidate))
+    r = token_scores(
+        memory, k_t[:, None], v_t[:, None], None if recall_y_t is None else recall_y_t[:, None], rank, candidate
+    )
+    kx, vx, rx, px = _extended(k_t[:, None], v_t[:, None], r, state, rank, window_state, work)
+    if memory.rule == "attention":
+        rx = rx + _received_step(q_t, kx, lse_window_t, real, cfg.scale, cfg.softcap)
+    C = lambda x: torch.cat([x[0], x[1]], 2)  # noqa: E731  held tokens, then the one leaving
+    held = _select(
+        C((ks, kx[:, :1].transpose(1, 2))),
+        C((vs, vx[:, :1].transpose(1, 2))),
+        C((state.score.transpose(1, 2), rx[:, :1].transpose(1, 2))),
+        C((state.pos.transpose(1, 2), px[:, :1, None].expand(-1, -1, rx.shape[-1]).transpose(1, 2))),
+        memory.slots,
+    )
+    new = MemoryState(*held, rx[:, 1:], px[:, 1:], state.count + real.long())
+    return y[:, 0], lse[:, 0], new
+
+
+def _received_step(q_t, kx, lse_t, real, scale, softcap):
+    """window_received for one query, which sees the whole extended window:
+    [B, P + 1, K]."""
+    B, H, E = q_t.shape
+    K = kx.shape[2]
+    e = torch.einsum("bkge,bjke->bjkg", q_t.to(kx.dtype).view(B, K, H // K, E), kx) * scale
+    if softcap is not None:
+        e = torch.tanh(e / softcap) * softcap
+    p = exp_floored(e - lse_t.to(kx.dtype).view(B, 1, K, H // K)) * real[:, None, None, None]
+    return p.mean(-1)
