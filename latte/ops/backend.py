@@ -21,16 +21,23 @@ environment variable as it was when latte was imported, else "auto" (read
 once, so that torch.compile sees a plain global): fla's kernels on CUDA, the
 torch kernels on the CPU and for float64.
 
-How backend "fla" builds the kernel's inputs (q, k, g from the logits: a
-softmax, a two-level logcumsumexp, exp and differences, ~15 elementwise
-passes over [B, T, H, L] forward, more backward) is a second, independent
-switch, FLA_CONSTRUCTIONS: "eager" (op by op, the default) or "compiled"
-(the same function through torch.compile with dynamic shapes, fused into a
-few kernels; compiled on the first call: about 40 s for forward and backward
-on this project's 2-core CPU under load, not yet timed on a GPU). Set it with
-set_fla_construction(...) or LATTE_FLA_CONSTRUCTION (read at import). Inside
-a caller that torch.compile already traces, the construction is traced with
-it either way. docs/gpu.md §2.2.
+How backend "fla" builds the kernel's inputs (q, k, g from the logits) is a
+second, independent switch, FLA_CONSTRUCTIONS:
+  "fused":    q = softmax(a), then k, g and z in one pass by fla's
+              fused_additive_gate (custom op latte::additive_gate,
+              gla_ops.py), one kernel each way; its scan runs each
+              sequence serially.
+  "eager":    op by op, z by a two-level logcumsumexp (~15 elementwise
+              passes over [B, T, H, L] forward, more backward).
+  "compiled": "eager" through torch.compile with dynamic shapes, fused into
+              a few kernels; compiled on the first call (about 40 s for
+              forward and backward on this project's 2-core CPU under load).
+  "auto":     (the default) "fused", except where the gate's serial scan
+              has too few programs for a long sequence (gla.fused_wins):
+              there "eager".
+None of them has been timed on a GPU. Set it with set_fla_construction(...)
+or LATTE_FLA_CONSTRUCTION (read at import). Inside a caller that
+torch.compile already traces, "compiled" is traced with it. docs/gpu.md §2.2-2.3.
 
 An explicit "fla" fails with a clear error where it cannot run (no CUDA
 tensor, float64, fla-core or Triton missing) instead of falling back.
@@ -52,7 +59,7 @@ import torch
 BACKENDS = ("torch", "fla", "auto")
 _env_default = os.environ.get("LATTE_BACKEND") or None
 _default: str | None = None
-FLA_CONSTRUCTIONS = ("eager", "compiled")
+FLA_CONSTRUCTIONS = ("auto", "fused", "eager", "compiled")
 _env_construction = os.environ.get("LATTE_FLA_CONSTRUCTION") or None
 _construction: str | None = None
 log = logging.getLogger(__name__)
@@ -102,8 +109,8 @@ def get_backend() -> str:
 
 
 def set_fla_construction(name: str | None) -> None:
-    """How backend "fla" builds q, k, g: "eager" or "compiled" (None: back to
-    LATTE_FLA_CONSTRUCTION / "eager")."""
+    """How backend "fla" builds q, k, g: one of FLA_CONSTRUCTIONS (None: back
+    to LATTE_FLA_CONSTRUCTION / "auto")."""
     global _construction
     _construction = None if name is None else _check(name, FLA_CONSTRUCTIONS, "fla construction")
 
@@ -122,8 +129,8 @@ def using_fla_construction(name: str):
 
 
 def get_fla_construction() -> str:
-    """The construction in force: set_fla_construction's, else LATTE_FLA_CONSTRUCTION's, else "eager"."""
-    return _in_force(_construction, _env_construction, FLA_CONSTRUCTIONS, "LATTE_FLA_CONSTRUCTION", "eager")
+    """The construction in force: set_fla_construction's, else LATTE_FLA_CONSTRUCTION's, else "auto"."""
+    return _in_force(_construction, _env_construction, FLA_CONSTRUCTIONS, "LATTE_FLA_CONSTRUCTION", "auto")
 
 
 @functools.cache

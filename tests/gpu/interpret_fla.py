@@ -54,6 +54,40 @@ def patch_triton():
 
     I._patch_lang_tensor = patch_tensor
     I.GridExecutor.__call__ = call
+    patch_scans()
+
+
+def patch_scans():
+    """fla's gate (fla.ops.gsa.gate) scans with its own combine functions,
+    which the interpreter runs element by element outside its patched
+    language (Triton 3.9: libdevice's log1p returns None there). Both are
+    computed in numpy instead: logaddexp, and the linear recurrence
+    (a, b) -> (a_l a_r, b_l a_r + b_r) of the gate's backward."""
+    orig = I.ScanOps.generic_scan
+
+    def generic_scan(self, input):
+        name = getattr(self.combine_fn, "fn", self.combine_fn).__name__
+        data = [np.moveaxis(x.handle.data, self.axis, 0) for x in input]
+        if name == "logaddexp":
+            out = [np.logaddexp.accumulate(data[0], axis=0)]
+        elif name == "_reverse_recurrence":
+            a, b = (d.copy() for d in data)
+            for t in builtins.range(1, a.shape[0]):
+                a[t], b[t] = a[t - 1] * a[t], b[t - 1] * a[t] + b[t]
+            out = [a, b]
+        else:
+            return orig(self, input)
+        return [self.to_tensor(np.moveaxis(o, 0, self.axis), x.dtype) for o, x in zip(out, input)]
+
+    I.ScanOps.generic_scan = generic_scan
+    import types
+
+    import fla.ops.utils.op as fla_op
+
+    def log1p(x):  # libdevice is not patched by the interpreter (Triton 3.9)
+        return tl.core.tensor(I.TensorHandle(np.log1p(x.handle.data), x.handle.dtype), x.type)
+
+    fla_op.tldevice = types.SimpleNamespace(log1p=log1p)
 
 
 def main() -> int:

@@ -70,16 +70,20 @@ def fla_naive():
 
 @pytest.fixture
 def exact(monkeypatch):
-    """backend "fla" usable (pretended: no CUDA here) with the exact float64 GLA loop as its kernels."""
+    """backend "fla" usable (pretended: no CUDA here) with the exact float64
+    GLA loop as its kernels, construction "eager" (test_gla_fused.py: "fused")."""
     monkeypatch.setattr(BK, "_fla_error", lambda x: None)
+    monkeypatch.setattr(BK, "_construction", "eager")
     monkeypatch.setattr(gla, "_kernels", lambda: (gla_loop, gla_loop))
 
 
 @pytest.fixture
 def naive(monkeypatch):
-    """backend "fla" usable (pretended) with fla-core's naive_recurrent_gla as its kernels."""
+    """backend "fla" usable (pretended) with fla-core's naive_recurrent_gla as
+    its kernels, construction "eager"."""
     kernels = fla_naive()
     monkeypatch.setattr(BK, "_fla_error", lambda x: None)
+    monkeypatch.setattr(BK, "_construction", "eager")
     monkeypatch.setattr(gla, "_kernels", lambda: kernels)
 
 
@@ -203,6 +207,7 @@ def test_decode_steps_equal_reference(naive, scale):
 
 def test_half_precision_inputs_reach_the_kernel_in_their_dtype(monkeypatch):
     monkeypatch.setattr(BK, "_fla_error", lambda x: None)
+    monkeypatch.setattr(BK, "_construction", "eager")
     seen = []
 
     def spy(q, k, v, g, scale=1.0, initial_state=None, output_final_state=False, cu_seqlens=None):
@@ -321,7 +326,7 @@ def test_compiled_construction_is_not_nested_in_a_compiled_caller(exact, compile
 
 def test_fla_construction_default_and_errors(monkeypatch):
     monkeypatch.setattr(BK, "_env_construction", None)
-    assert BK._construction is None and BK.get_fla_construction() == "eager"  # nothing before left it set
+    assert BK._construction is None and BK.get_fla_construction() == "auto"  # nothing before left it set
     with BK.using_fla_construction("compiled"):
         assert BK.get_fla_construction() == "compiled"
     assert BK._construction is None
@@ -332,10 +337,11 @@ def test_fla_construction_default_and_errors(monkeypatch):
         assert BK.get_fla_construction() == "eager"
     finally:
         BK.set_fla_construction(None)
-    monkeypatch.setattr(BK, "_env_construction", "fused")
+    monkeypatch.setattr(BK, "_env_construction", "fusion")
     with pytest.raises(
         ValueError,
-        match=r"LATTE_FLA_CONSTRUCTION \(environment\): expected one of \('eager', 'compiled'\), got 'fused'",
+        match=r"LATTE_FLA_CONSTRUCTION \(environment\): expected one of "
+        r"\('auto', 'fused', 'eager', 'compiled'\), got 'fusion'",
     ):
         BK.get_fla_construction()
     with pytest.raises(ValueError, match="fla construction: expected one of"):
@@ -397,6 +403,7 @@ def test_two_level_log_normaliser_equals_one_scan(T, chunk, before):
 def test_kernel_output_keeps_its_dtype(monkeypatch):
     """bf16 in: the kernel's bf16 output is returned as it is (no float32 round trip)."""
     monkeypatch.setattr(BK, "_fla_error", lambda x: None)
+    monkeypatch.setattr(BK, "_construction", "eager")
 
     def bf16_kernel(q, k, v, g, scale=1.0, initial_state=None, output_final_state=False, cu_seqlens=None):
         y, h = gla_loop(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens)

@@ -48,7 +48,7 @@ import torch
 from .. import backend as BK
 from .._checks import NEG, state_dtype
 from ..varlen import pack, unpack
-from . import fla_tuning
+from . import fla_tuning, gla_ops  # noqa: F401 (gla_ops registers the latte:: custom ops)
 
 # Smallest log-decay passed to the kernels (see the module docstring).
 G_FLOOR = -40.0
@@ -57,6 +57,15 @@ G_FLOOR = -40.0
 Z_CHUNK = 64
 
 _HALF = (torch.bfloat16, torch.float16)
+
+# The size rule of the "auto" construction (fused_wins): fla's gate runs one
+# program per GATE_CHANNELS of the H * L channels of a sequence, each
+# scanning the sequence serially. Guesses, not yet timed on a GPU
+# (docs/gpu.md §2.3): about one program per SM of an H100 / H200, and the
+# length where chunk_gla's own time stops hiding a serial scan.
+GATE_CHANNELS = 32
+GATE_MIN_PROGRAMS = 128
+GATE_MAX_SERIAL_T = 8192
 
 
 def _kernels():
@@ -68,6 +77,13 @@ def _kernels():
     if torch.cuda.is_available():  # not under Triton's CPU interpreter
         fla_tuning.pin_for_device(torch.cuda.current_device())
     return chunk_gla, fused_recurrent_gla
+
+
+def _pin(x):
+    """fla's autotuners pinned before its kernels first run on CUDA (the
+    custom ops of gla_ops.py call them; on the CPU their stand-ins run)."""
+    if x.device.type == "cuda":
+        fla_tuning.pin_for_device(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
 def _masked(b, mask):
@@ -128,6 +144,22 @@ def _compiled_inputs():
     return torch.compile(kernel_inputs, dynamic=True, fullgraph=True)
 
 
+def fused_wins(n_seqs: int, T: int, H: int, L: int) -> bool:
+    """The size rule of construction "auto": the fused gate, unless it would
+    run fewer than GATE_MIN_PROGRAMS programs, each scanning more than
+    GATE_MAX_SERIAL_T tokens (then the two-level construction, "eager")."""
+    programs = n_seqs * -(-(H * L) // GATE_CHANNELS)
+    return programs >= GATE_MIN_PROGRAMS or T <= GATE_MAX_SERIAL_T
+
+
+def construction(n_seqs: int, T: int, H: int, L: int) -> str:
+    """The construction that runs: the one in force, "auto" resolved by fused_wins."""
+    name = BK.get_fla_construction()
+    if name == "auto":
+        return "fused" if fused_wins(n_seqs, T, H, L) else "eager"
+    return name
+
+
 def _inputs(a, b, io_dtype, mask=None, z0=None):
     """q, k (io_dtype), g, z by the construction in force (backend.get_fla_construction);
     inside a caller that torch.compile traces, traced with it."""
@@ -150,6 +182,71 @@ def _call(kernel, q, k, v, g, S0, **kw):
     return kernel(q.to(io), k.to(io), v.to(io), g.to(work), scale=1.0, initial_state=S0, output_final_state=True, **kw)
 
 
+def _bcast(mask, x):
+    """mask [B, T] (or [B]) shaped to broadcast over x's trailing dims."""
+    return mask.view(*mask.shape, *([1] * (x.dim() - mask.dim())))
+
+
+def _fused_keys(b, mask, z0):
+    """The gate's input: b with masked keys at NEG, centred on its largest
+    value per latent when b is float32 (a half-precision b has lost a large
+    common offset's precision already: bf16 keeps 8 bits), and the centred
+    initial z [N, 1, H, L] (None: no state). Returns (x, z0, c or None)."""
+    x = b if mask is None else b.masked_fill(~_bcast(mask, b), NEG)
+    c = None
+    if b.dtype not in _HALF:
+        c = x.amax(1) if z0 is None else torch.maximum(x.amax(1), z0.to(x.dtype))
+        c = torch.where(c > NEG / 2, c, 0.0).detach()  # [B, H, L]; all masked: 0
+        x = x - c.unsqueeze(1)
+    if z0 is not None:
+        z0 = (z0.to(state_dtype(b.dtype)) - (0.0 if c is None else c)).unsqueeze(1).contiguous()
+    return x, z0, c
+
+
+def fused_chunked(a, b, v, S0=None, z0=None, mask=None, cu_seqlens=None):
+    """gla_chunked by the "fused" construction: q = softmax(a) in the io
+    dtype, k, g, z by fla's gate (latte::additive_gate, one kernel each way,
+    packed documents through cu_seqlens), then chunk_gla. Masked tokens:
+    b = NEG and v = 0 before the gate (a leading one then has k = 1 and adds
+    0), g clamped at G_FLOOR after it (the first real token after leading
+    padding meets z = NEG); a sequence with no real token ends in the empty
+    state's z = -inf."""
+    io = _io_dtype(v)
+    q = torch.softmax(a.to(io), dim=-1)
+    x, z0g, c = _fused_keys(b, mask, z0)
+    if mask is not None:
+        v = v.masked_fill(~_bcast(mask, v), 0.0)
+    save_z = torch.is_grad_enabled() and (b.requires_grad or (z0 is not None and z0.requires_grad))
+    cu = None if cu_seqlens is None else cu_seqlens.to(torch.int64)
+    k, g, zT, _ = torch.ops.latte.additive_gate(x, z0g, cu, io, save_z)
+    if mask is not None or z0 is not None:  # a jump from NEG (padding, an empty state's z)
+        g = g.clamp(min=G_FLOOR)
+    work = state_dtype(v.dtype)
+    S0 = None if S0 is None else S0.to(work).contiguous()
+    y, S, _ = torch.ops.latte.chunk_gla(q, k, v.to(io), g, S0, cu, 1.0)
+    z = zT.squeeze(1) if c is None else zT.squeeze(1) + c
+    if mask is not None:
+        z = torch.where(z > NEG / 2, z, float("-inf"))
+    return y, S, z
+
+
+def fused_step(a_t, b_t, v_t, S, z, mask_t=None):
+    """gla_step by the "fused" construction: the gate on one token from z
+    (-inf: empty), then fused_recurrent_gla. A masked token (b = NEG, v = 0)
+    keeps z as it was."""
+    work, io = S.dtype, _io_dtype(v_t)
+    x = b_t.to(work).unsqueeze(1)  # [B, 1, H, L]
+    v = v_t.unsqueeze(1)
+    if mask_t is not None:
+        x = x.masked_fill(~_bcast(mask_t, x), NEG)
+        v = v.masked_fill(~_bcast(mask_t, v), 0.0)
+    k, g, zT, _ = torch.ops.latte.additive_gate(x, z.unsqueeze(1).contiguous(), None, io, False)
+    q = torch.softmax(a_t.to(io), -1).unsqueeze(1)
+    y, S_new = torch.ops.latte.fused_recurrent_gla(q, k, v.to(io), g.clamp(min=G_FLOOR), S.contiguous(), 1.0)
+    z_new = zT.squeeze(1) if mask_t is None else torch.where(_bcast(mask_t, z), zT.squeeze(1), z)
+    return y[:, 0], S_new, z_new
+
+
 def gla_chunked(a, b, v, S0=None, z0=None, mask=None, cu_seqlens=None):
     """Causal Latte on chunk_gla (inputs checked by the caller): a, b [B, T,
     H, L], v [B, T, H, D], the state (S0 [N, H, L, D], z0 [N, H, L]) or None.
@@ -158,6 +255,11 @@ def gla_chunked(a, b, v, S0=None, z0=None, mask=None, cu_seqlens=None):
     cu_seqlens, B == 1: the construction runs per document on a padded
     copy, as z restarts at each start; the kernel on the packed tensors)."""
     io = _io_dtype(v)
+    B, T, H, L = a.shape
+    n_seqs = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    if construction(n_seqs, T, H, L) == "fused":
+        _pin(a)
+        return fused_chunked(a, b, v, S0, z0, mask, cu_seqlens)
     if cu_seqlens is None:
         q, k, g, z = _inputs(a, b, io, mask=mask, z0=z0)
         y, S = _call(_kernels()[0], q, k, v, g, S0)
@@ -175,6 +277,9 @@ def gla_step(a_t, b_t, v_t, S, z, mask_t=None):
     """One decoding step on fused_recurrent_gla: a_t, b_t [B, H, L], v_t
     [B, H, D], the state S [B, H, L, D], z [B, H, L] (z = -inf: empty) in the
     work dtype -> (y_t [B, H, D], S, z after the token)."""
+    if construction(a_t.shape[0], 1, a_t.shape[1], a_t.shape[2]) == "fused":
+        _pin(a_t)
+        return fused_step(a_t, b_t, v_t, S, z, mask_t)
     work = S.dtype
     b = _masked(b_t.to(work), mask_t)
     z_new = torch.logaddexp(z, b)
