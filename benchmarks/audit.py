@@ -35,8 +35,12 @@ def _masked(fn, dist, B, T):
 
 def op_calls(dist: str, quick: bool) -> dict:
     """{op: (shape note, zero-argument call)} for one distribution."""
-
     s = 8 if quick else 1  # quick: every size / 8
+    return {**_attention_calls(dist, s), **_scan_and_head_calls(dist, s), "decode steps": _decode_call(dist)}
+
+
+def _attention_calls(dist: str, s: int) -> dict:
+    """The attention ops' entries of op_calls, forward and backward (sizes / s)."""
     B, T, H, L, D = 4, 512 // s, 4, 32, 32
     lat = [
         seeded_randn(B, T, H, L, seed=1),
@@ -52,32 +56,6 @@ def op_calls(dist: str, quick: bool) -> dict:
         dists.logits(seeded_randn(B, T, H, D, seed=7), dist),
         dists.logits(seeded_randn(B, T, H, D, seed=8), dist),
     ]
-    N, V, E = 2048 // s, 8192 // s, 256
-    hidden = dists.logits(seeded_randn(N, E, seed=9), dist)
-    weight = seeded_randn(V, E, seed=10) / math.sqrt(E)  # logits: the distribution's std
-    targets = seeded_randn(N, seed=11).abs().mul(V / 4).long().clamp_(max=V - 1)
-    if dist == "padding":
-        targets[N // 2 :] = -100
-    x = seeded_randn(1, 4096 // s, 512, seed=12)
-    log_a = -F.softplus(dists.logits(seeded_randn(1, 4096 // s, 512, seed=13), dist))
-    steps = [
-        seeded_randn(8, 64, 8, 32, seed=14),
-        dists.logits(seeded_randn(8, 64, 8, 32, seed=15), dist),
-        seeded_randn(8, 64, 8, 64, seed=16),
-        dists.logits(seeded_randn(8, 64, 8, 64, seed=17), dist),
-    ]
-    step_mask = dists.mask(dist, 8, 64)
-
-    def decode():
-        st_l = st_m = st_w = None
-        with torch.no_grad():
-            for t in range(steps[0].shape[1]):
-                a, b, v, k = (z[:, t] for z in steps)
-                m = None if step_mask is None else step_mask[:, t]
-                _, st_l = ops.latte_causal_step(a, b, v, st_l, mask_t=m)
-                _, st_m = ops.macchiato_step(a, b, v, k, k, st_m, window_size=16, mask_t=m)
-                _, st_w = ops.sliding_window_step(k, k, v, st_w, window_size=16, mask_t=m)
-
     return {
         "latte_causal": (
             f"B={B} T={T} H={H} Lh={L} Dv={D}",
@@ -110,6 +88,20 @@ def op_calls(dist: str, quick: bool) -> dict:
                 "fwdbwd",
             ),
         ),
+    }
+
+
+def _scan_and_head_calls(dist: str, s: int) -> dict:
+    """The RG-LRU scan's and the fused head's entries of op_calls (sizes / s)."""
+    N, V, E = 2048 // s, 8192 // s, 256
+    hidden = dists.logits(seeded_randn(N, E, seed=9), dist)
+    weight = seeded_randn(V, E, seed=10) / math.sqrt(E)  # logits: the distribution's std
+    targets = seeded_randn(N, seed=11).abs().mul(V / 4).long().clamp_(max=V - 1)
+    if dist == "padding":
+        targets[N // 2 :] = -100
+    x = seeded_randn(1, 4096 // s, 512, seed=12)
+    log_a = -F.softplus(dists.logits(seeded_randn(1, 4096 // s, 512, seed=13), dist))
+    return {
         "linear_recurrence": (
             f"[1, {4096 // s}, 512], log_a = -softplus(logits)",
             as_call(lambda x, la: ops.linear_recurrence(x, la)[0], [x, log_a], "fwdbwd"),
@@ -118,8 +110,30 @@ def op_calls(dist: str, quick: bool) -> dict:
             f"N={N} D={E} V={V}, logits of the distribution's std",
             as_call(lambda h, w: ops.linear_cross_entropy(h, w, targets), [hidden, weight], "fwdbwd"),
         ),
-        "decode steps": ("64 steps of latte, macchiato (W=16), window (W=16): B=8 H=8 Lh=32 Dv=64", decode),
     }
+
+
+def _decode_call(dist: str) -> tuple:
+    """op_calls' "decode steps" entry: 64 recurrent steps of three decoding ops."""
+    steps = [
+        seeded_randn(8, 64, 8, 32, seed=14),
+        dists.logits(seeded_randn(8, 64, 8, 32, seed=15), dist),
+        seeded_randn(8, 64, 8, 64, seed=16),
+        dists.logits(seeded_randn(8, 64, 8, 64, seed=17), dist),
+    ]
+    step_mask = dists.mask(dist, 8, 64)
+
+    def decode():
+        st_l = st_m = st_w = None
+        with torch.no_grad():
+            for t in range(steps[0].shape[1]):
+                a, b, v, k = (z[:, t] for z in steps)
+                m = None if step_mask is None else step_mask[:, t]
+                _, st_l = ops.latte_causal_step(a, b, v, st_l, mask_t=m)
+                _, st_m = ops.macchiato_step(a, b, v, k, k, st_m, window_size=16, mask_t=m)
+                _, st_w = ops.sliding_window_step(k, k, v, st_w, window_size=16, mask_t=m)
+
+    return "64 steps of latte, macchiato (W=16), window (W=16): B=8 H=8 Lh=32 Dv=64", decode
 
 
 def run(args) -> dict:
