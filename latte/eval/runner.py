@@ -1,0 +1,274 @@
+"""`latte eval MODEL`: the evaluations of any model, resumable cell by cell,
+into one results folder (docs/evaluation.md §8).
+
+    request    what was asked: the suites, the models compared, lengths,
+               data, override sets (`--set`), the output folder
+    subjects   the model as opened (latte/eval/subjects.py: open_model), one
+               more per override set, and for a converted model `original`
+               and `window` (window + sinks at its sink positions)
+    suites     ppl, needle, latents (latte/eval/suites.py); each one's cells
+               are a Sweep under OUT/cells-SUITE (latte/eval/cells.py: the
+               one reuse rule), its records and table beside its metric
+    report     OUT/results.json (provenance + flat records, one "suite"
+               field each) and OUT/results.md (provenance + one table per
+               suite)
+
+Everything a user can get wrong (a suite, a length, --against for a native
+model, a model a suite cannot take, a missing optional package) is a
+ValueError or ImportError naming it: `latte eval` exits 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from latte.eval import suites
+from latte.eval.cells import Sweep, digest_or_missing
+from latte.eval.subjects import Subject, as_model, label, open_model, sinks_of
+from latte.files import atomic_write
+from latte.guard import check_folder, claim_folder
+from latte.reporting import machine_info
+
+SUITES = ("ppl", "needle", "latents")
+AGAINST = ("original", "window")
+EVAL_WRITER = "latte eval"  # the writer an --out folder's marker names (latte/guard.py)
+
+
+@dataclass
+class Request:
+    """One `latte eval` command (the CLI's arguments, parsed)."""
+
+    model: str
+    suites: tuple[str, ...] = ("ppl",)
+    against: tuple[str, ...] = ()
+    lengths: tuple[int, ...] = ()  # in tokens
+    multiples: tuple[int, ...] = ()  # of a run's training length
+    data: str | None = None
+    sets: tuple[str, ...] = ()  # one override set per entry: "a.b=1,c.d=2"
+    out: str | None = None
+    documents: int = 2
+    max_tokens: int = 65536
+    batch_size: int = 8
+    trials: int = 1
+    command: str = field(default_factory=lambda: shlex.join(["latte", *sys.argv[1:]]))
+
+    def __post_init__(self):
+        bad = [s for s in self.suites if s not in SUITES]
+        if bad or not self.suites:
+            raise ValueError(
+                f"--suite {','.join(self.suites)!r}: expected a comma-separated subset of {','.join(SUITES)}"
+            )
+        bad = [a for a in self.against if a not in AGAINST]
+        if bad:
+            raise ValueError(
+                f"--against {','.join(self.against)!r}: expected a comma-separated subset of {','.join(AGAINST)}"
+            )
+        for flag, values in (("--lengths", self.lengths), ("--multiples", self.multiples)):
+            if any(v < 1 for v in values):
+                raise ValueError(f"{flag} {','.join(map(str, values))}: expected integers >= 1")
+        if self.lengths and self.multiples:
+            raise ValueError(
+                "--lengths and --multiples: give one of them (tokens, or multiples of the training length)"
+            )
+
+
+def parse_lengths(text: str, flag: str = "--lengths") -> tuple[int, ...]:
+    """ "1k,2k,4096" -> (1024, 2048, 4096), sorted and distinct."""
+    out = set()
+    for part in (p.strip().lower() for p in text.split(",") if p.strip()):
+        m = re.fullmatch(r"(\d+)(k?)", part)
+        if m is None:
+            raise ValueError(f"{flag} {text!r}: expected comma-separated integers like 1k,2k,4096 (k = 1024)")
+        out.add(int(m.group(1)) * (1024 if m.group(2) else 1))
+    if not out:
+        raise ValueError(f"{flag} {text!r}: no lengths given")
+    return tuple(sorted(out))
+
+
+def split_set(text: str) -> tuple[str, ...]:
+    """One --set value: overrides "section.field=value" separated by commas
+    before the next "section.field=" (a value may hold commas: [1,2])."""
+    parts = tuple(p.strip() for p in re.split(r",(?=\s*-*[A-Za-z_]\w*(?:\.\w+)+=)", text) if p.strip())
+    bad = [p for p in parts if not re.fullmatch(r"-*[A-Za-z_]\w*(\.\w+)+=.*", p, flags=re.S)]
+    if bad or not parts:
+        raise ValueError(f"--set {text!r}: expected section.field=value (several: a.b=1,c.d=2)")
+    return tuple(p.lstrip("-") for p in parts)
+
+
+# --------------------------------------------------------------------------- subjects
+
+
+@dataclass
+class Evaluated:
+    """One model of every table: `name` as the tables show it, the opened
+    subject, the mode as_model puts a converted model in, its override set."""
+
+    name: str
+    subject: Subject
+    mode: str
+    set: str = ""
+    sinks: int = 0
+
+    @property
+    def label(self) -> str:
+        text = label(self.mode, self.sinks) if self.subject.kind == "converted" else self.name
+        return f"{text} [{self.set}]" if self.set else text
+
+    def cell(self) -> dict:
+        """The fields naming this model in a cell: the model, the override
+        set, the sinks of a window model, the weights of a trained one."""
+        cell = {"model": self.name}
+        if self.set:
+            cell["set"] = self.set
+        if self.mode.startswith("window+"):
+            cell["sinks"] = self.sinks
+        if self.mode != "original" and not self.mode.startswith("window"):
+            cell["source"] = self.subject.identity
+        return cell
+
+    @contextlib.contextmanager
+    def use(self):
+        """The model as a causal LM, in this subject's mode."""
+        if self.subject.kind != "converted":
+            yield self.subject.model
+        else:
+            with as_model(self.subject, self.mode, self.sinks) as model:
+                yield model
+
+
+def subjects(base: Subject, req: Request) -> list[Evaluated]:
+    """The model, one more per override set, then `--against`'s models."""
+    if req.against and base.kind != "converted":
+        raise ValueError(
+            f"--against {','.join(req.against)}: only for converted models (a latte convert run or its export); "
+            f"{req.model} is a {base.kind} model"
+        )
+    main = "converted" if base.kind == "converted" else "model"
+    out = [Evaluated(main, base, main)]
+    for text in req.sets:
+        sets = split_set(text)
+        opened = open_model(req.model, sets)
+        out.append(Evaluated(main, opened, main, set=",".join(sets)))
+    sinks = sinks_of(base, None) if base.kind == "converted" else 0
+    for name in req.against:
+        out.append(Evaluated(name, base, "original" if name == "original" else "window+sinks", sinks=sinks))
+    return out
+
+
+# --------------------------------------------------------------------------- sweeps and folders
+
+
+@dataclass
+class Context:
+    """What every suite reads: the request, the opened model, the output
+    folder and the protocol its cells record."""
+
+    req: Request
+    base: Subject
+    out: Path
+
+    def sweep(self, suite: str, cells: list[dict], options: dict, fields=()) -> Sweep:
+        """The suite's cells under OUT/cells-SUITE, each recording the suite's
+        options and the sha256 of the model's files (latte/eval/cells.py)."""
+        inputs = {"model": digest_or_missing(self.base.source)}
+        protocol = {"suite": suite, **options, "inputs": inputs}
+        return Sweep(self.out / f"cells-{suite}", cells, protocol=protocol, fields=fields, folder_flag="--out")
+
+
+def default_out(model: str, base: Subject) -> Path:
+    """MODEL/eval for a folder; RUN/eval/step-N for a step folder (a
+    checkpoint holds only its manifest's files); FILE.eval for a file."""
+    p = Path(model).expanduser()
+    if p.is_file():
+        return p.with_name(p.name + ".eval")
+    if not p.exists():
+        raise ValueError(f"MODEL {model}: a base alias has no folder of its own; give --out DIR")
+    if (p / "manifest.json").is_file():
+        return p.parent / "eval" / p.name
+    return p / "eval"
+
+
+@contextlib.contextmanager
+def output_folder(req: Request, base: Subject):
+    """The results folder, held for the whole command: the default one
+    (the model's own evaluation folder) as it is; an --out folder under the
+    write rule (latte/guard.py: new, empty or written by `latte eval`)."""
+    if req.out is None:
+        out = default_out(req.model, base)
+        out.mkdir(parents=True, exist_ok=True)
+        yield out
+        return
+    with claim_folder(req.out, EVAL_WRITER, flag="--out") as out:
+        yield Path(out)
+
+
+def check_out(req: Request) -> None:
+    """Before any model is opened: an --out folder the write rule refuses
+    fails now (exit 2), not after the evaluation."""
+    if req.out is not None:
+        check_folder(req.out, EVAL_WRITER, flag="--out")
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def evaluate(req: Request) -> Path:
+    """Run every suite of `req` and write OUT/results.json and results.md."""
+    check_out(req)
+    t0, load0 = time.time(), _load()
+    base = open_model(req.model)
+    evaluated = subjects(base, req)
+    for suite in req.suites:  # a model a suite cannot take: refused before any compute
+        suites.SUITES[suite].check(base, req)
+    with output_folder(req, base) as out:
+        ctx = Context(req, base, out)
+        records, tables = [], []
+        for suite in req.suites:
+            recs, table = suites.SUITES[suite].run(ctx, evaluated)
+            records += [{"suite": suite, **r} for r in recs]
+            tables.append(f"## {suite}\n\n{table.strip()}\n")
+            print(f"\n{table.strip()}\n", file=sys.stderr)
+        write_report(ctx, evaluated, records, tables, t0, load0)
+    print(f"latte eval: wrote {out / 'results.json'} and results.md", file=sys.stderr)
+    return out
+
+
+def _load() -> float | None:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def write_report(ctx: Context, evaluated: list[Evaluated], records, tables, t0: float, load0) -> None:
+    """results.json and results.md: the fields every results folder records
+    (command, machine, threads, load, wall time, inputs' sha256), then the
+    records (json) or tables (markdown)."""
+    machine = machine_info()
+    run = {
+        "command": ctx.req.command,
+        "machine": machine,
+        "threads": machine["threads"],
+        "load": {"start": load0, "end": _load()},
+        "wall_s": round(time.time() - t0, 1),
+        "inputs": {"model": digest_or_missing(ctx.base.source)},
+        "model": str(ctx.req.model),
+        "kind": ctx.base.kind,
+        "subjects": [e.label for e in evaluated],
+        "suites": list(ctx.req.suites),
+    }
+    atomic_write(ctx.out / "results.json", json.dumps({**run, "records": records}, indent=1) + "\n")
+    load = f"{load0:.1f}" if load0 is not None else "unknown"
+    head = (
+        f"# latte eval: {ctx.req.model}\n\nCommand: `{run['command']}`\n\n"
+        f"{machine['cpu_model']}, {machine['usable_cores']} cores, torch {machine['torch']}, "
+        f"{run['threads']} threads; wall time {run['wall_s']:,.0f} s; 1-min load average {load} at the start\n\n"
+        f"Inputs: model ({ctx.base.kind}) sha256 {run['inputs']['model']}; models compared: "
+        f"{', '.join(run['subjects'])}\n"
+    )
+    atomic_write(ctx.out / "results.md", head + "\n" + "\n".join(tables))

@@ -1,0 +1,335 @@
+"""The suites of `latte eval` (latte/eval/runner.py): each one a `check`
+(a model it cannot take is refused before any compute), a `run` over the
+compared models as resumable cells, its records and its table.
+
+    ppl      perplexity: a native run on its validation split at lengths or
+             multiples of its training length, by position bucket
+             (perplexity.py: extrapolation); any other model per token over
+             held-out documents, at each context length (long_context.py)
+    needle   pass-key retrieval in the held-out essays (needle.py)
+    latents  latent utilisation of a native Latte / Macchiato run (latents.py)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from latte.data import TokenWindows, load_documents
+from latte.data.heldout import eval_essays, eval_plays
+from latte.eval.latents import latent_utilisation, latents_table, plot_latents
+from latte.eval.long_context import converted_nll, original_nll, perplexities
+from latte.eval.needle import PrefixFeeder, haystack_text, make_key, needle_prompt, run_trial, sentence_ends
+from latte.eval.perplexity import extrapolation
+from latte.reporting import md_table
+from latte.train.lm import pack_split, split_corpus
+from latte.train.validation import subset
+
+DOCUMENT_LENGTHS = (1024, 2048, 4096)  # --lengths of models evaluated on documents
+NATIVE_MULTIPLES = (1, 2, 4, 8)  # of a native run's training length
+NEEDLE_DEPTHS = (0.0, 0.5, 1.0)
+DATA = ("validation", "plays", "essays")  # named corpora of --data; any other value is a data.source
+
+
+@dataclass
+class Suite:
+    check: Callable  # (subject, request) -> None, or a ValueError naming why not
+    run: Callable  # (context, evaluated) -> (records, markdown table)
+
+
+def _needs_run(what: str):
+    def check(base, req) -> None:
+        if base.run is None and (req.data in (None, "validation")) and base.kind == "native":
+            raise ValueError(f"{what}: {req.model} is not a run folder, so it has no validation split: give --data")
+
+    return check
+
+
+def _rows_of(evaluated, records: list[dict]) -> dict:
+    return {e.label: [r for r in records if r["model"] == e.name and r.get("set", "") == e.set] for e in evaluated}
+
+
+# --------------------------------------------------------------------------- documents
+
+
+def documents(base, spec: str, n: int) -> list[tuple[str, str]]:
+    """(name, text) of the n longest documents of --data: the run's
+    validation split, the held-out plays, the held-out essays joined in n
+    seeded orders, or any data.source (latte/data/corpus.py)."""
+    if spec == "essays":
+        return [(f"essays-order-{i}", haystack_text(eval_essays(), seed=i)) for i in range(n)]
+    if spec == "validation":
+        if base.run is None:
+            raise ValueError(f"--data validation: {base.source} is not a run folder; name a corpus with --data")
+        docs = split_corpus(base.run.config)[1]
+    else:
+        docs = eval_plays() if spec == "plays" else load_documents(spec)
+    return [(d.name, d.text) for d in sorted(docs, key=lambda d: -len(d.text))[:n]]
+
+
+def _default_data(base) -> str:
+    return "validation" if base.run is not None else "plays"
+
+
+# --------------------------------------------------------------------------- ppl
+
+
+def _ppl_check(base, req) -> None:
+    if req.multiples and base.kind != "native":
+        raise ValueError(f"--multiples: for native runs (a training length); give {req.model} --lengths in tokens")
+    _needs_run("ppl")(base, req)
+
+
+def _ppl_run(ctx, evaluated):
+    if ctx.base.kind == "native":
+        return _native_ppl(ctx, evaluated)
+    return _document_ppl(ctx, evaluated)
+
+
+def _native_tokens(ctx):
+    """The tokens a native model is scored on, and its training length."""
+    base, req = ctx.base, ctx.req
+    train_len = base.run.config.data.seq_len if base.run is not None else base.model.config.max_position_embeddings
+    if (req.data or "validation") == "validation":
+        return pack_split(base.run.config, base.tokenizer, "validation"), train_len
+    ids = []
+    for _, text in documents(base, req.data, req.documents):
+        ids += base.tokenizer.encode(text) + [base.tokenizer.eos_id]
+    return torch.tensor(ids), train_len
+
+
+def _native_ppl(ctx, evaluated):
+    """Perplexity by position at each length, all on the same tokens."""
+    req = ctx.req
+    tokens, train_len = _native_tokens(ctx)
+    lengths = req.lengths or tuple(m * train_len for m in (req.multiples or NATIVE_MULTIPLES))
+    longest = max(lengths)
+    span = (min(len(tokens) - 1, max(req.max_tokens, longest)) // longest) * longest
+    if span == 0:
+        raise ValueError(
+            f"--lengths: the evaluated text has {len(tokens)} tokens; the longest length needs {longest + 1}"
+        )
+    cells = [{**e.cell(), "seq_len": L} for e in evaluated for L in lengths]
+    options = {"data": req.data or "validation", "lengths": list(lengths), "tokens": span}
+
+    def cell_fn(cell: dict) -> dict:
+        with _of(evaluated, cell).use() as model:
+            batch = max(1, req.batch_size * train_len // cell["seq_len"])
+            r = extrapolation(model, tokens[: span + 1], train_len=cell["seq_len"], multiples=[1], batch_size=batch)[0]
+        if "error" in r:
+            return {"error": r["error"]}
+        buckets = {f"ppl_{b['bucket']}": b["ppl"] for b in r["buckets"]}
+        return {"tokens": r["tokens"], "ppl": r["ppl"], "multiple": cell["seq_len"] / train_len, **buckets}
+
+    records = ctx.sweep("ppl", cells, options).run(cell_fn, desc="ppl")
+    return records, _native_table(evaluated, records)
+
+
+def _native_table(evaluated, records) -> str:
+    buckets = sorted({k for r in records for k in r if k.startswith("ppl_")}, key=lambda k: int(k[4:].split("-")[0]))
+    rows = []
+    for name, rs in _rows_of(evaluated, records).items():
+        for r in rs:
+            if "error" in r:
+                rows.append([name, str(r["seq_len"]), "not applicable: " + r["error"]] + [""] * (len(buckets) + 1))
+                continue
+            rows.append([name, str(r["seq_len"]), f"{r['tokens']:,}", f"{r['ppl']:.2f}"] + _cells(r, buckets))
+    head = ["model", "length", "tokens", "ppl"] + [f"positions {b[4:]}" for b in buckets]
+    note = "\n\n(perplexity by position within each window; the same tokens at every length)"
+    return md_table(head, rows) + note
+
+
+def _cells(r: dict, buckets: list[str]) -> list[str]:
+    return [f"{r[b]:.2f}" if b in r else "" for b in buckets]
+
+
+def _document_ppl(ctx, evaluated):
+    """Per-token loss of every model over each document, read to the
+    longest length; perplexity over the first C tokens at each length C."""
+    req, base = ctx.req, ctx.base
+    lengths = req.lengths or DOCUMENT_LENGTHS
+    data = req.data or _default_data(base)
+    docs = {name: base.bos + base.tokenizer.encode(text) for name, text in documents(base, data, req.documents)}
+    docs = {name: torch.tensor(ids[: max(lengths) + 1]) for name, ids in docs.items()}
+    cells = [{**e.cell(), "document": name, "max_context": max(lengths)} for e in evaluated for name in docs]
+    options = {"data": data, "documents": req.documents, "bos": len(base.bos)}
+
+    def cell_fn(cell: dict) -> dict:
+        e = _of(evaluated, cell)
+        nll = document_nll(e, docs[cell["document"]])
+        return {"tokens": int(nll.shape[0]), "nll": ",".join(f"{x:.5f}" for x in nll.tolist())}
+
+    cells_done = ctx.sweep("ppl", cells, options, fields=("nll",)).run(cell_fn, desc="ppl")
+    records = []
+    for e in evaluated:
+        mine = [c for c in cells_done if e.cell().items() <= c.items()]
+        nlls = [torch.tensor([float(x) for x in c["nll"].split(",")], dtype=torch.float64) for c in mine]
+        for row in perplexities(nlls, contexts=lengths):
+            records.append({"model": e.name, **({"set": e.set} if e.set else {}), **row})
+    rows = [
+        [
+            name,
+            f"{r['context']:,}",
+            str(r["documents"]),
+            f"{r['tokens']:,}",
+            f"{r['ppl']:.2f}",
+            f"{r['bucket_ppl']:.2f}",
+        ]
+        for name, rs in _rows_of(evaluated, records).items()
+        for r in rs
+    ]
+    table = md_table(["model", "context", "documents", "tokens", "ppl (first C tokens)", "ppl of [C/2, C)"], rows)
+    return records, table + f"\n\n(--data {data}: documents read to {max(lengths):,} tokens)"
+
+
+def _of(evaluated, cell: dict):
+    """The model a cell names (the longest match: a set subject's cell also
+    holds the fields of the model without the set)."""
+    return max((e for e in evaluated if e.cell().items() <= cell.items()), key=lambda e: len(e.cell()))
+
+
+class _AsOriginal:
+    """A transformers causal LM seen as long_context's `converted` argument."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def as_original(self):
+        import contextlib
+
+        return contextlib.nullcontext(self.model)
+
+
+@torch.no_grad()
+def document_nll(e, ids: torch.Tensor) -> torch.Tensor:
+    """Per-token loss [T - 1] of one model over ids [T]: the original (or a
+    Hugging Face model) through its KV cache, a converted or window model
+    through its constant-size cache, a native model in one forward."""
+    if e.subject.kind == "hf":
+        return original_nll(_AsOriginal(e.subject.model), ids).nll
+    if e.mode == "original":
+        return original_nll(e.subject.model, ids).nll
+    if e.subject.kind == "native":
+        logits = e.subject.model(ids[None, :-1])
+        logits = getattr(logits, "logits", logits)
+        return torch.nn.functional.cross_entropy(logits[0].double(), ids[1:], reduction="none")
+    with e.use() as model:
+        return converted_nll(model, ids, contexts=()).nll
+
+
+# --------------------------------------------------------------------------- needle
+
+
+def _needle_check(base, req) -> None:
+    if base.kind == "native":
+        raise ValueError(
+            f"--suite needle: for converted and Hugging Face models (decoding through a transformers cache); "
+            f"{req.model} is a native latte model: evaluate its export (latte export) instead"
+        )
+
+
+def _needle_run(ctx, evaluated):
+    req, base = ctx.req, ctx.base
+    tok, bos, essays = base.tokenizer, base.bos, eval_essays()
+    hay = {}
+    for i in range(req.trials):
+        ids = tok.encode(haystack_text(essays, seed=i))
+        hay[i] = (bos + ids, [False] * len(bos) + sentence_ends(tok, ids))
+    contexts = req.lengths or DOCUMENT_LENGTHS
+    keys = [(c, d, i) for c in contexts for d in NEEDLE_DEPTHS for i in range(req.trials)]
+    prompts = {
+        k: needle_prompt(tok, *hay[k[2]], k[0], k[1], make_key(f"{k[0]}-{k[1]}-{k[2]}"), keep=len(bos)) for k in keys
+    }
+    order = sorted(keys, key=lambda k: (k[2], prompts[k].needle_start, k[0]))
+    cells = [{**e.cell(), "context": c, "depth": d, "trial": i} for e in evaluated for c, d, i in order]
+    feeders: dict = {}
+
+    def cell_fn(cell: dict) -> dict:
+        e, load0 = _of(evaluated, cell), os.getloadavg()[0]
+        prompt = prompts[(cell["context"], cell["depth"], cell["trial"])]
+        with e.use() as model:
+            feeder = None
+            if e.subject.kind == "converted" and e.mode != "original":  # constant-size states: copies are cheap
+                key = (id(e), cell["trial"])
+                if key not in feeders:
+                    feeders.clear()
+                    feeders[key] = PrefixFeeder(model, hay[cell["trial"]][0])
+                feeder = feeders[key]
+            return {**run_trial(model, tok, prompt, feeder=feeder), "load": round(load0, 2)}
+
+    options = {"depths": list(NEEDLE_DEPTHS), "trials": req.trials, "bos": len(bos)}
+    done = ctx.sweep("needle", cells, options, fields=("correct", "answer")).run(cell_fn, desc="needle")
+    return _needle_records(evaluated, done, contexts)
+
+
+def _needle_records(evaluated, done, contexts):
+    """One record per (model, context, depth): trials, found, accuracy and
+    its binomial standard error, the needle's mean distance from the question."""
+    records, rows = [], []
+    for e in evaluated:
+        mine = [c for c in done if _of(evaluated, c) is e]
+        row = [e.label]
+        for c in contexts:
+            for d in NEEDLE_DEPTHS:
+                cs = [x for x in mine if x["context"] == c and x["depth"] == d]
+                n, k = len(cs), sum(x["correct"] for x in cs)
+                p = k / max(n, 1)
+                r = {"model": e.name, **({"set": e.set} if e.set else {}), "context": c, "depth": d}
+                r.update(trials=n, found=k, accuracy=p, accuracy_stderr=math.sqrt(p * (1 - p) / max(n, 1)))
+                r["mean_distance"] = sum(x["distance"] for x in cs) / max(n, 1)
+                records.append(r)
+            mine_c = [r for r in records[-len(NEEDLE_DEPTHS) :]]
+            row.append(f"{sum(r['found'] for r in mine_c)}/{sum(r['trials'] for r in mine_c)}")
+        rows.append(row)
+    table = md_table(["model"] + [f"{c:,} tokens" for c in contexts], rows)
+    return records, "Pass keys found (all depths together), by context length:\n\n" + table
+
+
+# --------------------------------------------------------------------------- latents
+
+
+def _latents_check(base, req) -> None:
+    if base.kind != "native":
+        raise ValueError(
+            f"--suite latents: for native Latte / Macchiato models (latent utilisation of latte.layers); "
+            f"{req.model} is a {base.kind} model"
+        )
+    _needs_run("latents")(base, req)
+
+
+def _latents_run(ctx, evaluated):
+    """Per model, layer and head: the entropy of the average p(l|t),
+    effective latents, used fraction, p(window|t); a heat map per model."""
+    req = ctx.req
+    tokens, train_len = _native_tokens(ctx)
+    windows = subset(TokenWindows(tokens, train_len), max(1, req.max_tokens // train_len))
+    cells = [e.cell() for e in evaluated]
+
+    def cell_fn(cell: dict) -> dict:
+        with _of(evaluated, cell).use() as model:
+            return {"report": latent_utilisation(model, windows, batch_size=req.batch_size)}
+
+    options = {"data": req.data or "validation", "windows": len(windows), "seq_len": train_len}
+    done = ctx.sweep("latents", cells, options, fields=("report",)).run(cell_fn, desc="latents")
+    records, tables = [], []
+    for e in evaluated:
+        report = next(c["report"] for c in done if _of(evaluated, c) is e)
+        png = ctx.out / f"latents-{e.name}{'-' + str(evaluated.index(e)) if e.set else ''}.png"
+        plot_latents(report, png, title=f"{e.label}, {report['tokens']:,} tokens")
+        tables.append(f"{e.label} ({report['tokens']:,} tokens):\n\n{latents_table(report)}")
+        for layer in report["layers"]:
+            for h in layer["heads"]:
+                flat = {k: v for k, v in h.items() if not isinstance(v, list)}
+                records.append({"model": e.name, **({"set": e.set} if e.set else {}), "layer": layer["layer"], **flat})
+    return records, "\n\n".join(tables)
+
+
+SUITES = {
+    "ppl": Suite(_ppl_check, _ppl_run),
+    "needle": Suite(_needle_check, _needle_run),
+    "latents": Suite(_latents_check, _latents_run),
+}

@@ -1,0 +1,215 @@
+"""`latte eval MODEL` (latte/eval/runner.py): a tiny random Llama converted
+in 2 steps with `latte convert`, exported, and evaluated as a run, as its
+export and as a Hugging Face folder; a tiny native run through the same
+front door; resumable cells under the one reuse rule; refusals exit 2."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from latte.cli import main
+from tests.train.runs import train_tiny_run
+
+pytest.importorskip("transformers")
+
+CONVERT = [
+    "--config=convert/quick",
+    "--data.source=pydoc",
+    "--data.seq_len=64",
+    "--data.val_windows=2",
+    "--conversion.window_size=16",
+    "--conversion.latents_per_head=4",
+    "--conversion.lora_rank=0",
+    "--conversion.chunk_size=16",
+    "--train.steps=2",
+    "--optim.warmup_steps=1",
+    "--optim.grad_accum=1",
+    "--train.global_batch_size=2",
+    "--train.save_every=2",
+    "--train.eval_batches=1",
+    "--train.sample_tokens=4",
+    "--train.num_threads=1",
+    "--train.tensorboard=false",
+]
+PPL = ["--suite", "ppl", "--lengths", "32,64", "--data", "pydoc", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """(base HF folder, converted run, its export) of a tiny random Llama
+    whose tokenizer is a 300-token BPE of Python's help text."""
+    import transformers
+
+    from latte.data import load_documents, train_bpe
+    from latte.models.pretrained import transformers_tokenizer
+
+    root = tmp_path_factory.mktemp("eval-runner")
+    tok = train_bpe((d.text for d in load_documents("pydoc")[:40]), vocab_size=300)
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    transformers.LlamaForCausalLM(cfg).save_pretrained(root / "base")
+    transformers_tokenizer(tok).save_pretrained(root / "base")
+    run, exported = root / "run", root / "exported"
+    args = [f"--base.path={root / 'base'}", f"--train.run_dir={run}", f"--data.cache_dir={root / 'cache'}"]
+    assert main(["convert", *CONVERT, *args]) == 0
+    assert main(["export", str(run), str(exported)]) == 0
+    return root / "base", run, exported
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    """A tiny native run (the tiny config, 4 steps)."""
+    return train_tiny_run(tmp_path_factory.mktemp("eval-native"))
+
+
+def _results(folder):
+    return json.loads((folder / "results.json").read_text())
+
+
+def _ppl(results, model, context, set_=""):
+    (r,) = [
+        r
+        for r in results["records"]
+        if r["model"] == model and r["context"] == context and r.get("set", "") == set_ and r["suite"] == "ppl"
+    ]
+    return r["ppl"]
+
+
+def _reference_ppl(base_dir, context: int) -> float:
+    """The base model's perplexity over the first `context` predicted tokens
+    of the 2 longest pydoc documents, from one float64 forward each."""
+    import transformers
+
+    from latte.data import load_documents, load_tokenizer
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(base_dir).double().eval()
+    tok = load_tokenizer(base_dir / "tokenizer.json")
+    docs = sorted(load_documents("pydoc"), key=lambda d: -len(d.text))[:2]
+    total = count = 0.0
+    for d in docs:
+        ids = torch.tensor(tok.encode(d.text)[: context + 1])
+        with torch.no_grad():
+            logits = model(ids[None, :-1]).logits[0]
+        total += float(torch.nn.functional.cross_entropy(logits, ids[1:], reduction="sum"))
+        count += context
+    return math.exp(total / count)
+
+
+def test_eval_of_a_converted_run_and_its_export(converted, capsys):
+    base, run, exported = converted
+    assert main(["eval", str(run), *PPL, "--against", "original,window"]) == 0
+    assert main(["eval", str(exported), *PPL, "--against", "original,window"]) == 0
+    a, b = _results(run / "eval"), _results(exported / "eval")
+    for res in (a, b):
+        assert {"command", "machine", "threads", "load", "wall_s", "inputs"} <= res.keys()
+        assert res["threads"] == 1 and len(res["inputs"]["model"]) == 64 and res["kind"] == "converted"
+        assert {(r["model"], r["context"]) for r in res["records"]} == {
+            (m, c) for m in ("converted", "original", "window") for c in (32, 64)
+        }
+    for m in ("converted", "original", "window"):  # the export holds the run's weights
+        assert _ppl(a, m, 64) == pytest.approx(_ppl(b, m, 64), rel=1e-9)
+    for c in (32, 64):  # the original is the base model itself
+        assert _ppl(a, "original", c) == pytest.approx(_reference_ppl(base, c), rel=1e-4)
+    md = (run / "eval" / "results.md").read_text()
+    assert "Command: `latte eval" in md and "window + 4 sinks" in md and "| original | 64 |" in md
+    # the base folder itself: a Hugging Face model, the same numbers as the original
+    assert main(["eval", str(base), *PPL, "--out", str(base.parent / "base-eval")]) == 0
+    hf = _results(base.parent / "base-eval")
+    assert hf["kind"] == "hf" and _ppl(hf, "model", 64) == pytest.approx(_ppl(a, "original", 64), rel=1e-6)
+
+
+def test_a_second_eval_reuses_the_cells_and_a_changed_input_is_refused(converted, tmp_path, capsys):
+    _, run, _ = converted
+    out = tmp_path / "ev"
+    assert main(["eval", str(run), *PPL, "--against", "original", "--out", str(out)]) == 0
+    cells = sorted((out / "cells-ppl" / "cells").glob("*.json"))
+    assert len(cells) == 4  # 2 models x 2 documents
+    # a reused cell is read, not recomputed: a planted loss shows in the results
+    planted = json.loads(cells[0].read_text())
+    planted["nll"] = ",".join(["0.00000"] * planted["tokens"])
+    cells[0].write_text(json.dumps(planted))
+    capsys.readouterr()
+    assert main(["eval", str(run), *PPL, "--against", "original", "--out", str(out)]) == 0
+    assert "4 of 4 cells already done" in capsys.readouterr().err
+    assert _ppl(_results(out), planted["model"], 32) < _ppl(_results(run / "eval"), planted["model"], 32)
+    # another --documents is another protocol: the cells are kept and the command refused
+    before = {p: p.read_text() for p in cells}
+    assert main(["eval", str(run), *PPL, "--against", "original", "--documents", "1", "--out", str(out)]) == 2
+    assert "another protocol" in capsys.readouterr().err
+    assert {p: p.read_text() for p in cells} == before
+
+
+def test_cells_written_by_the_laboratory_before_the_move_are_reused(tmp_path):
+    """A cell file written through experiments.common.cells (the rule's old
+    home) is read back by the package's Sweep, and the other way round."""
+    from experiments.common.cells import Sweep as LabSweep
+    from latte.eval.cells import Sweep
+
+    protocol = {"suite": "ppl", "inputs": {"model": "0" * 64}}
+    cells = [{"model": "converted", "document": "a"}]
+    LabSweep(tmp_path, cells, protocol=protocol, fields=("ppl",)).run(lambda c: {"ppl": 3.5})
+    again = Sweep(tmp_path, cells, protocol=protocol, fields=("ppl",)).run(lambda c: pytest.fail("recomputed"))
+    assert again == [{"model": "converted", "document": "a", "ppl": 3.5}]
+
+
+def test_an_override_set_is_a_subject_of_its_own(converted, tmp_path):
+    _, run, _ = converted
+    out = tmp_path / "sets"
+    assert main(["eval", str(run), *PPL, "--set", "model.window_size=4", "--out", str(out)]) == 0
+    res = _results(out)
+    assert _ppl(res, "converted", 64, "model.window_size=4") != _ppl(res, "converted", 64)
+    keys = [p.name for p in (out / "cells-ppl" / "cells").glob("*.json")]
+    assert sum("set=model.window_size=4" in k for k in keys) == 2 and len(keys) == 4
+
+
+def test_native_run_through_the_front_door_matches_the_old_form(native, capsys):
+    run = native
+    assert main(["eval", "--run", str(run), "--lengths", "1,2", "--max-tokens", "512"]) == 0
+    assert "deprecated" in capsys.readouterr().err
+    old = json.loads((run / "eval.json").read_text())["results"]
+    assert main(["eval", str(run), "--suite", "ppl,latents", "--multiples", "1,2", "--max-tokens", "512"]) == 0
+    new = _results(run / "eval")["records"]
+    for r in old:
+        (mine,) = [x for x in new if x["suite"] == "ppl" and x["seq_len"] == r["seq_len"]]
+        assert mine["ppl"] == pytest.approx(r["ppl"], rel=1e-12) and mine["tokens"] == r["tokens"]
+    heads = [x for x in new if x["suite"] == "latents"]
+    assert heads and all(1 <= h["effective_latents"] <= h["num_latents"] for h in heads)
+    assert list((run / "eval").glob("latents-*.png")) or "matplotlib" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--suite", "bleu"], "--suite 'bleu': expected a comma-separated subset of ppl,needle,latents"),
+        (["--lengths", "1x"], "--lengths '1x'"),
+        (["--against", "original"], "only for converted models"),
+        (["--suite", "needle"], "--suite needle: for converted and Hugging Face models"),
+    ],
+)
+def test_refusals_exit_2_naming_the_flag(args, message, native, capsys):
+    assert main(["eval", str(native), *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_models_a_suite_cannot_take_exit_2(converted, tmp_path, capsys):
+    base, run, exported = converted
+    assert main(["eval", str(run), "--suite", "latents"]) == 2
+    assert "--suite latents: for native Latte / Macchiato models" in capsys.readouterr().err
+    assert main(["eval", str(exported), "--set", "model.window_size=4"]) == 2
+    assert "only a run or step folder's config can be overridden" in capsys.readouterr().err
+    assert main(["eval", str(base), "--against", "window"]) == 2
+    assert "only for converted models" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "nothing")]) == 2
+    assert "not a model latte eval can open" in capsys.readouterr().err
