@@ -32,7 +32,7 @@ from pathlib import Path
 
 from experiments import COMMANDS
 from latte.files import atomic_write
-from latte.guard import check_folder, claim_folder
+from latte.guard import check_folder, check_place, claim_folder, written_by
 from latte.reporting import machine_info, update_readme
 
 # the one reuse rule lives in cells.py; these names are re-exported for the sweeps
@@ -65,9 +65,34 @@ def claim_results(out: str | Path, experiment: str, flag: str = "--out", *, crea
     """OUT is a folder `latte experiment EXPERIMENT` may write (latte/guard.py:
     new, empty or its own), else a WriteRefused naming it; with `create`
     (right before the first file is written) created and marked; without
-    (before any work) only checked."""
+    (before any work) only checked. write_results holds it while it writes."""
     writer = f"latte experiment {experiment}"
-    return claim_folder(out, writer, flag=flag) if create else check_folder(out, writer, flag=flag)
+    if not create:
+        return check_folder(out, writer, flag=flag)
+    with claim_folder(out, writer, flag=flag) as folder:
+        return folder
+
+
+def claim_work(folder: str | Path, experiment: str, flag: str = "--work", *, create: bool = False) -> Path:
+    """FOLDER (--work, --runs: run folders and sweep cells) checked like
+    --out (latte/guard.py), before any work and in dry runs: new, empty or
+    written by an experiment (the convert experiments share theirs), or one
+    that holds a sweep's cells already (cells/, .cells/ or cells-*/: a work
+    folder from before they were marked); never a run, a checkpoint, a
+    model's folder or inside one, nor another folder of files (a corpus:
+    cells written there would change its hash). With `create` (right before
+    the first file is written) a new or empty one is created and marked."""
+    path = Path(folder)
+    owner = written_by(path) if path.is_dir() else None
+    if (owner or "").startswith("latte experiment ") or _holds_cells(path):
+        return check_place(path, flag=flag)
+    return claim_results(path, experiment, flag, create=create)
+
+
+def _holds_cells(folder: Path) -> bool:
+    """The folder holds a sweep's cell folders (cells.Sweep's layout)."""
+    names = {p.name for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else set()
+    return bool(names & {"cells", ".cells"}) or any(n.startswith("cells-") for n in names)
 
 
 def check_readme(readme: str | Path | None, names, kind: str = "results") -> None:
@@ -158,7 +183,7 @@ def write_results(
     out = Path(out_dir)
     if not records:  # a stub would replace the published files and README section
         raise ValueError(f"{name}: no records to write; {out} and the README are left as they were")
-    claim_folder(out, writer_of(run["command"]))  # the one write rule (latte/guard.py)
+    check_folder(out, writer_of(run["command"]))  # the one write rule (latte/guard.py), before the checks below
     for r in records:
         bad = [k for k, v in r.items() if isinstance(v, (dict, list))]
         if bad:
@@ -175,13 +200,13 @@ def write_results(
         else f"#### {name}\n\nCommand: `{run['command']}`"
     )
     links = "".join(f"\n\n![{Path(png).stem}]({png})" for png in images)
-    markdown = f"{head}\n\n{tables_md.strip()}\n"
-    atomic_write(out / "results.json", json.dumps(records, indent=1) + "\n")
-    full = markdown.rstrip("\n") + links + "\n"
-    atomic_write(out / "results.md", full)
-    atomic_write(out / "run.json", json.dumps(run, indent=1) + "\n")
-    if readme is not None:
-        update_readme(Path(readme), name, readme_body(full, out, Path(readme)), kind="results")
+    full = f"{head}\n\n{tables_md.strip()}".rstrip("\n") + links + "\n"
+    with claim_folder(out, writer_of(run["command"])):  # held while the three files and the README are written
+        atomic_write(out / "results.json", json.dumps(records, indent=1) + "\n")
+        atomic_write(out / "results.md", full)
+        atomic_write(out / "run.json", json.dumps(run, indent=1) + "\n")
+        if readme is not None:
+            update_readme(Path(readme), name, readme_body(full, out, Path(readme)), kind="results")
     return out
 
 

@@ -76,7 +76,11 @@ def _tests(folder: Path) -> list[str]:
 
 
 def write_report(folder: Path, state: dict | None = None) -> Path:
-    folder = claim_folder(folder, SUITE_WRITER)  # the one write rule (latte/guard.py)
+    with claim_folder(folder, SUITE_WRITER) as folder:  # the one write rule, held while writing (latte/guard.py)
+        return _write_report(folder, state)
+
+
+def _write_report(folder: Path, state: dict | None) -> Path:
     if state is None:
         state = load_state(folder)
     tables = sorted(p.name for p in folder.glob("*.md") if p.name != "README.md")

@@ -171,7 +171,11 @@ def pack(args, todo: list, state: dict) -> Path | None:
     """OUT and the stages' output folders (no data caches) in PACK/gpu-suite.tar.gz, < 16 MiB."""
     if args.pack is None:
         return None
-    claim_folder(args.pack, PACK_WRITER, flag="--pack")
+    with claim_folder(args.pack, PACK_WRITER, flag="--pack"):  # held while writing (latte/guard.py)
+        return _pack(args, todo, state)
+
+
+def _pack(args, todo: list, state: dict) -> Path:
     target = args.pack / "gpu-suite.tar.gz"
     tmp = args.pack / f".gpu-suite.tar.gz.tmp-{os.getpid()}"  # a kill leaves the old tarball or the new one
     extra = [Path(o) for s in todo for o in s.outputs if Path(o).exists()]
@@ -251,15 +255,20 @@ def _stage_record(stage, args, inv: dict, rc: int, killed: bool, limit: float, s
 def run(todo: list, args, argv: list[str], *, require_cuda: bool = True, validate: bool = True) -> int:
     """Every stage of todo that is not done, within args.budget_s. Returns 0
     when it ran (the outcomes are in the records), 2 when it could not start."""
+    t0 = time.monotonic()
+    if args.pack is not None:  # before anything runs: the one write rule (latte/guard.py)
+        check_folder(args.pack, PACK_WRITER, flag="--pack")
+    with claim_folder(args.out, SUITE_WRITER):  # held until the suite ends: one suite at a time in OUT
+        return _run(todo, args, argv, t0, require_cuda=require_cuda, validate=validate)
+
+
+def _run(todo: list, args, argv: list[str], t0: float, *, require_cuda: bool, validate: bool) -> int:
+    """run() with OUT held."""
     import importlib
 
     # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
     from .dryrun import dry_run
 
-    t0 = time.monotonic()
-    if args.pack is not None:  # before anything runs: the one write rule (latte/guard.py)
-        check_folder(args.pack, PACK_WRITER, flag="--pack")
-    claim_folder(args.out, SUITE_WRITER)
     state = load_state(args.out)
     env, inv = _prepare(args, argv, state)
     if args.site.exists() and str(args.site) not in sys.path:

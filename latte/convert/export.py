@@ -1,7 +1,10 @@
 """`latte export` of a conversion (docs/conversion.md §4): a run or step
 folder of `latte convert`, or a converted folder, written as a portable
-converted folder (the base's files bundled, or every tensor). Also the
-destination check every `latte export` runs first (docs/reliability.md §8)."""
+converted folder (the base's files bundled, or every tensor); of a trained
+language model (export_language_model). Also the destination check every
+`latte export` runs first (docs/reliability.md §8). Both write into a
+sibling folder that replaces OUT whole when written, OUT held meanwhile
+(latte/guard.py: claim_folder, staged)."""
 
 from __future__ import annotations
 
@@ -81,8 +84,20 @@ def export_converted(source: str | Path, out: str | Path, *, self_contained: boo
         hf = Path(trained.checkpoint).parent / HF_TOKENIZER_DIR
         own = [trained.checkpoint / n for n in TOKENIZER_FILES if (trained.checkpoint / n).is_file()]
         tokenizer_files = sorted(hf.iterdir()) if hf.is_dir() else own
-    claim_folder(out, EXPORT_WRITER, flag="OUT")
-    export_portable(model, dst, self_contained=self_contained)
-    for f in tokenizer_files:
-        shutil.copy(f, dst / f.name)
+    with claim_folder(out, EXPORT_WRITER, flag="OUT", staged=True) as stage:  # swapped in whole when written
+        export_portable(model, stage, self_contained=self_contained)
+        for f in tokenizer_files:
+            shutil.copy(f, stage / f.name)
     return dst
+
+
+def export_language_model(model, tokenizer, out: str | Path) -> Path:
+    """`latte export` of a trained language model (a LatteForCausalLM and its
+    latte.data tokenizer): OUT gets what transformers loads, written into a
+    sibling folder and swapped in whole, OUT held meanwhile (latte/guard.py).
+    An earlier export's files there are replaced, its bundled base/ included."""
+    from latte.models.pretrained import export_for_transformers  # needs the optional transformers
+
+    with claim_folder(out, EXPORT_WRITER, flag="OUT", staged=True) as stage:
+        export_for_transformers(model, tokenizer, stage)
+    return Path(out).expanduser().resolve()

@@ -200,7 +200,8 @@ def test_check_and_report_regenerate_from_json(tmp_path, monkeypatch):
 
     monkeypatch.setattr(BK, "_fla_error", lambda x: None)
     monkeypatch.setattr(gla, "_kernels", fla_naive)
-    runner.save_state(runner.claim_folder(tmp_path, runner.SUITE_WRITER), {"stages": {}, "invocations": []})
+    with runner.claim_folder(tmp_path, runner.SUITE_WRITER) as folder:
+        runner.save_state(folder, {"stages": {}, "invocations": []})
     res = cuda_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path)])
     rows = {(r["dist"], r["path"], r["dtype"]): r for r in res["results"]}
     assert len(rows) == 12 and not any(r.get("skipped") for r in rows.values())

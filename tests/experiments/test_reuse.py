@@ -45,6 +45,12 @@ def _model_folder(path: Path) -> dict:
 # ---------------------------------------------------------------- the write rule (latte/guard.py)
 
 
+def _claimed(folder, writer: str):
+    """claim_folder's claim alone (the folder held and released at once)."""
+    with claim_folder(folder, writer) as held:
+        return held
+
+
 def test_1_export_into_a_base_model_folder_or_a_foreign_folder_exits_2_and_changes_nothing(tmp_path, capsys):
     base = tmp_path / "base"
     files = _model_folder(base)
@@ -65,18 +71,18 @@ def test_the_guard_accepts_new_empty_and_its_own_folders_only(tmp_path):
     new, empty = tmp_path / "a" / "new", tmp_path / "empty"
     empty.mkdir()
     for folder in (new, empty):
-        claim_folder(folder, "latte export")
+        _claimed(folder, "latte export")
         (folder / "model.safetensors").write_text("x")
         (folder / "config.json").write_text("{}")
-        claim_folder(folder, "latte export")  # an earlier export is replaced by the next one
+        _claimed(folder, "latte export")  # an earlier export is replaced by the next one
         with pytest.raises(WriteRefused, match=r"written by `latte export`"):
-            claim_folder(folder, "latte experiment mqar")
+            _claimed(folder, "latte experiment mqar")
     run = tmp_path / "run"
     (run / "step-00000001").mkdir(parents=True)
     (run / "step-00000001" / "manifest.json").write_text("{}")
     for dest, kind in ((run, "a run folder"), (run / "step-00000001", "a checkpoint"), (run / "x", "a run folder")):
         with pytest.raises(WriteRefused, match=kind):
-            claim_folder(dest, "latte export")
+            _claimed(dest, "latte export")
     assert not (run / "x").exists()
 
 
@@ -128,7 +134,7 @@ def test_8_suite_pack_into_the_project_root_exits_2_before_anything_runs(tmp_pat
     "content, message", [('{"stages": {"check": {', "not valid JSON"), ("[1, 2]", "not a suite record")]
 )
 def test_9_a_damaged_suite_json_is_named_exit_2(tmp_path, capsys, content, message):
-    claim_folder(tmp_path, runner.SUITE_WRITER)
+    _claimed(tmp_path, runner.SUITE_WRITER)
     (tmp_path / "suite.json").write_text(content)
     assert stages.main(["--report-only", "--out", str(tmp_path)]) == 2
     err = _err(capsys)
@@ -609,7 +615,7 @@ def test_training_never_writes_into_a_model_a_checkpoint_or_another_commands_fol
     exits 2 and leaves DIR as it was."""
     folder = tmp_path / "dir"
     if kind == "export":
-        claim_folder(folder, "latte export")
+        _claimed(folder, "latte export")
         for name, text in (("config.json", "{}"), ("model.safetensors", "weights")):
             (folder / name).write_text(text)
     elif kind == "model":
@@ -631,7 +637,7 @@ def test_training_never_writes_into_a_model_a_checkpoint_or_another_commands_fol
 def test_a_suite_record_with_a_bad_wall_time_is_refused_naming_the_file(tmp_path, capsys, value):
     """Row 12's class in the suite's records: a stage's wall time the runner
     formats (`ok earlier (N s)`) is checked when suite.json is read."""
-    claim_folder(tmp_path, runner.SUITE_WRITER)
+    _claimed(tmp_path, runner.SUITE_WRITER)
     text = '{"stages": {"check": {"status": "ok", "wall_s": ' + value + '}}, "invocations": []}'
     (tmp_path / "suite.json").write_text(text)
     assert stages.main(["--report-only", "--out", str(tmp_path)]) == 2
