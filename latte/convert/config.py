@@ -11,9 +11,10 @@ from typing import Any, Literal
 from transformers import AutoConfig, PreTrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
-from latte._checks import is_int, is_real
+from latte._checks import MAX_WINDOW, WINDOW_ALLOWED, is_int, is_real
 from latte.config_io import ConfigErrors, build
 from latte.layers import QK_MIXERS
+from latte.ops.window.memory import MAX_MEMORY_SLOTS, MEMORY_RULES
 
 MIXES = ("joint", "gate")
 
@@ -40,6 +41,11 @@ class ConversionConfig:
         are scored as if they sat just before the window, at a fixed
         distance, as StreamingLLM counts positions inside its cache:
         docs/math.md §4.1).
+    memory_slots, memory_rule: up to memory_slots exact tokens beyond the
+        window per layer and key/value head, chosen by memory_rule
+        (docs/math.md §4.2); 0 = none. Nothing is trained for them, so they
+        can be set on a converted model afterwards (`--set
+        conversion.memory_slots=64`).
     latents_per_head: L, new latent states per query head.
     qk_mixer, conv_size: the latent branch's input mixer (latte.layers.QKMixer).
     mix: "joint" (one normaliser over window scores and latent logits) or "gate".
@@ -52,6 +58,8 @@ class ConversionConfig:
     window_size: int = 128
     num_sinks: int = 4  # measured: results/convert-sinks (docs/conversion.md §8)
     sink_positions: Literal["absolute", "cache"] = "absolute"
+    memory_slots: int = 0
+    memory_rule: Literal[MEMORY_RULES] = "recall"
     latents_per_head: int = 32
     qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] = "conv"
     conv_size: int = 4
@@ -66,12 +74,18 @@ class ConversionConfig:
         for name in ("window_size", "latents_per_head", "conv_size", "chunk_size"):
             v = getattr(self, name)
             e.check(is_int(v) and v >= 1, name, v, "an integer >= 1")
+        v = self.window_size
+        if is_int(v) and v >= 1:
+            e.check(v <= MAX_WINDOW, "window_size", v, WINDOW_ALLOWED)
         e.check(
             is_int(self.lora_rank) and self.lora_rank >= 0, "lora_rank", self.lora_rank, "an integer >= 0 (0 = off)"
         )
         e.check(
             is_int(self.num_sinks) and self.num_sinks >= 0, "num_sinks", self.num_sinks, "an integer >= 0 (0 = none)"
         )
+        slots, allowed = self.memory_slots, f"an integer in [0, {MAX_MEMORY_SLOTS}] (0 = none)"
+        e.check(is_int(slots) and 0 <= slots <= MAX_MEMORY_SLOTS, "memory_slots", slots, allowed)
+        e.check(self.memory_rule in MEMORY_RULES, "memory_rule", self.memory_rule, f"one of {MEMORY_RULES}")
         positions = self.sink_positions
         e.check(positions in SINK_POSITIONS, "sink_positions", positions, f"one of {SINK_POSITIONS}")
         e.check(self.qk_mixer in QK_MIXERS, "qk_mixer", self.qk_mixer, f"one of {QK_MIXERS}")

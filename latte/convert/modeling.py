@@ -106,6 +106,7 @@ def patch_attention(model: nn.Module, conversion: ConversionConfig) -> list[Conv
             lora_rank=conversion.lora_rank,
             lora_alpha=conversion.lora_alpha,
         )
+        layer.self_attn.use_memory(conversion.memory_slots, conversion.memory_rule, layer_index=i)
         new.append(layer.self_attn)
     return new
 

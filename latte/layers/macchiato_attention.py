@@ -35,6 +35,7 @@ from torch import nn
 from latte._checks import check_positive_int
 from latte.ops import MacchiatoState, latte_causal, macchiato, macchiato_step
 from latte.ops.macchiato import MIXES
+from latte.ops.window.memory import Memory, check_memory, layer_seed
 from latte.ops.window.sinks import check_num_sinks
 
 from ._checks import (
@@ -86,6 +87,16 @@ class MacchiatoCore(nn.Module):
     """
 
     latent_only = False
+    memory = None  # Memory(slots, rule, seed') or None: the memory slots (use_memory)
+    memory_mark = None  # [B, T] bool: the tokens rule "oracle" keeps, for a full-sequence forward
+
+    def use_memory(self, slots: int, rule: str = "recall", *, layer_index: int = 0, seed: int = 0) -> None:
+        """Keep up to `slots` exact tokens beyond the window per KV head, chosen
+        by `rule` (docs/math.md §4.2); 0 = none, the layer as before, bit for
+        bit. The rule's seed is hash(seed) + layer_index (rule "random")."""
+        memory = Memory(slots, rule, layer_seed(seed, layer_index))
+        check_memory(memory)
+        self.memory = memory if slots else None
 
     def add_latent_branch(
         self,
@@ -149,6 +160,11 @@ class MacchiatoCore(nn.Module):
             return self.latents_alone(a, b, v, mask=mask, state=state, backend=window.get("backend")), None, conv, h
         prev = None if state is None else state.attn
         window.update(window_size=self.window_size, num_sinks=self.num_sinks, mix=self.mix, beta=self.beta)
+        mark = None
+        if self.memory is not None:
+            window.update(memory=self.memory)
+            mark = self.memory_mark if self.memory.rule == "oracle" else None
+            mark = mark if mark is not None and tuple(mark.shape) == tuple(a.shape[:2]) else None
         if x.shape[1] == 1 and keep_state:  # decoding: one constant-time step
             y, attn = macchiato_step(
                 a[:, 0],
@@ -175,6 +191,7 @@ class MacchiatoCore(nn.Module):
             initial_state=prev,
             output_final_state=keep_state,
             sink_q=sink_q,
+            memory_mark=mark,
             **window,
         )
         return y, attn, conv, h
@@ -205,6 +222,23 @@ def latent_branch_only(model: nn.Module):
     finally:
         for m, s in zip(layers, saved):
             m.latent_only = s
+
+
+@contextlib.contextmanager
+def memory_marks(model: nn.Module, mark: torch.Tensor | None):
+    """Inside the block, every Macchiato layer of `model` with memory rule
+    "oracle" keeps the tokens where mark [B, T] is True (a full-sequence or
+    prefill call of that shape; docs/math.md §4.2, for diagnosis: e.g. a
+    retrieval prompt's needle); restored after, also on an error."""
+    layers = [m for m in model.modules() if isinstance(m, MacchiatoCore)]
+    saved = [m.memory_mark for m in layers]
+    try:
+        for m in layers:
+            m.memory_mark = mark
+        yield model
+    finally:
+        for m, s in zip(layers, saved):
+            m.memory_mark = s
 
 
 class MacchiatoAttention(MacchiatoCore):

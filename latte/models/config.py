@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from latte.ops.macchiato import MIXES
+from latte.ops.window.memory import MAX_MEMORY_SLOTS, MEMORY_RULES
 
-from .._checks import is_int
+from .._checks import MAX_WINDOW, WINDOW_ALLOWED, is_int
 from ..config_io import ConfigError, ConfigErrors
 from ..files import atomic_write
 from ..layers import QK_MIXERS
@@ -52,6 +53,11 @@ class LatteConfig:
     num_sinks: "macchiato" only: the first num_sinks tokens stay visible to
         every query next to its window (attention sinks, docs/math.md §4.1);
         0 (default) = the window alone.
+    memory_slots, memory_rule: "macchiato" only: up to memory_slots exact
+        tokens beyond the window per layer and key/value head, chosen by
+        memory_rule (docs/math.md §4.2); 0 (default) = none, the model as
+        without the fields, bit for bit. Settable on a saved model without
+        retraining (`--set model.memory_slots=64`).
     mlp: "swiglu", "gelu", or "none" for attention-only blocks (no MLP and no
         second norm: the 2-layer models of the Zoology MQAR sweeps).
     ffn_dim: MLP hidden width; None derives it from mlp_ratio: mlp_ratio * dim
@@ -75,6 +81,8 @@ class LatteConfig:
     mixer: Mixer | list[Mixer] = "latte"
     window_size: int = 128
     num_sinks: int = 0
+    memory_slots: int = 0
+    memory_rule: Literal[MEMORY_RULES] = "recall"  # defined by latte.ops.window.memory
     mix: Literal[MIXES] = "joint"  # ("joint", "gate"), defined by latte.ops.macchiato
     qk_mixer: Literal[QK_MIXERS] | None = None  # ("none", "conv", "rglru", "conv_rglru")
     linear_qk_mixer: Literal[QK_MIXERS] = "none"
@@ -235,6 +243,7 @@ _INT_FIELDS = (
 _FLOAT_FIELDS = ("rope_theta", "mlp_ratio", "norm_eps", "dropout", "initializer_range")
 _CHOICES = {
     "mix": MIXES,
+    "memory_rule": MEMORY_RULES,
     "qk_mixer": QK_MIXERS,
     "linear_qk_mixer": QK_MIXERS,
     "mlp": ("swiglu", "gelu", "none"),
@@ -260,6 +269,9 @@ def _check_types(cfg: LatteConfig, errs: ConfigErrors) -> set[str]:
     v = cfg.num_sinks
     if errs.check(_is_int(v), "num_sinks", v, "an integer >= 0"):
         errs.check(v >= 0, "num_sinks", v, "an integer >= 0")
+    v, allowed = cfg.memory_slots, f"an integer in [0, {MAX_MEMORY_SLOTS}] (0 = no memory slots)"
+    if errs.check(_is_int(v), "memory_slots", v, allowed):
+        errs.check(0 <= v <= MAX_MEMORY_SLOTS, "memory_slots", v, allowed)
     for name in ("num_kv_heads", "ffn_dim"):
         v = getattr(cfg, name)
         if v is not None and errs.check(_is_int(v), name, v, "None or an integer >= 1"):
@@ -314,6 +326,9 @@ def _check_ranges(cfg: LatteConfig, errs: ConfigErrors, bad: set[str]) -> None:
         )
     if cfg.causal is False:
         _check_bidirectional(cfg, errs, ok, mixers)
+    if ok("memory_slots") and cfg.memory_slots:
+        errs.check("macchiato" in mixers, "memory_slots", cfg.memory_slots, "0 without a 'macchiato' layer")
+    _check_window(cfg, errs, ok, mixers)
     for name, cond, allowed in (
         ("rope_theta", lambda v: v > 0, "> 0"),
         ("mlp_ratio", lambda v: v > 0, "> 0"),
@@ -323,6 +338,19 @@ def _check_ranges(cfg: LatteConfig, errs: ConfigErrors, bad: set[str]) -> None:
     ):
         if ok(name):
             errs.check(cond(getattr(cfg, name)), name, getattr(cfg, name), allowed)
+
+
+def _check_window(cfg: LatteConfig, errs: ConfigErrors, ok: Callable[..., bool], mixers: set[str]) -> None:
+    """window_size at most MAX_WINDOW; with learned positions, at most
+    max_position_embeddings when a layer has a window (no sequence is longer)."""
+    if not ok("window_size"):
+        return
+    errs.check(cfg.window_size <= MAX_WINDOW, "window_size", cfg.window_size, WINDOW_ALLOWED)
+    learned = cfg.position_embedding == "learned" and ok("max_position_embeddings")
+    if learned and mixers & {"macchiato", "swa"}:
+        limit = cfg.max_position_embeddings
+        allowed = f"<= max_position_embeddings ({limit}) with learned positions: no sequence is longer"
+        errs.check(cfg.window_size <= limit, "window_size", cfg.window_size, allowed)
 
 
 def _check_bidirectional(cfg: LatteConfig, errs: ConfigErrors, ok: Callable[..., bool], mixers: set[str]) -> None:

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .._checks import values_readable
 from ..layers import (
     LatteAttention,
     LinearAttention,
@@ -60,9 +61,11 @@ from .config import LatteConfig
 INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
-def value_checks(enabled: bool) -> bool:
-    """Whether value checks (host syncs) run: enabled and not compiling."""
-    return enabled and not torch.compiler.is_compiling()
+def value_checks(enabled: bool, *tensors: torch.Tensor) -> bool:
+    """Whether value checks (host syncs) run: enabled, and values readable
+    (latte._checks.values_readable: not compiling, not capturing a CUDA
+    graph, no meta tensor among `tensors`)."""
+    return enabled and values_readable(*tensors)
 
 
 def check_input_ids(input_ids, vocab_size: int, *, values: bool = True) -> tuple[int, int]:
@@ -74,7 +77,7 @@ def check_input_ids(input_ids, vocab_size: int, *, values: bool = True) -> tuple
         raise ValueError(f"input_ids: expected an integer dtype (torch.long), got {input_ids.dtype}")
     if input_ids.dim() != 2 or input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
         raise ValueError(f"input_ids: expected shape [B, T >= 1] with B >= 1, got {tuple(input_ids.shape)}")
-    if values and input_ids.numel():
+    if values and input_ids.numel() and values_readable(input_ids):
         lo, hi = torch.aminmax(input_ids)
         lo, hi = int(lo), int(hi)  # one host sync for both
         if lo < 0 or hi >= vocab_size:
@@ -99,14 +102,14 @@ def check_attention_mask(attention_mask, shape: tuple[int, int], *, values: bool
     if m.dtype != torch.bool:
         if m.dtype not in INT_DTYPES:
             raise ValueError(f"attention_mask: expected bool or 0/1 integers (1 = real token), got dtype {m.dtype}")
-        if values:
+        if values and values_readable(m):
             bad = m[(m != 0) & (m != 1)]
             if bad.numel():
                 raise ValueError(
                     f"attention_mask: expected bool or 0/1 integers (1 = real token), found value {int(bad[0])}"
                 )
         m = m != 0
-    return None if values and bool(m.all()) else m
+    return None if values and values_readable(m) and bool(m.all()) else m
 
 
 def check_inputs(
@@ -261,6 +264,8 @@ class Block(nn.Module):
         super().__init__()
         self.mixer_norm = build_norm(config)
         self.mixer = build_mixer(config, config.mixers[layer_idx])
+        if config.memory_slots and isinstance(self.mixer, MacchiatoAttention):  # docs/math.md §4.2
+            self.mixer.use_memory(config.memory_slots, config.memory_rule, layer_index=layer_idx)
         has_mlp = config.mlp != "none"
         self.mlp_norm = build_norm(config) if has_mlp else None
         self.mlp = MLP(config) if has_mlp else None
@@ -315,7 +320,7 @@ class LatteModel(nn.Module):
         (ids are checked against the embedding's size, so a resized embedding
         is honoured); returns the bool mask, or None for no padding."""
         vocab = self.embed.num_embeddings
-        return check_inputs(input_ids, attention_mask, vocab, values=value_checks(self.validate_inputs))[2]
+        return check_inputs(input_ids, attention_mask, vocab, values=value_checks(self.validate_inputs, input_ids))[2]
 
     def forward(
         self,
@@ -339,7 +344,7 @@ class LatteModel(nn.Module):
         pos0 = state.pos if state is not None else torch.zeros(B, dtype=torch.long, device=input_ids.device)
         m = torch.ones(B, T, dtype=torch.long, device=input_ids.device) if mask is None else mask.long()
         pos = pos0[:, None] + m.cumsum(1) - m  # [B, T] real tokens before each one: every layer's positions
-        if cfg.position_embedding != "none" and value_checks(self.validate_inputs):
+        if cfg.position_embedding != "none" and value_checks(self.validate_inputs, pos):
             n = int(pos.max()) + 1
             if n > cfg.max_position_embeddings:
                 raise ValueError(

@@ -37,7 +37,15 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import check_cu_seqlens, check_mask, check_positive_int, check_rank, check_shape, state_dtype
+from ._checks import (
+    check_cu_seqlens,
+    check_finite,
+    check_mask,
+    check_positive_int,
+    check_rank,
+    check_shape,
+    state_dtype,
+)
 from ._exp import exp_floor, logsumexp
 from .backend import resolve_latent, resolve_window
 from .latte.causal import LatteState, causal_chunked, causal_step, check_latte_state, fla_chunked
@@ -53,7 +61,14 @@ from .window.memory import (
     memory_step,
 )
 from .window.sinks import SinkState, check_num_sinks, check_sink_state, merge, sink_sequence, sink_step
-from .window.sliding_window import WindowState, check_window, check_window_state, window_blocked, window_step
+from .window.sliding_window import (
+    WindowState,
+    check_window,
+    check_window_state,
+    full_window_state,
+    window_blocked,
+    window_step,
+)
 
 MIXES = ("joint", "gate")
 
@@ -189,8 +204,9 @@ def _window_phase(window, local: _Local, q, k, v, sink_q, mask, win_state, sink_
         )
         y, lse = merge(y, lse, y_s, lse_s)
     if mem is not None:
+        full = full_window_state(win_state, local.window_size)  # the slots align with W - 1 window slots
         y_m, lse_m, mem_state = memory_sequence(
-            q, k, v, mem.q, lse_window, mem.recall_y, mem.mark, mask, win_state, mem.state, lengths, _memory_args(local)
+            q, k, v, mem.q, lse_window, mem.recall_y, mem.mark, mask, full, mem.state, lengths, _memory_args(local)
         )
         y, lse = merge(y, lse, y_m, lse_m)
     return y, lse, new_win, sink_state, mem_state
@@ -210,8 +226,9 @@ def _window_step_phase(local: _Local, q_t, k_t, v_t, sink_q_t, mask_t, win_state
         )
         y, lse = merge(y, lse, y_s, lse_s)
     if mem is not None:
+        full = full_window_state(win_state, W)  # the slots align with W - 1 window slots
         y_m, lse_m, mem_state = memory_step(
-            q_t, k_t, v_t, mem.q, lse_window, mem.recall_y, mem.mark, mask_t, win_state, mem.state, _memory_args(local)
+            q_t, k_t, v_t, mem.q, lse_window, mem.recall_y, mem.mark, mask_t, full, mem.state, _memory_args(local)
         )
         y, lse = merge(y, lse, y_m, lse_m)
     return y, lse, new_win, sink_state, mem_state
@@ -245,6 +262,13 @@ def _sequence(kernels, local: _Local, lengths, beta, mix, a, b, v, q, k, gate, s
     y_lat, lat_state = latents(a, b, v_lat, lat_state, mask)  # latent phase
     y = _mix(y_win, lse, y_lat, a.to(y_lat.dtype), gate, beta, mix)  # mix phase
     return y, MacchiatoState(lat_state, win_state, sink_state, mem_state)
+
+
+def _run(run, tensors, cu_seqlens, mask, initial_state):
+    """`run` (_sequence) over the sequence, or over the documents of a packed one."""
+    if cu_seqlens is not None:
+        return run_packed(run, tensors, cu_seqlens, mask, initial_state)
+    return run(*tensors, mask, initial_state)
 
 
 def macchiato(
@@ -289,31 +313,23 @@ def macchiato(
             its window, under the same normaliser (docs/math.md §4.1).
         sink_q: [B, T, H, E] queries that score the sinks (default q): a
             converted model's queries rotated to one fixed position.
-        memory: Memory(slots, rule, seed) or None: exact keys and values of
-            up to `slots` tokens that have left the window, per KV head,
-            under the same normaliser (docs/math.md §4.2); memory_q [B, T,
-            H, E]: the queries that score them (default q); memory_mark
-            [B, T] bool: the tokens rule "oracle" keeps.
+        memory (Memory or None), memory_q [B, T, H, E] (default q), memory_mark
+            [B, T] bool (rule "oracle"): the memory slots (docs/math.md §4.2).
         mask: [B, T] bool, False for padding.
         chunk_size, initial_state (MacchiatoState), output_final_state,
             cu_seqlens (packed documents, B == 1): as in latte_causal.
         backend: "torch" | "fla" | "auto" | None (latte.ops.backend): "fla"
             runs the latents on fla-core and the window on flex_attention.
-    Returns:
-        (y [B, T, H, D] in v's dtype, MacchiatoState or None)
+    Returns (y [B, T, H, D] in v's dtype, MacchiatoState or None).
     """
     _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, False, softcap, num_sinks, sink_q)
+    check_finite("scale", scale, low=0.0)
     _check_memory(memory, memory_q, memory_mark, q, "")
     lengths = _check_packing(a, k, v, cu_seqlens, initial_state, window_size, num_sinks, memory)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    local = _Local(window_size, scale, num_sinks, softcap, memory, chunk_size)
+    local = _Local(window_size, q.shape[-1] ** -0.5 if scale is None else scale, num_sinks, softcap, memory, chunk_size)
     kernels = _kernels(backend, q, chunk_size, softcap, cached=initial_state is not None)
     run = functools.partial(_sequence, kernels, local, lengths, beta, mix)
-    tensors = (a, b, v, q, k, gate, sink_q, memory_q, memory_mark)
-    if cu_seqlens is not None:
-        y, state = run_packed(run, tensors, cu_seqlens, mask, initial_state)
-    else:
-        y, state = run(*tensors, mask, initial_state)
+    y, state = _run(run, (a, b, v, q, k, gate, sink_q, memory_q, memory_mark), cu_seqlens, mask, initial_state)
     return y.to(v.dtype), (state if output_final_state else None)
 
 
@@ -347,6 +363,7 @@ def macchiato_step(
     (the window is a W - 1 buffer, the sinks num_sinks slots, the memory its
     slots)."""
     _check(a_t, b_t, v_t, q_t, k_t, gate_t, beta, mix, window_size, 1, mask_t, True, softcap, num_sinks, sink_q_t)
+    check_finite("scale", scale, low=0.0)
     _check_memory(memory, memory_q_t, memory_mark_t, q_t, "_t")
     if state is not None:
         _check_state(state, q_t.shape[0], a_t, k_t, v_t, window_size, num_sinks, "state", memory)

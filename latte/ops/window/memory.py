@@ -132,6 +132,14 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
     return (x >> 16) ^ x
 
 
+def layer_seed(seed: int, layer_index: int) -> int:
+    """seed' = hash(seed) + layer index (docs/math.md §4.2), in Python integers."""
+    x = seed & _MASK32
+    for _ in range(2):
+        x = (((x >> 16) ^ x) * _HASH_MUL) & _MASK32
+    return ((x >> 16) ^ x) + layer_index
+
+
 def token_scores(memory: Memory, k, v, recall_y, pos, candidate) -> torch.Tensor:
     """The arrival scores r [B, T, K] of docs/math.md §4.2, -inf for a
     non-candidate; 0 for rule "attention" (its sum is added by the window).
