@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from experiments.common.cells import INPUTS, digest_or_missing, finished_summary, set_aside_changed_run
-from experiments.common.results import Sweep, claim_results, provenance, run_latte, write_results
+from experiments.common.results import Sweep, claim_results, claim_work, provenance, run_latte, write_results
 from latte.data import load_documents, split_documents
 from latte.data.heldout import eval_essays, eval_plays
 from latte.train.manifest import step_dirs
@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--stages {a.stages!r}: expected a comma-separated subset of pilots, curve")
     if "curve" in stages and not a.curve_run:
         raise ValueError("--stages curve needs --curve-run RUN_DIR (the long up-training run)")
+    claim_work(a.runs, "convert-data", "--runs", create=True)  # before any work: the one write rule, as --out
     torch.set_num_threads(a.threads)
     if a.quick:
         quick = argparse.Namespace(runs=a.runs, set=list(a.set))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.common.results import Sweep, check_readme, claim_results, provenance, write_results
+from experiments.common.results import Sweep, check_readme, claim_results, claim_work, provenance, write_results
 from latte.arguments import checked, int_at_least, int_list
 from latte.data.heldout import eval_essays, eval_plays
 from latte.eval.long_context import converted_nll, original_nll
@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     check_readme(a.readme, ["convert-sinks"])
     a.out = a.out or (str(Path(a.runs) / "results") if a.quick else "results/convert-sinks")
     claim_results(a.out, "convert-sinks", create=False)  # before any work: the one write rule (latte/guard.py)
+    claim_work(a.runs, "convert-sinks", "--runs", create=True)
     torch.set_num_threads(a.threads)
     sinks = [int(k) for k in a.sinks.split(",")]
     contexts = sorted(int(c) for c in a.contexts.split(","))

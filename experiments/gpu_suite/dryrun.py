@@ -19,7 +19,10 @@ import io
 import shlex
 from pathlib import Path
 
+from latte.guard import check_folder
+
 from . import machine
+from .state import PACK_WRITER, SUITE_WRITER
 
 BENCH_MODULES = {
     "ops": "latte.bench.ops",
@@ -51,6 +54,33 @@ def _writable(folder: Path) -> str | None:
     return None
 
 
+def folder_problems(args) -> list[str]:
+    """OUT and --pack against the write rule the real run applies first
+    (latte/guard.py), as messages."""
+    found, pack = [], getattr(args, "pack", None)
+    for folder, writer, flag in ((args.out, SUITE_WRITER, "--out"), (pack, PACK_WRITER, "--pack")):
+        try:
+            if folder is not None:
+                check_folder(folder, writer, flag=flag)
+        except ValueError as e:
+            found.append(str(e))
+    return found
+
+
+def _rule(*folders) -> list[str]:
+    """An experiment's folders (flag, folder, "results" or "work", experiment)
+    against the write rule its own main applies before any work."""
+    from experiments.common.results import claim_results, claim_work
+
+    found = []
+    for flag, folder, kind, experiment in folders:
+        try:
+            (claim_work if kind == "work" else claim_results)(folder, experiment, flag, create=False)
+        except ValueError as e:
+            found.append(str(e))
+    return found
+
+
 def _check_bench(name: str, rest: list[str]) -> tuple[list[str], str]:
     if name not in BENCH_MODULES:
         return [f"unknown benchmark {name!r}; expected one of {list(BENCH_MODULES)}"], ""
@@ -80,7 +110,7 @@ def _check_lra(rest: list[str]) -> tuple[list[str], str]:
     args, err = _parse(lra.parse_args, rest)
     if err:
         return [f"latte experiment lra: {err}"], ""
-    problems = [p for p in [_writable(Path(args.out)), _writable(Path(args.work))] if p]
+    problems = _rule(("--out", args.out, "results", lra.NAME), ("--work", args.work, "work", lra.NAME))
     quick = list(lra.QUICK) if args.quick else []
     cfg = None
     for task in args.tasks:
@@ -104,7 +134,11 @@ def _check_lm(rest: list[str]) -> tuple[list[str], str]:
     args, err = _parse(lm.parse_args, rest)
     if err:
         return [f"latte experiment lm-variants: {err}"], ""
-    problems = [p for p in [_writable(Path(args.runs)), _writable(Path(args.results))] if p]
+    problems = _rule(("--runs", args.runs, "work", "lm-variants"))
+    try:  # the result folders of its stages, as its main checks them
+        lm._check_outputs(lm.stage_outputs(args.results, args.plan_.name), args.stages.split(","))
+    except ValueError as e:
+        problems.append(str(e))
     sets = (lm.QUICK_SET if args.quick else []) + args.set
     for v in args.variants.split(","):
         try:
@@ -158,6 +192,9 @@ def dry_run(todo: list, args, *, quiet: bool = False) -> int:
     say(f"latte bench suite --dry-run: {len(todo)} stages, budget {args.budget_s:g} s per invocation")
     absent = [f"{d} ({v})" for d, v in have.items() if v != "found"]
     say("packages not importable here: " + (", ".join(absent) if absent else "none"))
+    for problem in folder_problems(args):  # the real run refuses these before any stage
+        problems += 1
+        say(f"\n[ERROR] {problem}")
     for s in todo:
         bad, detail = check_stage(s)
         needs = [d for d, _, w in machine.REQUIREMENTS if w in s.needs and have[d] != "found"]

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from experiments.common.cells import finished_summary, run_protocol, set_aside_changed_run
-from experiments.common.results import Sweep, check_readme, claim_results, provenance, write_results
+from experiments.common.results import Sweep, check_readme, claim_results, claim_work, provenance, write_results
 from latte.data.lra import listops, load_task, pathfinder
 from latte.reporting import pyplot, save_figure
 from latte.train.checkpoint import find_latest_checkpoint
@@ -596,6 +596,7 @@ def main(argv: list[str]) -> int:
     check_readme(args.readme, [name])
     check_overrides(args, work)
     claim_results(out, NAME, create=False)  # before any work: the one write rule (latte/guard.py)
+    claim_work(work, NAME)  # checked like --out; marked when the first cell runs
     cells = [{"part": "generator", "task": t} for t in args.tasks if "generators" in args.parts and t not in VARIANTS]
     if "train" in args.parts:
         pairs = [(t, m) for t in args.tasks for m in args.mixers if t in MODEL_TASKS.get(m, (t,))]
@@ -613,6 +614,7 @@ def main(argv: list[str]) -> int:
         overrides = cell_overrides(cell, args, work)
         return {"budget": budget, **run_training(cell["task"], cell["mixer"], work, overrides, budget)}
 
+    claim_work(work, NAME, create=not args.report_only)
     sweep = Sweep(work, cells, **sweep_checks(args, work))
     missing = sweep.pending() if args.report_only else []
     records = sweep.records() if args.report_only else sweep.run(run, desc="lra")

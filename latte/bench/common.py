@@ -36,7 +36,7 @@ import torch
 from latte import allocator, reporting
 from latte.arguments import int_at_least
 from latte.files import write_json
-from latte.guard import claim_files
+from latte.guard import check_place, claim_files
 
 DEFAULT_THREADS = 2
 DEFAULT_OUT = "bench-results"
@@ -239,15 +239,41 @@ def add_common_args(p, *, repeats: int = 5) -> None:
     )
 
 
-def claim_outputs(args, command: str, *names: str, suffixes=(".json", ".md", ".png"), create=False) -> None:
+def claim_outputs(
+    args, command: str, *names: str, suffixes=(".json", ".md", ".png"), create=False, sections=None
+) -> None:
     """NAME.json, .md and .png of each name are files `latte bench COMMAND`
     may write in args.out (new, or written by it before), else a WriteRefused
     (exit 2) naming the folder or file: checked before any work, claimed
     (`create=True`: the folder made, the files recorded in its marker) right
-    before writing them. Remembers the writer for write_outputs."""
+    before writing them. Before any work, --readme too (check_readme) for
+    the README sections write_outputs replaces (`sections`, default the
+    names). Remembers the writer for write_outputs."""
     args.writer = f"latte bench {command}"
+    if not create:
+        check_readme(getattr(args, "readme", None), names if sections is None else sections)
     names = [f"{n}{s}" for n in names for s in suffixes]
     claim_files(args.out, args.writer, names, owners=BENCH_FOLDER_OWNERS, flag="--out", create=create)
+
+
+def check_readme(readme, sections) -> None:
+    """--readme before any work: a markdown file outside any run folder,
+    checkpoint or model's folder (latte/guard.py), holding the
+    `<!-- bench:NAME:start -->` and `:end -->` markers of every section the
+    benchmark replaces; else a ValueError (exit 2) naming the file."""
+    if readme is None:
+        return
+    path = Path(readme)
+    check_place(path.parent, flag="--readme")
+    if not path.is_file():
+        raise ValueError(f"--readme {path}: no such file (the repository's is benchmarks/README.md); nothing was run")
+    text = path.read_text(encoding="utf-8")
+    for name in sections:
+        start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+        if start not in text or end not in text:
+            raise ValueError(
+                f"--readme {path}: no {start} ... {end} markers (add them where the table goes); nothing was run"
+            )
 
 
 def write_outputs(args, name: str, res: dict, markdown: str, plot, *, image_in_readme: bool = False) -> None:

@@ -243,7 +243,8 @@ def markdown(res: dict) -> str:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     name = f"check-{args.device}"
-    common.claim_outputs(args, "check", name, suffixes=(".json", ".md"))  # before any work (latte/guard.py)
+    # before any work (latte/guard.py); no README section
+    common.claim_outputs(args, "check", name, suffixes=(".json", ".md"), sections=[])
 
     def save(res):
         common.claim_outputs(args, "check", name, suffixes=(".json", ".md"), create=True)

@@ -143,7 +143,12 @@ def test_of_two_commands_claiming_one_new_folder_at_once_only_one_gets_it(tmp_pa
 
     _racing(monkeypatch)
     folder = tmp_path / "out"
-    a, b = _both(lambda: claim_folder(folder, "latte export"), lambda: claim_folder(folder, "latte experiment mqar"))
+
+    def claim(writer):
+        with claim_folder(folder, writer) as held:
+            return held
+
+    a, b = _both(lambda: claim("latte export"), lambda: claim("latte experiment mqar"))
     assert sorted(type(r).__name__ for r in (a, b)) == ["PosixPath", "WriteRefused"], (a, b)
     winner = "latte export" if isinstance(b, WriteRefused) else "latte experiment mqar"
     assert json.loads((folder / MARKER).read_text()) == {"writer": winner}
@@ -175,10 +180,45 @@ def test_a_marker_write_cut_by_a_kill_neither_blocks_nor_stays_in_the_folder(tmp
     folder.mkdir()
     (folder / f".{MARKER}.tmp-4242").write_text('{"wri')
     check_folder(folder, "latte experiment lra")
-    claim_folder(folder, "latte experiment lra")
+    with claim_folder(folder, "latte experiment lra"):
+        pass
     assert [p.name for p in folder.iterdir()] == [MARKER]
     shared = tmp_path / "bench"
     shared.mkdir()
     (shared / f".{MARKER}.tmp-4242").write_text('{"wri')
     claim_files(shared, "latte bench ops", ["ops.json"], owners=("latte bench",))
     assert [p.name for p in shared.iterdir()] == [MARKER]
+
+
+@pytest.mark.parametrize(
+    "module, argv",
+    [("benchmarks.audit", []), ("benchmarks.train", []), ("latte.bench.decode", []), ("latte.bench.ops", [])],
+)
+def test_11_a_benchmarks_readme_is_checked_before_it_runs(tmp_path, monkeypatch, module, argv):
+    """Case 11: --readme was read only after the benchmark had run (and
+    written its files): a missing file or section now stops it first."""
+    import importlib
+
+    bench = importlib.import_module(module)
+
+    def never(*args, **kw):
+        raise AssertionError("the benchmark ran before its --readme was checked")
+
+    monkeypatch.setattr(bench, "run", never)
+    out, readme = tmp_path / "out", tmp_path / "README.md"
+    readme.write_text("# results\n\n<!-- bench:other:start -->\n<!-- bench:other:end -->\n")
+    for path, said in ((readme, "no <!-- bench:"), (tmp_path / "nope.md", "no such file")):
+        with pytest.raises(ValueError, match=f"--readme {path}: {said}"):
+            bench.main(["--quick", "--out", str(out), "--readme", str(path), *argv])
+    run = _run_folder(tmp_path)
+    with pytest.raises(WriteRefused, match="--readme .*run.*a run folder"):
+        bench.main(["--quick", "--out", str(out), "--readme", str(run / "README.md"), *argv])
+    assert not out.exists() and "markers" not in readme.read_text()
+
+
+def test_11_a_readme_with_the_section_is_accepted_before_the_run(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- bench:train-compiled:start -->\n<!-- bench:train-compiled:end -->\n")
+    common.check_readme(readme, ["train-compiled"])
+    with pytest.raises(ValueError, match="bench:train:start"):
+        common.check_readme(readme, ["train"])
