@@ -38,18 +38,26 @@ from latte.config_io import ConfigErrors
 from latte.convert import convert
 from latte.convert.config import ConversionConfig
 from latte.convert.distill import Distiller, calibrate_beta, freeze_base, record_layers
-from latte.convert.io import NAMED_BASES, base_reference, load_base, resolve_base
+from latte.convert.io import NAMED_BASES, base_reference, load_base, resolve_base, used_files
 from latte.convert.window_drop import WindowDropDistiller
 from latte.data import load_tokenizer
 from latte.files import atomic_write
 from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint
 from latte.train.config import DataConfig, RunConfig
-from latte.train.lm import LanguageModelingTask, _data, checkpoint_tokenizer, split_corpus
+from latte.train.lm import LanguageModelingTask, _data, cache_files, checkpoint_tokenizer, split_corpus
 from latte.train.validation import subset
 
 EXPORT_DIR = "model"
 HF_TOKENIZER_DIR = "hf-tokenizer"
+# what AutoTokenizer reads from a base folder (those that are there)
+BASE_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+)
 BASE_REFERENCE = "base_reference.json"  # in every checkpoint: the base's sha256s (docs/reliability.md §5)
 
 
@@ -176,6 +184,7 @@ class ConversionTask(LanguageModelingTask):
         train_docs, val_docs = split_corpus(self.cfg)
         self._tokenizer(run_dir, checkpoint)
         self.train_windows, self.val_windows = _data(self.cfg, train_docs, val_docs, self.tokenizer, self.env)
+        self.caches = cache_files(self.train_windows, self.val_windows)
         self.val_windows = subset(self.val_windows, self.cfg.data.val_windows)
         for name, w in (("train split", self.train_windows), ("validation split", self.val_windows)):
             w.check_ids(self.vocab_size, where=f"{self.cfg.data.source} {name}")
@@ -207,6 +216,16 @@ class ConversionTask(LanguageModelingTask):
 
     def checkpoint_files(self) -> dict[str, Path]:
         return {**super().checkpoint_files(), BASE_REFERENCE: self.run_dir / BASE_REFERENCE}
+
+    def input_files(self) -> dict[str, Path]:
+        """The LM's inputs, plus the files loading the base reads and, with
+        data.tokenizer "base", the base folder's tokenizer files."""
+        b = self.cfg.base
+        folder, gguf = resolve_base(b.path, b.gguf_file, where="base")
+        files = {f"base:{f.name}": f for f in used_files(Path(folder), gguf)}
+        if self.cfg.data.tokenizer == "base" and gguf is None:
+            files |= {f"base:{n}": Path(folder, n) for n in BASE_TOKENIZER_FILES if Path(folder, n).is_file()}
+        return {**super().input_files(), **files}
 
     def _tokenizer(self, run_dir: Path, checkpoint: Checkpoint | None) -> None:
         """The checkpoint's copy when resuming; else the base model's own

@@ -40,7 +40,15 @@ PROTOCOL = "protocol"  # the field of a cell file that records the protocol it r
 INPUTS = "inputs"  # the protocol's field holding {input name: sha256}
 # Overrides that say where or how fast a run goes, never what it computes:
 # left out of a protocol, so moving a cache or changing threads reuses cells.
-NOT_PROTOCOL = ("train.run_dir", "data.cache_dir", "train.num_threads", "data.num_workers", "train.tensorboard")
+NOT_PROTOCOL = (
+    "train.run_dir",
+    "data.cache_dir",
+    "train.num_threads",
+    "data.num_workers",
+    "train.tensorboard",
+    "train.verify_inputs",  # options of one start of a run (latte/train/inputs.py)
+    "train.accept_changed_inputs",
+)
 NOT_RECORDED = "<not recorded>"
 
 

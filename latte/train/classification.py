@@ -176,6 +176,14 @@ class ClassificationTask(Task):
         for s, data in self.splits.items():
             data.check_ids(self.vocab_size, where=f"{d.dataset} {s} split")
 
+    def input_files(self) -> dict[str, Path]:
+        """The published files under data.path (generated tasks read none)."""
+        path = Path(self.cfg.data.path).expanduser() if self.cfg.data.path else None
+        if path is None or not path.exists():
+            return {}
+        found = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        return {f"data.path:{p.resolve()}": p for p in found if not p.name.startswith(".")}
+
     def prepare_inference(self, checkpoint: Checkpoint) -> None:
         num_classes, vocab_size, cls_id = VOCAB[self.cfg.data.dataset]
         self.info = {

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -34,6 +35,7 @@ from latte.data import (
     train_bpe,
     unigram_perplexity,
 )
+from latte.data.corpus import source_files
 from latte.models import IGNORE_INDEX, LatteForCausalLM, num_parameters
 from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint
@@ -62,6 +64,7 @@ class LanguageModelingTask(Task):
         train_docs, val_docs = split_corpus(cfg)
         self.tokenizer, self.tokenizer_file = _tokenizer(cfg, train_docs, run_dir, checkpoint, env)
         self.train_windows, self.val_windows = _data(cfg, train_docs, val_docs, self.tokenizer, env)
+        self.caches = cache_files(self.train_windows, self.val_windows)
         for name, w in (("train split", self.train_windows), ("validation split", self.val_windows)):
             w.check_ids(self.vocab_size, where=f"{cfg.data.source} {name}")  # before any compute
 
@@ -93,6 +96,15 @@ class LanguageModelingTask(Task):
 
     def architecture_fields(self) -> set[str]:
         return {f"model.{name}" for name in ARCHITECTURE_FIELDS} | {"data.tokenizer", "data.vocab_size"}
+
+    def input_files(self) -> dict[str, Path]:
+        """The corpus files, a tokenizer file (data.tokenizer a path) and,
+        once prepared, the packed token caches of both splits."""
+        files = {f"data.source:{p.resolve()}": p for p in source_files(self.cfg.data.source)}
+        tok = tokenizer_path(self.cfg.data.tokenizer)
+        if tok is not None:
+            files["data.tokenizer"] = tok
+        return {**files, **getattr(self, "caches", {})}
 
     # ------------------------------------------------------------------ training
 
@@ -236,6 +248,32 @@ def _tokenizer(cfg: LMRunConfig, train_docs, run_dir: Path, ckpt: Checkpoint | N
     D.barrier(env)
     path = D.broadcast_object(str(path) if env.is_main else None, env)
     return (tok if env.is_main else load_tokenizer(path)), Path(path)
+
+
+def tokenizer_path(tokenizer: str) -> Path | None:
+    """The file `load_tokenizer(tokenizer)` reads (None for "bpe", "base"
+    or a path that names none: loading says why)."""
+    path = Path(tokenizer).expanduser()
+    if tokenizer in ("bpe", "base") or not path.exists():
+        return None
+    if path.is_dir():
+        found = (
+            [path / TOKENIZER_FILES[0]] if (path / TOKENIZER_FILES[0]).is_file() else sorted(path.glob("*.tiktoken"))
+        )
+        return found[0] if len(found) == 1 else None
+    return path
+
+
+def cache_files(train: TokenWindows, val: TokenWindows) -> dict[str, Path]:
+    """The packed token files both splits were read from (memmaps of the cache)."""
+    out = {}
+    for name, windows in (("train", train), ("validation", val)):
+        tokens = windows.tokens
+        while tokens is not None and not isinstance(tokens, np.memmap):  # a view of the memmap
+            tokens = getattr(tokens, "base", None)
+        if tokens is not None and tokens.filename:
+            out[f"cache:{name}"] = Path(tokens.filename)
+    return out
 
 
 def split_corpus(cfg: LMRunConfig):

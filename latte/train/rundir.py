@@ -45,7 +45,7 @@ from latte.train.manifest import MANIFEST, step_dirs, verify_checkpoint
 log = logging.getLogger("latte.train")
 LOCK_NAME = "train.lock"
 ABANDONED = "abandoned"
-LOG_FILES = ("metrics.csv", "val.csv", "samples.txt", "summary.json")
+LOG_FILES = ("metrics.csv", "val.csv", "samples.txt", "summary.json", "inputs.json")
 
 
 class RunFolderLocked(ValueError):
@@ -120,7 +120,8 @@ def check_not_foreign(run_dir: Path) -> None:
     """A run writes only into a run folder of its own (new, empty or a run's):
     never into, nor inside, a checkpoint or a model's folder, nor into a
     folder another command writes (its write marker: results, benchmarks,
-    an export; latte/guard.py). A ValueError (exit 2) naming what it is."""
+    an export; latte/guard.py), nor into a folder of other files (a user's
+    documents). A ValueError (exit 2) naming what it is."""
     for place in (run_dir, *run_dir.resolve().parents):
         kind = protected_kind(place)
         if kind and not kind.startswith("a run folder"):
@@ -135,6 +136,20 @@ def check_not_foreign(run_dir: Path) -> None:
             f"train.run_dir={str(run_dir)!r}: written by `{owner}` (its {MARKER}); a run writes its own folder "
             "only: choose a new train.run_dir (nothing was written)"
         )
+    entries = sorted(p.name + "/" * p.is_dir() for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    if entries and not is_run_folder(run_dir):
+        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+        raise ValueError(
+            f"train.run_dir={str(run_dir)!r}: holds {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} "
+            f"({shown}) and is not a run folder (no {LOCK_NAME}, no step folders); a run writes only into a new, "
+            "empty or its own folder: choose a new train.run_dir (nothing was written or deleted)"
+        )
+
+
+def is_run_folder(folder: Path) -> bool:
+    """A folder `latte train` made: it holds the lock file (created first
+    thing, never deleted) or step folders."""
+    return (folder / LOCK_NAME).exists() or bool(step_dirs(folder))
 
 
 # --------------------------------------------------------------------------- resume

@@ -24,6 +24,7 @@ from latte.config_io import merge, parse_overrides
 from latte.train.checkpoint import Checkpoint, check_finite, check_state_against, load_checkpoint
 from latte.train.config import RunConfig
 from latte.train.distributed import DistEnv
+from latte.train.inputs import DERIVED, RECORD, InputsChanged, compare, read_record
 from latte.train.manifest import MANIFEST, MODEL, CheckpointError, step_dirs
 from latte.train.task import Task, build_run_config, task_class
 
@@ -79,6 +80,30 @@ def _open_step(step_dir: Path, device: torch.device, sets: Sequence[str] = ()) -
     load_weights(model, ckpt, task.checkpoint_keys(model))
     model.eval()
     return TrainedRun(model, task, cfg, step_dir, ckpt.step)
+
+
+def check_run_inputs(trained: TrainedRun, *, verify: bool = False) -> None:
+    """Before evaluating a trained run on the data its config names: those
+    inputs (corpus files, tokenizer, base; not the token caches) must be the
+    ones its run folder recorded (latte/train/inputs.py), else InputsChanged
+    (exit 2) naming each. A run that predates the record is evaluated with a
+    warning ("inputs not recorded")."""
+    run_dir = trained.checkpoint.parent
+    record = read_record(run_dir)
+    if record is None:
+        log.warning(
+            "inputs not recorded: %s predates records of a run's inputs; evaluating without checking them", run_dir
+        )
+        return
+    recorded = {k: v for k, v in record["inputs"].items() if not k.startswith(DERIVED)}
+    changes, _ = compare(recorded, trained.task.input_files(), verify=verify)
+    if changes:
+        lines = "\n  ".join(f"{name}: recorded {was}; now {now}" for name, (was, now) in changes.items())
+        raise InputsChanged(
+            f"{run_dir}: {len(changes)} input(s) of the run changed since {run_dir / RECORD} recorded them:\n  "
+            f"{lines}\nevaluating now would score the model on other data than its run's; restore the recorded "
+            "inputs, or resume the run with --accept-changed-inputs to record the new ones (nothing was written)"
+        )
 
 
 def load_weights(model: nn.Module, ckpt: Checkpoint, keys: set[str] | None = None) -> None:

@@ -26,6 +26,7 @@ from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint, check_finite, check_state_against, load_checkpoint
 from latte.train.config import RunConfig, check_world_size
 from latte.train.faults import TrainerHooks, hooks_from_env
+from latte.train.inputs import check_inputs
 from latte.train.metrics import NullLogger, RunLogger
 from latte.train.rng import restore_rng_state
 from latte.train.rundir import RunLock, choose_resume, prepare_run_dir
@@ -43,6 +44,8 @@ from latte.train.step import SkipGuard
 from latte.train.task import Task, build_run_config, task_class
 
 log = logging.getLogger("latte.train")
+# options of one start, not of the run: never compared with the checkpoint's config
+START_OPTIONS = ("train.resume", "train.verify_inputs", "train.accept_changed_inputs")
 
 
 @dataclass
@@ -89,9 +92,11 @@ def _build(cfg: RunConfig, env: D.DistEnv, run_dir: Path, lock: RunLock | None, 
     task = task_class(cfg.task)(cfg, env)
     if ckpt is not None:
         _compare_configs(ckpt.config, cfg, ckpt.path, task, env)
+        _check_inputs(cfg, env, run_dir, task, ckpt, prepared=False)  # before anything is written
     if env.is_main:
         save_yaml(cfg, run_dir / "config.yaml")
     task.prepare(run_dir, ckpt)
+    _check_inputs(cfg, env, run_dir, task, ckpt, prepared=True)  # writes RUN_DIR/inputs.json
 
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank (FSDP2 shards them)
     model = task.build_model().to(env.device)
@@ -173,7 +178,7 @@ def _compare_configs(saved: dict, cfg: RunConfig, where: Path, task: Task, env: 
     arch = task.architecture_fields()
     errors, changed = [], []
     for key, value in new.items():
-        if old.get(key) == value or key == "train.resume":
+        if old.get(key) == value or key in START_OPTIONS:
             continue
         (errors if key in arch else changed).append(f"{key}: checkpoint {old.get(key)!r}, config {value!r}")
     if errors:
@@ -186,6 +191,24 @@ def _compare_configs(saved: dict, cfg: RunConfig, where: Path, task: Task, env: 
         )
     if changed and env.is_main:
         log.warning("resuming from %s with a changed config:\n  %s", where, "\n  ".join(changed))
+
+
+def _check_inputs(cfg: RunConfig, env: D.DistEnv, run_dir: Path, task: Task, ckpt, *, prepared: bool) -> None:
+    """The run's inputs against its record (train/inputs.py), on rank 0."""
+    t = cfg.train
+    D.on_rank0(
+        lambda: check_inputs(
+            run_dir,
+            task.input_files(),
+            resumed=ckpt.path if ckpt is not None else None,
+            step=ckpt.step if ckpt is not None else 0,
+            verify=t.verify_inputs,
+            accept=t.accept_changed_inputs,
+            prepared=prepared,
+        ),
+        env,
+        share=False,
+    )
 
 
 def _seed_everything(seed: int) -> None:

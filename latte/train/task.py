@@ -54,6 +54,8 @@ Optional hooks, with their defaults:
     architecture_fields    config fields that must match when resuming: none
     prepare_inference      what open_run needs to rebuild the model from a
                            checkpoint without training data (a tokenizer)
+    input_files            the files the run reads, recorded and checked on
+                           resume (train/inputs.py): none
     describe               one line about data and model at the start
 
 Evaluation runs on every rank: sum over ranks with `self.sum_over_ranks`.
@@ -198,6 +200,14 @@ class Task:
     def prepare_inference(self, checkpoint: Checkpoint) -> None:
         """What `build_model` needs when a trained run is opened for
         inference, read from the checkpoint (no training data)."""
+
+    def input_files(self) -> dict[str, Path]:
+        """{name: path} of every file the run reads (corpus files, a
+        tokenizer, a base model; after `prepare` also the derived ones, named
+        "cache:..."), recorded in RUN_DIR/inputs.json and compared when
+        resuming (train/inputs.py). Called before `prepare` too: it must
+        not need the data."""
+        return {}
 
     def describe(self, model: nn.Module) -> str:
         return f"task {self.name}"

@@ -156,8 +156,12 @@ def test_resuming_on_other_base_weights_of_the_same_shapes_is_refused(base, tmp_
     train(cfg)
     torch.manual_seed(7)  # same architecture, other weights, same place
     tf.LlamaForCausalLM(tf.AutoConfig.from_pretrained(copy)).save_pretrained(copy)
-    with pytest.raises(ValueError, match=r"base.path=.* is not the base .*step-00000001 was trained on"):
+    # the run's record of its inputs names the file first (latte/train/inputs.py) ...
+    with pytest.raises(ValueError, match=r"base:model.safetensors: recorded .*base-copy/model.safetensors, .* sha256"):
         train(config((copy, tok, corpus), tmp_path / "run"))
+    # ... and accepting changed inputs never accepts another base: the checkpoint's base reference refuses it
+    with pytest.raises(ValueError, match=r"base.path=.* is not the base .*step-00000001 was trained on"):
+        train(config((copy, tok, corpus), tmp_path / "run", accept_changed_inputs=True))
 
 
 def cli(args, capsys) -> tuple[int, str]:
