@@ -7,9 +7,10 @@ the package's, latte/eval/cells.py, shared with `latte eval`; this module
 adds what training sweeps need and re-exports the rest.
 
 A run folder a sweep trains into (lm-variants, lra, convert runs) is never
-resumed under another configuration: `set_aside_changed_run` compares the
-folder's saved config.yaml with the command's resolved config and, when any
-field differs, renames the folder to `NAME.set-aside-N` (nothing deleted) so
+resumed or reused under another configuration or other inputs:
+`set_aside_changed_run` compares the folder's saved config.yaml with the
+command's resolved config, and its record of inputs (inputs.json) with the
+files the command's run reads, and when anything differs renames the folder to `NAME.set-aside-N` (nothing deleted) so
 the run starts over. `finished_summary` gives a run folder's summary.json
 when the run already reached its last step (a sweep killed between a run's
 end and its cell write then rebuilds the cell without training again).
@@ -103,9 +104,11 @@ def set_aside(path: Path) -> Path:
 
 def set_aside_changed_run(run_dir: str | Path, config: str, sets: Iterable[str]) -> Path | None:
     """When `run_dir` holds a run whose saved config.yaml differs from what
-    `config` + `sets` resolve to (NOT_PROTOCOL fields aside), rename it to
-    `NAME.set-aside-N` (nothing is deleted) so the command's run starts over,
-    and say so. Returns the new name, or None when nothing was moved."""
+    `config` + `sets` resolve to (NOT_PROTOCOL fields aside), or whose
+    recorded inputs (inputs.json, latte/train/inputs.py) are not the files
+    the command's run would read now (`run_input_changes`), rename it to
+    `NAME.set-aside-N` (nothing is deleted) so the command's run starts
+    over, and say so. Returns the new name, or None when nothing was moved."""
     run_dir = Path(run_dir)
     saved = run_dir / "config.yaml"
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
@@ -118,18 +121,47 @@ def set_aside_changed_run(run_dir: str | Path, config: str, sets: Iterable[str])
             then = {k: v for k, v in flatten(load_yaml(saved)).items() if k not in NOT_PROTOCOL}
         except ValueError:
             then = {}
-        diff = protocol_difference(then, resolved_config(config, sets))
+        diff = protocol_difference(then, resolved_config(config, sets)) or run_input_changes(run_dir, config, sets)
     else:
         diff = {"config.yaml": (NOT_RECORDED, "the command's")}
     if not diff:
         return None
     target = set_aside(run_dir)
     print(
-        f"{run_dir}: its run has another configuration than this command's ({describe(diff, 'in the run', 'now')}); "
-        f"it is never resumed under the new one: set aside as {target} (nothing deleted), starting over",
+        f"{run_dir}: its run has another configuration or other inputs than this command's "
+        f"({describe(diff, 'in the run', 'now')}); it is never resumed under the new one: set aside as {target} "
+        "(nothing deleted), starting over",
         file=sys.stderr,
     )
     return target
+
+
+def run_input_changes(run_dir: Path, config: str, sets: Iterable[str]) -> dict:
+    """{field: (in the run, now)} for each input the run records
+    (inputs.json) that is not the file the command's run reads now (sha256
+    compared where size or mtime differ; the derived token caches left out),
+    for changed inputs the run accepted when it resumed, and for a run that
+    holds checkpoints or a summary but records no inputs (trained before runs
+    recorded them: its data cannot be proven the same). Empty: the same."""
+    from latte.train.distributed import DistEnv
+    from latte.train.inputs import DERIVED, RECORD, compare, read_record
+    from latte.train.task import load_run_config, task_class
+
+    try:
+        record = read_record(run_dir)
+    except ValueError as e:
+        return {RECORD: (str(e).split(";")[0], "a readable record")}
+    if record is None:
+        holds = any(run_dir.glob("step-*")) or (run_dir / "summary.json").is_file()
+        return {"inputs": (NOT_RECORDED, "the command's inputs")} if holds else {}
+    cfg = load_run_config(config, [f"--{s.lstrip('-')}" for s in sets])
+    files = task_class(cfg.task)(cfg, DistEnv()).input_files()
+    changes, _ = compare({k: v for k, v in record["inputs"].items() if not k.startswith(DERIVED)}, files)
+    diff = {f"inputs.{name}": values for name, values in changes.items()}
+    if record.get("accepted"):
+        steps = ", ".join(str(a.get("step")) for a in record["accepted"])
+        diff["inputs.accepted"] = (f"changed inputs accepted when resuming at step {steps}", "none")
+    return diff
 
 
 def finished_summary(run_dir: str | Path, steps: int) -> dict | None:
