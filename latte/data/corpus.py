@@ -174,7 +174,8 @@ def _load_folder(folder: Path) -> list[Document]:
     return [Document(p.relative_to(folder).as_posix(), _read_text(p)) for p in paths]
 
 
-CELL_FOLDERS = ("cells", ".cells")  # a sweep's finished cells (experiments/common/cells.py)
+# a sweep's finished cells (latte/eval/cells.py: Sweep), also named cells-STAGE
+CELL_FOLDERS = ("cells", ".cells")
 
 
 def not_corpus(folder: Path) -> str | None:
@@ -184,7 +185,7 @@ def not_corpus(folder: Path) -> str | None:
     kind = protected_kind(folder)
     if kind is None and written_by(folder):
         kind = f"written by `{written_by(folder)}`"
-    if kind is None and folder.name in CELL_FOLDERS:
+    if kind is None and (folder.name in CELL_FOLDERS or folder.name.startswith("cells-")):
         kind = "a sweep's cell folder"
     return kind
 

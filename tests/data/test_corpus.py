@@ -69,6 +69,7 @@ def test_3_a_folder_corpus_leaves_out_runs_checkpoints_exports_results_and_cells
         "model": ("config.json", "model.safetensors", "README.md"),  # a model's folder
         "work/cells": ("x.txt",),  # a sweep's cells
         "lv/.cells/train": ("y.md",),
+        "runs/cells-eval": ("z.txt",),
     }
     for folder, names in written.items():
         (tmp_path / folder).mkdir(parents=True)
