@@ -225,8 +225,34 @@ def _select(cand_k, cand_v, score, pos, slots: int):
         idx = order.view(*order.shape, *([1] * (x.dim() - 3))).expand(*order.shape, *x.shape[3:])
         return x.gather(2, idx).transpose(1, 2)
 
-    mask = take(keep)
-    return take(cand_k), take(cand_v), take(score).masked_fill(~mask, float("-inf")), take(pos), mask
+    mask = take(keep)  # empty slots hold zeros (-inf scores): one canonical state
+    k, v = take(cand_k) * mask[..., None], take(cand_v) * mask[..., None]
+    return k, v, take(score).masked_fill(~mask, float("-inf")), take(pos) * mask, mask
+
+
+def _insert(state, k_c, v_c, r_c, p_c):
+    """_select of the M held tokens and one newer candidate, in O(M): the
+    candidate (k_c [B, K, E], v_c, r_c [B, K], p_c [B]) takes the first free
+    slot, or, when every slot is held, displaces the worst held token (the
+    lowest score, the newest of equal ones) if it scores higher, the later
+    slots moving up one so that arrival order is kept."""
+    score, mask = state.score, state.mask  # [B, M, K]; held tokens first, in position order
+    M = score.shape[1]
+    i = torch.arange(M, device=score.device)[None, :, None]  # [1, M, 1]
+    n = mask.sum(1, keepdim=True)  # [B, 1, K] held
+    low = score.amin(1, keepdim=True)
+    worst = torch.where(score == low, i, -1).amax(1, keepdim=True)  # the newest of the lowest
+    valid = (r_c > float("-inf"))[:, None]  # [B, 1, K]
+    displace = (n == M) & (r_c[:, None] > low)
+    src = torch.where(displace, i + (i >= worst).long(), torch.where(valid & (i == n), M, i))  # from [held, c]
+
+    def take(x, c):  # x [B, M, K, *F], c [B, K, *F] -> [B, M, K, *F]
+        both = torch.cat([x, c[:, None].to(x.dtype)], 1)
+        idx = src.view(*src.shape, *([1] * (x.dim() - 3))).expand(*src.shape, *x.shape[3:])
+        return both.gather(1, idx)
+
+    p_c = p_c[:, None].expand_as(r_c)
+    return take(state.k, k_c), take(state.v, v_c), take(score, r_c), take(state.pos, p_c), take(mask, valid[:, 0])
 
 
 def _block(mem, kx, vx, rx, px, t0, t1, memory_q, scale, softcap, slots):
@@ -332,19 +358,26 @@ def memory_step(q_t, k_t, v_t, memory_q_t, lse_window_t, recall_y_t, mark_t, mas
     r = token_scores(
         memory, k_t[:, None], v_t[:, None], None if recall_y_t is None else recall_y_t[:, None], rank, candidate
     )
-    kx, vx, rx, px = _extended(k_t[:, None], v_t[:, None], r, state, rank, window_state, work)
+    rx, px = torch.cat([state.pending, r], 1), torch.cat([state.pending_pos, rank], 1)  # [B, P + 1(, K)]
     if memory.rule == "attention":
+        kx = _extended(k_t[:, None], v_t[:, None], r, state, rank, window_state, work)[0]
         rx = rx + _received_step(q_t, kx, lse_window_t, real, cfg.scale, cfg.softcap)
-    C = lambda x: torch.cat([x[0], x[1]], 2)  # noqa: E731  held tokens, then the one leaving
-    held = _select(
-        C((ks, kx[:, :1].transpose(1, 2))),
-        C((vs, vx[:, :1].transpose(1, 2))),
-        C((state.score.transpose(1, 2), rx[:, :1].transpose(1, 2))),
-        C((state.pos.transpose(1, 2), px[:, :1, None].expand(-1, -1, rx.shape[-1]).transpose(1, 2))),
-        memory.slots,
-    )
+    k_c, v_c = _leaving(k_t, v_t, window_state, W - 1)
+    held = _insert(state, k_c.to(work), v_c.to(work), rx[:, 0], px[:, 0])
     new = MemoryState(*held, rx[:, 1:], px[:, 1:], state.count + real.long())
     return y[:, 0], lse[:, 0], new
+
+
+def _leaving(k_t, v_t, window_state, P):
+    """Key and value [B, K, E|D] of the token that leaves the window after
+    this step: the buffer's oldest (this token itself for a window of one);
+    zeros when the buffer holds fewer than P positions (nothing leaves, and
+    its pending score is -inf)."""
+    if P == 0:
+        return k_t, v_t
+    if window_state is None or window_state.k.shape[1] < P:
+        return torch.zeros_like(k_t), torch.zeros_like(v_t)
+    return window_state.k[:, 0], window_state.v[:, 0]
 
 
 def _received_step(q_t, kx, lse_t, real, scale, softcap):
