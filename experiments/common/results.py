@@ -77,8 +77,9 @@ def claim_work(folder: str | Path, experiment: str, flag: str = "--work", *, cre
     """FOLDER (--work, --runs: run folders and sweep cells) checked like
     --out (latte/guard.py), before any work and in dry runs: new, empty or
     written by an experiment (the convert experiments share theirs), or one
-    that holds a sweep's cells already (cells/, .cells/ or cells-*/: a work
-    folder from before they were marked); never a run, a checkpoint, a
+    that holds a sweep's cells or convert's quick stand-ins already (cells/,
+    .cells/, cells-*/, quick-base/: a work folder from before they were
+    marked, or one quick_setup made); never a run, a checkpoint, a
     model's folder or inside one, nor another folder of files (a corpus:
     cells written there would change its hash). With `create` (right before
     the first file is written) a new or empty one is created and marked."""
@@ -90,9 +91,10 @@ def claim_work(folder: str | Path, experiment: str, flag: str = "--work", *, cre
 
 
 def _holds_cells(folder: Path) -> bool:
-    """The folder holds a sweep's cell folders (cells.Sweep's layout)."""
+    """The folder holds a sweep's cell folders (cells.Sweep's layout) or the
+    stand-in base of the convert experiments' --quick (convert.quick_setup)."""
     names = {p.name for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else set()
-    return bool(names & {"cells", ".cells"}) or any(n.startswith("cells-") for n in names)
+    return bool(names & {"cells", ".cells", "quick-base"}) or any(n.startswith("cells-") for n in names)
 
 
 def check_readme(readme: str | Path | None, names, kind: str = "results") -> None:
