@@ -62,6 +62,62 @@ class OpCounter(TorchDispatchMode):
         return sum(self.by_op.values())
 
 
+class ByteCounter(OpCounter):
+    """OpCounter that leaves views out (they launch nothing) and adds up the
+    bytes each op reads (its tensor arguments) and writes (its outputs):
+    on `meta` tensors, shapes and dtypes only."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes_by_op: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.is_view or func.overloadpacket in (torch.ops.aten.detach, torch.ops.aten.alias):
+            return out
+        self.by_op[str(func.overloadpacket)] += 1
+        flat = torch.utils._pytree.tree_leaves((args, kwargs or {}, out))
+        self.bytes_by_op[str(func.overloadpacket)] += sum(
+            t.numel() * t.element_size() for t in flat if isinstance(t, torch.Tensor)
+        )
+        return out
+
+
+# issue 56's shape for the fla construction's count: B, T, H, L, D, bfloat16
+FLA_SHAPE = (16, 4096, 16, 128, 128)
+KERNEL_OPS = {"latte.chunk_gla", "latte.chunk_gla_bwd"}
+
+
+def fla_construction_count(shape=FLA_SHAPE, dtype=torch.bfloat16, masked=False, construction="fused") -> dict:
+    """Ops (views left out) and bytes read + written by one forward and one
+    backward of backend "fla" (gla.gla_chunked: the construction and
+    chunk_gla) on `meta` tensors, without and beside chunk_gla's own op:
+    the custom ops of latte/ops/latte/gla_ops.py stand in for fla's kernels."""
+    from latte.ops.backend import using_fla_construction
+    from latte.ops.latte import gla
+
+    B, T, H, L, D = shape
+    a, b = (torch.empty(B, T, H, L, device="meta", dtype=dtype, requires_grad=True) for _ in range(2))
+    v = torch.empty(B, T, H, D, device="meta", dtype=dtype, requires_grad=True)
+    mask = torch.ones(B, T, dtype=torch.bool, device="meta") if masked else None
+    res = {}
+    with using_fla_construction(construction):
+        with ByteCounter() as fwd:
+            y, S, z = gla.gla_chunked(a, b, v, mask=mask)
+        dy = torch.empty_like(y)
+        with ByteCounter() as bwd:
+            torch.autograd.backward(y, dy)
+    for name, c in (("forward", fwd), ("backward", bwd)):
+        built = {op: n for op, n in c.by_op.items() if op not in KERNEL_OPS}
+        res[name] = {
+            "construction_ops": sum(built.values()),
+            "construction_gib": sum(c.bytes_by_op[op] for op in built) / 2**30,
+            "kernel_gib": sum(c.bytes_by_op[op] for op in c.by_op if op in KERNEL_OPS) / 2**30,
+            "by_op": dict(c.by_op),
+        }
+    return res
+
+
 def fwd_bwd(T: int, shape, device="cpu", chunk_size: int = P.CHUNK, seed: int = 0):
     """A zero-argument forward+backward of latte_causal at T (on `meta`, the
     inputs are shapes only)."""

@@ -69,14 +69,23 @@ GATE_MAX_SERIAL_T = 8192
 
 
 def _kernels():
-    """(chunk_gla, fused_recurrent_gla) from fla-core, their autotuners pinned
-    to one configuration each on the first call (fla_tuning.py); the tests
-    swap in pure-torch stand-ins with the same signatures."""
-    from fla.ops.gla import chunk_gla, fused_recurrent_gla
-
+    """(chunk_gla, fused_recurrent_gla) with fla-core's signatures, through
+    the custom ops of gla_ops.py (fla's Triton kernels on CUDA, one op each
+    way, no graph break under torch.compile), their autotuners pinned to one
+    configuration each on the first call (fla_tuning.py); the tests swap in
+    pure-torch stand-ins with the same signatures."""
     if torch.cuda.is_available():  # not under Triton's CPU interpreter
         fla_tuning.pin_for_device(torch.cuda.current_device())
-    return chunk_gla, fused_recurrent_gla
+    return _op_chunk_gla, _op_fused_recurrent_gla
+
+
+def _op_chunk_gla(q, k, v, g, scale=1.0, initial_state=None, output_final_state=True, cu_seqlens=None):
+    o, ht, _ = torch.ops.latte.chunk_gla(q, k, v, g, initial_state, cu_seqlens, scale)
+    return o, ht
+
+
+def _op_fused_recurrent_gla(q, k, v, g, scale=1.0, initial_state=None, output_final_state=True):
+    return torch.ops.latte.fused_recurrent_gla(q, k, v, g, initial_state, scale)
 
 
 def _pin(x):
@@ -187,15 +196,18 @@ def _bcast(mask, x):
     return mask.view(*mask.shape, *([1] * (x.dim() - mask.dim())))
 
 
-def _fused_keys(b, mask, z0):
+def _fused_keys(b, mask, z0, packed):
     """The gate's input: b with masked keys at NEG, centred on its largest
     value per latent when b is float32 (a half-precision b has lost a large
     common offset's precision already: bf16 keeps 8 bits), and the centred
-    initial z [N, 1, H, L] (None: no state). Returns (x, z0, c or None)."""
+    initial z [N, 1, H, L] (None: no state). Packed (cu_seqlens, B = 1): one
+    shift for all documents. Returns (x, z0, c [B, H, L] or None)."""
     x = b if mask is None else b.masked_fill(~_bcast(mask, b), NEG)
     c = None
     if b.dtype not in _HALF:
-        c = x.amax(1) if z0 is None else torch.maximum(x.amax(1), z0.to(x.dtype))
+        c = x.amax(1)
+        if z0 is not None:
+            c = torch.maximum(c, z0.to(x.dtype).amax(0, keepdim=True) if packed else z0.to(x.dtype))
         c = torch.where(c > NEG / 2, c, 0.0).detach()  # [B, H, L]; all masked: 0
         x = x - c.unsqueeze(1)
     if z0 is not None:
@@ -213,7 +225,7 @@ def fused_chunked(a, b, v, S0=None, z0=None, mask=None, cu_seqlens=None):
     state's z = -inf."""
     io = _io_dtype(v)
     q = torch.softmax(a.to(io), dim=-1)
-    x, z0g, c = _fused_keys(b, mask, z0)
+    x, z0g, c = _fused_keys(b, mask, z0, cu_seqlens is not None)
     if mask is not None:
         v = v.masked_fill(~_bcast(mask, v), 0.0)
     save_z = torch.is_grad_enabled() and (b.requires_grad or (z0 is not None and z0.requires_grad))
@@ -224,7 +236,7 @@ def fused_chunked(a, b, v, S0=None, z0=None, mask=None, cu_seqlens=None):
     work = state_dtype(v.dtype)
     S0 = None if S0 is None else S0.to(work).contiguous()
     y, S, _ = torch.ops.latte.chunk_gla(q, k, v.to(io), g, S0, cu, 1.0)
-    z = zT.squeeze(1) if c is None else zT.squeeze(1) + c
+    z = zT.squeeze(1) if c is None else zT.squeeze(1) + c  # c: [1, H, L] when packed
     if mask is not None:
         z = torch.where(z > NEG / 2, z, float("-inf"))
     return y, S, z
@@ -240,7 +252,8 @@ def fused_step(a_t, b_t, v_t, S, z, mask_t=None):
     if mask_t is not None:
         x = x.masked_fill(~_bcast(mask_t, x), NEG)
         v = v.masked_fill(~_bcast(mask_t, v), 0.0)
-    k, g, zT, _ = torch.ops.latte.additive_gate(x, z.unsqueeze(1).contiguous(), None, io, False)
+    save_z = torch.is_grad_enabled() and (b_t.requires_grad or z.requires_grad)
+    k, g, zT, _ = torch.ops.latte.additive_gate(x, z.unsqueeze(1).contiguous(), None, io, save_z)
     q = torch.softmax(a_t.to(io), -1).unsqueeze(1)
     y, S_new = torch.ops.latte.fused_recurrent_gla(q, k, v.to(io), g.clamp(min=G_FLOOR), S.contiguous(), 1.0)
     z_new = zT.squeeze(1) if mask_t is None else torch.where(_bcast(mask_t, z), zT.squeeze(1), z)

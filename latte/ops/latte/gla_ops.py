@@ -137,6 +137,11 @@ def _gate_fla(x, z0, cu, k_dtype, save_z):
 def additive_gate(
     x: Tensor, z0: Tensor | None, cu_seqlens: Tensor | None, k_dtype: torch.dtype, save_z: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    N = _n_seqs(x, cu_seqlens)
+    if cu_seqlens is not None and x.shape[0] != 1:
+        raise ValueError(f"latte::additive_gate: x with cu_seqlens must have batch 1, got shape {tuple(x.shape)}")
+    if z0 is not None and tuple(z0.shape) != (N, 1, *x.shape[2:]):
+        raise ValueError(f"latte::additive_gate: z0 must have shape {(N, 1, *x.shape[2:])}, got {tuple(z0.shape)}")
     if _use_triton(x):
         return _gate_fla(x, z0, cu_seqlens, k_dtype, save_z)
     return _gate_ref(x, z0, cu_seqlens, k_dtype, save_z)
