@@ -205,16 +205,42 @@ def memory_held(r, window_size, slots):
     return held
 
 
-def macchiato_memory(a, b, v, q, k, window_size, *, slots, rule, seed=0, mark=None, memory_q=None, **kw):
+def _rope(x, cos, sin):
+    """Llama's rotate-half rotation of x by (cos, sin), float64."""
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def _slot_logits(mq, k, held, rotary, num_sinks, scale, softcap):
+    """memory_q_t . (key s rotated back from its position, then to the
+    position num_sinks + i of its slot i at query t): [B, H, T, T]."""
+    B, T, H, E = mq.shape
+    kk = k.to(f64).repeat_interleave(H // k.shape[2], 2)  # [B, T(s), H, E]
+    c, s_ = (x.to(f64) for x in rotary(torch.arange(T)))  # position p_s = s for every row (no padding here)
+    raw = _rope(kk, c[None, :, None], -s_[None, :, None])  # rotated back by its own position
+    slot = held.long().cumsum(-1) - 1 + num_sinks  # [B, H, T, T(s)]: n + its index among the held
+    cs, ss = (x.to(f64) for x in rotary(slot.clamp(min=0).reshape(-1)))
+    keys = _rope(raw.permute(0, 2, 1, 3)[:, :, None], cs.view(*slot.shape, E), ss.view(*slot.shape, E))
+    e = torch.einsum("bthe,bhtse->bhts", mq.to(f64), keys) * (E**-0.5 if scale is None else scale)
+    return e if softcap is None else softcap * torch.tanh(e / softcap)
+
+
+def macchiato_memory(a, b, v, q, k, window_size, *, slots, rule, seed=0, mark=None, memory_q=None, rotary=None, **kw):
     """y [B, T, H, D] of Macchiato with memory slots (docs/math.md §4.2): the
     local scores of macchiato_matrix (its keyword arguments in kw) plus, at
     the tokens the slots hold, q . k (memory_q . k with memory_q) under the
-    one softmax."""
+    one softmax; with rotary (positions -> (cos, sin)), each held key rotated
+    back from its position and to its slot's, num_sinks + its index among the
+    held (no padding: positions are the time indices)."""
     mask, scale, softcap = kw.get("mask"), kw.get("scale"), kw.get("softcap")
     r = memory_scores(rule, q, k, v, b, window_size, scale, mask, softcap, kw.get("num_sinks", 0), seed, mark)
     held = memory_held(r, window_size, slots).repeat_interleave(q.shape[2] // k.shape[2], 1)  # [B, H, T, T]
     e = window_matrix_logits(q, k, window_size, scale, mask, softcap, kw.get("num_sinks", 0), kw.get("sink_q"))
-    e_mem = window_matrix_logits(q if memory_q is None else memory_q, k, q.shape[1], scale, None, softcap)
+    mq = q if memory_q is None else memory_q
+    if rotary is None:
+        e_mem = window_matrix_logits(mq, k, q.shape[1], scale, None, softcap)
+    else:
+        e_mem = _slot_logits(mq, k, held, rotary, kw.get("num_sinks", 0), scale, softcap)
     e = torch.where(held, e_mem, e)  # held tokens are outside the window and the sinks: disjoint
     A = _macchiato_from_logits(e, a, b, kw.get("mix", "joint"), kw.get("gate"), kw.get("beta"), mask)
     vv = v.to(f64).repeat_interleave(q.shape[2] // v.shape[2], 2)

@@ -225,3 +225,39 @@ def test_memory_inputs_without_slots_and_a_state_of_other_slots_are_refused():
         macchiato_step(a[:, 0], b[:, 0], v[:, 0], q[:, 0], k[:, 0], st, window_size=3, memory=Memory(3))
     with pytest.raises(ValueError, match="state.memory: a MemoryState needs memory slots"):
         macchiato_step(a[:, 0], b[:, 0], v[:, 0], q[:, 0], k[:, 0], st, window_size=3)
+
+
+def rotary(pos):
+    """Llama's rotary tables of width 6 at integer positions (float64)."""
+    inv = 1.0 / 10000 ** (torch.arange(0, 6, 2, dtype=f64) / 6)
+    ang = pos.to(f64)[:, None] * inv
+    emb = torch.cat([ang, ang], -1)
+    return emb.cos(), emb.sin()
+
+
+@pytest.mark.parametrize("rule", ["key_norm", "attention", "recall"])
+@pytest.mark.parametrize("num_sinks", [0, 2])
+def test_slots_at_fixed_positions_equal_reference(rule, num_sinks):
+    """memory_positions "cache": a held key is scored at its slot's position
+    num_sinks + i, whatever its own; prefill, steps and their states agree."""
+    T, W, M = 22, 4, 3
+    g = torch.Generator().manual_seed(6)
+    a, b = torch.randn(B, T, H, L, generator=g, dtype=f64), torch.randn(B, T, H, L, generator=g, dtype=f64) * 2
+    v, q, k = (torch.randn(B, T, n, 6, generator=g, dtype=f64) for n in (K, H, K))
+    memory_q = torch.randn(B, T, H, 6, generator=g, dtype=f64)
+    memory = Memory(M, rule, 0, rotary)
+    want = ref.macchiato_memory(
+        a, b, v, q, k, W, slots=M, rule=rule, memory_q=memory_q, rotary=rotary, num_sinks=num_sinks
+    )
+    absolute = ref.macchiato_memory(a, b, v, q, k, W, slots=M, rule=rule, memory_q=memory_q, num_sinks=num_sinks)
+    assert (want - absolute).abs().max() > 1e-3  # the positions matter
+    kw = dict(window_size=W, memory=memory, num_sinks=num_sinks)
+    for chunk in (1, 5, 64):
+        y, st = macchiato(a, b, v, q, k, memory_q=memory_q, chunk_size=chunk, output_final_state=True, **kw)
+        torch.testing.assert_close(y, want, atol=1e-12, rtol=1e-12)
+    y1, st = macchiato(*(x[:, :9] for x in (a, b, v, q, k)), memory_q=memory_q[:, :9], output_final_state=True, **kw)
+    ys = [y1]
+    for t in range(9, T):
+        y, st = macchiato_step(a[:, t], b[:, t], v[:, t], q[:, t], k[:, t], st, memory_q_t=memory_q[:, t], **kw)
+        ys.append(y[:, None])
+    torch.testing.assert_close(torch.cat(ys, 1), want, atol=1e-12, rtol=1e-12)

@@ -33,6 +33,7 @@ import torch
 from .._checks import check_mask, check_shape, state_dtype
 from .._exp import exp_floored
 from ..layout import no_autocast
+from .memory_positions import indexed_scores, slot_tables, unrotated
 
 MEMORY_RULES = ("recall", "key_norm", "attention", "random", "oracle")
 MAX_MEMORY_SLOTS = 4096
@@ -42,11 +43,16 @@ _HASH_MUL = 0x45D9F3B
 
 class Memory(NamedTuple):
     """The settings of the slot branch: M slots, the rule, the layer's seed'
-    (docs/math.md §4.2: hash(seed) + layer index; rule "random" only)."""
+    (docs/math.md §4.2: hash(seed) + layer index; rule "random" only) and
+    `rotary`: None (the slots' keys keep their own positions) or a function
+    from positions [N] (int64) to (cos, sin) [N, E], the rotate-half rotary
+    tables of the model, which puts slot i at position num_sinks + i
+    (memory_positions.py)."""
 
     slots: int
     rule: str = "key_norm"
     seed: int = 0
+    rotary: object = None
 
 
 class MemoryArgs(NamedTuple):
@@ -86,6 +92,8 @@ def check_memory(memory) -> None:
         raise ValueError(f"memory.rule: expected one of {MEMORY_RULES}, got {memory.rule!r}")
     if isinstance(memory.seed, bool) or not isinstance(memory.seed, int) or memory.seed < 0:
         raise ValueError(f"memory.seed: expected an integer >= 0, got {memory.seed!r}")
+    if memory.rotary is not None and not callable(memory.rotary):
+        raise ValueError(f"memory.rotary: expected None or a function of positions, got {memory.rotary!r}")
 
 
 def empty_memory_state(k, v, slots: int, window_size: int, work) -> MemoryState:
@@ -184,14 +192,19 @@ def window_received(q, kk, lse, real, window_size, scale, softcap):
     return acc
 
 
-def attend(q, ks, vs, keep, scale, softcap):
+def attend(q, ks, vs, keep, scale, softcap, tables=None):
     """Softmax of q [B, T, H, E] over per-head keys ks [B, K, C, E] where
     keep [B, K, T, C]: (y [B, T, H, D], lse [B, T, H]); y = 0 and lse = -inf
-    where nothing is kept. Work dtype; no exp below the floor (_exp.py)."""
+    where nothing is kept. tables: the slots' rotation (memory_positions.
+    slot_tables; ks unrotated) or None. Work dtype; no exp below the floor."""
     B, T, H, E = q.shape
     K = ks.shape[1]
     with no_autocast(q.device.type):
-        s = torch.einsum("btkge,bkce->bkgtc", q.reshape(B, T, K, H // K, E), ks) * scale
+        q5 = q.reshape(B, T, K, H // K, E)
+        if tables is None:
+            s = torch.einsum("btkge,bkce->bkgtc", q5, ks) * scale
+        else:
+            s = indexed_scores(q5, ks, keep, tables) * scale
         if softcap is not None:
             s = torch.tanh(s / softcap) * softcap
         keep = keep[:, :, None]  # [B, K, 1, T, C]
@@ -255,7 +268,7 @@ def _insert(state, k_c, v_c, r_c, p_c):
     return take(state.k, k_c), take(state.v, v_c), take(score, r_c), take(state.pos, p_c), take(mask, valid[:, 0])
 
 
-def _block(mem, kx, vx, rx, px, t0, t1, memory_q, scale, softcap, slots):
+def _block(mem, kx, vx, rx, px, t0, t1, memory_q, cfg, tables):
     """Queries [t0, t1) of a sequence against the held tokens `mem` (k, v,
     score, pos, mask of a MemoryState) and the extended tokens j in [t0, t1),
     which enter at query j + 1: (y, lse [B, t1 - t0, H(, D)], the held tokens
@@ -264,7 +277,7 @@ def _block(mem, kx, vx, rx, px, t0, t1, memory_q, scale, softcap, slots):
     vs = torch.cat([mem[1].transpose(1, 2), vx[:, t0:t1].transpose(1, 2)], 2)
     score = torch.cat([mem[2].transpose(1, 2), rx[:, t0:t1].transpose(1, 2)], 2)  # [B, K, C]
     pos = torch.cat([mem[3].transpose(1, 2), px[:, None, t0:t1].expand(-1, ks.shape[1], -1)], 2)
-    M, dev = mem[0].shape[1], kx.device
+    M, dev, slots = mem[0].shape[1], kx.device, cfg.memory.slots
     t = torch.arange(t0, t1, device=dev)
     entry = torch.cat([torch.full((M,), t0, device=dev), torch.arange(t0, t1, device=dev) + 1])  # [C]
     entered = entry[None, :] <= t[:, None]  # [Q, C]
@@ -272,7 +285,7 @@ def _block(mem, kx, vx, rx, px, t0, t1, memory_q, scale, softcap, slots):
     better = (_better(score, pos) & held[..., :, None]).to(score.dtype)  # [B, K, i, c]
     ahead = torch.einsum("qi,bkic->bkqc", entered.to(score.dtype), better)  # better entered keys
     keep = entered[None, None] & held[:, :, None] & (ahead < slots)  # [B, K, Q, C]
-    y, lse = attend(memory_q[:, t0:t1], ks, vs, keep, scale, softcap)
+    y, lse = attend(memory_q[:, t0:t1], ks, vs, keep, cfg.scale, cfg.softcap, tables)
     return y, lse, _select(ks, vs, score, pos, slots)
 
 
@@ -317,6 +330,8 @@ def memory_sequence(q, k, v, memory_q, lse_window, recall_y, mark, mask, window_
     if memory.rule == "attention":
         real_q = real & (torch.arange(T, device=dev)[None] < end[:, None])
         rx = rx + window_received(q, kx, lse_window, real_q, W, cfg.scale, cfg.softcap)
+    if cfg.memory.rotary is not None:  # the slots keep their keys unrotated (memory_positions)
+        kx = unrotated(cfg.memory.rotary, kx, px)
     return _scan(state, kx, vx, rx, px, memory_q, end, cfg, real)
 
 
@@ -327,9 +342,10 @@ def _scan(state, kx, vx, rx, px, memory_q, end, cfg, real):
     j = torch.arange(P + T, device=dev)
     late = (j[None, :] >= end[:, None])[..., None]  # enters after the row's end (packed rows)
     mem, ys, lses, rs = tuple(state[:4]), [], [], rx.masked_fill(late, float("-inf"))
+    tables = None if cfg.memory.rotary is None else slot_tables(cfg.memory.rotary, cfg.num_sinks, cfg.memory.slots, kx)
     for t0 in range(0, T, cfg.block):
         t1 = min(T, t0 + cfg.block)
-        y, lse, mem = _block(mem, kx, vx, rs, px, t0, t1, memory_q, cfg.scale, cfg.softcap, cfg.memory.slots)
+        y, lse, mem = _block(mem, kx, vx, rs, px, t0, t1, memory_q, cfg, tables)
         ys.append(y)
         lses.append(lse)
     idx = end[:, None] + torch.arange(P, device=dev)[None]  # [B, P]: the buffer at each row's end
@@ -349,7 +365,8 @@ def memory_step(q_t, k_t, v_t, memory_q_t, lse_window_t, recall_y_t, mark_t, mas
     state = state if state is not None else empty_memory_state(k_t, v_t, memory.slots, W, work)
     keep = state.mask.transpose(1, 2)[:, :, None, :]  # [B, K, 1, M]
     ks, vs = state.k.transpose(1, 2).to(work), state.v.transpose(1, 2).to(work)
-    y, lse = attend(memory_q_t.to(work)[:, None], ks, vs, keep, cfg.scale, cfg.softcap)
+    tables = None if cfg.memory.rotary is None else slot_tables(cfg.memory.rotary, cfg.num_sinks, memory.slots, ks)
+    y, lse = attend(memory_q_t.to(work)[:, None], ks, vs, keep, cfg.scale, cfg.softcap, tables)
     real = mask_t if mask_t is not None else torch.ones(B, dtype=torch.bool, device=dev)
     rank = state.count[:, None]  # [B, 1]
     candidate = real[:, None] & (rank >= cfg.num_sinks)
@@ -363,6 +380,8 @@ def memory_step(q_t, k_t, v_t, memory_q_t, lse_window_t, recall_y_t, mark_t, mas
         kx = _extended(k_t[:, None], v_t[:, None], r, state, rank, window_state, work)[0]
         rx = rx + _received_step(q_t, kx, lse_window_t, real, cfg.scale, cfg.softcap)
     k_c, v_c = _leaving(k_t, v_t, window_state, W - 1)
+    if cfg.memory.rotary is not None:
+        k_c = unrotated(cfg.memory.rotary, k_c[:, None].to(work), px[:, :1])[:, 0]
     held = _insert(state, k_c.to(work), v_c.to(work), rx[:, 0], px[:, 0])
     new = MemoryState(*held, rx[:, 1:], px[:, 1:], state.count + real.long())
     return y[:, 0], lse[:, 0], new
