@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import os
 
@@ -135,12 +136,15 @@ def get_fla_construction() -> str:
 
 @functools.cache
 def fla_missing() -> str | None:
-    """None when fla-core's GLA kernels import, else why not (one line)."""
+    """None when fla-core's GLA kernels and its gate (with gate_dtype) import, else why not (one line)."""
     try:
         import triton  # noqa: F401  (fla imports it lazily in places; fail here, clearly)
         from fla.ops.gla import chunk_gla, fused_recurrent_gla  # noqa: F401
+        from fla.ops.gsa.gate import fused_additive_gate_fwd
     except ImportError as e:
         return f"{type(e).__name__}: {e}"
+    if "gate_dtype" not in inspect.signature(fused_additive_gate_fwd).parameters:
+        return "fla.ops.gsa.gate.fused_additive_gate_fwd has no gate_dtype argument (fla-core 0.6.0 has it)"
     return None
 
 

@@ -49,6 +49,24 @@ def test_inventory_covers_the_kernels_latte_reaches():
     assert direct and {m for m in direct if FT.autotuned_kernels(root, m)} <= set(mods)
 
 
+def test_installed_fla_has_the_gate_with_gate_dtype():
+    """The "fused" construction calls fla.ops.gsa.gate's fused_additive_gate_fwd
+    with gate_dtype (g in float32 whatever the input dtype; fla's own
+    chunk_lightnet leaves it in the input's). With the cuda extra installed
+    a fla-core without it fails here, read from its source (no Triton
+    needed); pyproject.toml pins the release that has it. Its forward
+    kernel's autotuner is pinned with the others."""
+    import ast
+
+    source = FT._source(FT._fla_root(), "fla.ops.gsa.gate")
+    assert source is not None, "fla-core has no fla/ops/gsa/gate.py (pip install 'latte[cuda]')"
+    defs = {n.name: n for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.FunctionDef)}
+    for name in ("fused_additive_gate_fwd", "fused_additive_gate_bwd", "fused_additive_gate"):
+        assert name in defs, f"fla.ops.gsa.gate.{name} is missing"
+    assert "gate_dtype" in [a.arg for a in defs["fused_additive_gate_fwd"].args.args]
+    assert "fused_additive_gate_fwd_kernel" in FT.reached_modules()["fla.ops.gsa.gate"]
+
+
 def test_pin_reaches_every_autotuner_through_heuristics_wrappers(monkeypatch):
     """Stand-in modules with one autotuner per kernel of the inventory, half of
     them under a heuristics wrapper (.fn), as fla defines them."""

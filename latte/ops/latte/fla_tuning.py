@@ -4,7 +4,8 @@ fla tunes each of its kernels over up to a few hundred configurations for
 every new (heads, widths, dtype) key: on a bare H100 the first
 forward+backward of latte_causal on fla had not finished after 170 s (issue
 42). Before fla's kernels first run, `pin` walks every fla module latte's
-calls reach (chunk_gla, fused_recurrent_gla and what they import: found
+calls reach (chunk_gla, fused_recurrent_gla, the gate fused_additive_gate
+and what they import: found
 from fla's source, `reached_modules`), finds each Triton autotuner in it
 (under a `triton.heuristics` wrapper too), and wraps its early pruning so
 that, after fla's own pruning rules have run on the actual arguments,
@@ -39,7 +40,7 @@ import torch
 from latte.files import atomic_write
 
 TABLE = Path(__file__).with_name("fla_tuning.json")
-ENTRY_POINTS = ("fla.ops.gla.chunk", "fla.ops.gla.fused_recurrent")
+ENTRY_POINTS = ("fla.ops.gla.chunk", "fla.ops.gla.fused_recurrent", "fla.ops.gsa.gate")
 
 
 def _fla_root() -> Path | None:
