@@ -26,6 +26,7 @@ kept outside the module tree (`self.original`) to run the model unconverted.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -100,6 +101,8 @@ class ConvertedAttention(MacchiatoCore):
     """Drop-in for a Hugging Face attention module: forward(hidden_states,
     position_embeddings, attention_mask, cache (or past_key_values), **kw) -> (y, None).
     The decoding state lives in a `MacchiatoCache`."""
+
+    memory_positions = "absolute"  # "cache": memory slots at fixed positions after the sinks (_slot_memory)
 
     def __init__(
         self,
@@ -200,17 +203,41 @@ class ConvertedAttention(MacchiatoCore):
         RoPE) rotated to position P = window_size + num_sinks - 1, the
         newest slot of a StreamingLLM cache holding the sinks at 0..S-1 and
         the window after them: sink s is then scored at offset P - s
-        whatever the context. None otherwise (the sinks use the queries)."""
+        whatever the context (with memory slots at fixed positions between
+        the sinks and the window, P grows by their number: docs/math.md
+        §4.2). None otherwise (the sinks use the queries)."""
         if not self.num_sinks or self.sink_positions != "cache":
             return None
+        return self._queries_at(q, like, self.window_size + self.num_sinks - 1 + self._fixed_slots())
+
+    def _fixed_slots(self) -> int:
+        """The memory slots that sit at fixed positions after the sinks (0 if none)."""
+        return self.memory.slots if self.memory is not None and self.memory_positions == "cache" else 0
+
+    def _rotary_at(self, like: torch.Tensor, pos: torch.Tensor):
+        """(cos, sin) [N, E] of the model's rotary embedding at positions pos [N]."""
         if self.rotary is None:
-            raise ValueError('sink_positions="cache" needs the model\'s rotary embedding (convert() passes it)')
+            raise ValueError('sink_positions and memory_positions "cache" need the model\'s rotary embedding')
         module, layer_type = self.rotary
-        at = torch.full((1, 1), self.window_size + self.num_sinks - 1, device=q.device)
+        at = pos.to(like.device)[None]
         cos, sin = module(like, at) if layer_type is None else module(like, at, layer_type)
+        return cos[0], sin[0]
+
+    def _queries_at(self, q: torch.Tensor, like: torch.Tensor, at: int) -> torch.Tensor:
+        """The queries q [B, T, H, E] (before RoPE) rotated to one position."""
+        cos, sin = self._rotary_at(like, torch.tensor([at]))
         B, T = q.shape[:2]
-        fixed = (cos.expand(B, T, -1), sin.expand(B, T, -1))
-        return self._rope(q, q[:, :, :1], fixed)[0]
+        return self._rope(q, q[:, :, :1], (cos.expand(B, T, -1), sin.expand(B, T, -1)))[0]
+
+    def _slot_memory(self, q: torch.Tensor, like: torch.Tensor) -> dict:
+        """With memory_positions "cache", macchiato's memory (slot i at
+        position num_sinks + i) and memory_q (the queries at num_sinks + M +
+        window_size - 1: docs/math.md §4.2); else nothing (the layer's own)."""
+        if not self._fixed_slots():
+            return {}
+        rotary = functools.partial(self._rotary_at, like)
+        at = self.num_sinks + self.memory.slots + self.window_size - 1
+        return {"memory": self.memory._replace(rotary=rotary), "memory_q": self._queries_at(q, like, at)}
 
     @torch.no_grad()
     def log_masses(self, x: torch.Tensor, position_embeddings) -> LogMasses:
@@ -255,6 +282,7 @@ class ConvertedAttention(MacchiatoCore):
             sink_q=self._sink_queries(q0, x),
             scale=self.spec.scale,
             softcap=self.spec.softcap,
+            **self._slot_memory(q0, x),
         )
         if cache is not None:
             cache.states[self.layer_idx] = ConvertedLayerState(attn, conv, h)

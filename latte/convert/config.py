@@ -46,6 +46,10 @@ class ConversionConfig:
         (docs/math.md §4.2); 0 = none. Nothing is trained for them, so they
         can be set on a converted model afterwards (`--set
         conversion.memory_slots=64`).
+    memory_positions: "absolute" (a slot keeps its key's own rotary
+        position) or "cache" (slot i sits at num_sinks + i, the window after
+        the slots; with sink_positions "cache" the sinks' query position
+        moves past the slots too: docs/math.md §4.2).
     latents_per_head: L, new latent states per query head.
     qk_mixer, conv_size: the latent branch's input mixer (latte.layers.QKMixer).
     mix: "joint" (one normaliser over window scores and latent logits) or "gate".
@@ -60,6 +64,7 @@ class ConversionConfig:
     sink_positions: Literal["absolute", "cache"] = "absolute"
     memory_slots: int = 0
     memory_rule: Literal[MEMORY_RULES] = "recall"
+    memory_positions: Literal["absolute", "cache"] = "absolute"
     latents_per_head: int = 32
     qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] = "conv"
     conv_size: int = 4
@@ -86,6 +91,8 @@ class ConversionConfig:
         slots, allowed = self.memory_slots, f"an integer in [0, {MAX_MEMORY_SLOTS}] (0 = none)"
         e.check(is_int(slots) and 0 <= slots <= MAX_MEMORY_SLOTS, "memory_slots", slots, allowed)
         e.check(self.memory_rule in MEMORY_RULES, "memory_rule", self.memory_rule, f"one of {MEMORY_RULES}")
+        where = self.memory_positions
+        e.check(where in SINK_POSITIONS, "memory_positions", where, f"one of {SINK_POSITIONS}")
         positions = self.sink_positions
         e.check(positions in SINK_POSITIONS, "sink_positions", positions, f"one of {SINK_POSITIONS}")
         e.check(self.qk_mixer in QK_MIXERS, "qk_mixer", self.qk_mixer, f"one of {QK_MIXERS}")

@@ -107,6 +107,7 @@ def patch_attention(model: nn.Module, conversion: ConversionConfig) -> list[Conv
             lora_alpha=conversion.lora_alpha,
         )
         layer.self_attn.use_memory(conversion.memory_slots, conversion.memory_rule, layer_index=i)
+        layer.self_attn.memory_positions = conversion.memory_positions
         new.append(layer.self_attn)
     return new
 

@@ -146,14 +146,16 @@ class MacchiatoCore(nn.Module):
         state=None,
         keep_state: bool = True,
         sink_q: torch.Tensor | None = None,
+        memory_q: torch.Tensor | None = None,
         **window,
     ) -> tuple[torch.Tensor, MacchiatoState | None, torch.Tensor | None, torch.Tensor | None]:
         """x [B, T, F] the layer input; q [B, T, H, E], k, v [B, T, K, E] the
         window's (RoPE applied); mask [B, T] bool (False = padding) or None;
         state: the layer's state so far (.attn, .conv, .h) or None;
         keep_state: return the Macchiato state (a single token is then one
-        constant-time decoding step); sink_q: macchiato's; window: the
-        window's scale, softcap and the op's backend, as macchiato takes them.
+        constant-time decoding step); sink_q, memory_q: macchiato's; window:
+        the window's scale, softcap and the op's backend (and `memory`, in
+        place of the layer's own), as macchiato takes them.
         -> (y [B, T, H, E], MacchiatoState or None, conv, h)."""
         a, b, gate, conv, h = self.latents(x, mask=mask, state=state)
         if self.latent_only:
@@ -162,7 +164,7 @@ class MacchiatoCore(nn.Module):
         window.update(window_size=self.window_size, num_sinks=self.num_sinks, mix=self.mix, beta=self.beta)
         mark = None
         if self.memory is not None:
-            window.update(memory=self.memory)
+            window.setdefault("memory", self.memory)
             mark = self.memory_mark if self.memory.rule == "oracle" else None
             mark = mark if mark is not None and tuple(mark.shape) == tuple(a.shape[:2]) else None
         if x.shape[1] == 1 and keep_state:  # decoding: one constant-time step
@@ -176,6 +178,7 @@ class MacchiatoCore(nn.Module):
                 mask_t=None if mask is None else mask[:, 0],
                 state=prev,
                 sink_q_t=None if sink_q is None else sink_q[:, 0],
+                memory_q_t=None if memory_q is None else memory_q[:, 0],
                 **window,
             )
             return y.unsqueeze(1), attn, conv, h
@@ -192,6 +195,7 @@ class MacchiatoCore(nn.Module):
             output_final_state=keep_state,
             sink_q=sink_q,
             memory_mark=mark,
+            memory_q=memory_q,
             **window,
         )
         return y, attn, conv, h

@@ -193,14 +193,16 @@ def memory_scores(rule, q, k, v, b, window_size, scale=None, mask=None, softcap=
 
 def memory_held(r, window_size, slots):
     """held [B, K, T(query), T(key)]: the M = slots best candidates s <= t - w,
-    by score, ties to the older position, at every query t, one by one."""
+    by score rounded to bfloat16, ties to the older position, at every query
+    t, one by one."""
     B, T, K = r.shape
     held = torch.zeros(B, K, T, T, dtype=torch.bool)
     for i in range(B):
         for h in range(K):
             for t in range(T):
                 cands = [s for s in range(t - window_size + 1) if r[i, s, h] > NEG_INF]
-                for s in sorted(cands, key=lambda s: (-float(r[i, s, h]), s))[:slots]:
+                rank = r[i, :, h].to(torch.bfloat16).to(f64)  # scores as ranked: bfloat16
+                for s in sorted(cands, key=lambda s: (-float(rank[s]), s))[:slots]:
                     held[i, h, t, s] = True
     return held
 

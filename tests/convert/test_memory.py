@@ -74,3 +74,24 @@ def test_oracle_slot_brings_back_a_needle_the_window_cannot_see():
         assert torch.equal(window(x, use_cache=False).logits[0, -1], blind[0])  # no mark: the window model
     assert torch.equal(blind[0], blind[1])
     assert (seen[0] - seen[1]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_slots_at_fixed_positions_decode_like_the_full_forward(family):
+    """memory_positions "cache": the slots read at positions num_sinks + i,
+    the queries at num_sinks + M + window_size - 1 (the sinks' too)."""
+    kw = dict(num_sinks=2, sink_positions="cache", memory_slots=3, memory_rule="key_norm")
+    model = trained_like(family, memory_positions="cache", **kw)
+    x = ids(T=28)
+    with torch.no_grad():
+        full = model(x, use_cache=False).logits
+        out = model(x[:, :12], use_cache=True)
+        cache, logits = out.past_key_values, [out.logits]
+        for t in range(12, x.shape[1]):
+            out = model(x[:, t : t + 1], past_key_values=cache, use_cache=True)
+            logits.append(out.logits)
+        absolute = trained_like(family, **kw)(x, use_cache=False).logits
+    assert rel_err(torch.cat(logits, 1), full) < 1e-4
+    assert rel_err(absolute, full) > 1e-3  # the positions matter
+    with pytest.raises(ValueError, match="memory_positions: got 'near'"):
+        ConversionConfig(memory_positions="near")

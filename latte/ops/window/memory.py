@@ -218,9 +218,19 @@ def attend(q, ks, vs, keep, scale, softcap, tables=None):
     return y.reshape(B, T, H, -1), lse.permute(0, 3, 1, 2).reshape(B, T, H)
 
 
+def coarse(score: torch.Tensor) -> torch.Tensor:
+    """Scores as they are ranked: rounded to bfloat16 (8 significant bits),
+    so that the rounding noise of two float32 paths (a chunked prefill and
+    the steps) almost never decides between two tokens whose exact scores
+    are equal (the same token twice has the same key norm); such ties go to
+    the older position (docs/math.md §4.2)."""
+    return score.to(torch.bfloat16).to(score.dtype)
+
+
 def _better(score, pos):
-    """better[.., i, c]: key i ranks before key c (higher score, ties to the
-    older position); score, pos [B, K, C]."""
+    """better[.., i, c]: key i ranks before key c (higher coarse score, ties
+    to the older position); score, pos [B, K, C]."""
+    score = coarse(score)
     si, sc = score[..., :, None], score[..., None, :]
     return (si > sc) | ((si == sc) & (pos[..., :, None] < pos[..., None, :]))
 
@@ -253,10 +263,11 @@ def _insert(state, k_c, v_c, r_c, p_c):
     M = score.shape[1]
     i = torch.arange(M, device=score.device)[None, :, None]  # [1, M, 1]
     n = mask.sum(1, keepdim=True)  # [B, 1, K] held
-    low = score.amin(1, keepdim=True)
-    worst = torch.where(score == low, i, -1).amax(1, keepdim=True)  # the newest of the lowest
+    ranked = coarse(score)
+    low = ranked.amin(1, keepdim=True)
+    worst = torch.where(ranked == low, i, -1).amax(1, keepdim=True)  # the newest of the lowest
     valid = (r_c > float("-inf"))[:, None]  # [B, 1, K]
-    displace = (n == M) & (r_c[:, None] > low)
+    displace = (n == M) & (coarse(r_c)[:, None] > low)
     src = torch.where(displace, i + (i >= worst).long(), torch.where(valid & (i == n), M, i))  # from [held, c]
 
     def take(x, c):  # x [B, M, K, *F], c [B, K, *F] -> [B, M, K, *F]
