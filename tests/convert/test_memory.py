@@ -95,3 +95,28 @@ def test_slots_at_fixed_positions_decode_like_the_full_forward(family):
     assert rel_err(absolute, full) > 1e-3  # the positions matter
     with pytest.raises(ValueError, match="memory_positions: got 'near'"):
         ConversionConfig(memory_positions="near")
+
+
+@pytest.mark.parametrize("positions", ["absolute", "cache"])
+def test_left_padded_batch_generates_like_each_row_alone_with_slots(positions):
+    """A slot's position is its count of real tokens before it, as the
+    rotary positions generate derives from the attention mask."""
+    model = trained_like("qwen2", num_sinks=1, memory_slots=2, memory_rule="key_norm", memory_positions=positions)
+    a, b = ids(B=1, T=20, seed=3), ids(B=1, T=15, seed=4)
+    batch = torch.cat([a, torch.cat([torch.zeros(1, 5, dtype=torch.long), b], 1)])
+    mask = torch.ones_like(batch)
+    mask[1, :5] = 0
+    with torch.no_grad():
+        both = model.generate(batch, attention_mask=mask, max_new_tokens=10, do_sample=False)
+        alone = [model.generate(x, max_new_tokens=10, do_sample=False) for x in (a, b)]
+    assert both[0, 20:].tolist() == alone[0][0, 20:].tolist()
+    assert both[1, 20:].tolist() == alone[1][0, 15:].tolist()
+
+
+def test_cache_reorders_the_slots_with_the_rows():
+    model = trained_like("llama", memory_slots=2)
+    with torch.no_grad():
+        cache = model(ids(T=20), use_cache=True).past_key_values
+    first = cache.states[0].attn.memory.k.clone()
+    cache.reorder_cache(torch.tensor([1, 0]))
+    assert torch.equal(cache.states[0].attn.memory.k, first.flip(0))
