@@ -29,17 +29,13 @@ from pathlib import Path
 import torch
 
 from experiments.common.results import Sweep
-from latte.data.heldout import eval_essays
-from latte.eval.needle import haystack_text, sentence_ends
 from latte.eval.retrieval import (
     FORMATS,
     TASKS,
+    Reader,
     SharedPrefix,
     answer_prompt,
-    build_prompt,
-    chat_frame,
     length_summary,
-    make_item,
 )
 
 from .convert_models import MODELS, TRAINED, Subject, as_model, label, sinks_cell
@@ -74,36 +70,6 @@ def base_subject(a) -> Subject:
     else:
         hf = transformers_tokenizer(load_tokenizer(cfg.data.tokenizer))
     return Subject(model, None, Path(folder), hf=hf)
-
-
-class Reader:
-    """Text <-> ids for the retrieval prompts: the subject's transformers
-    tokenizer (no special tokens added), its chat frame, the haystacks."""
-
-    def __init__(self, subject: Subject):
-        self.hf, self.bos = subject.hf_tokenizer, subject.bos
-        self.frame = chat_frame(self.hf) if getattr(self.hf, "chat_template", None) else None
-        self._hay: dict[int, tuple[list[int], list[bool]]] = {}
-
-    def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False)
-
-    def decode(self, ids) -> str:
-        return self.hf.decode(ids)
-
-    def hay(self, trial: int) -> tuple[list[int], list[bool]]:
-        if trial not in self._hay:
-            ids = self.encode(haystack_text(eval_essays(), seed=trial))
-            self._hay[trial] = (ids, sentence_ends(self.hf, ids))
-        return self._hay[trial]
-
-    def prompt(self, cell: dict):
-        item = make_item(cell["task"], f"{cell['context']}-{cell['depth']}-{cell['trial']}")
-        fmt = FORMATS[cell["format"]]
-        hay, ends = self.hay(cell["trial"])
-        return build_prompt(
-            self.encode, hay, ends, cell["context"], cell["depth"], item, fmt, frame=self.frame, bos=self.bos
-        )
 
 
 def check_formats(names: list[str], reader: Reader, option: str) -> None:

