@@ -222,8 +222,30 @@ def check_out(req: Request) -> None:
 # --------------------------------------------------------------------------- the command
 
 
+# optional packages an evaluation may need -> the line that installs them
+PIP = {
+    "transformers": "pip install 'latte[convert]'",
+    "gguf": "pip install 'latte[convert]'",
+    "accelerate": "pip install 'latte[convert]'",
+    "lm_eval": "pip install 'latte[harness]'",
+    "tokenizers": "pip install 'latte[train]'",
+    "datasets": "pip install 'latte[datasets]'",
+}
+
+
 def evaluate(req: Request) -> Path:
-    """Run every suite of `req` and write OUT/results.json and results.md."""
+    """Run every suite of `req` and write OUT/results.json and results.md;
+    a missing optional package is an ImportError naming its pip line."""
+    try:
+        return _evaluate(req)
+    except ModuleNotFoundError as e:
+        top = (e.name or "").partition(".")[0]
+        if top not in PIP:
+            raise
+        raise ImportError(f"{req.model}: this evaluation needs the package {top!r}: {PIP[top]}") from None
+
+
+def _evaluate(req: Request) -> Path:
     check_out(req)
     t0, load0 = time.time(), _load()
     base = open_model(req.model)

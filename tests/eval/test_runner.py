@@ -8,6 +8,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -269,3 +272,19 @@ def test_every_eval_module_is_reached_from_a_latte_command():
             todo += graph.get(m, ())
     mine = {m for m in graph if m == "latte.eval" or m.startswith("latte.eval.")}
     assert len(mine) >= 14 and not mine - reached, sorted(mine - reached)
+
+
+def test_a_missing_optional_package_exits_2_with_its_pip_line(converted):
+    """In a fresh process where transformers cannot be imported, evaluating
+    a converted export names the package and the line that installs it."""
+    _, _, exported = converted
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "from latte.cli import main\n"
+        f"sys.exit(main(['eval', {str(exported)!r}, '--out', {str(exported.parent / 'no-tf')!r}]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "needs the package 'transformers': pip install 'latte[convert]'" in proc.stderr
