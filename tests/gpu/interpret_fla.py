@@ -1,15 +1,25 @@
 """fla-core's real Triton kernels on CPU under TRITON_INTERPRET=1, through
-latte/ops/latte/gla.py, against the float64 reference: a check run by hand, not
-part of the test suite (it needs Triton installed and patches to its
-interpreter, and takes minutes).
+latte/ops/latte/gla.py, against the float64 reference: the whole matrix, run
+by hand (it needs Triton installed and patches to its interpreter, and takes
+about 5 minutes on 2 cores; tests/ops/test_gla_interpret.py runs a capped
+subset in the suite).
 
     TRITON_INTERPRET=1 python tests/gpu/interpret_fla.py
 
-The patches (Triton 3.6): the autotuner has no driver to time configs with,
-so it takes the first; loop variables of `for i in range(n)` are plain ints
-in the interpreter but fla calls .to() on them, so range() yields interpreter
-scalars inside kernels; and interpreter scalars convert to int through
-their single element (numpy 2 refuses int() of a 1-element array).
+First the checks below, once per construction ("eager": two-level z, then
+chunk_gla; "fused": fla's gate, then chunk_gla), then every float32 test of
+tests/ops/test_gla_fused.py with LATTE_FLA_INTERPRET=1 (std 1 / 40 logits,
++80 spikes, common offsets of 1e3 / 1e4 with and without centring, initial
+states, packed documents with masks, left padding, a fully padded row,
+decoding steps, each op's fake implementation against the kernels).
+
+The patches (Triton 3.6, 3.9): the autotuner has no driver to time configs
+with, so it takes the first; loop variables of `for i in range(n)` are plain
+ints in the interpreter but fla calls .to() on them, so range() yields
+interpreter scalars inside kernels; interpreter scalars convert to int
+through their single element (numpy 2 refuses int() of a 1-element array);
+fla's gate scans with its own combine functions and calls libdevice's log1p,
+which the interpreter (3.9) does not patch: both run in numpy (patch_scans).
 The interpreter computes float32 dots exactly (no TF32).
 """
 
@@ -17,7 +27,9 @@ from __future__ import annotations
 
 import builtins
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"
 
@@ -91,31 +103,35 @@ def patch_scans():
 
 
 def main() -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: tests.helpers
     patch_triton()
-    from latte.ops import LatteState, backend, latte_causal, latte_causal_step
-    from latte.ops import reference as R
-    from tests.helpers import grads_of, rel_err
+    from latte.ops import backend
+    from latte.ops.latte import gla_ops
 
     backend._fla_error = lambda x: None  # CPU tensors: the interpreter runs the kernels on them
-
-    def fla(*args, **kw):
-        return latte_causal(*args, backend="fla", **kw)
-
-    f64 = torch.float64
-    torch.manual_seed(0)
+    gla_ops.CPU_IMPL = "triton"  # the custom ops run fla's kernels on them too
     worst = 0.0
+    for name in ("eager", "fused"):
+        print(f"-- construction {name}", flush=True)
+        with backend.using_fla_construction(name):
+            worst = max(worst, checks())
+    print(f"worst relative error {worst:.1e}")
+    env = dict(os.environ, LATTE_FLA_INTERPRET="1", TRITON_INTERPRET="1")
+    root = Path(__file__).resolve().parents[2]
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "tests/ops/test_gla_fused.py"], cwd=root, env=env
+    )
+    return 0 if worst < 1e-4 and tests.returncode == 0 else 1
 
-    def report(name, out, out_ref, g=(), g_ref=()):
-        nonlocal worst
-        errs = [rel_err(out, out_ref)] + [rel_err(x, xr) for x, xr in zip(g, g_ref)]
-        worst = max(worst, *errs)
-        print(
-            f"{name:34s} forward {errs[0]:.1e}"
-            + ("  grads (a b v S0 z0) " + " ".join(f"{e:.1e}" for e in errs[1:]) if len(errs) > 1 else ""),
-            flush=True,
-        )
 
-    B, H, L, D = 2, 2, 16, 16
+def logit_cases(fla, report, shape):
+    """Std 1 and 40 key logits and +80 spikes, from an initial state, forward and gradients."""
+    from latte.ops import LatteState
+    from latte.ops import reference as R
+    from tests.helpers import grads_of
+
+    B, H, L, D = shape
+    f64 = torch.float64
     for T, scale, spikes in [(1, 1.0, 0.0), (100, 1.0, 0.0), (100, 40.0, 0.0), (130, 1.0, 80.0)]:
         a, b, v = (
             torch.randn(B, T, H, L, dtype=f64),
@@ -136,6 +152,34 @@ def main() -> int:
         out, g = grads_of(fast, [x.float() for x in (a, b, v, S0, z0)])
         out_ref, g_ref = grads_of(ref, [a, b, v, S0, z0])
         report(f"T={T} logits std {scale:g} spikes {spikes:g}", out, out_ref, g, g_ref)
+
+
+def checks() -> float:
+    """The kernels through latte_causal / latte_causal_step against the
+    float64 reference; returns the worst relative error."""
+    from latte.ops import latte_causal, latte_causal_step
+    from latte.ops import reference as R
+    from tests.helpers import rel_err
+
+    def fla(*args, **kw):
+        return latte_causal(*args, backend="fla", **kw)
+
+    f64 = torch.float64
+    torch.manual_seed(0)
+    worst = 0.0
+
+    def report(name, out, out_ref, g=(), g_ref=()):
+        nonlocal worst
+        errs = [rel_err(out, out_ref)] + [rel_err(x, xr) for x, xr in zip(g, g_ref)]
+        worst = max(worst, *errs)
+        print(
+            f"{name:34s} forward {errs[0]:.1e}"
+            + ("  grads (a b v S0 z0) " + " ".join(f"{e:.1e}" for e in errs[1:]) if len(errs) > 1 else ""),
+            flush=True,
+        )
+
+    B, H, L, D = 2, 2, 16, 16
+    logit_cases(fla, report, (B, H, L, D))
 
     lengths = [5, 64, 1, 70]
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
@@ -160,8 +204,7 @@ def main() -> int:
         y_t, state = latte_causal_step(a[:, t].float(), b[:, t].float(), v[:, t].float(), state, backend="fla")
         ys.append(y_t)
     report("decode steps (fused_recurrent_gla)", torch.stack(ys, 1), R.latte_causal(a[:, :12], b[:, :12], v[:, :12])[0])
-    print(f"worst relative error {worst:.1e}")
-    return 0 if worst < 1e-4 else 1
+    return worst
 
 
 if __name__ == "__main__":
