@@ -178,7 +178,8 @@ def first_run(out: Path = DEFAULT_OUT, work: Path = DEFAULT_WORK, quick: bool = 
     results) so that a second call starts warm."""
     env = (("TRITON_CACHE_DIR", str(work / "triton-kernels")),)
     kernels = (str(work / "triton-kernels"),)
-    ops = ("--device", "cuda", "--dtype", "bfloat16", "--providers", "latte,latte-fla,latte-fla-compiled,fla-gla,sdpa")
+    providers = "latte,latte-fla,latte-fla-compiled,latte-fla-fused,fla-gla,fla-gate,sdpa"
+    ops = ("--device", "cuda", "--dtype", "bfloat16", "--providers", providers)
     ops += () if quick else ("--seqs", "4096,16384,65536", "--tokens", "65536")
     full = lambda *a: () if quick else a  # noqa: E731  arguments of the full-size run only
     return [
@@ -187,7 +188,8 @@ def first_run(out: Path = DEFAULT_OUT, work: Path = DEFAULT_WORK, quick: bool = 
         Stage("first-check", _bench("check", out, quick, "--device", "cuda", *full("--seqs", "256,4096")), 60, 35,
               env=env, outputs=kernels, what="fla and torch vs float64 on the device, T 256 and 4096"),
         Stage("first-ops", _bench("ops", out, quick, *ops, "--point-cap", "15", "--time-budget", "120"), 150, 115,
-              env=env, outputs=kernels, what="latte (torch, fla eager, compiled), chunk_gla, sdpa: 4K/16K/64K bf16"),
+              env=env, outputs=kernels,
+              what="latte (torch; fla eager, compiled, fused), chunk_gla, the gate, sdpa: 4K-64K bf16"),
         Stage("first-train", _bench("train", out, quick, "--device", "cuda", *full("--tokens-per-step", "16384")),
               100, 75, env=env, outputs=kernels, what="Table 6 model, one AdamW step per mixer: tokens/s"),
         Stage("first-decode", _bench("decode", out, quick, "--device", "cuda", "--prefill-cap", "20",

@@ -13,8 +13,13 @@ Providers:
   latte-fla-compiled
                  latte-fla with the "compiled" construction (backend.set_fla_construction):
                  q, k, g built by one torch.compile'd function, compiled at its first call
+  latte-fla-fused
+                 latte-fla with the "fused" construction: softmax, fla's gate, chunk_gla
+                 (docs/gpu.md §2.3)
   fla-gla        fla-core's chunk_gla alone on ready q, k, g of the same shapes:
                  latte-fla / fla-gla is the construction's cost
+  fla-gate       fla-core's gate fused_additive_gate alone on the key logits (k, g
+                 in float32 and z; its scan is serial in T), beside fla-gla
   macchiato      macchiato on the torch kernels
   macchiato-fla  macchiato with backend "fla": latents on fla, window on flex_attention
                  (compiled once per shape, ~30 s each: only at `--macchiato-seqs`, 4K and 64K)
@@ -47,7 +52,18 @@ from .cuda_report import markdown_ops, ops_ratios, plot_ops
 from .device import DTYPES, cuda_peak_mb, device_info, synced
 from .providers import as_call
 
-PROVIDERS = ("latte", "latte-fla", "latte-fla-compiled", "fla-gla", "macchiato", "macchiato-fla", "sdpa")
+PROVIDERS = (
+    "latte",
+    "latte-fla",
+    "latte-fla-compiled",
+    "latte-fla-fused",
+    "fla-gla",
+    "fla-gate",
+    "macchiato",
+    "macchiato-fla",
+    "sdpa",
+)
+LATTE_FLA = {"latte-fla": "eager", "latte-fla-compiled": "compiled", "latte-fla-fused": "fused"}
 DEVICE = "cuda"  # the tests run this module's plumbing on "cpu"
 FULL_T = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 QUICK_T = [64, 256]
@@ -132,11 +148,11 @@ def make_inputs(provider: str, T: int, dtype, B: int = 1, shape=(HEADS, LATENTS,
     def r(*size, dt=dtype):
         return torch.randn(*size, generator=g).to(DEVICE, dt)
 
-    if provider in ("latte", "latte-fla", "latte-fla-compiled"):
+    if provider == "latte" or provider in LATTE_FLA:
         backend = "torch" if provider == "latte" else "fla"
-        # latte-fla pins "eager" so that latte-fla / latte-fla-compiled compares the two constructions
-        # whatever LATTE_FLA_CONSTRUCTION says; the torch backend builds no kernel inputs
-        construction = {"latte-fla": "eager", "latte-fla-compiled": "compiled"}.get(provider)
+        # each fla provider pins its construction (latte-fla: "eager") so that their ratios compare
+        # the constructions whatever LATTE_FLA_CONSTRUCTION says; the torch backend builds no kernel inputs
+        construction = LATTE_FLA.get(provider)
 
         def latte(a, b, v):
             with using_fla_construction(construction) if construction else contextlib.nullcontext():
@@ -149,6 +165,10 @@ def make_inputs(provider: str, T: int, dtype, B: int = 1, shape=(HEADS, LATENTS,
         q, k = torch.softmax(r(B, T, H, L), -1), torch.sigmoid(r(B, T, H, L))
         log_decay = F.logsigmoid(r(B, T, H, L, dt=torch.float32))
         return [q, k, r(B, T, H, D), log_decay], lambda q, k, v, g_: chunk_gla(q, k, v, g_, scale=1.0)[0]
+    if provider == "fla-gate":
+        from fla.ops.gsa.gate import fused_additive_gate
+
+        return [r(B, T, H, L)], lambda b: fused_additive_gate(b, gate_dtype=torch.float32)[:2]
     if provider in ("macchiato", "macchiato-fla"):
         backend = "fla" if provider == "macchiato-fla" else "torch"
         ins = [r(B, T, H, L), r(B, T, H, L), r(B, T, H, D), r(B, T, H, D), r(B, T, H, D)]

@@ -17,6 +17,10 @@ RATIOS = (  # name -> (numerator, denominator): > 1 means the denominator is fas
     ("sdpa/latte-fla-compiled", "sdpa", "latte-fla-compiled"),
     ("latte-fla-compiled/fla-gla", "latte-fla-compiled", "fla-gla"),
     ("latte-fla/latte-fla-compiled", "latte-fla", "latte-fla-compiled"),
+    ("sdpa/latte-fla-fused", "sdpa", "latte-fla-fused"),
+    ("latte-fla-fused/fla-gla", "latte-fla-fused", "fla-gla"),
+    ("latte-fla/latte-fla-fused", "latte-fla", "latte-fla-fused"),
+    ("fla-gate/fla-gla", "fla-gate", "fla-gla"),
     ("sdpa/macchiato-fla", "sdpa", "macchiato-fla"),
     ("macchiato-fla/latte-fla", "macchiato-fla", "latte-fla"),
 )

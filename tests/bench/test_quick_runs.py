@@ -136,7 +136,7 @@ def test_cuda_ops_plumbing_runs_on_cpu(tmp_path, monkeypatch):
     assert {(r["T"], r["B"]) for r in res["results"]} == {(32, 4), (64, 2)}
     for p in ("latte", "macchiato", "sdpa"):
         _check_point(got[(p, 64, "fwdbwd")])
-    for p in ("latte-fla", "latte-fla-compiled", "fla-gla", "macchiato-fla"):
+    for p in ("latte-fla", "latte-fla-compiled", "latte-fla-fused", "fla-gla", "fla-gate", "macchiato-fla"):
         assert got[(p, 64, "fwd")]["skipped"] and "unavailable" in got[(p, 64, "fwd")]["reason"]
     from latte.ops import backend
 
@@ -162,11 +162,11 @@ def test_cuda_latte_providers_pin_their_construction(monkeypatch):
     monkeypatch.setattr(cuda, "latte_causal", fake_latte_causal)
     for around in ("eager", "compiled"):
         with choice.using_fla_construction(around):
-            for p in ("latte", "latte-fla", "latte-fla-compiled"):
+            for p in ("latte", "latte-fla", "latte-fla-compiled", "latte-fla-fused"):
                 inputs, fn = cuda.make_inputs(p, 8, torch.float32, 1, (2, 4, 4))
                 fn(*inputs)
             assert choice.get_fla_construction() == around
-        assert seen == [("torch", around), ("fla", "eager"), ("fla", "compiled")]
+        assert seen == [("torch", around), ("fla", "eager"), ("fla", "compiled"), ("fla", "fused")]
         seen.clear()
     assert choice._construction is None
 

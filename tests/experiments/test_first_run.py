@@ -12,7 +12,7 @@ def test_first_run_dry_run_checks_every_command(capsys, tmp_path):
     assert "5 stages, budget 500 s per invocation" in out
     for s in suite.first_run():
         assert f"[ok] {s.name}" in out
-    assert "30 points, T 4096..65536, batch x T 65536" in out  # 3 T x 2 modes x 5 providers
+    assert "42 points, T 4096..65536, batch x T 65536" in out  # 3 T x 2 modes x 7 providers
     assert "dry run: every command checked" in out
 
 
