@@ -15,7 +15,32 @@ state S_t = sum_s exp(b_s - z_t) v_s (the decays telescope to exp(z_s - z_t)),
 and o_t = q_t h_t is y_t. The state (S, z) of LatteState maps one to one:
 S is GLA's h, z is kept beside it.
 
-Two guards, both exact to far below float32 precision:
+Three constructions of q, k, g (backend.FLA_CONSTRUCTIONS; "auto", the
+default, takes "fused" where fused_wins says so, else "eager"):
+
+"fused" (fused_chunked, fused_step): q = softmax(a) in the kernel's dtype,
+then fla's gate fused_additive_gate (custom op latte::additive_gate,
+gla_ops.py) makes k, g (float32) and z in one pass over b, from the
+state's z, per document with cu_seqlens; one kernel forward, one backward.
+Its scan runs each sequence serially, one program per 32 of the H x L
+channels: fused_wins keeps "eager" where few programs would scan long
+sequences. Guards:
+- float32 b is centred on its largest value per latent (as below); a
+  bf16 / fp16 b is not (its 8-bit mantissa has lost a large common
+  offset's precision before latte sees it), which saves a pass over b.
+- masked tokens get b = NEG and v = 0 before the gate: a masked token after
+  real ones has k = 0; one before any (left padding) has k = exp(NEG - NEG)
+  = 1 against v = 0, so it adds nothing. g is clamped at G_FLOOR after the
+  gate where a mask or a state is given (the first real token after left
+  padding has g = NEG - b), and a sequence with no real token ends in the
+  empty state's z = -inf.
+Counted on `meta` tensors at B 16, T 4096, H 16, L 128, bf16 (latte/bench/
+op_count.py): 2 ops each way beside chunk_gla's, 2.0 GiB read and written
+forward, 2.5 GiB backward (the eager construction: 20 and 70 ops, 14.5 and
+50 GiB). Not yet timed on a GPU.
+
+"eager" (gla_inputs; "compiled": the same through torch.compile), two
+guards, both exact to far below float32 precision:
 - b is centred on its largest value per latent (p(s|l,t) does not change)
   so that z keeps float32 precision when all logits share a large offset.
 - g is clamped at G_FLOOR: a jump of z by more than 40 (a logit far above
@@ -23,16 +48,18 @@ Two guards, both exact to far below float32 precision:
   logits are -1e30) leaves at most exp(-40) = 4e-18 of the old state instead
   of 0, and keeps the kernels' in-chunk cumulative sums of g small, so their
   float32 differences stay precise.
-
 Masked tokens (mask False) get k = 0: they add nothing and leave z as it is.
 Gradients flow through this construction by autograd and through the GLA
-kernel by fla's own backward.
-
+kernel by its custom op's backward (fla's).
 z is formed in two levels (log_normalisers): a logcumsumexp inside chunks
 of Z_CHUNK tokens, all chunks at once, then one over the n = T / Z_CHUNK
 chunk totals, combined with one logaddexp; no scan runs T steps long, in
-the forward or in autograd's backward. The kernel's output stays in its
-dtype (bf16 for bf16 inputs): latte_causal returns it as it is.
+the forward or in autograd's backward.
+
+Every construction calls chunk_gla and fused_recurrent_gla through the
+custom ops of gla_ops.py (no graph break under torch.compile). The
+kernel's output stays in its dtype (bf16 for bf16 inputs): latte_causal
+returns it as it is.
 
 fla's kernels run float32 dots in TF32 on Ampere and newer GPUs (relative
 errors ~1e-3); TRITON_F32_DEFAULT=ieee in the environment before the first
