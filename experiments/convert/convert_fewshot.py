@@ -17,13 +17,9 @@ from latte.eval.fewshot import (
     GEN_TASKS,
     MC_TASKS,
     MMLU,
-    answer_of,
-    choice_logprobs,
     gen_examples,
-    generate_until,
     mc_examples,
-    score_answer,
-    score_choices,
+    score_example,
 )
 from latte.eval.retrieval import length_summary
 
@@ -94,11 +90,7 @@ def fewshot_stage(a, subject: Subject, sinks: int) -> list[dict]:
         ex = examples[(cell["task"], cell["doc"])]
         ctx = bos + enc(ex.context)
         with as_model(subject, cell["model"], sinks) as model:
-            if cell["kind"] == "mc":
-                rec = score_choices(ex, choice_logprobs(model, ctx, [enc(c) for c in ex.choices]))
-            else:
-                pred = generate_until(model, hf.decode, ctx, ex.stop, a.gen_max_tokens)
-                rec = {"prediction": pred, **score_answer(answer_of(cell["task"], pred), ex.choices)}
+            rec = score_example(model, hf, ctx, ex, cell["task"], a.gen_max_tokens)
         wall = round(time.perf_counter() - t0, 2)
         return {**rec, "tokens": len(ctx), "window": window, "load": round(load0, 2), "wall_s": wall}
 

@@ -224,3 +224,17 @@ def answer_of(task: str, prediction: str) -> str:
     m = re.search(r"answer is\s*\$?(-?[\d,]*\.?\d+)", prediction)
     found = [m.group(1)] if m else re.findall(r"-?[\d,]*\.?\d+", prediction)
     return found[-1].replace(",", "").rstrip(".") if found else ""
+
+
+def score_example(model, hf_tokenizer, ids: list[int], ex: Example, task: str, gen_max_tokens: int) -> dict:
+    """One example answered by `model` after the context ids (its beginning-
+    of-sequence ids included): a multiple-choice task's acc and
+    acc_per_char, or a generative task's prediction, exact match and F1."""
+
+    def enc(text: str) -> list[int]:
+        return hf_tokenizer.encode(text, add_special_tokens=False)
+
+    if task not in GEN_TASKS:
+        return score_choices(ex, choice_logprobs(model, ids, [enc(c) for c in ex.choices]))
+    pred = generate_until(model, hf_tokenizer.decode, ids, ex.stop, gen_max_tokens)
+    return {"prediction": pred, **score_answer(answer_of(task, pred), ex.choices)}

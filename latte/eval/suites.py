@@ -25,13 +25,9 @@ from latte.data import TokenWindows, load_documents
 from latte.data.heldout import eval_essays, eval_plays
 from latte.eval.fewshot import (
     GEN_TASKS,
-    answer_of,
-    choice_logprobs,
     gen_examples,
-    generate_until,
     mc_examples,
-    score_answer,
-    score_choices,
+    score_example,
 )
 from latte.eval.latents import latent_utilisation, latents_table, plot_latents
 from latte.eval.long_context import converted_nll, original_nll, perplexities
@@ -453,18 +449,11 @@ def _fewshot_run(ctx, evaluated):
         for t, d in examples
     ]
 
-    def enc(text: str) -> list[int]:
-        return hf.encode(text, add_special_tokens=False)
-
     def cell_fn(cell: dict) -> dict:
         ex, load0 = examples[(cell["task"], cell["doc"])], os.getloadavg()[0]
-        ids = bos + enc(ex.context)
+        ids = bos + hf.encode(ex.context, add_special_tokens=False)
         with _of(evaluated, cell).use() as model:
-            if cell["kind"] == "mc":
-                rec = score_choices(ex, choice_logprobs(model, ids, [enc(c) for c in ex.choices]))
-            else:
-                pred = generate_until(model, hf.decode, ids, ex.stop, GEN_MAX_TOKENS)
-                rec = {"prediction": pred, **score_answer(answer_of(cell["task"], pred), ex.choices)}
+            rec = score_example(model, hf, ids, ex, cell["task"], GEN_MAX_TOKENS)
         return {**rec, "tokens": len(ids), "load": round(load0, 2)}
 
     options = {"examples": req.examples, "gen_max_tokens": GEN_MAX_TOKENS, "bos": len(bos)}
