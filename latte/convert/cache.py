@@ -1,10 +1,10 @@
 """MacchiatoCache: the constant-size decoding state of a converted model,
 behind the transformers `Cache` API so `model.generate` uses it.
 
-Per layer: the latent state (S, z), a ring buffer of the last window_size - 1
-keys/values (keys already rotated) and the qk-mixer state. Its size does not
-depend on the context; a KV cache grows by 2 x layers x kv_heads x head_dim
-numbers per token.
+Per layer: the latent state (S, z), a buffer of the last min(window_size - 1,
+positions) keys/values (keys already rotated) and the qk-mixer state. Its
+size stops growing at the window; a KV cache grows by 2 x layers x kv_heads x
+head_dim numbers per token.
 
 Unlike `latte.models.LatteCache` (a value), this cache is updated in place by
 each forward, as transformers caches are. The model increments
@@ -36,7 +36,7 @@ class MacchiatoCache(Cache):
         return f"MacchiatoCache(layers={len(self.states)}, seen_tokens={self.seen_tokens}, nbytes={self.nbytes()})"
 
     def nbytes(self) -> int:
-        """Bytes held by every layer's state (constant in the context)."""
+        """Bytes held by every layer's state (constant once the context reaches the window)."""
         return sum(state_nbytes(s) for s in self.states)
 
     @property
@@ -56,7 +56,7 @@ class MacchiatoCache(Cache):
         return self.seen_tokens + query_length, 0  # only used to size masks we never build
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
-        return -1  # no maximum: the state never grows
+        return -1  # no maximum: the state stops growing at the window
 
     def reset(self) -> None:
         self.states = [None] * len(self.states)

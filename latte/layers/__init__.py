@@ -11,7 +11,8 @@ continues exactly: prefill + token-by-token decode == one full forward.
 positions [B, T]: the RoPE positions, given by a model (which counts them
 once for all layers); left out, a layer with RoPE counts real tokens itself
 in `state.pos` [B]. `state_nbytes(state)` is constant in the context length
-for every layer except SoftmaxAttention (KV cache).
+for every layer except SoftmaxAttention (KV cache); the window layers' state
+grows with the first window_size - 1 positions, then stays constant.
 """
 
 from .latte_attention import LatteAttention, LatteLayerState

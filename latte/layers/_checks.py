@@ -46,14 +46,14 @@ def check_backend(backend) -> None:
 
 
 def check_input(x, dim: int, mask, positions=None) -> tuple[int, int]:
-    """x [B, T, dim] floating, T >= 1; mask None or bool [B, T]; positions
+    """x [B, T, dim] floating, B >= 1 and T >= 1 (as in the ops); mask None or bool [B, T]; positions
     None or integer [B, T]. Returns (B, T)."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 3:
         got = f"shape {tuple(x.shape)}, dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"x: expected a floating-point tensor [B, T, dim], got {got}")
     B, T, D = x.shape
-    if D != dim or T < 1:
-        raise ValueError(f"x: expected [B, T >= 1, dim={dim}], got shape {tuple(x.shape)}")
+    if D != dim or B < 1 or T < 1:
+        raise ValueError(f"x: expected [B >= 1, T >= 1, dim={dim}], got shape {tuple(x.shape)}")
     if mask is not None:
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (B, T):
             got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__

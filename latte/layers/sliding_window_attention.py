@@ -5,8 +5,9 @@ Legend: B batch, T time, H query heads, K key/value heads, E head width
 
 Exact causal softmax attention over the last W tokens (itself included) with
 RoPE and grouped KV heads: `latte.ops.sliding_window_attention` for T > 1,
-`sliding_window_step` for T == 1. The state is a ring buffer of the last W - 1
-keys/values: constant in T. It is Macchiato without the latents.
+`sliding_window_step` for T == 1. The state is a buffer of the last
+min(W - 1, positions) keys/values: constant in T once it holds W - 1. It is
+Macchiato without the latents.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from .rope import layer_positions
 
 
 class WindowLayerState(NamedTuple):
-    """Decoding state of SlidingWindowAttention: constant in T."""
+    """Decoding state of SlidingWindowAttention: bounded by the window."""
 
-    attn: WindowState  # k [B, W-1, K, E], v [B, W-1, K, E] (float32), mask [B, W-1]
+    attn: WindowState  # k [B, P, K, E], v [B, P, K, E] (float32), mask [B, P]; P = min(W - 1, positions)
     pos: torch.Tensor | None  # [B] int64 real tokens seen so far; None inside a model (its cache counts)
 
 

@@ -282,7 +282,7 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
                 mask,
                 tuple(input_ids.shape),
                 self.model.embed.num_embeddings,
-                values=value_checks(self.model.validate_inputs),
+                values=value_checks(self.model.validate_inputs, input_ids),
             )
         hidden, state = self.model(
             input_ids, state=state, attention_mask=mask, use_cache=use_cache, inputs_checked=True
@@ -353,7 +353,7 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
         argument is validated here, before the first token is asked for."""
         greedy = check_sampling_args(max_new_tokens, temperature, top_k, top_p, do_sample)
         mask = self.model.check_inputs(input_ids, attention_mask)
-        if mask is not None and value_checks(self.model.validate_inputs):
+        if mask is not None and value_checks(self.model.validate_inputs, mask):
             if not bool(mask[:, -1].all()):
                 raise ValueError(
                     "attention_mask: generate needs LEFT padding (the last column all ones): pad prompts on the left"
@@ -384,7 +384,8 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
         part of the output was streamed (each new token but the last is fed
         back at the next position)."""
         cfg = self.config
-        if cfg.position_embedding == "none" or max_new_tokens == 0 or not value_checks(self.model.validate_inputs):
+        checks = value_checks(self.model.validate_inputs, input_ids)
+        if cfg.position_embedding == "none" or max_new_tokens == 0 or not checks:
             return
         prompt = int(mask.sum(1).max()) if mask is not None else input_ids.shape[1]
         if prompt + max_new_tokens - 1 > cfg.max_position_embeddings:

@@ -49,7 +49,7 @@ class LatteForSequenceClassification(PretrainedMixin, nn.Module):
     def forward(
         self, input_ids: torch.Tensor, *, labels: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None
     ) -> SequenceClassifierOutput:
-        values = value_checks(self.model.validate_inputs)
+        values = value_checks(self.model.validate_inputs, input_ids)
         mask = self.model.check_inputs(input_ids, attention_mask)  # the one validation of the inputs
         hidden, _ = self.model(input_ids, attention_mask=mask, inputs_checked=True)  # [B, T, dim]
         logits = self.head(pool(hidden, mask, self.config.pooling, values=values))  # [B, num_labels]
@@ -84,7 +84,7 @@ class LatteForPairClassification(LatteForSequenceClassification):
         attention_mask: torch.Tensor | None = None,
         attention_mask_2: torch.Tensor | None = None,
     ) -> SequenceClassifierOutput:
-        values = value_checks(self.model.validate_inputs)
+        values = value_checks(self.model.validate_inputs, input_ids)
         masks = [
             self.model.check_inputs(input_ids, attention_mask),
             self.model.check_inputs(input_ids_2, attention_mask_2),

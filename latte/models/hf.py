@@ -240,7 +240,7 @@ class LatteHFForCausalLM(LatteHFPreTrainedModel, GenerationMixin):
                 mask,
                 tuple(input_ids.shape),
                 self.model.embed.num_embeddings,
-                values=value_checks(self.model.validate_inputs),
+                values=value_checks(self.model.validate_inputs, input_ids),
             )
             logits, loss = head_and_loss(hidden, self.lm_head, targets, None, self.training)
         cache = None
@@ -279,7 +279,7 @@ class LatteHFForSequenceClassification(LatteHFPreTrainedModel):
         **kwargs: Any,
     ) -> SequenceClassifierOutput | tuple:
         mask = self._checked_inputs(input_ids, attention_mask)
-        values = value_checks(self.model.validate_inputs)
+        values = value_checks(self.model.validate_inputs, input_ids)
         hidden, _ = self.model(input_ids, attention_mask=mask, inputs_checked=True)
         logits = self.head(pool(hidden, mask, self.config.pooling, values=values))
         loss = None

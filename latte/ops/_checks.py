@@ -7,9 +7,11 @@ Nothing here broadcasts silently.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from latte._checks import check_positive_int  # noqa: F401  (re-exported for the ops)
+from latte._checks import check_positive_int, is_real, values_readable  # noqa: F401  (re-exported for the ops)
 
 # A key logit that contributes exactly nothing: exp(NEG - z) underflows to 0 in
 # float32 and float64 as soon as any real logit has been seen. It is finite, so
@@ -28,6 +30,30 @@ def check_float(name: str, x: torch.Tensor) -> None:
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise ValueError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}")
+
+
+_SIZES = {"B": "batch size B", "T": "sequence length T"}
+
+
+def check_nonempty(name: str, x: torch.Tensor, dims: str) -> None:
+    """The leading sizes named by `dims` ("BT": batch and time; "B") are >= 1:
+    an empty batch or sequence has nothing to attend to, and each kernel
+    would fail its own way on it (a division by zero, a reshape)."""
+    for i, letter in enumerate(dims):
+        if x.shape[i] < 1:
+            raise ValueError(f"{name}: {_SIZES[letter]} must be >= 1, got 0 (shape {tuple(x.shape)})")
+
+
+def check_finite(name: str, value, *, low: float, low_open: bool = True, allow_none: bool = True) -> None:
+    """A float argument of an op: a real Python number (not a tensor, not a
+    bool), finite and above `low` (at or above it when `low_open` is False).
+    Checked once at the op boundary, on the Python scalar: no tensor is read."""
+    if value is None and allow_none:
+        return
+    ok = is_real(value) and math.isfinite(value)
+    if not ok or value < low or (low_open and value == low):
+        bound = f"> {low:g}" if low_open else f">= {low:g}"
+        raise ValueError(f"{name}: expected {'None or ' if allow_none else ''}a finite number {bound}, got {value!r}")
 
 
 def check_rank(name: str, x: torch.Tensor, rank: int, layout: str) -> None:
@@ -69,6 +95,8 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, length: int) -> None:
         )
     if batch != 1:
         raise ValueError(f"cu_seqlens: packed input needs batch size 1, got {batch}")
+    if not values_readable(cu_seqlens):
+        return
     cu = cu_seqlens.tolist()
     if cu[0] != 0:
         raise ValueError(f"cu_seqlens: must start at 0, got {cu[0]}")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from ._checks import check_rank
+from ._checks import check_rank, values_readable
 from ._exp import exp_floor
 from .layout import no_autocast
 
@@ -129,10 +129,9 @@ def linear_cross_entropy(
         raise ValueError(f"targets: expected an integer tensor [N] = ({hidden.shape[0]},), got {got}")
     V = weight.shape[0]
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= V))
-    # a value check reads back to the host: eager calls only (a compiled or
-    # exported graph has none; the models check their labels before this; a
-    # meta tensor has no values)
-    if not torch.compiler.is_compiling() and targets.device.type != "meta" and bool(bad.any()):
+    # a value check reads back to the host: where values_readable allows (the
+    # models check their labels before this)
+    if values_readable(targets) and bool(bad.any()):
         raise ValueError(
             f"targets: found {int(targets[bad][0])}; targets must be in [0, {V - 1}] or ignore_index ({ignore_index})"
         )

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import check_mask, check_positive_int, check_rank, check_same, check_shape, state_dtype
+from ._checks import check_mask, check_nonempty, check_positive_int, check_rank, check_same, check_shape, state_dtype
 from .layout import from_chunks, to_chunks
 
 EPS = 1e-6
@@ -49,6 +49,7 @@ def _check(q, k, v, mask, suffix=""):
         check_same(names, [q.shape[1], v.shape[1]], "sequence lengths")
     check_same(names, [q.shape[-2], v.shape[-2]], "head counts")
     check_mask("mask" + suffix, mask, tuple(q.shape[: rank - 2]))
+    check_nonempty("q" + suffix, q, "B" if suffix else "BT")
 
 
 def _check_state(state, B, H, E, D, name):
@@ -125,8 +126,6 @@ def linear_attention(
     check_positive_int("chunk_size", chunk_size)
     B, T, H, E = q.shape
     D = v.shape[-1]
-    if T == 0:
-        raise ValueError("q: sequence length T must be >= 1, got 0")
     work, out_dtype = state_dtype(q.dtype), v.dtype
     q, k, v = q.to(work), _masked_keys(k.to(work), mask), v.to(work)
     if not causal:

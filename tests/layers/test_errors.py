@@ -1,5 +1,7 @@
 """Constructor and forward errors are ValueErrors naming the argument."""
 
+import re
+
 import pytest
 import torch
 
@@ -75,6 +77,24 @@ def test_forward_errors(layer):
     _, state = layer(x)
     with pytest.raises(ValueError, match="state: holds batch 2, expected batch 1"):
         layer(x[:1], state=state)
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        LatteAttention(16, 2, 8),
+        MacchiatoAttention(16, 2, 8, window_size=4),
+        SoftmaxAttention(16, 2),
+        LinearAttention(16, 2),
+        SlidingWindowAttention(16, 2, window_size=4),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_an_empty_batch_is_refused_like_an_empty_sequence(layer):
+    """Issue 59: LatteAttention and MacchiatoAttention failed a reshape on B = 0."""
+    for shape in ((0, 5, 16), (2, 0, 16)):
+        with pytest.raises(ValueError, match=re.escape(f"x: expected [B >= 1, T >= 1, dim=16], got shape {shape}")):
+            layer(torch.randn(*shape))
 
 
 def test_state_nbytes_rejects_unknown_objects():

@@ -16,3 +16,17 @@ def test_empty_batch_is_refused(mixer):
         model(torch.zeros(0, 5, dtype=torch.long))
     with pytest.raises(ValueError, match=r"got \(0, 5\)"):
         model.generate(torch.zeros(0, 5, dtype=torch.long), 3)
+
+
+def test_a_model_on_the_meta_device_runs_without_reading_values():
+    """Issue 59: the id range check called `.item()` on meta ids. Value checks
+    are skipped on meta tensors (latte._checks.values_readable); shapes flow."""
+    with torch.device("meta"):
+        model = LatteForCausalLM(LatteConfig.tiny(mixer=["latte", "macchiato"], num_layers=2)).eval()
+    ids = torch.zeros(2, 7, dtype=torch.long, device="meta")
+    out = model(ids, labels=ids, attention_mask=torch.ones(2, 7, dtype=torch.long, device="meta"), use_cache=True)
+    assert out.logits.shape == (2, 7, 64) and out.logits.device.type == "meta" and out.loss.device.type == "meta"
+    step = model(ids[:, :1], state=out.state)
+    assert step.logits.shape == (2, 1, 64)
+    with pytest.raises(ValueError, match="input_ids: found id 64"):  # a real tensor is still checked
+        LatteForCausalLM(LatteConfig.tiny())(torch.full((1, 3), 64))

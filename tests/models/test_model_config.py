@@ -66,6 +66,50 @@ def test_single_problem_messages(kwargs, field, text):
     assert len(lines(e)) == 1 and lines(e)[0].startswith(f"{field}:") and text in lines(e)[0], lines(e)
 
 
+@pytest.mark.parametrize(
+    "kwargs, text",
+    [
+        (dict(window_size=10**12), "got 1000000000000 (int), expected an integer in [1, 16777216] (2^24)"),
+        (dict(window_size=2**24 + 1), "expected an integer in [1, 16777216] (2^24)"),
+        (
+            dict(mixer="swa", position_embedding="learned", max_position_embeddings=64, window_size=65),
+            "expected <= max_position_embeddings (64) with learned positions",
+        ),
+    ],
+)
+def test_a_window_beyond_any_sequence_is_refused(kwargs, text):
+    """Issue 59: LatteConfig(window_size=10**12) was accepted (window-sized buffers followed)."""
+    with pytest.raises(ValueError) as e:
+        LatteConfig(**kwargs)
+    assert len(lines(e)) == 1 and lines(e)[0].startswith("window_size:") and text in lines(e)[0], lines(e)
+
+
+def test_the_largest_windows_allowed_are_accepted():
+    assert LatteConfig(window_size=2**24).window_size == 2**24
+    learned = dict(position_embedding="learned", max_position_embeddings=64)
+    assert LatteConfig(mixer="swa", window_size=64, **learned).window_size == 64
+    assert LatteConfig(mixer="latte", window_size=128, **learned).window_size == 128  # no window in use
+
+
+def test_the_trainer_and_conversion_configs_refuse_it_too(tmp_path, capsys):
+    from latte.train.config import ModelConfig
+
+    with pytest.raises(
+        ValueError, match=r"window_size: got 100000000000 \(int\), expected an integer in \[1, 16777216\]"
+    ):
+        ModelConfig(window_size=10**11)
+    convert_config = pytest.importorskip("latte.convert.config")
+    with pytest.raises(
+        ValueError, match=r"window_size: got 100000000000 \(int\), expected an integer in \[1, 16777216\]"
+    ):
+        convert_config.ConversionConfig(window_size=10**11)
+    from latte.cli import main
+
+    run = tmp_path / "run"  # the command of the report: exit 2 at config time, nothing written
+    assert main(["convert", "--conversion.window_size=100000000000", "--train.run_dir", str(run)]) == 2
+    assert "conversion.window_size: got 100000000000" in capsys.readouterr().err and not run.exists()
+
+
 def test_irrelevant_fields_are_not_checked():
     LatteConfig(mixer="softmax", num_heads=6, dim=48, num_latents=256)  # latents unused by softmax
     with pytest.raises(ValueError, match="num_latents"):

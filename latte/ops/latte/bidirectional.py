@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_mask, check_rank, check_same, state_dtype
+from .._checks import check_mask, check_nonempty, check_rank, check_same, state_dtype
 from .._exp import limit_spread
 from .causal import mask_keys
 
@@ -37,6 +37,7 @@ def latte_bidirectional(
     for i, what in enumerate(("batch sizes", "sequence lengths", "head counts")):
         check_same("a, v", [a.shape[i], v.shape[i]], what)
     check_mask("mask", mask, tuple(a.shape[:2]))
+    check_nonempty("a", a, "BT")
     work = state_dtype(a.dtype)
     b, v = mask_keys(b.to(work), v.to(work), mask)
     # over time (a strided dim) the fused softmax costs ~1.2x on std-100 logits, within

@@ -29,6 +29,7 @@ from .._checks import (
     NEG,
     check_cu_seqlens,
     check_mask,
+    check_nonempty,
     check_positive_int,
     check_rank,
     check_same,
@@ -61,6 +62,7 @@ def _check_inputs(a, b, v, mask):
     check_same("a, v", [a.shape[1], v.shape[1]], "sequence lengths")
     check_same("a, v", [a.shape[2], v.shape[2]], "head counts")
     check_mask("mask", mask, tuple(a.shape[:2]))
+    check_nonempty("a", a, "BT")
 
 
 def check_latte_state(state, B, H, L, D, name="initial_state"):
@@ -167,8 +169,6 @@ def latte_causal(
     else:
         if initial_state is not None:
             check_latte_state(initial_state, B, H, L, D)
-        if T == 0:
-            raise ValueError("a: sequence length T must be >= 1, got 0")
         if fla:
             y, state = fla_chunked(a, b, v, initial_state, mask, keep_dtype=True)
         else:
@@ -199,6 +199,7 @@ def latte_causal_step(
     check_same("a_t, v_t", [a_t.shape[0], v_t.shape[0]], "batch sizes")
     check_same("a_t, v_t", [a_t.shape[1], v_t.shape[1]], "head counts")
     check_mask("mask_t", mask_t, (a_t.shape[0],))
+    check_nonempty("a_t", a_t, "B")
     if state is not None:
         check_latte_state(state, *a_t.shape, v_t.shape[-1], name="state")
     return causal_step(a_t, b_t, v_t, state, mask_t, backend)

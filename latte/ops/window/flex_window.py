@@ -104,8 +104,8 @@ def flex_window(q, k, v, window_size, scale, mask, state, lengths=None):
     K = k.shape[2]
     work = state_dtype(q.dtype)
     io = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else work
-    kk, vv, km, new_state = extend_window(k, v, window_size, mask, state, lengths, work)
-    P = window_size - 1
+    kk, vv, km, P, new_state = extend_window(k, v, window_size, mask, state, lengths, work)
+    window_size = P + 1  # no query reaches further back (extend_window)
     if state is None and mask is None:  # nothing cached, nothing padded: the new keys alone
         kk, vv, P, score_mod = kk[:, P:], vv[:, P:], 0, None
     else:

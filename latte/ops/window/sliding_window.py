@@ -24,14 +24,25 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_mask, check_positive_int, check_rank, check_same, check_shape, state_dtype
+from .._checks import (
+    check_finite,
+    check_mask,
+    check_nonempty,
+    check_positive_int,
+    check_rank,
+    check_same,
+    check_shape,
+    state_dtype,
+)
 from .._exp import exp_floored
 from .window_tiles import WindowTiles
 
 
 class WindowState(NamedTuple):
-    """Keys/values of the last W - 1 tokens, oldest first (keys already carry
-    their RoPE rotation). Constant in T."""
+    """Keys/values of the last P tokens, oldest first (keys already carry
+    their RoPE rotation): P = min(W - 1, positions fed so far), so it grows
+    with the first W - 1 positions, then stays constant in T. A window far
+    beyond the sequence costs the sequence, not the window."""
 
     k: torch.Tensor  # [B, P, K, E]
     v: torch.Tensor  # [B, P, K, D]
@@ -59,13 +70,13 @@ def check_qkv(q, k, v, mask, suffix=""):
 
 
 def check_softcap(softcap) -> None:
-    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0):
-        raise ValueError(f"softcap: expected None or a number > 0 (scores become c * tanh(s / c)), got {softcap!r}")
+    """None or c > 0, finite (scores become c * tanh(s / c); c = inf would give inf * 0)."""
+    check_finite("softcap", softcap, low=0.0)
 
 
-def empty_window_state(k: torch.Tensor, v: torch.Tensor, window_size: int, work) -> WindowState:
-    B, K = k.shape[0], k.shape[-2]
-    P = window_size - 1
+def empty_window_state(k: torch.Tensor, v: torch.Tensor, slots: int, work) -> WindowState:
+    """`slots` empty slots (masked: no token) for keys like k, values like v."""
+    B, K, P = k.shape[0], k.shape[-2], slots
     return WindowState(
         k.new_zeros(B, P, K, k.shape[-1], dtype=work),
         v.new_zeros(B, P, K, v.shape[-1], dtype=work),
@@ -73,23 +84,44 @@ def empty_window_state(k: torch.Tensor, v: torch.Tensor, window_size: int, work)
     )
 
 
+def window_slots(state: WindowState | None) -> int:
+    """The positions a window state holds (0 for none)."""
+    return 0 if state is None else int(state.mask.shape[1])
+
+
+def full_window_state(state: WindowState | None, window_size: int) -> WindowState | None:
+    """The state padded in front with empty slots to W - 1 (the fixed buffer
+    of a consumer that aligns its own buffer with the window's)."""
+    if state is None or window_slots(state) == window_size - 1:
+        return state
+    pad = empty_window_state(state.k, state.v, window_size - 1 - window_slots(state), state.k.dtype)
+    return WindowState(*(torch.cat([p, x], 1) for p, x in zip(pad, state)))
+
+
 def check_window_state(state, B: int, k, v, window_size, name="initial_state"):
+    """A WindowState of P <= W - 1 slots (its mask's length) for these inputs."""
     if not isinstance(state, WindowState):
         raise ValueError(f"{name}: expected a WindowState(k, v, mask), got {type(state).__name__}")
-    K, P = k.shape[-2], window_size - 1
-    check_shape(f"{name}.k", state.k, (B, P, K, k.shape[-1]), "[B, window_size - 1, K, E]")
-    check_shape(f"{name}.v", state.v, (B, P, K, v.shape[-1]), "[B, window_size - 1, K, D]")
+    K = k.shape[-2]
+    P = state.mask.shape[1] if isinstance(state.mask, torch.Tensor) and state.mask.dim() == 2 else window_size - 1
+    if P > window_size - 1:
+        raise ValueError(f"{name}.mask: holds {P} slots, more than window_size - 1 = {window_size - 1}")
+    check_shape(f"{name}.k", state.k, (B, P, K, k.shape[-1]), "[B, P <= window_size - 1, K, E]")
+    check_shape(f"{name}.v", state.v, (B, P, K, v.shape[-1]), "[B, P <= window_size - 1, K, D]")
     check_mask(f"{name}.mask", state.mask, (B, P))
 
 
-def check_window(q, k, v, window_size, mask, softcap, state=None, suffix=""):
-    """The checks of the window ops, at their boundary: q, k, v [B, (T,) H|K, E|D],
-    the mask, window_size, softcap and a WindowState to continue from."""
+def check_window(q, k, v, window_size, mask, softcap, state=None, suffix="", scale=None):
+    """The checks of the window ops, at their boundary: q, k, v [B, (T,) H|K, E|D]
+    with B, T >= 1, the mask, window_size, softcap, scale (None or finite > 0:
+    0 makes every window uniform, a negative one prefers the least similar
+    key, NaN makes every output NaN) and a WindowState to continue from."""
     check_qkv(q, k, v, mask, suffix=suffix)
+    check_nonempty("q" + suffix, q, "B" if suffix else "BT")
     check_positive_int("window_size", window_size)
     check_softcap(softcap)
-    if not suffix and q.shape[1] == 0:
-        raise ValueError("q: sequence length T must be >= 1, got 0")
+    if scale is not None:  # macchiato checks its own (each argument once)
+        check_finite("scale", scale, low=0.0)
     if state is not None:
         check_window_state(state, q.shape[0], k, v, window_size, name="state" if suffix else "initial_state")
 
@@ -107,24 +139,31 @@ def query_block(T: int, window_size: int) -> int:
 
 def extend_window(k, v, window_size, mask, state, lengths, work):
     """The cached window followed by the new keys: kk [B, P + T, K, E],
-    vv [B, P + T, K, D], km [B, P + T] (True = a real token) and the
-    WindowState after the sequence (lengths [B]: each row's own end)."""
+    vv [B, P + T, K, D], km [B, P + T] (True = a real token), P, and the
+    WindowState after the sequence (lengths [B]: each row's own end).
+    P = min(W - 1, cached + T - 1): the earlier keys any of the T queries
+    can reach (the cache, padded in front with empty slots to P), so the
+    buffers are sized by the positions, not by the window; the state after
+    holds min(W - 1, cached + T) slots."""
     B, T = k.shape[:2]
-    P = window_size - 1
-    state = state if state is not None else empty_window_state(k, v, window_size, work)
+    cached = window_slots(state)
+    P, kept = min(window_size - 1, cached + T - 1), min(window_size - 1, cached + T)
+    front = empty_window_state(k, v, P - cached, work)  # cached <= P: W - 1 >= cached, T >= 1
+    if state is not None:
+        front = WindowState(*(torch.cat([e, x.to(e.dtype)], 1) for e, x in zip(front, state)))
     mask = mask if mask is not None else torch.ones(B, T, dtype=torch.bool, device=k.device)
-    kk = torch.cat([state.k.to(work), k.to(work)], 1)  # [B, P + T, K, E]
-    vv = torch.cat([state.v.to(work), v.to(work)], 1)  # [B, P + T, K, D]
-    km = torch.cat([state.mask, mask], 1)  # [B, P + T]
+    kk = torch.cat([front.k, k.to(work)], 1)  # [B, P + T, K, E]
+    vv = torch.cat([front.v, v.to(work)], 1)  # [B, P + T, K, D]
+    km = torch.cat([front.mask, mask], 1)  # [B, P + T]
     if lengths is None:
-        return kk, vv, km, WindowState(kk[:, T:], vv[:, T:], km[:, T:])
-    # the P slots before each row's end: [len_b, len_b + P) of cache + sequence
-    idx = lengths.to(k.device)[:, None] + torch.arange(P, device=k.device)[None, :]  # [B, P]
+        return kk, vv, km, P, WindowState(kk[:, P + T - kept :], vv[:, P + T - kept :], km[:, P + T - kept :])
+    # the `kept` slots before each row's end P + len_b of cache + sequence (len_b >= 1)
+    idx = lengths.to(k.device)[:, None] + (P - kept) + torch.arange(kept, device=k.device)[None, :]  # [B, kept]
 
     def take(x: torch.Tensor) -> torch.Tensor:
-        return x.gather(1, idx.view(B, P, *([1] * (x.dim() - 2))).expand(B, P, *x.shape[2:]))
+        return x.gather(1, idx.view(B, kept, *([1] * (x.dim() - 2))).expand(B, kept, *x.shape[2:]))
 
-    return kk, vv, km, WindowState(take(kk), take(vv), take(km))
+    return kk, vv, km, P, WindowState(take(kk), take(vv), take(km))
 
 
 def window_blocked(q, k, v, window_size, scale, mask, state, lengths=None, softcap=None):
@@ -134,12 +173,12 @@ def window_blocked(q, k, v, window_size, scale, mask, state, lengths=None, softc
     each row's final buffer ends at its own last token (default: T for all).
     """
     B, T, H, E = q.shape
-    K, D, P = k.shape[2], v.shape[-1], window_size - 1
+    K, D = k.shape[2], v.shape[-1]
     G = H // K
     work = state_dtype(q.dtype)
     masked = mask is not None  # padding among the keys: decided by the call, never by the values
-    kk, vv, km, new_state = extend_window(k, v, window_size, mask, state, lengths, work)
-    Q = query_block(T, window_size)
+    kk, vv, km, P, new_state = extend_window(k, v, window_size, mask, state, lengths, work)
+    Q = query_block(T, P + 1)  # no query reaches further back than P: the window is P + 1 here
     N, c = -(-T // Q), -(-P // Q)
     pad, front = N * Q - T, c * Q - P  # zeros after the sequence, masked slots before the cache
 
@@ -184,7 +223,7 @@ def sliding_window_attention_lse(
 
     Returns (y [B, T, H, D] in v's dtype, lse [B, T, H] float32, state or None).
     """
-    check_window(q, k, v, window_size, mask, softcap, initial_state)
+    check_window(q, k, v, window_size, mask, softcap, initial_state, scale=scale)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     y, lse, state = window_blocked(q, k, v, window_size, scale, mask, initial_state, softcap=softcap)
     return y.to(v.dtype), lse, (state if output_final_state else None)
@@ -215,7 +254,7 @@ def sliding_window_attention(
     Returns:
         (y [B, T, H, D] in v's dtype, WindowState or None)
     """
-    check_window(q, k, v, window_size, mask, softcap, initial_state)
+    check_window(q, k, v, window_size, mask, softcap, initial_state, scale=scale)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     y, _, state = window_blocked(q, k, v, window_size, scale, mask, initial_state, softcap=softcap)
     return y.to(v.dtype), (state if output_final_state else None)
@@ -226,7 +265,8 @@ def window_step(q_t, k_t, v_t, *, window_size, scale, mask_t, state, softcap=Non
     B, H, E = q_t.shape
     K = k_t.shape[1]
     work = state_dtype(q_t.dtype)
-    state = state if state is not None else empty_window_state(k_t, v_t, window_size, work)
+    state = state if state is not None else empty_window_state(k_t, v_t, 0, work)
+    drop = window_slots(state) + 1 - min(window_size - 1, window_slots(state) + 1)  # the oldest leaves a full buffer
     own = torch.ones(B, 1, dtype=torch.bool, device=q_t.device)
     kk = torch.cat([state.k.to(work), k_t.to(work).unsqueeze(1)], 1)  # [B, W, K, E]
     vv = torch.cat([state.v.to(work), v_t.to(work).unsqueeze(1)], 1)  # [B, W, K, D]
@@ -241,7 +281,7 @@ def window_step(q_t, k_t, v_t, *, window_size, scale, mask_t, state, softcap=Non
     lse = (m + total.log()).squeeze(-1)  # [B, K, G]
     y = torch.einsum("bkgw,bwkd->bkgd", p / total, vv)
     m = own[:, 0] if mask_t is None else mask_t
-    new_state = WindowState(kk[:, 1:], vv[:, 1:], torch.cat([state.mask, m.unsqueeze(1)], 1)[:, 1:])
+    new_state = WindowState(kk[:, drop:], vv[:, drop:], torch.cat([state.mask, m.unsqueeze(1)], 1)[:, drop:])
     return y.reshape(B, H, -1), lse.reshape(B, H), new_state
 
 
@@ -261,7 +301,7 @@ def sliding_window_step(
 
     Returns (y_t [B, H, D] in v's dtype, WindowState). Constant in the context.
     """
-    check_window(q_t, k_t, v_t, window_size, mask_t, softcap, state, suffix="_t")
+    check_window(q_t, k_t, v_t, window_size, mask_t, softcap, state, suffix="_t", scale=scale)
     scale = q_t.shape[-1] ** -0.5 if scale is None else scale
     y, _, state = window_step(
         q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=state, softcap=softcap
