@@ -82,6 +82,40 @@ def test_fla_compiled_construction_matches_float64(monkeypatch, T, scale, spikes
 
 
 @needs_fla
+@pytest.mark.parametrize("T,scale,spikes", [(65, 40.0, 0.0), (300, 1.0, 80.0)])
+def test_fla_eager_construction_matches_float64(monkeypatch, T, scale, spikes):
+    """The two-level construction, no longer the default (that is "auto":
+    "fused" at these sizes, docs/gpu.md §2.3), to the same bounds."""
+    from latte.ops import backend as BK
+
+    monkeypatch.setattr(BK, "_construction", "eager")
+    test_fla_matches_float64_forward_and_gradients(T, scale, spikes)
+
+
+@needs_fla
+@pytest.mark.parametrize("scale", [1.0, 40.0])
+def test_fla_fused_bfloat16_against_its_float32(monkeypatch, scale):
+    """The fused construction in bfloat16 (q through a bf16 softmax, k in
+    bf16, g in float32) against the same construction in float32 on the
+    same bf16-rounded inputs: output and the gradients of a, b, v."""
+    from latte.ops import backend as BK
+
+    monkeypatch.setattr(BK, "_construction", "fused")
+    torch.manual_seed(5)
+    a, b, v = (x.to(CUDA, torch.bfloat16) for x in latte_inputs(256, scale=scale))
+
+    def run(a, b, v):
+        return latte_causal(a, b, v, backend="fla")[0].float()
+
+    out, g = grads_of(run, [a, b, v])
+    out32, g32 = grads_of(run, [x.float() for x in (a, b, v)])
+    bound = 2e-2 if scale == 1.0 else 1e-1  # spread logits: bf16's k and q round coarser
+    assert rel_err(out, out32) < bound
+    for name, x, xr in zip("a b v".split(), g, g32):
+        assert torch.isfinite(x).all() and rel_err(x.float(), xr, floor=1e-2) < 2.5 * bound, name
+
+
+@needs_fla
 def test_fla_packed_documents_and_mask():
     torch.manual_seed(1)
     lengths = [5, 64, 1, 130]
