@@ -202,12 +202,16 @@ def corpus_files(folder: Path) -> list[Path]:
         kept = []
         for name in sorted(dirs):
             why = not_corpus(Path(root, name))
-            (skipped.append(f"{Path(root, name)} ({why})") if why else kept.append(name))
+            (skipped.append(f"{Path(root, name)}: {why}") if why else kept.append(name))
         dirs[:] = kept
         found += [p for f in files if (p := Path(root, f)).suffix in TEXT_SUFFIXES and p.is_file()]
-    if skipped:
-        log.warning("corpus %s: left out %d folder(s) latte writes: %s", folder, len(skipped), "; ".join(skipped))
+    if skipped and (str(folder), *skipped) not in _WARNED:  # once per process, not at every read
+        _WARNED.add((str(folder), *skipped))
+        log.warning("corpus %s: left out %d folder(s) latte writes:\n  %s", folder, len(skipped), "\n  ".join(skipped))
     return sorted(found)
+
+
+_WARNED: set[tuple] = set()
 
 
 def source_files(source: str) -> list[Path]:

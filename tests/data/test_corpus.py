@@ -78,7 +78,7 @@ def test_3_a_folder_corpus_leaves_out_runs_checkpoints_exports_results_and_cells
     with caplog.at_level("WARNING", logger="latte.data"):
         docs = load_documents(str(tmp_path))
     assert [d.name for d in docs] == ["notes/a.txt"]
-    assert "runs/a (a run folder" in caplog.text and "written by `latte export`" in caplog.text
+    assert "runs/a: a run folder" in caplog.text and "exported: written by `latte export`" in caplog.text
     assert corpus_mod.source_files(str(tmp_path)) == [tmp_path / "notes" / "a.txt"]
     with pytest.raises(ValueError, match=r"runs/a: a run folder .* not a corpus"):
         load_documents(str(tmp_path / "runs" / "a"))
