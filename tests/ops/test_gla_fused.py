@@ -279,3 +279,22 @@ def test_decode_step_gradients(fused):
     out, g = grads_of(fast, [x.float() for x in (a, b, v)])
     out_ref, g_ref = grads_of(ref, [a, b, v])
     check(out, g, out_ref, g_ref, 2e-5, 2e-4, "a b v")
+
+
+@stand_ins_only
+@pytest.mark.parametrize("mix", ["joint", "gate"])
+def test_macchiato_latents_on_the_fused_construction(fused, monkeypatch, mix):
+    import importlib
+
+    M = importlib.import_module("latte.ops.macchiato")  # the module, not the function latte.ops exports
+    monkeypatch.setattr(M, "resolve_latent", lambda backend, x: "fla")
+    monkeypatch.setattr(M, "resolve_window", lambda backend, x, **kw: "tiles")
+    B, T, H, L, E, W = 2, 50, 4, 3, 6, 9
+    a, b = torch.randn(B, T, H, L, dtype=f64), torch.randn(B, T, H, L, dtype=f64) * 10
+    q, k, v = (torch.randn(B, T, H, E, dtype=f64) for _ in range(3))
+    gate = torch.randn(B, T, H, dtype=f64) if mix == "gate" else None
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[0, :4] = False
+    y = M.macchiato(a, b, v, q, k, window_size=W, mix=mix, gate=gate, mask=mask, backend="fla")[0]
+    y_ref = R.macchiato(a, b, v, q, k, W, mix=mix, gate=gate, mask=mask)
+    assert rel_err(y[mask], y_ref[mask]) < 1e-10
