@@ -15,6 +15,12 @@ segments, by design; and a CUDA device's, 1/256 of its memory per
 temporary (an H100's 80 GB), on `meta` tensors (the same ops, no
 arithmetic) through `chunked.segment_elems`: the ops a GPU would launch,
 counted without one.
+
+Beside them, backend "fla" at issue 56's GPU shape (FLA_SHAPE, bfloat16):
+the ops (views left out) and bytes read and written that each construction
+of q, k, g adds to chunk_gla's own op, forward and backward, counted on
+`meta` tensors through latte's custom ops (fla_construction_count;
+docs/gpu.md §2.3).
 """
 
 from __future__ import annotations
@@ -118,6 +124,20 @@ def fla_construction_count(shape=FLA_SHAPE, dtype=torch.bfloat16, masked=False, 
     return res
 
 
+def fla_construction_rows() -> list[dict]:
+    """fla_construction_count for the fused construction without and with a
+    mask, and the eager one, at FLA_SHAPE (without the per-op detail)."""
+    rows = []
+    for construction, masked in (("fused", False), ("fused", True), ("eager", False)):
+        c = fla_construction_count(masked=masked, construction=construction)
+        rows.append(
+            {"construction": construction, "masked": masked}
+            | {f"{k}_{m}": v for m in ("forward", "backward") for k, v in c[m].items() if k != "by_op"}
+        )
+        print(f"  fla construction {construction:5s} mask {masked!s:5s} {rows[-1]}", flush=True)
+    return rows
+
+
 def fwd_bwd(T: int, shape, device="cpu", chunk_size: int = P.CHUNK, seed: int = 0):
     """A zero-argument forward+backward of latte_causal at T (on `meta`, the
     inputs are shapes only)."""
@@ -163,8 +183,10 @@ def run(seqs=None, quick: bool = False) -> dict:
             c = count_policy(T, SHAPES[name], policy)
             rows.append({"shape": name, "policy": policy, "T": T, "ops": c.total, "top": dict(c.by_op.most_common(5))})
             print(f"  {name:28s} {policy:18s} T={T:6d} {c.total:6d} ATen ops per forward+backward", flush=True)
+    fla_rows = fla_construction_rows()
     return {
         "benchmark": "op-count",
+        "fla_construction": fla_rows,
         "machine": reporting.machine_info(),
         "config": {
             "T": seqs,
@@ -191,5 +213,26 @@ def markdown(res: dict) -> str:
         f"torch {res['machine']['torch']}, chunk {res['config']['chunk_size']}; "
         f"in brackets: the ratio to T={seqs[0]:,}. Segment policy cpu: about 16 MB per temporary, "
         f"on CPU tensors; {CUDA_POLICY}: 1/256 of the device's memory, on meta tensors "
-        "(no GPU involved).\n\n" + reporting.md_table(head, rows) + "\n"
+        "(no GPU involved).\n\n"
+        + reporting.md_table(head, rows)
+        + "\n"
+        + _fla_markdown(res.get("fla_construction", []))
+    )
+
+
+def _fla_markdown(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    B, T, H, L, D = FLA_SHAPE
+    body = [
+        [r["construction"], "yes" if r["masked"] else "no"]
+        + [f"{r[f'construction_ops_{m}']}" for m in ("forward", "backward")]
+        + [f"{r[f'construction_gib_{m}']:.2f}" for m in ("forward", "backward")]
+        for r in rows
+    ]
+    head = ["construction", "mask", "ops forward", "ops backward", "GiB forward", "GiB backward"]
+    return (
+        f"\n## backend fla: what the construction adds to chunk_gla\n\nB {B}, T {T:,}, H {H}, L {L}, "
+        f"Dv {D}, bfloat16, on meta tensors through latte's custom ops; views left out, bytes read + "
+        "written (docs/gpu.md §2.3).\n\n" + reporting.md_table(head, body) + "\n"
     )
