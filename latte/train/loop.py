@@ -76,10 +76,12 @@ def fit(run: Run) -> None:
             if _due(progress.step, t.save_every) or done:
                 run.checkpointer.save(progress.step)
         if run.stop.agreed:
+            predicted = run.clock.predicted_final_s
             why = (
                 "SIGTERM received (preemption)"
                 if run.stop.agreed == STOP_PREEMPT
                 else f"leaving time for the final validation within train.time_budget_minutes={t.time_budget_minutes:g}"
+                + (f" (predicted to take {predicted:.0f} s)" if predicted is not None else "")
             )
             run.logger.message(f"stopped cleanly after step {progress.step}: {why}")
     finally:

@@ -393,7 +393,9 @@ def _budgeted_job(monkeypatch, *, train_rate: float, eval_rate: float, final_tok
 
     monkeypatch.setattr(loop, "train_step", train_step)
     monkeypatch.setattr(loop, "num_parameters", lambda m: 0)
-    quiet = NS(**{k: (lambda *a, **kw: None) for k in ("train_step", "validation", "message", "sample", "close")})
+    quiet = NS(**{k: (lambda *a, **kw: None) for k in ("train_step", "validation", "sample", "close")})
+    quiet.message = lambda text: messages.append(text)
+    messages = []
     train = NS(
         steps=300,
         eval_every=100,
@@ -431,6 +433,7 @@ def _budgeted_job(monkeypatch, *, train_rate: float, eval_rate: float, final_tok
         step_s=clock.step_s,
         final_s=clock.final_s,
         predicted_s=run.clock.predicted_final_s,
+        messages=messages,
     )
 
 
@@ -485,6 +488,8 @@ def test_a_busy_probe_on_a_quiet_machine_still_trains_most_of_the_budget(monkeyp
     )
     assert job.fit_end >= 0.8 * 60 * _BUDGET_MIN, job
     assert job.took <= 60 * _BUDGET_MIN, job
+    stop = f"stopped cleanly after step {job.steps}: leaving time for the final validation"
+    assert any(m.startswith(stop) and m.endswith(f"(predicted to take {job.predicted_s:.0f} s)") for m in job.messages)
 
 
 def test_a_budget_cut_run_no_better_than_unigram_says_why_and_what_to_do():
