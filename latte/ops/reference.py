@@ -201,7 +201,7 @@ def memory_held(r, window_size, slots):
         for h in range(K):
             for t in range(T):
                 cands = [s for s in range(t - window_size + 1) if r[i, s, h] > NEG_INF]
-                rank = r[i, :, h].to(torch.bfloat16).to(f64)  # scores as ranked: bfloat16
+                rank = r[i, :, h].detach().to(torch.bfloat16).to(f64)  # scores as ranked: bfloat16
                 for s in sorted(cands, key=lambda s: (-float(rank[s]), s))[:slots]:
                     held[i, h, t, s] = True
     return held

@@ -259,3 +259,18 @@ def test_slots_at_fixed_positions_equal_reference(rule, num_sinks):
         y, st = macchiato_step(a[:, t], b[:, t], v[:, t], q[:, t], k[:, t], st, memory_q_t=memory_q[:, t], **kw)
         ys.append(y[:, None])
     torch.testing.assert_close(torch.cat(ys, 1), want, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("rule", ["key_norm", "recall", "attention"])
+def test_gradients_equal_reference(rule):
+    """The selection is discrete; through the held keys, values and the
+    queries the gradients are the reference's (training with the slots)."""
+    T, W, M = 17, 4, 3
+    leaves = [x.requires_grad_() for x in inputs(T, seed=7)[:5]]
+    memory = Memory(M, rule)
+    g = torch.randn(B, T, H, E, dtype=f64, generator=torch.Generator().manual_seed(8))
+    y, _ = macchiato(*leaves, window_size=W, memory=memory, num_sinks=1, chunk_size=5)
+    got = torch.autograd.grad((y * g).sum(), leaves)
+    want = torch.autograd.grad((reference(*leaves, None, W, memory, num_sinks=1) * g).sum(), leaves)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
