@@ -6,9 +6,10 @@ into one results folder (docs/evaluation.md §8).
     subjects   the model as opened (latte/eval/subjects.py: open_model), one
                more per override set, and for a converted model `original`
                and `window` (window + sinks at its sink positions)
-    suites     ppl, needle, latents (latte/eval/suites.py); each one's cells
-               are a Sweep under OUT/cells-SUITE (latte/eval/cells.py: the
-               one reuse rule), its records and table beside its metric
+    suites     ppl, tasks, fewshot, needle, retrieval, latents (suites.py);
+               each one's cells are a Sweep under OUT/cells-SUITE
+               (latte/eval/cells.py: the one reuse rule), its records and
+               table beside its metric
     report     OUT/results.json (provenance + flat records, one "suite"
                field each) and OUT/results.md (provenance + one table per
                suite)

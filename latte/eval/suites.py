@@ -2,12 +2,15 @@
 (a model it cannot take is refused before any compute), a `run` over the
 compared models as resumable cells, its records and its table.
 
-    ppl      perplexity: a native run on its validation split at lengths or
-             multiples of its training length, by position bucket
-             (perplexity.py: extrapolation); any other model per token over
-             held-out documents, at each context length (long_context.py)
-    needle   pass-key retrieval in the held-out essays (needle.py)
-    latents  latent utilisation of a native Latte / Macchiato run (latents.py)
+    ppl        perplexity: a native run on its validation split at lengths or
+               multiples of its training length, by position bucket
+               (perplexity.py: extrapolation); any other model per token over
+               held-out documents, at each context length (long_context.py)
+    tasks      zero-shot tasks through lm-evaluation-harness (tasks.py)
+    fewshot    5-shot multiple choice and generative tasks (fewshot.py)
+    needle     pass-key retrieval in the held-out essays (needle.py)
+    retrieval  passkey, multikey, multivalue beyond the window (retrieval.py)
+    latents    latent utilisation of a native Latte / Macchiato run (latents.py)
 """
 
 from __future__ import annotations
