@@ -166,3 +166,28 @@ def test_value_checks_skip_meta_tensors():
     a, b, v, q, k = (x.to("meta") for x in _mac(B=1, T=8))
     y, _ = macchiato(a, b, v, q, k, window_size=3)  # shapes only: nothing is read
     assert y.shape == v.shape and y.device.type == "meta"
+
+
+@pytest.mark.parametrize("W", [40, 10**6])
+def test_the_flex_window_takes_a_short_state_like_the_tiles(W):
+    """The flex_attention window (the CUDA path, eager on CPU here) sizes its
+    band by the same positions as the tiles kernel, with a state shorter than
+    W - 1, padding and per-row lengths."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from latte.ops.window.flex_window import flex_window
+    from latte.ops.window.sliding_window import WindowState, window_blocked
+
+    g = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(2, 50, 2, 6, generator=g, dtype=f64) for _ in range(2))
+    v = torch.randn(2, 50, 2, 5, generator=g, dtype=f64)
+    mask = torch.ones(2, 50, dtype=torch.bool)
+    mask[1, 30:] = False
+    state = WindowState(torch.randn(2, 7, 2, 6, dtype=f64), torch.randn(2, 7, 2, 5, dtype=f64), torch.rand(2, 7) < 0.7)
+    for lengths in (None, torch.tensor([50, 30])):
+        got = flex_window(q, k, v, W, 0.3, mask, state, lengths)
+        want = window_blocked(q, k, v, W, 0.3, mask, state, lengths)
+        full = window_blocked(q, k, v, W, 0.3, mask, full_window_state(state, W) if W < 100 else state, lengths)
+        assert rel_err(got[0][mask], want[0][mask]) < 1e-12 and rel_err(got[1][mask], want[1][mask]) < 1e-12
+        assert rel_err(full[0][mask], want[0][mask]) < 1e-12
+        assert all(torch.equal(x, x_t) for x, x_t in zip(got[2], want[2]))
+        assert want[2].k.shape[1] == min(W - 1, 7 + 50)
