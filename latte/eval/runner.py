@@ -260,7 +260,7 @@ def _evaluate(req: Request) -> Path:
             recs, table = suites.SUITES[suite].run(ctx, evaluated)
             records += [{"suite": suite, **r} for r in recs]
             tables.append(f"## {suite}\n\n{table.strip()}\n")
-            print(f"\n{table.strip()}\n", file=sys.stderr)
+            print(f"\n{table.strip()}\n")
         write_report(ctx, evaluated, records, tables, t0, load0)
     print(f"latte eval: wrote {out / 'results.json'} and results.md", file=sys.stderr)
     return out

@@ -122,9 +122,12 @@ def _ppl_run(ctx, evaluated):
 
 
 def _native_tokens(ctx):
-    """The tokens a native model is scored on, and its training length."""
+    """The tokens a native model is scored on, and its training length (a
+    folder without a run: the shortest --lengths)."""
     base, req = ctx.base, ctx.req
-    train_len = base.run.config.data.seq_len if base.run is not None else base.model.config.max_position_embeddings
+    if base.run is None and not req.lengths:
+        raise ValueError(f"--lengths: {req.model} records no training length (not a run folder); give --lengths")
+    train_len = base.run.config.data.seq_len if base.run is not None else min(req.lengths)
     if (req.data or "validation") == "validation":
         return pack_split(base.run.config, base.tokenizer, "validation"), train_len
     ids = []
