@@ -34,7 +34,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from latte import reporting
 from latte.ops import latte_causal
-from latte.ops.latte import chunked
+from latte.ops.backend import using_fla_construction
+from latte.ops.latte import chunked, gla
 
 from . import providers as P
 
@@ -99,9 +100,6 @@ def fla_construction_count(shape=FLA_SHAPE, dtype=torch.bfloat16, masked=False, 
     backward of backend "fla" (gla.gla_chunked: the construction and
     chunk_gla) on `meta` tensors, without and beside chunk_gla's own op:
     the custom ops of latte/ops/latte/gla_ops.py stand in for fla's kernels."""
-    from latte.ops.backend import using_fla_construction
-    from latte.ops.latte import gla
-
     B, T, H, L, D = shape
     a, b = (torch.empty(B, T, H, L, device="meta", dtype=dtype, requires_grad=True) for _ in range(2))
     v = torch.empty(B, T, H, D, device="meta", dtype=dtype, requires_grad=True)
