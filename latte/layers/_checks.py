@@ -4,9 +4,11 @@ these); none reads a tensor's values, so none synchronises with the device."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from latte._checks import check_positive_int
+from latte._checks import check_positive_int, is_real
 from latte.ops.backend import BACKENDS
 
 from .states import state_batch_size
@@ -31,8 +33,8 @@ def check_dropout(dropout) -> None:
 def check_rope_theta(rope_theta) -> None:
     if rope_theta is None:
         return
-    if isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float)) or rope_theta <= 0:
-        raise ValueError(f"rope_theta: expected a positive number (or None for no RoPE), got {rope_theta!r}")
+    if not is_real(rope_theta) or not math.isfinite(rope_theta) or rope_theta <= 0:
+        raise ValueError(f"rope_theta: expected a finite number > 0 (or None for no RoPE), got {rope_theta!r}")
 
 
 def check_choice(name: str, value, allowed: tuple) -> None:

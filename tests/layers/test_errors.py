@@ -28,6 +28,8 @@ CASES = [
     (MacchiatoAttention, (16, 2, 8), {"window_size": 0}, "window_size"),
     (MacchiatoAttention, (16, 2, 8), {"head_dim": 5}, "head_dim"),
     (MacchiatoAttention, (16, 2, 8), {"rope_theta": -1.0}, "rope_theta"),
+    (MacchiatoAttention, (16, 2, 8), {"rope_theta": float("nan")}, "rope_theta: expected a finite number > 0"),
+    (SlidingWindowAttention, (16, 2), {"rope_theta": float("inf")}, "rope_theta: expected a finite number > 0"),
     (MacchiatoAttention, (16, 2, 7), {}, "num_latents=7"),
     (MacchiatoAttention, (10, 4, 8), {"head_dim": 4}, "dim=10 must be divisible by num_heads=4"),  # RG-LRU blocks
     (SoftmaxAttention, (16, 4), {"num_kv_heads": 3}, "num_kv_heads=3"),
