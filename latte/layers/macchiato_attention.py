@@ -56,7 +56,7 @@ from .rope import layer_positions
 class MacchiatoLayerState(NamedTuple):
     """Decoding state of MacchiatoAttention: constant in T."""
 
-    attn: MacchiatoState  # latte (S, z) + window ring buffer of window_size - 1 keys/values (+ the sinks)
+    attn: MacchiatoState  # latte (S, z) + window buffer of min(window_size - 1, positions) keys/values (+ sinks)
     conv: torch.Tensor | None  # [B, conv_size - 1, dim] (float32), None without conv
     h: torch.Tensor | None  # [B, dim] RG-LRU state (float32), None without RG-LRU
     pos: torch.Tensor | None  # [B] int64 real tokens seen so far; None inside a model (its cache counts)
@@ -89,6 +89,7 @@ class MacchiatoCore(nn.Module):
     latent_only = False
     memory = None  # Memory(slots, rule, seed') or None: the memory slots (use_memory)
     memory_mark = None  # [B, T] bool: the tokens rule "oracle" keeps, for a full-sequence forward
+    memory_positions = "absolute"  # "cache": the slots at fixed positions after the sinks (docs/math.md §4.2)
 
     def use_memory(self, slots: int, rule: str = "recall", *, layer_index: int = 0, seed: int = 0) -> None:
         """Keep up to `slots` exact tokens beyond the window per KV head, chosen
@@ -162,11 +163,7 @@ class MacchiatoCore(nn.Module):
             return self.latents_alone(a, b, v, mask=mask, state=state, backend=window.get("backend")), None, conv, h
         prev = None if state is None else state.attn
         window.update(window_size=self.window_size, num_sinks=self.num_sinks, mix=self.mix, beta=self.beta)
-        mark = None
-        if self.memory is not None:
-            window.setdefault("memory", self.memory)
-            mark = self.memory_mark if self.memory.rule == "oracle" else None
-            mark = mark if mark is not None and tuple(mark.shape) == tuple(a.shape[:2]) else None
+        mark = self._memory_inputs(window, a.shape[:2])
         if x.shape[1] == 1 and keep_state:  # decoding: one constant-time step
             y, attn = macchiato_step(
                 a[:, 0],
@@ -199,6 +196,16 @@ class MacchiatoCore(nn.Module):
             **window,
         )
         return y, attn, conv, h
+
+    def _memory_inputs(self, window: dict, shape) -> torch.Tensor | None:
+        """Puts the layer's memory in the op's arguments `window` (unless the
+        caller passed one); returns the marks rule "oracle" keeps for a call
+        of `shape` [B, T] (memory_mark, when it has that shape), else None."""
+        if self.memory is None:
+            return None
+        window.setdefault("memory", self.memory)
+        mark = self.memory_mark if self.memory.rule == "oracle" else None
+        return mark if mark is not None and tuple(mark.shape) == tuple(shape) else None
 
     def latents_alone(self, a, b, v, *, mask, state=None, backend=None) -> torch.Tensor:
         """The latent branch's output alone, y [B, T, H, E]: causal Latte over
@@ -337,9 +344,22 @@ class MacchiatoAttention(MacchiatoCore):
         state = check_state(state, MacchiatoLayerState, B)
         pos_BT, pos = layer_positions(positions, state, mask, B, T, x.device)
         q, k, v = project_qkv(self, x, pos_BT)
-        y, attn, conv, h = self.latent_mix(x, q, k, v, mask=mask, state=state, backend=self.backend)
+        slots = self._slot_memory(q, pos_BT)
+        y, attn, conv, h = self.latent_mix(x, q, k, v, mask=mask, state=state, backend=self.backend, **slots)
         y = self.dropout(self.o_proj(y.flatten(2)))  # [B, T, H, E] -> [B, T, dim]
         return y, MacchiatoLayerState(attn, conv, h, pos)
+
+    def _slot_memory(self, q: torch.Tensor, pos_BT: torch.Tensor) -> dict:
+        """With memory_positions "cache", macchiato's memory (slot i at
+        position num_sinks + i) and memory_q (q [B, T, H, E] turned from
+        its position to num_sinks + M + window_size - 1: docs/math.md §4.2);
+        else nothing (the layer's own memory)."""
+        if self.memory is None or self.memory_positions != "cache":
+            return {}
+        if self.rope is None:
+            raise ValueError('memory_positions="cache" needs RoPE on the window branch (rope_theta is None)')
+        at = self.num_sinks + self.memory.slots + self.window_size - 1
+        return {"memory": self.memory._replace(rotary=self.rope.tables), "memory_q": self.rope(q, at - pos_BT)}
 
     def extra_repr(self) -> str:
         return (

@@ -48,6 +48,15 @@ class RotaryEmbedding(nn.Module):
         out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
         return out.to(x.dtype)
 
+    def tables(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [N, E] at positions pos [N], in the rotate-half layout:
+        forward(x, pos) = x * cos + cat(-x2, x1) * sin (memory slots at fixed
+        positions, docs/math.md §4.2)."""
+        E = self.head_dim
+        inv_freq = self.theta ** (-torch.arange(0, E, 2, device=pos.device, dtype=torch.float32) / E)
+        ang = pos.to(torch.float32).unsqueeze(-1) * inv_freq  # [N, E/2]
+        return torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, theta={self.theta}"
 

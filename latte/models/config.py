@@ -57,7 +57,9 @@ class LatteConfig:
         tokens beyond the window per layer and key/value head, chosen by
         memory_rule (docs/math.md §4.2); 0 (default) = none, the model as
         without the fields, bit for bit. Settable on a saved model without
-        retraining (`--set model.memory_slots=64`).
+        retraining (`--set model.memory_slots=64`). memory_positions:
+        "absolute" (a slot keeps its key's rotary position) or "cache"
+        (slot i at num_sinks + i, the window after the slots).
     mlp: "swiglu", "gelu", or "none" for attention-only blocks (no MLP and no
         second norm: the 2-layer models of the Zoology MQAR sweeps).
     ffn_dim: MLP hidden width; None derives it from mlp_ratio: mlp_ratio * dim
@@ -83,6 +85,7 @@ class LatteConfig:
     num_sinks: int = 0
     memory_slots: int = 0
     memory_rule: Literal[MEMORY_RULES] = "recall"  # defined by latte.ops.window.memory
+    memory_positions: Literal["absolute", "cache"] = "absolute"
     mix: Literal[MIXES] = "joint"  # ("joint", "gate"), defined by latte.ops.macchiato
     qk_mixer: Literal[QK_MIXERS] | None = None  # ("none", "conv", "rglru", "conv_rglru")
     linear_qk_mixer: Literal[QK_MIXERS] = "none"
@@ -244,6 +247,7 @@ _FLOAT_FIELDS = ("rope_theta", "mlp_ratio", "norm_eps", "dropout", "initializer_
 _CHOICES = {
     "mix": MIXES,
     "memory_rule": MEMORY_RULES,
+    "memory_positions": ("absolute", "cache"),
     "qk_mixer": QK_MIXERS,
     "linear_qk_mixer": QK_MIXERS,
     "mlp": ("swiglu", "gelu", "none"),

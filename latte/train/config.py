@@ -29,6 +29,7 @@ from typing import Literal
 from latte.config_io import ConfigError, ConfigErrors
 from latte.models import LatteConfig
 from latte.models.config import Mixer
+from latte.ops.window.memory import MEMORY_RULES
 
 # The default job of `latte train` (no --config): the tiny CPU recipe.
 # Shipped run configs live in the package (latte/configs/*.yaml), so that an
@@ -81,6 +82,9 @@ class ModelConfig:
     mixer: Mixer | list[Mixer] = LatteConfig.mixer
     window_size: int = LatteConfig.window_size
     num_sinks: int = LatteConfig.num_sinks
+    memory_slots: int = LatteConfig.memory_slots
+    memory_rule: Literal[MEMORY_RULES] = LatteConfig.memory_rule
+    memory_positions: Literal["absolute", "cache"] = LatteConfig.memory_positions
     mix: Literal["joint", "gate"] = LatteConfig.mix
     qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] | None = LatteConfig.qk_mixer
     linear_qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] = LatteConfig.linear_qk_mixer
@@ -163,7 +167,13 @@ class TrainConfig:
     num_threads: torch intra-op threads (None: torch's default, divided
     among the local ranks under torchrun). time_budget_minutes: a bound on
     the whole job; training stops early (checkpoint, then the final
-    validation) when only the time for those is left (None = no limit)."""
+    validation) when only the time for those is left (None = no limit).
+    verify_inputs: on resume, compare the sha256 of every recorded input
+    (latte/train/inputs.py), not only those whose size or mtime changed.
+    accept_changed_inputs: resume on inputs that changed since the run
+    recorded them, recording their new values and the change (else such a
+    resume is refused). Both are flags of this start only (`latte train
+    --verify-inputs`, `--accept-changed-inputs`), never compared on resume."""
 
     steps: int = 300
     global_batch_size: int = 16
@@ -189,6 +199,8 @@ class TrainConfig:
     checkpoint_format: Literal["auto", "full", "sharded"] = "auto"
     num_threads: int | None = None
     time_budget_minutes: float | None = None
+    verify_inputs: bool = False
+    accept_changed_inputs: bool = False
 
     def __post_init__(self):
         e = ConfigErrors(type(self).__name__)
@@ -253,7 +265,14 @@ class LMRunConfig(RunConfig):
 # them: dropout (training only), chunk_size (the kernel's block size: the same
 # function to float32 rounding, a speed knob) and initializer_range (used only
 # before step 0).
-RESUMABLE_MODEL_FIELDS = ("dropout", "chunk_size", "initializer_range")
+RESUMABLE_MODEL_FIELDS = (
+    "dropout",
+    "chunk_size",
+    "initializer_range",
+    "memory_slots",
+    "memory_rule",
+    "memory_positions",
+)
 ARCHITECTURE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in RESUMABLE_MODEL_FIELDS)
 
 

@@ -86,3 +86,38 @@ def test_hugging_face_config_round_trips_the_slots(tmp_path, make_lm):
     hfm = AutoModelForCausalLM.from_pretrained(tmp_path / "native")
     assert (hfm.config.memory_slots, hfm.config.memory_rule) == (2, "random")
     assert hfm.config.to_latte_config() == model.config
+
+
+def test_layer_slots_at_fixed_positions_decode_like_the_full_forward():
+    """memory_positions "cache" on the native layer: slot i read at position
+    num_sinks + i, the query at num_sinks + M + window_size - 1."""
+    from latte.layers import MacchiatoAttention
+
+    torch.manual_seed(0)
+    layer = MacchiatoAttention(16, 2, 8, window_size=4, num_sinks=1, num_kv_heads=1, chunk_size=4).eval()
+    layer.use_memory(3, "key_norm")
+    x = torch.randn(2, 24, 16)
+    with torch.no_grad():
+        absolute, _ = layer(x)
+        layer.memory_positions = "cache"
+        full, _ = layer(x)
+        y, state = layer(x[:, :9])
+        ys = [y]
+        for t in range(9, 24):
+            y, state = layer(x[:, t : t + 1], state=state)
+            ys.append(y)
+    torch.testing.assert_close(torch.cat(ys, 1), full, atol=1e-5, rtol=0)
+    assert (full - absolute).abs().max() > 1e-3
+    assert torch.equal(full[:, :5], absolute[:, :5])  # nothing has left the window yet
+
+
+def test_model_slots_at_fixed_positions_decode_like_the_full_forward(make_lm, make_ids):
+    model = make_lm("macchiato", num_sinks=1, memory_slots=3, memory_rule="key_norm", memory_positions="cache")
+    assert all(b.mixer.memory_positions == "cache" for b in model.model.blocks)
+    x = make_ids(2, 40)
+    with torch.no_grad():
+        full = model(x).logits
+        dec, _ = decode_logits(model, x, [13])
+        absolute = make_lm("macchiato", num_sinks=1, memory_slots=3, memory_rule="key_norm")(x).logits
+    torch.testing.assert_close(dec, full, atol=ATOL, rtol=0)
+    assert (full - absolute).abs().max() > 1e-3
