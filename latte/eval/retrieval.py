@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from latte.data.heldout import eval_essays
+from latte.reporting import md_table
 
 from .needle import _feed, greedy_and_likelihood, haystack_text, new_cache, sentence_ends
 
@@ -365,3 +366,22 @@ def length_summary(lengths: list[int], window: int) -> dict:
         "beyond_window_max": max(beyond),
         "longer_than_window": sum(n > window for n in lengths) / len(lengths),
     }
+
+
+def retrieval_summary(groups, window: int, fmt: str) -> tuple[list[dict], str]:
+    """(records, markdown table) of retrieval cells. `groups`: per model,
+    (the fields naming it in records, its label, its cells). One record per
+    (model, task, context): prompts, those whose nearest needle lies beyond
+    the window (all of them when window is 0), found among them, mean recall."""
+    records, rows = [], []
+    for fields, name, cells in groups:
+        for task, context in dict.fromkeys((c["task"], c["context"]) for c in cells):
+            cs = [c for c in cells if (c["task"], c["context"]) == (task, context)]
+            far = [c for c in cs if c["distance"] >= window]
+            k = sum(c["correct"] for c in far)
+            recall = sum(c["recall"] for c in far) / len(far) if far else None
+            r = {**fields, "task": task, "context": context, "prompts": len(cs), "beyond_window": len(far)}
+            records.append({**r, "found_beyond": k, "recall": recall})
+            rows.append([name, task, f"{context:,}", f"{k}/{len(far)}", "-" if recall is None else f"{recall:.2f}"])
+    head = ["model", "task", "context", "found (needle beyond the window)", "mean recall"]
+    return records, f"Format {fmt}; window {window} tokens.\n\n" + md_table(head, rows)

@@ -16,7 +16,6 @@ compared models as resumable cells, its records and its table.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections.abc import Callable
@@ -28,16 +27,25 @@ from latte.data import TokenWindows, load_documents
 from latte.data.heldout import eval_essays, eval_plays
 from latte.eval.fewshot import (
     GEN_TASKS,
+    fewshot_summary,
     gen_examples,
     mc_examples,
     score_example,
 )
 from latte.eval.latents import latent_utilisation, latents_table, plot_latents
 from latte.eval.long_context import converted_nll, original_nll, perplexities
-from latte.eval.needle import PrefixFeeder, haystack_text, make_key, needle_prompt, run_trial, sentence_ends
+from latte.eval.needle import (
+    PrefixFeeder,
+    haystack_text,
+    make_key,
+    needle_prompt,
+    needle_summary,
+    run_trial,
+    sentence_ends,
+)
 from latte.eval.perplexity import extrapolation
 from latte.eval.retrieval import TASKS as RETRIEVAL_TASKS
-from latte.eval.retrieval import Reader, SharedPrefix, answer_prompt
+from latte.eval.retrieval import Reader, SharedPrefix, answer_prompt, retrieval_summary
 from latte.eval.tasks import SEED, score_tasks, subsample, task_sizes, write_task_dir
 from latte.reporting import md_table
 from latte.train.lm import pack_split, split_corpus
@@ -78,6 +86,16 @@ def _needs_run(what: str):
             raise ValueError(f"{what}: {req.model} is not a run folder, so it has no validation split: give --data")
 
     return check
+
+
+def _groups(evaluated, done: list[dict]) -> list[tuple[dict, str, list[dict]]]:
+    """Per compared model: the fields naming it in records, its label in
+    tables and its cells, as the metric modules' summaries take them."""
+    out = []
+    for e in evaluated:
+        fields = {"model": e.name, **({"set": e.set} if e.set else {})}
+        out.append((fields, e.label, [c for c in done if _of(evaluated, c) is e]))
+    return out
 
 
 def _rows_of(evaluated, records: list[dict]) -> dict:
@@ -289,30 +307,7 @@ def _needle_run(ctx, evaluated):
 
     options = {"depths": list(NEEDLE_DEPTHS), "trials": req.trials, "bos": len(bos)}
     done = ctx.sweep("needle", cells, options, fields=("correct", "answer")).run(cell_fn, desc="needle")
-    return _needle_records(evaluated, done, contexts)
-
-
-def _needle_records(evaluated, done, contexts):
-    """One record per (model, context, depth): trials, found, accuracy and
-    its binomial standard error, the needle's mean distance from the question."""
-    records, rows = [], []
-    for e in evaluated:
-        mine = [c for c in done if _of(evaluated, c) is e]
-        row = [e.label]
-        for c in contexts:
-            for d in NEEDLE_DEPTHS:
-                cs = [x for x in mine if x["context"] == c and x["depth"] == d]
-                n, k = len(cs), sum(x["correct"] for x in cs)
-                p = k / max(n, 1)
-                r = {"model": e.name, **({"set": e.set} if e.set else {}), "context": c, "depth": d}
-                r.update(trials=n, found=k, accuracy=p, accuracy_stderr=math.sqrt(p * (1 - p) / max(n, 1)))
-                r["mean_distance"] = sum(x["distance"] for x in cs) / max(n, 1)
-                records.append(r)
-            mine_c = [r for r in records[-len(NEEDLE_DEPTHS) :]]
-            row.append(f"{sum(r['found'] for r in mine_c)}/{sum(r['trials'] for r in mine_c)}")
-        rows.append(row)
-    table = md_table(["model"] + [f"{c:,} tokens" for c in contexts], rows)
-    return records, "Pass keys found (all depths together), by context length:\n\n" + table
+    return needle_summary(_groups(evaluated, done), contexts, NEEDLE_DEPTHS)
 
 
 # --------------------------------------------------------------------------- latents
@@ -387,31 +382,12 @@ def _retrieval_run(ctx, evaluated):
 
     options = {"depths": list(RETRIEVAL_DEPTHS), "trials": req.trials, "bos": len(base.bos)}
     done = ctx.sweep("retrieval", cells, options, fields=("correct", "answer")).run(cell_fn, desc="retrieval")
-    return _retrieval_records(evaluated, done, _window(base))
+    return retrieval_summary(_groups(evaluated, done), _window(base), RETRIEVAL_FORMAT)
 
 
 def _window(base) -> int:
     """The converted model's window (0 for other models: every needle counts)."""
     return base.model.converted[0].window_size if base.kind == "converted" else 0
-
-
-def _retrieval_records(evaluated, done, window: int):
-    """One record per (model, task, context): prompts, those whose needle
-    lies beyond the window, found among them, mean recall."""
-    records, rows = [], []
-    for e in evaluated:
-        mine = [c for c in done if _of(evaluated, c) is e]
-        for task, context in dict.fromkeys((c["task"], c["context"]) for c in mine):
-            cs = [c for c in mine if (c["task"], c["context"]) == (task, context)]
-            far = [c for c in cs if c["distance"] >= window]
-            k = sum(c["correct"] for c in far)
-            r = {"model": e.name, **({"set": e.set} if e.set else {}), "task": task, "context": context}
-            r.update(prompts=len(cs), beyond_window=len(far), found_beyond=k)
-            r["recall"] = sum(c["recall"] for c in far) / len(far) if far else None
-            records.append(r)
-            rows.append([e.label, task, f"{context:,}", f"{k}/{len(far)}", "-" if not far else f"{r['recall']:.2f}"])
-    head = ["model", "task", "context", "found (needle beyond the window)", "mean recall"]
-    return records, f"Format {RETRIEVAL_FORMAT}; window {window} tokens.\n\n" + md_table(head, rows)
 
 
 def _asked(req, known, suite: str) -> list[str]:
@@ -464,23 +440,7 @@ def _fewshot_run(ctx, evaluated):
 
     options = {"examples": req.examples, "gen_max_tokens": GEN_MAX_TOKENS, "bos": len(bos)}
     done = ctx.sweep("fewshot", cells, options, fields=("tokens",)).run(cell_fn, desc="fewshot")
-    return _fewshot_records(evaluated, done)
-
-
-def _fewshot_records(evaluated, done):
-    """One record per (model, task): the metric in % and its standard error."""
-    records, rows = [], []
-    for e in evaluated:
-        mine = [c for c in done if _of(evaluated, c) is e]
-        for task in dict.fromkeys(c["task"] for c in mine):
-            cs = [c for c in mine if c["task"] == task]
-            metric = "acc_per_char" if cs[0]["kind"] == "mc" else "exact_match"
-            p = sum(c[metric] for c in cs) / len(cs)
-            r = {"model": e.name, **({"set": e.set} if e.set else {}), "task": task, "metric": metric}
-            r.update(examples=len(cs), score=100 * p, score_stderr=100 * math.sqrt(max(p * (1 - p), 0) / len(cs)))
-            records.append(r)
-            rows.append([e.label, task, metric, str(len(cs)), f"{r['score']:.1f} ± {r['score_stderr']:.1f}"])
-    return records, md_table(["model", "task", "metric", "examples", "score (%)"], rows)
+    return fewshot_summary(_groups(evaluated, done))
 
 
 # --------------------------------------------------------------------------- tasks
