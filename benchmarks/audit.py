@@ -211,7 +211,9 @@ def plot(res: dict, path) -> bool:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte bench audit", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m benchmarks.audit", description=__doc__.split("\n\n")[0]
+    )
     common.add_common_args(p)
     args = p.parse_args(argv)
     common.claim_outputs(args, "audit", "audit")  # before any work: the write rule (latte/guard.py)
@@ -221,4 +223,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from latte.cli import run_command  # the exit codes of every latte command
+
+    sys.exit(run_command("python -m benchmarks.audit", main, sys.argv[1:]))

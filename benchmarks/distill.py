@@ -86,7 +86,9 @@ def build(provider: str, tokens: int, hidden: int, vocab: int):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte bench distill", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m benchmarks.distill", description=__doc__.split("\n\n")[0]
+    )
     common.add_common_args(p)
     p.add_argument("--tokens", default=None, type=int_list(low=1), help="comma-separated N (default 256,512,1024)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory worker")
@@ -220,4 +222,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from latte.cli import run_command  # the exit codes of every latte command
+
+    sys.exit(run_command("python -m benchmarks.distill", main, sys.argv[1:]))

@@ -37,7 +37,9 @@ MODES = ("fwd", "fwdbwd")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte bench window", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m benchmarks.window", description=__doc__.split("\n\n")[0]
+    )
     common.add_common_args(p)
     add_device_args(p)
     p.add_argument("--seqs", default=None, type=int_list(low=1), help="comma-separated T (default 512..8192)")
@@ -236,4 +238,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from latte.cli import run_command  # the exit codes of every latte command
+
+    sys.exit(run_command("python -m benchmarks.window", main, sys.argv[1:]))

@@ -1,4 +1,4 @@
-"""`python -m experiments.gpu_suite` (or `latte bench suite` in a checkout):
+"""`python -m experiments.gpu_suite` (in a checkout's root):
 the CUDA suite of issue 26 in one resumable command (docs/gpu.md §5). It runs
 the benchmarks (latte.bench, benchmarks/) and the experiments (experiments/)
 as subprocesses, so it sits above both.

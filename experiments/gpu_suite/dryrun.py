@@ -109,7 +109,7 @@ def _check_lra(rest: list[str]) -> tuple[list[str], str]:
 
     args, err = _parse(lra.parse_args, rest)
     if err:
-        return [f"latte experiment lra: {err}"], ""
+        return [f"python -m experiments.lra: {err}"], ""
     problems = _rule(("--out", args.out, "results", lra.NAME), ("--work", args.work, "work", lra.NAME))
     quick = list(lra.QUICK) if args.quick else []
     cfg = None
@@ -133,7 +133,7 @@ def _check_lm(rest: list[str]) -> tuple[list[str], str]:
 
     args, err = _parse(lm.parse_args, rest)
     if err:
-        return [f"latte experiment lm-variants: {err}"], ""
+        return [f"python -m experiments.lm_variants: {err}"], ""
     problems = _rule(("--runs", args.runs, "work", "lm-variants"))
     try:  # the result folders of its stages, as its main checks them
         lm._check_outputs(lm.stage_outputs(args.results, args.plan_.name), args.stages.split(","))
@@ -169,10 +169,12 @@ def _check_argv(argv: list[str]) -> tuple[list[str], str]:
         return problems, f"{sum(1 for _ in Path(tests[0]).glob('test_*.py')) if tests else 0} test files"
     if argv[:3] == ["-m", "latte", "bench"] and len(argv) > 3:
         return _check_bench(argv[3], argv[4:])
-    if argv[:4] == ["-m", "latte", "experiment", "lra"]:
-        return _check_lra(argv[4:])
-    if argv[:4] == ["-m", "latte", "experiment", "lm-variants"]:
-        return _check_lm(argv[4:])
+    if argv[:1] == ["-m"] and argv[1:2] and argv[1].startswith("benchmarks."):
+        return _check_bench(argv[1].removeprefix("benchmarks."), argv[2:])
+    if argv[:2] == ["-m", "experiments.lra"]:
+        return _check_lra(argv[2:])
+    if argv[:2] == ["-m", "experiments.lm_variants"]:
+        return _check_lm(argv[2:])
     return [f"{shlex.join(argv)}: not a command the dry run knows how to check"], ""
 
 
@@ -189,7 +191,7 @@ def dry_run(todo: list, args, *, quiet: bool = False) -> int:
     have = packages_here(args.wheels)
     problems = 0
     say = (lambda *_: None) if quiet else print
-    say(f"latte bench suite --dry-run: {len(todo)} stages, budget {args.budget_s:g} s per invocation")
+    say(f"python -m experiments.gpu_suite --dry-run: {len(todo)} stages, budget {args.budget_s:g} s per invocation")
     absent = [f"{d} ({v})" for d, v in have.items() if v != "found"]
     say("packages not importable here: " + (", ".join(absent) if absent else "none"))
     for problem in folder_problems(args):  # the real run refuses these before any stage

@@ -1,8 +1,8 @@
-"""`latte bench suite`: everything issue 26 runs on a GPU, in one resumable
+"""`python -m experiments.gpu_suite`: everything issue 26 runs on a GPU, in one resumable
 command that fits short GPU windows (docs/gpu.md §5, docs/evaluation.md §1.2).
 
-    python3 -m latte bench suite --dry-run                 # every stage's command checked, no GPU
-    python3 -m latte bench suite --wheels .whl --budget-s 540 --pack "$OUT"
+    python3 -m experiments.gpu_suite --dry-run              # every stage's command checked, no GPU
+    python3 -m experiments.gpu_suite --wheels .whl --budget-s 540 --pack "$OUT"
 
 A bare CUDA machine with a copy of the repo is enough: this module and
 machine.py use the standard library only until the stages start. In order:
@@ -64,7 +64,9 @@ def _pytest(out: Path, junit: str) -> tuple[str, ...]:
 
 
 def _bench(name: str, out: Path, quick: bool, *rest: str) -> tuple[str, ...]:
-    return ("-m", "latte", "bench", name, "--out", str(out), *(("--quick",) if quick else ()), *rest)
+    """`latte bench NAME` for the package's benchmarks, `python -m benchmarks.NAME` for the repository's."""
+    command = ("-m", f"benchmarks.{name}") if name in ("train", "window") else ("-m", "latte", "bench", name)
+    return (*command, "--out", str(out), *(("--quick",) if quick else ()), *rest)
 
 
 LRA_OVERRIDES = (  # the LRA protocol's ListOps budget: 5K steps x batch 32; warm-up 1/16 of the steps
@@ -134,7 +136,7 @@ def stages(out: Path = DEFAULT_OUT, work: Path = DEFAULT_WORK, quick: bool = Fal
     return _benches(out, quick) + [
         Stage(
             "lra",
-            ("-m", "latte", "experiment", "lra", "--tasks", "listops", "--mixers", "latte", "softmax", "linear")
+            ("-m", "experiments.lra", "--tasks", "listops", "--mixers", "latte", "softmax", "linear")
             + ("--parts", "train", "--work", str(work / "lra"), "--out", str(results / "lra-gpu"), *q)
             + (() if quick else ("--override", *LRA_OVERRIDES)),
             1800,
@@ -146,7 +148,7 @@ def stages(out: Path = DEFAULT_OUT, work: Path = DEFAULT_WORK, quick: bool = Fal
         ),
         Stage(
             "lm",
-            ("-m", "latte", "experiment", "lm-variants", "--variants", "softmax,latte-conv_rglru,macchiato,swa")
+            ("-m", "experiments.lm_variants", "--variants", "softmax,latte-conv_rglru,macchiato,swa")
             + (
                 "--seeds",
                 "0",
@@ -199,7 +201,9 @@ def first_run(out: Path = DEFAULT_OUT, work: Path = DEFAULT_WORK, quick: bool = 
 
 
 def parse_args(argv=None, names: list[str] | None = None):
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte bench suite", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m experiments.gpu_suite", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument(
         "--out",
         type=Path,
@@ -256,7 +260,7 @@ def main(argv=None) -> int:
     try:
         return _main(args, argv)
     except ValueError as e:  # a folder the write rule refuses, a damaged suite.json: exit 2 naming it
-        print(f"latte bench suite: {e}", file=sys.stderr)
+        print(f"python -m experiments.gpu_suite: {e}", file=sys.stderr)
         return 2
 
 

@@ -2,6 +2,8 @@
 
 import sys
 
+from latte.cli import run_command
+
 from .lm_variants import main
 
-sys.exit(main(sys.argv[1:]))
+sys.exit(run_command("python -m experiments.lm_variants", main, sys.argv[1:]))

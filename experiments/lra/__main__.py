@@ -2,6 +2,8 @@
 
 import sys
 
+from latte.cli import run_command
+
 from .lra import main
 
-sys.exit(main(sys.argv[1:]))
+sys.exit(run_command("python -m experiments.lra", main, sys.argv[1:]))

@@ -114,7 +114,9 @@ LRA_COMMON = ["train.global_batch_size=32", "train.eval_batches=0"]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte experiment lra", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m experiments.lra", description=__doc__.split("\n")[0]
+    )
     p.add_argument(
         "--out",
         default=None,

@@ -1,4 +1,4 @@
-"""`latte bench suite` without a GPU: the dry run checks every stage's real
+"""`python -m experiments.gpu_suite` without a GPU: the dry run checks every stage's real
 command, the runner keeps its budgets and records and resumes, the wheels
 install, and the report turns JSON into the targets table (docs/gpu.md §5)."""
 
@@ -36,8 +36,8 @@ def test_dry_run_checks_every_stage(capsys):
         (("-m", "latte", "bench", "ops", "--device", "cuda", "--dtype", "bf16"), "invalid choice"),
         (("-m", "latte", "bench", "decode", "--device", "cuda", "--contexts", "4096,1024"), "--contexts"),
         (("-m", "latte", "bench", "opz"), "unknown benchmark"),
-        (("-m", "latte", "experiment", "lm-variants", "--set", "model.windw_size=128"), "windw_size"),
-        (("-m", "latte", "experiment", "lra", "--override", "train.steps=-5"), "steps"),
+        (("-m", "experiments.lm_variants", "--set", "model.windw_size=128"), "windw_size"),
+        (("-m", "experiments.lra", "--override", "train.steps=-5"), "steps"),
         (("-m", "pytest", "tests/gpuu"), "no such test folder"),
     ],
 )
@@ -228,4 +228,4 @@ def test_bench_device_cuda_without_a_gpu_says_why(tmp_path, capsys):
     assert cli.main(["bench", "check", "--quick", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "--device cuda: torch.cuda.is_available() is False" in err and "--device cpu" in err
-    assert cli.main(["bench", "suite", "--dry-run", "--stages", "check", "--wheels", str(tmp_path)]) == 0
+    assert suite.main(["--dry-run", "--stages", "check", "--wheels", str(tmp_path)]) == 0

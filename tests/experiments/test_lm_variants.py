@@ -24,9 +24,9 @@ def test_every_variant_is_a_shipped_config():
 
 
 def test_unknown_variant_is_refused(capsys):
-    from latte.cli import main
+    from tests.experiments.studies import study
 
-    assert main(["experiment", "lm-variants", "--quick", "--variants", "gpt"]) == 2
+    assert study(["lm-variants", "--quick", "--variants", "gpt"]) == 2
     assert "argument --variants: unknown 'gpt'; expected some of softmax" in capsys.readouterr().err
 
 

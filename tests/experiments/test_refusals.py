@@ -17,7 +17,7 @@ from experiments.common.results import cell_key
 from experiments.lm_variants import lm_variants as LV
 from experiments.lra import lra
 from experiments.mqar import mqar as M
-from latte.cli import main
+from tests.experiments.studies import study
 
 README = "# r\n\n<!-- results:NAME:start -->\npublished\n<!-- results:NAME:end -->\n"
 
@@ -37,26 +37,26 @@ def test_mqar_rerun_with_another_protocol_is_refused_before_training(tmp_path, c
     3 epochs and 64 examples; then a cell in today's format (no recorded
     protocol, as the background queue writes them) is accepted under its own."""
     work, out = tmp_path / "work", tmp_path / "out"
-    base = ["experiment", "mqar", "--quick", "--mixers", "softmax", "--work", str(work), "--out", str(out)]
-    assert main(base) == 0
+    base = ["mqar", "--quick", "--mixers", "softmax", "--work", str(work), "--out", str(out)]
+    assert study(base) == 0
     published = (out / "results.md").read_text()
     before = sorted(p.name for p in (work / "cells").iterdir())
     capsys.readouterr()
-    assert main([*base, "--random-fillers", "--epochs", "3", "--train-examples", "64"]) == 2
+    assert study([*base, "--random-fillers", "--epochs", "3", "--train-examples", "64"]) == 2
     err = _err(capsys)
     assert "ran under another protocol or other inputs (train_examples: 128 then, 64 now; fillers: 'zeros' then," in err
     assert "--work folder" in err and err.count("\n") == 1
     assert sorted(p.name for p in (work / "cells").iterdir()) == before  # nothing trained or written
     assert (out / "results.md").read_text() == published
     # the same without --report-only's help: a report over another protocol is refused too
-    assert main([*base, "--random-fillers", "--report-only"]) == 2
+    assert study([*base, "--random-fillers", "--report-only"]) == 2
     # a cell file as written before protocols were recorded: refused, never silently reused (issue 41)
     [path] = (work / "cells").iterdir()
     record = json.loads(path.read_text())
     del record["protocol"]
     path.write_text(json.dumps(record))
     capsys.readouterr()
-    assert main(base) == 2 and "under a protocol it does not record (written before cells recorded" in _err(capsys)
+    assert study(base) == 2 and "under a protocol it does not record (written before cells recorded" in _err(capsys)
     assert (out / "results.md").read_text() == published
 
 
@@ -95,17 +95,17 @@ def _lm_train_cell(runs: Path, variant: str, seed: int, sets: list[str], *, lega
 def test_lm_variants_set_change_is_refused_and_todays_cells_are_accepted(tmp_path, capsys):
     runs, results = tmp_path / "runs", tmp_path / "results"
     _lm_train_cell(runs, "softmax", 0, ["train.steps=300"])
-    argv = ["experiment", "lm-variants", "--variants", "softmax", "--seeds", "0", "--stages", "train"]
+    argv = ["lm-variants", "--variants", "softmax", "--seeds", "0", "--stages", "train"]
     argv += ["--runs", str(runs), "--results", str(results), "--report-only"]
-    assert main([*argv, "--set", "train.steps=300"]) == 0  # the protocol its command states
+    assert study([*argv, "--set", "train.steps=300"]) == 0  # the protocol its command states
     assert "| softmax |" in (results / "lm_variants" / "results.md").read_text()
     capsys.readouterr()
-    assert main([*argv, "--set", "train.steps=100"]) == 2
+    assert study([*argv, "--set", "train.steps=100"]) == 2
     assert "resolved.train.steps: 300 then, 100 now" in _err(capsys)
-    assert main([*argv, "--set", "train.stepz=100"]) == 2  # an invalid override, even with every cell done
+    assert study([*argv, "--set", "train.stepz=100"]) == 2  # an invalid override, even with every cell done
     assert "--set train.stepz=100: not a valid override of mixers/softmax" in _err(capsys)
     _lm_train_cell(runs, "softmax", 0, ["train.steps=300"], legacy=True)  # no protocol: never reused (issue 41)
-    assert main([*argv, "--set", "train.steps=300"]) == 2
+    assert study([*argv, "--set", "train.steps=300"]) == 2
     assert "a protocol it does not record (written before cells recorded their protocol" in _err(capsys)
 
 
@@ -128,13 +128,13 @@ def test_lra_override_change_is_refused_and_todays_cells_are_accepted(tmp_path, 
     }
     (work / "cells").mkdir(parents=True)
     (work / "cells" / f"{cell_key(cell)}.json").write_text(json.dumps(record))
-    assert main(["experiment", "lra", *argv, "--report-only", "--override", "train.steps=500"]) == 0
+    assert study(["lra", *argv, "--report-only", "--override", "train.steps=500"]) == 0
     capsys.readouterr()
-    assert main(["experiment", "lra", *argv, "--report-only", "--override", "train.steps=700"]) == 2
+    assert study(["lra", *argv, "--report-only", "--override", "train.steps=700"]) == 2
     err = _err(capsys)
     assert "sets: 'model.mixer=latte train.steps=500' then, 'model.mixer=latte train.steps=700' now" in err
     assert "resolved.train.steps: 500 then, 700 now" in err
-    assert main(["experiment", "lra", *argv, "--override", "model.dimm=3"]) == 2
+    assert study(["lra", *argv, "--override", "model.dimm=3"]) == 2
     assert "--override model.dimm=3: not valid for lra/listops" in _err(capsys)
 
 
@@ -144,11 +144,11 @@ def test_lra_override_change_is_refused_and_todays_cells_are_accepted(tmp_path, 
 @pytest.mark.parametrize(
     "name, argv",
     [
-        ("lra", ["experiment", "lra", "--report-only", "--work", "WORK", "--out", "OUT"]),
-        ("mqar", ["experiment", "mqar", "--report-only", "--work", "WORK", "--out", "OUT/mqar"]),
+        ("lra", ["lra", "--report-only", "--work", "WORK", "--out", "OUT"]),
+        ("mqar", ["mqar", "--report-only", "--work", "WORK", "--out", "OUT/mqar"]),
         (
             "lm_variants",
-            ["experiment", "lm-variants", "--report-only", "--stages", "train", "--runs", "WORK", "--results", "OUT"],
+            ["lm-variants", "--report-only", "--stages", "train", "--runs", "WORK", "--results", "OUT"],
         ),
     ],
     ids=["lra", "mqar", "lm-variants"],
@@ -160,7 +160,7 @@ def test_report_of_an_empty_or_mistyped_work_folder_replaces_nothing(tmp_path, c
     for work in (tmp_path / "empty", tmp_path / "no-such-folder"):
         (tmp_path / "empty").mkdir(exist_ok=True)
         args = [str(work) if a == "WORK" else a.replace("OUT", str(tmp_path / "out")) for a in argv]
-        assert main([*args, "--readme", str(readme)]) == 2
+        assert study([*args, "--readme", str(readme)]) == 2
         err = _err(capsys)
         assert "no finished cells" in err and str(work) in err
         assert readme.read_text() == text and not (tmp_path / "out").exists()
@@ -169,9 +169,9 @@ def test_report_of_an_empty_or_mistyped_work_folder_replaces_nothing(tmp_path, c
 def test_a_readme_without_the_section_is_refused_before_any_work(tmp_path, capsys):
     readme = tmp_path / "README.md"
     readme.write_text("# nothing here\n")
-    assert main(["experiment", "mqar", "--quick", "--work", str(tmp_path / "w"), "--readme", str(readme)]) == 2
+    assert study(["mqar", "--quick", "--work", str(tmp_path / "w"), "--readme", str(readme)]) == 2
     assert "--readme" in _err(capsys) and not (tmp_path / "w").exists()
-    assert main(["experiment", "lra", "--quick", "--readme", str(tmp_path / "nope.md")]) == 2
+    assert study(["lra", "--quick", "--readme", str(tmp_path / "nope.md")]) == 2
     assert "nope.md: no such file" in _err(capsys)
 
 
@@ -216,7 +216,7 @@ def test_a_readme_without_the_section_is_refused_before_any_work(tmp_path, capsy
 )
 def test_bad_experiment_arguments_exit_2_naming_flag_value_and_what_is_allowed(tmp_path, capsys, argv, named):
     work = ["--runs" if argv[0] in ("lm-variants", "convert", "convert-sinks") else "--work", str(tmp_path / "w")]
-    assert main(["experiment", *argv, *work]) == 2
+    assert study([*argv, *work]) == 2
     err = _err(capsys)
     assert named in err
     assert not (tmp_path / "w").exists()  # refused before anything ran or was written

@@ -5,7 +5,6 @@ import json
 import pytest
 
 from experiments.common.results import Sweep, provenance, write_results
-from latte.cli import main
 
 
 def test_sweep_resumes_and_never_redoes_a_finished_cell(tmp_path):
@@ -92,10 +91,19 @@ def test_a_report_only_header_does_not_pass_its_seconds_off_as_the_runs(tmp_path
         assert said in header, header
 
 
-def test_experiment_command_lists_and_rejects_unknown(capsys):
-    assert main(["experiment", "--help"]) == 0
-    assert main(["experiment", "no-such-experiment"]) == 2
-    assert "experiments:" in capsys.readouterr().err
+def test_every_study_runs_with_python_dash_m():
+    """experiments.COMMANDS names, for each study, a module `python -m` runs
+    (a package's __main__ or a module of its own) whose main is MODULES'."""
+    import importlib.util
+
+    from experiments import COMMANDS, MODULES
+
+    assert set(COMMANDS) == set(MODULES)
+    for name, command in COMMANDS.items():
+        spec = importlib.util.find_spec(command)
+        runs = spec.submodule_search_locations is None or importlib.util.find_spec(f"{command}.__main__")
+        assert runs, f"{name}: python -m {command} has nothing to run"
+        assert callable(importlib.import_module(MODULES[name]).main), name
 
 
 def test_images_are_linked_from_results_md_and_the_readme(tmp_path):

@@ -97,10 +97,10 @@ def test_10_a_work_folder_is_new_empty_an_experiments_or_one_holding_cells(tmp_p
 
 def test_10_the_suites_dry_run_checks_an_experiments_work_folder(tmp_path):
     corpus, said = _folders(tmp_path)["corpus"]
-    argv = ("-m", "latte", "experiment", "lra", "--quick", "--tasks", "listops", "--mixers", "softmax")
+    argv = ("-m", "experiments.lra", "--quick", "--tasks", "listops", "--mixers", "softmax")
     problems, _ = dryrun.check_stage(Stage("x", (*argv, "--work", str(corpus), "--out", str(tmp_path / "o")), 1, 1))
     assert any(f"--work {corpus}: {said}" in p for p in problems), problems
-    lm = ("-m", "latte", "experiment", "lm-variants", "--quick", "--variants", "softmax", "--stages", "train")
+    lm = ("-m", "experiments.lm_variants", "--quick", "--variants", "softmax", "--stages", "train")
     problems, _ = dryrun.check_stage(Stage("x", (*lm, "--runs", str(corpus), "--results", str(tmp_path)), 1, 1))
     assert any(f"--runs {corpus}: {said}" in p for p in problems), problems
 
