@@ -310,3 +310,26 @@ def test_macchiato_latents_on_the_fused_construction(fused, monkeypatch, mix):
     y = M.macchiato(a, b, v, q, k, window_size=W, mix=mix, gate=gate, mask=mask, backend="fla")[0]
     y_ref = R.macchiato(a, b, v, q, k, W, mix=mix, gate=gate, mask=mask)
     assert rel_err(y[mask], y_ref[mask]) < 1e-10
+
+
+def test_gradients_of_sums_reach_the_kernels_contiguous(fused):
+    """A loss that sums y and the final z hands the backward expanded
+    (stride 0) gradients; fla's kernels index them as contiguous, so the ops
+    make them so."""
+    a, b, v = inputs(20, scale=5.0)
+    S0, z0 = random_state(2, 3, 5, 7)
+
+    def loss(a, b, v, S0, z0, fast):
+        if fast:
+            y, st = latte_causal(a, b, v, backend="fla", initial_state=LatteState(S0, z0), output_final_state=True)
+            S, z = st.S, st.z
+        else:
+            y, (S, z) = R.latte_causal(a, b, v, initial_state=(S0, z0))
+        return y.sum() + z.sum() + S.sum()
+
+    args = [x.float().requires_grad_() for x in (a, b, v, S0, z0)]
+    g = torch.autograd.grad(loss(*args, True), args)
+    args_ref = [x.clone().requires_grad_() for x in (a, b, v, S0, z0)]
+    g_ref = torch.autograd.grad(loss(*args_ref, False), args_ref)
+    for name, x, xr in zip("a b v S0 z0".split(), g, g_ref):
+        assert rel_err(x, xr, floor=1e-2) < 2e-4, name

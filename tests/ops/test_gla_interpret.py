@@ -2,7 +2,7 @@
 fused_recurrent_gla) through the "fused" construction, on CPU tensors under
 Triton's interpreter: a capped float32 subset of tests/ops/test_gla_fused.py
 (left padding then spikes, packed documents with masks and initial states, a
-fully padded row, decoding steps), in a child process, since the interpreter
+fully padded row, decoding steps, expanded gradients), in a child process, since the interpreter
 must be chosen before fla's kernels are first imported. The whole matrix:
 `python tests/gpu/interpret_fla.py` (minutes). Skips where Triton is not
 installed (the torch CPU wheel does not bring it; .ci/run installs it where
@@ -25,6 +25,7 @@ SUBSET = [
     "test_packed_documents_with_initial_states_and_mask",
     "test_fully_padded_row_ends_in_the_empty_state",
     "test_decode_steps[40.0]",
+    "test_gradients_of_sums_reach_the_kernels_contiguous",
 ]
 CAP_S = 60
 

@@ -39,6 +39,8 @@ tensors instead (under TRITON_INTERPRET=1: tests/gpu/interpret_fla.py).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 
@@ -53,6 +55,17 @@ CHUNK = 64
 
 def _use_triton(x: Tensor) -> bool:
     return x.device.type == "cuda" or CPU_IMPL == "triton"
+
+
+def _fla(*xs):
+    """Tensors as fla's kernels index them: contiguous (a gradient may come
+    strided or expanded), None kept."""
+    return tuple(None if x is None else x.contiguous() for x in xs)
+
+
+def _device(x: Tensor):
+    """The tensor's CUDA device current while fla launches its kernels."""
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
 def _empty(x: Tensor) -> Tensor:
@@ -127,9 +140,9 @@ def _gate_bwd_ref(x, z, z0, cu, dk, dg, dzT):
 def _gate_fla(x, z0, cu, k_dtype, save_z):
     from fla.ops.gsa.gate import fused_additive_gate_fwd
 
-    k, g, zT, z = fused_additive_gate_fwd(
-        x.contiguous(), z0, cu, save_z, output_dtype=k_dtype, gate_dtype=torch.float32
-    )
+    x, z0 = _fla(x, z0)
+    with _device(x):
+        k, g, zT, z = fused_additive_gate_fwd(x, z0, cu, save_z, output_dtype=k_dtype, gate_dtype=torch.float32)
     return k, g, zT, (z if save_z else _empty(x))
 
 
@@ -173,7 +186,8 @@ def additive_gate_bwd(
     if _use_triton(x):
         from fla.ops.gsa.gate import fused_additive_gate_bwd
 
-        dx, dz0 = fused_additive_gate_bwd(x.contiguous(), z, z0, cu_seqlens, dk, dg, dzT)
+        with _device(x):
+            dx, dz0 = fused_additive_gate_bwd(*_fla(x, z, z0), cu_seqlens, *_fla(dk, dg, dzT))
         return dx, (_empty(x) if dz0 is None else dz0)
     zeros = torch.zeros_like(z)
     dk = zeros if dk is None else dk
@@ -267,10 +281,11 @@ def chunk_gla(
         from fla.ops.gla.chunk import chunk_gla_fwd
 
         BT, ci = _fla_indices(T, cu_seqlens)
-        q, k, v, g = (x.contiguous() for x in (q, k, v, g))
-        _, A, _, ht, o = chunk_gla_fwd(
-            q, k, v, g, None, scale, h0, True, cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=ci
-        )
+        q, k, v, g, h0 = _fla(q, k, v, g, h0)
+        with _device(q):
+            _, A, _, ht, o = chunk_gla_fwd(
+                q, k, v, g, None, scale, h0, True, cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=ci
+            )
         return o, ht, A
     o, _, ht = _gla_ref(q, k, v, g, h0, cu_seqlens, scale)
     return o.to(v.dtype), ht, q.new_zeros(B, T, H, CHUNK, dtype=torch.float32)
@@ -302,10 +317,11 @@ def chunk_gla_bwd(
         from fla.ops.gla.chunk import chunk_gla_bwd as fla_bwd
 
         BT, ci = _fla_indices(q.shape[1], cu_seqlens)
-        q, k, v, g, do = (x.contiguous() for x in (q, k, v, g, do))
-        dq, dk, dv, dg, dh0 = fla_bwd(
-            q, k, v, g, None, scale, h0, None, A, do, dht, cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=ci
-        )
+        q, k, v, g, h0, A, do, dht = _fla(q, k, v, g, h0, A, do, dht)
+        with _device(q):
+            dq, dk, dv, dg, dh0 = fla_bwd(
+                q, k, v, g, None, scale, h0, None, A, do, dht, cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=ci
+            )
         dh0 = _empty(q) if dh0 is None else dh0
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), dh0
     return _gla_bwd_ref(q, k, v, g, h0, cu_seqlens, do, dht, scale)
@@ -343,8 +359,9 @@ def fused_recurrent_gla(
     if _use_triton(q):
         from fla.ops.gla import fused_recurrent_gla as fla_recurrent
 
-        q, k, v, g = (x.contiguous() for x in (q, k, v, g))
-        return fla_recurrent(q, k, v, gk=g, scale=scale, initial_state=h0, output_final_state=True)
+        q, k, v, g, h0 = _fla(q, k, v, g, h0)
+        with _device(q):
+            return fla_recurrent(q, k, v, gk=g, scale=scale, initial_state=h0, output_final_state=True)
     o, _, ht = _gla_ref(q, k, v, g, h0, None, scale)
     return o.to(v.dtype), ht
 
