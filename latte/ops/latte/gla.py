@@ -292,8 +292,10 @@ def gla_chunked(a, b, v, S0=None, z0=None, mask=None, cu_seqlens=None):
     H, L], v [B, T, H, D], the state (S0 [N, H, L, D], z0 [N, H, L]) or None.
     Returns y [B, T, H, D] as the kernel gives it (v's dtype when half, else
     the work dtype), S, z after the last token (per document with
-    cu_seqlens, B == 1: the construction runs per document on a padded
-    copy, as z restarts at each start; the kernel on the packed tensors)."""
+    cu_seqlens, B == 1: the eager constructions run per document on a
+    padded copy, as z restarts at each start, the fused one on the packed
+    tensors, as the kernel does). The construction: construction()'s,
+    "auto" resolved by the size rule fused_wins."""
     io = _io_dtype(v)
     B, T, H, L = a.shape
     n_seqs = B if cu_seqlens is None else cu_seqlens.numel() - 1
