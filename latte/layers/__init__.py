@@ -21,7 +21,7 @@ from .macchiato_attention import MacchiatoAttention, MacchiatoLayerState
 from .mixers import QK_MIXERS, RGLRU, DepthwiseConv, QKMixer
 from .rope import RotaryEmbedding
 from .sliding_window_attention import SlidingWindowAttention, WindowLayerState
-from .softmax_attention import KVCache, SoftmaxAttention
+from .softmax_attention import KVCache, SoftmaxAttention, StaticKVCache
 from .states import state_nbytes
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "RotaryEmbedding",
     "SlidingWindowAttention",
     "SoftmaxAttention",
+    "StaticKVCache",
     "WindowLayerState",
     "state_nbytes",
 ]

@@ -32,6 +32,18 @@ class KVCache(NamedTuple):
     pos: torch.Tensor | None  # [B] int64 real tokens seen so far; None inside a model (its cache counts)
 
 
+class StaticKVCache(NamedTuple):
+    """A KV cache allocated once for a whole generation (latte/models/static_decode.py):
+    N = prompt + max_new_tokens slots, filled in order; a decoding step writes
+    its key at `index` in place and attends to the slots its mask marks, so
+    every step has the same shapes (gpt-fast's static cache)."""
+
+    k: torch.Tensor  # [B, N, K, E] keys (RoPE applied)
+    v: torch.Tensor  # [B, N, K, E] values
+    mask: torch.Tensor  # [B, N] bool, True for a slot holding a real token
+    index: torch.Tensor  # [] int64: the slot the next token is written to
+
+
 def _allowed(key_mask: torch.Tensor, T: int, causal: bool) -> torch.Tensor:
     """Boolean attention mask [B, 1, T, S + T] for the T newest queries."""
     B, ST = key_mask.shape
@@ -86,6 +98,8 @@ class SoftmaxAttention(nn.Module):
         (RoPE positions; default: real tokens counted from state.pos) ->
         (y [B, T, dim], KVCache with every token so far; None if not causal)."""
         B, T = check_input(x, self.dim, mask, positions)
+        if isinstance(state, StaticKVCache):
+            return self._static_step(x, state, mask, positions)
         state = check_state(state, KVCache, B, self.causal)
         H, K = self.num_heads, self.num_kv_heads
         pos_BT, pos = layer_positions(positions, state, mask, B, T, x.device)
@@ -108,6 +122,26 @@ class SoftmaxAttention(nn.Module):
             y = F.scaled_dot_product_attention(q.transpose(1, 2), kh, vh, attn_mask=allowed, **gqa)
         y = self.dropout(self.o_proj(y.transpose(1, 2).flatten(2)))  # [B, H, T, E] -> [B, T, dim]
         return y, new_state
+
+    def _static_step(self, x, state: StaticKVCache, mask, positions) -> tuple[torch.Tensor, StaticKVCache]:
+        """One token x [B, 1, dim] into the static cache, in place: its key and
+        value at slot `index`, then attention over the marked slots (its own
+        included). No value is read and no shape depends on the context."""
+        if x.shape[1] != 1 or positions is None:
+            raise ValueError("state: a StaticKVCache takes one token at a time, with its positions [B, 1]")
+        q, k, v = project_qkv(self, x, positions)
+        at = state.index.view(1)
+        real = torch.ones(x.shape[0], 1, dtype=torch.bool, device=x.device) if mask is None else mask
+        state.k.index_copy_(1, at, k.to(state.k.dtype))
+        state.v.index_copy_(1, at, v.to(state.v.dtype))
+        state.mask.index_copy_(1, at, real)
+        gqa = dict(enable_gqa=True) if self.num_heads != self.num_kv_heads else {}
+        kh, vh = state.k.to(q.dtype).transpose(1, 2), state.v.to(q.dtype).transpose(1, 2)
+        own = torch.arange(state.mask.shape[1], device=x.device) == state.index  # its own key: always visible
+        allowed = (state.mask | own)[:, None, None, :]  # [B, 1, 1, N], as _allowed
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), kh, vh, attn_mask=allowed, **gqa)
+        state.index.add_(1)
+        return self.dropout(self.o_proj(y.transpose(1, 2).flatten(2))), state
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, causal={self.causal}"
