@@ -1,4 +1,4 @@
-"""`latte bench audit`: does any op's cost depend on its input values?
+"""`python -m benchmarks.audit`: does any op's cost depend on its input values?
 
 Every op whose work could depend on the values (the causal and
 bidirectional Latte ops, Macchiato, the sliding window, the RG-LRU scan, the

@@ -1,4 +1,4 @@
-"""`latte bench distill`: the up-training objective's head, whole logits
+"""`python -m benchmarks.distill`: the up-training objective's head, whole logits
 against chunks (latte/convert/distill.py).
 
 Conversion's end-to-end objective (KL to the original plus next-token CE)
@@ -16,7 +16,7 @@ the two are recorded. The work does not depend on the logits' values
 (softmax and log-sum-exp over the whole vocabulary); hidden states and head
 are drawn so that the logits spread with a standard deviation of about 3.
 
-    latte bench distill [--quick] [--threads 2] [--tokens 256,512,1024] [--out bench-results]
+    python -m benchmarks.distill [--quick] [--threads 2] [--tokens 256,512,1024] [--out bench-results]
 """
 
 from __future__ import annotations

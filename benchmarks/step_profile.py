@@ -1,4 +1,4 @@
-"""Where a training step's time goes (`latte bench train --profile`).
+"""Where a training step's time goes (`python -m benchmarks.train --profile`).
 
 At small shapes a step is many small ops, and the per-op cost of eager
 PyTorch (dispatch, autograd bookkeeping, allocation) rather than arithmetic

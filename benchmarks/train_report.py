@@ -1,4 +1,4 @@
-"""The report of `latte bench train` (train.py): markdown table, ratios from
+"""The report of `python -m benchmarks.train` (train.py): markdown table, ratios from
 the same run (each variant over softmax, eager over compiled), plot."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`latte bench window`: Macchiato's window branch on the project's tile kernel
+"""`python -m benchmarks.window`: Macchiato's window branch on the project's tile kernel
 (latte/ops/window/window_tiles.py) against torch's flex_attention (latte/ops/window/flex_window.py).
 
 Both compute causal sliding-window softmax attention with its log-normaliser
@@ -11,7 +11,7 @@ CPU) and forward+backward is the tile kernel's alone. The compile time of
 each flex shape (first call) and the largest difference between the two
 outputs are recorded. Providers are timed in interleaved rounds.
 
-    latte bench window [--device cuda] [--quick] [--threads 2] [--out bench-results]
+    python -m benchmarks.window [--device cuda] [--quick] [--threads 2] [--out bench-results]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ One folder per experiment, each with a README stating its contract: it
 imports `latte` (never the other way round: tests/test_package.py), writes
 `results/NAME/`, and has its own tests under tests/experiments/. Run one as
 
-    python -m experiments.mqar --quick        # or: latte experiment mqar --quick (in a checkout)
+    python -m experiments.mqar --quick        # (`python -m experiments mqar --quick` too)
 
 Every experiment has a quick mode (seconds; what the tests run) and a full
 mode (what produced the committed files under `results/<name>/`), resumes a
@@ -13,8 +13,8 @@ killed sweep where it stopped and shows a progress bar. The shared pieces
 machine info, tables, plots and README sections in `latte.reporting`.
 """
 
-# name (as `latte experiment NAME` takes it) -> the module whose main(argv) runs it,
-# in the order `latte experiment --help` lists them
+# name (as `python -m experiments NAME` takes it) -> the module whose main(argv) runs it,
+# in the order `python -m experiments --help` lists them
 MODULES: dict[str, str] = {
     "mqar": "experiments.mqar.mqar",
     "lm-variants": "experiments.lm_variants.lm_variants",

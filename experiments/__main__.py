@@ -3,11 +3,13 @@
 import importlib
 import sys
 
-from experiments import EXPERIMENTS, MODULES
+from experiments import COMMANDS, EXPERIMENTS, MODULES
+from latte.cli import run_command
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
     if not argv or argv[0] not in MODULES:
         print(f"usage: python -m experiments NAME [args...]\nexperiments: {', '.join(EXPERIMENTS)}", file=sys.stderr)
         sys.exit(0 if argv[:1] in (["-h"], ["--help"]) else 2)
-    sys.exit(importlib.import_module(MODULES[argv[0]]).main(argv[1:]))
+    main = importlib.import_module(MODULES[argv[0]]).main
+    sys.exit(run_command(f"python -m {COMMANDS[argv[0]]}", main, argv[1:]))

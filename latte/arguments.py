@@ -1,5 +1,5 @@
 """argparse types shared by the command lines (`latte generate`, `latte bench`,
-`latte experiment`, ...). Each one parses one flag's text or raises
+the laboratory's studies, ...). Each one parses one flag's text or raises
 argparse.ArgumentTypeError saying what is allowed and what it got; argparse
 then prints `argument --flag: <that>` and exits 2, before anything runs. A
 base module (it imports nothing from latte): every part may use it.

@@ -1,4 +1,4 @@
-"""The dry run of `latte bench suite`: every stage's command checked without
+"""The dry run of `python -m experiments.gpu_suite`: every stage's command checked without
 a GPU, so that GPU time is never spent on a typo (docs/gpu.md §5).
 
 For each stage: the benchmark's or experiment's own argument parser on the

@@ -1,4 +1,4 @@
-"""What the machine of `latte bench suite` has, and installing what it lacks
+"""What the machine of `python -m experiments.gpu_suite` has, and installing what it lacks
 from wheels brought along (docs/gpu.md §5). Standard library only: this runs
 before anything is installed.
 

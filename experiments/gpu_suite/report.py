@@ -1,5 +1,5 @@
 """README.md of the suite's folder, and every table there rewritten from its
-JSON, without a GPU (`latte bench suite --report-only`; docs/gpu.md §5).
+JSON, without a GPU (`python -m experiments.gpu_suite --report-only`; docs/gpu.md §5).
 
 The tables come from the benchmarks' own markdown functions, so a committed
 table is always what its JSON says; the targets of issue 26 come from

@@ -1,4 +1,4 @@
-"""The runner of `latte bench suite` (experiments/gpu_suite/stages.py): budgets, one
+"""The runner of `python -m experiments.gpu_suite` (experiments/gpu_suite/stages.py): budgets, one
 subprocess per stage, resumable records, the tarball for the device tool.
 
 A stage's record in OUT/suite.json has its status:

@@ -1,4 +1,4 @@
-"""OUT/suite.json of `latte bench suite`: read (checked) and written, and the
+"""OUT/suite.json of `python -m experiments.gpu_suite`: read (checked) and written, and the
 writers named in the marker files of the folders the suite writes
 (latte/guard.py). Standard library only (docs/gpu.md §5)."""
 

@@ -1,4 +1,4 @@
-"""The learning curves of `latte experiment lm-variants`: validation
+"""The learning curves of `python -m experiments.lm_variants`: validation
 perplexity at each evaluation of each run (its val.csv), at chosen steps
 relative to softmax's, and their plot."""
 

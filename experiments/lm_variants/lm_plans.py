@@ -1,4 +1,4 @@
-"""The plans of `latte experiment lm-variants --plan NAME`: which variants,
+"""The plans of `python -m experiments.lm_variants --plan NAME`: which variants,
 seeds, config overrides, evaluation lengths and output folders one command
 runs, so the command that made a result folder is short and exact.
 

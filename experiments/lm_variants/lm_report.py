@@ -1,4 +1,4 @@
-"""Tables and plots of `latte experiment lm-variants`: the per-variant table,
+"""Tables and plots of `python -m experiments.lm_variants`: the per-variant table,
 context extrapolation and latent utilisation. Each builder returns
 (flat records, markdown, PNG names written in `out`)."""
 

@@ -1,11 +1,11 @@
-"""`latte experiment lra`: ListOps and Pathfinder-32 (Long Range Arena) with
+"""`python -m experiments.lra`: ListOps and Pathfinder-32 (Long Range Arena) with
 the bidirectional model, latte against softmax and linear attention.
 
-    latte experiment lra                      # the committed results/lra/ (hours on 2 CPU cores)
-    latte experiment lra --quick --out /tmp/x # seconds: what the tests run
-    latte experiment lra --budget reduced --work runs/lra-reduced   # 200 x 16 for ListOps/Pathfinder,
+    python -m experiments.lra                      # the committed results/lra/ (hours on 2 CPU cores)
+    python -m experiments.lra --quick --out /tmp/x # seconds: what the tests run
+    python -m experiments.lra --budget reduced --work runs/lra-reduced   # 200 x 16 for ListOps/Pathfinder,
                                               # marked as a reduced CPU budget everywhere
-    latte experiment lra --budget lra --tasks listops --parts train --work runs/lra-protocol
+    python -m experiments.lra --budget lra --tasks listops --parts train --work runs/lra-protocol
                                               # ListOps at the LRA's own protocol (5,000 x 32 on
                                               # 96,000 expressions), checkpoint chosen on validation
 
@@ -713,7 +713,7 @@ def check_overrides(args: argparse.Namespace, work: Path) -> None:
 
 def full_budget_records(full_work: Path, cells: list[dict], args: argparse.Namespace, work: Path) -> list[dict]:
     """Cells of the LRA tasks finished at the configs' full budget in an earlier
-    `latte experiment lra --work full_work` (marked budget=full), checked
+    `python -m experiments.lra --work full_work` (marked budget=full), checked
     against this command's protocol at the full budget."""
     wanted = [c for c in cells if c["part"] == "train" and c["task"] not in VARIANTS]
     checks = sweep_checks(args, full_work, budget="full")

@@ -1,4 +1,4 @@
-"""The cell files of `latte experiment mqar`: what names a cell, reading
+"""The cell files of `python -m experiments.mqar`: what names a cell, reading
 cells written before seeds existed, and rebuilding a work folder from the
 published results.
 

@@ -1,4 +1,4 @@
-"""The accuracy-vs-state plot of `latte experiment mqar` (Zoology's figure)."""
+"""The accuracy-vs-state plot of `python -m experiments.mqar` (Zoology's figure)."""
 
 from __future__ import annotations
 

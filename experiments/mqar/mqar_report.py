@@ -1,4 +1,4 @@
-"""Tables and the accuracy-vs-state plot of `latte experiment mqar`."""
+"""Tables and the accuracy-vs-state plot of `python -m experiments.mqar`."""
 
 from __future__ import annotations
 

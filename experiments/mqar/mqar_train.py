@@ -1,4 +1,4 @@
-"""The MQAR training loop's pieces (latte experiment mqar): loss and accuracy
+"""The MQAR training loop's pieces (python -m experiments.mqar): loss and accuracy
 at the query positions only, the optimiser, the batch order."""
 
 from __future__ import annotations

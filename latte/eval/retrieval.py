@@ -24,7 +24,7 @@ turn) and starts the assistant's turn with the answer's first words;
 it; `colon` writes the pass key as "The pass key is: K" and ends every
 answer's first words with a colon. Every format ends with the answer's first words ("The pass key is"),
 so the first number decoded is the answer. Calibrate the format on the
-original model first (latte experiment convert --stages calibrate): an
+original model first (python -m experiments.convert --stages calibrate): an
 evaluation the original cannot pass says nothing about a conversion.
 
 The prompt is exactly `context` tokens long. Prompts of one (format, task,

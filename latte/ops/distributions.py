@@ -3,7 +3,7 @@
 Trained models do not produce standard-normal logits: key logits sharpen as
 training goes on (std 10 and more), some positions spike, batches carry
 padding. An op whose cost depends on the values would look fine on std-1
-inputs only, so `latte bench ops` and `latte bench train` time every op on
+inputs only, so `latte bench ops` and `python -m benchmarks.train` time every op on
 several of these distributions side by side.
 
 Each distribution turns a standard-normal tensor of logits [B, T, ...] into

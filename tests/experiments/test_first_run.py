@@ -1,4 +1,4 @@
-"""`latte bench suite --first-run` (issue 42, item 6) without a GPU: its dry
+"""`python -m experiments.gpu_suite --first-run` (issue 42, item 6) without a GPU: its dry
 run checks every command, its deadline and stage names are its own."""
 
 import pytest

@@ -255,7 +255,7 @@ def _probe(env):
 
 @pytest.mark.slow
 def test_the_gpu_suite_killed_at_every_write_gives_the_uninterrupted_records(tmp_path, monkeypatch):
-    """Every record, report, marker and tarball write of `latte bench suite`
+    """Every record, report, marker and tarball write of `python -m experiments.gpu_suite`
     killed once: the same command then leaves the records, outputs and
     tarball of an uninterrupted run (no temp file packed)."""
     from experiments.gpu_suite import runner
@@ -312,7 +312,7 @@ def _wait_for(condition, seconds: float = 60.0) -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_suite_killed_with_sigkill_leaves_no_stage_running(tmp_path):
-    """kill -9 of `latte bench suite` while a stage runs: the stage (its own
+    """kill -9 of `python -m experiments.gpu_suite` while a stage runs: the stage (its own
     process group) ends too, so the next invocation never runs it beside the
     old one, both writing the same folders."""
     root = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""`latte experiment lm-variants` end to end in quick mode: real `latte train`
+"""`python -m experiments.lm_variants` end to end in quick mode: real `latte train`
 and `latte eval` subprocesses, the three result folders, resume."""
 
 import json

@@ -1,4 +1,4 @@
-"""`latte experiment lra --quick`: every part runs (generator speed, the six
+"""`python -m experiments.lra --quick`: every part runs (generator speed, the six
 trainings through `latte train`, curves, example images, result files) and
 a second call resumes from the finished cells instead of retraining."""
 

@@ -1,4 +1,4 @@
-"""`latte experiment mqar`: state sizes, the training harness, and a quick
+"""`python -m experiments.mqar`: state sizes, the training harness, and a quick
 end-to-end run that resumes."""
 
 import json

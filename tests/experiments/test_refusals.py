@@ -1,4 +1,4 @@
-"""Issue 23 on `latte experiment`: nothing stale published (a cell run under
+"""Issue 23 on the studies (`python -m experiments.NAME`): nothing stale published (a cell run under
 another protocol is refused, naming both), nothing overwritten (a report of
 an empty or mistyped work folder replaces no README section), and every bad
 argument named (exit 2, one line naming the flag, the value and what is

@@ -107,7 +107,7 @@ def test_10_the_suites_dry_run_checks_an_experiments_work_folder(tmp_path):
 
 @pytest.mark.parametrize("flag", ["--out", "--pack"])
 def test_12_the_suites_dry_run_refuses_an_out_or_pack_the_real_run_refuses(tmp_path, capsys, flag):
-    """Case 12: `latte bench suite --dry-run` said "every command checked"
+    """Case 12: `python -m experiments.gpu_suite --dry-run` said "every command checked"
     for a folder the real run then refused."""
     folder = tmp_path / "mine"
     folder.mkdir()
