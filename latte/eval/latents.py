@@ -59,7 +59,7 @@ def layer_probs(layer: nn.Module, x: torch.Tensor, positions: torch.Tensor | Non
     layer for its input x [B, T, dim] (no padding) at RoPE positions [B, T]
     (default 0 .. T-1)."""
     B, T, _ = x.shape
-    H, L = layer.num_heads, layer.num_latents // layer.num_heads
+    H, L = layer.num_heads, layer.latents_per_head
     u, _, _ = layer.mixer(x)
     a = layer.a_proj(u).view(B, T, H, L).float()
     p = torch.softmax(a, -1)
@@ -218,3 +218,19 @@ def plot_latents(report: dict, path, title: str = "") -> bool:
         fig.suptitle(title, fontsize=10)
     save_figure(plt, fig, path, dpi=100)
     return True
+
+
+def latents_summary(groups) -> tuple[list[dict], str]:
+    """(records, markdown) of `latte eval`'s latents cells (field "report":
+    latent_utilisation's): one flat record per (model, layer, head), one
+    table per model. `groups`: per model, (the fields naming it in records,
+    its label, its cells)."""
+    records, tables = [], []
+    for fields, name, cells in groups:
+        report = cells[0]["report"]
+        tables.append(f"{name} ({report['tokens']:,} tokens):\n\n{latents_table(report)}")
+        for layer in report["layers"]:
+            for h in layer["heads"]:
+                flat = {k: v for k, v in h.items() if not isinstance(v, list)}
+                records.append({**fields, "layer": layer["layer"], **flat})
+    return records, "\n\n".join(tables)

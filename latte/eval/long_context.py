@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from latte.reporting import md_table
+
 CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
 
 
@@ -198,3 +200,18 @@ def perplexities(nlls: list[torch.Tensor], contexts=CONTEXTS) -> list[dict[str, 
             }
         )
     return rows
+
+
+def perplexity_summary(groups, contexts) -> tuple[list[dict], str]:
+    """(records, markdown table) of per-document loss cells (field "nll":
+    comma-separated per-token losses): `perplexities` per model. `groups`:
+    per model, (the fields naming it in records, its label, its cells)."""
+    records, rows = [], []
+    for fields, name, cells in groups:
+        nlls = [torch.tensor([float(x) for x in c["nll"].split(",")], dtype=torch.float64) for c in cells]
+        for r in perplexities(nlls, contexts=contexts):
+            records.append({**fields, **r})
+            rows.append([name, f"{r['context']:,}", str(r["documents"]), f"{r['tokens']:,}"])
+            rows[-1] += [f"{r['ppl']:.2f}", f"{r['bucket_ppl']:.2f}"]
+    head = ["model", "context", "documents", "tokens", "ppl (first C tokens)", "ppl of [C/2, C)"]
+    return records, md_table(head, rows)

@@ -17,6 +17,7 @@ from torch import nn
 
 from latte.data import TokenWindows, iter_eval_batches
 from latte.models import IGNORE_INDEX
+from latte.reporting import md_table
 from latte.train.validation import summarize, token_nll
 
 # --------------------------------------------------------------------------- by position
@@ -123,3 +124,23 @@ def extrapolation(
         if progress is not None:
             progress(r)
     return results
+
+
+def extrapolation_summary(groups) -> tuple[list[dict], str]:
+    """(records, markdown table) of `latte eval`'s native ppl cells, one per
+    (model, length) holding tokens, ppl and ppl_<bucket> (or error).
+    `groups`: per model, (the fields naming it in records, its label, its
+    cells)."""
+    records = [r for _, _, cells in groups for r in cells]
+    buckets = sorted({k for r in records for k in r if k.startswith("ppl_")}, key=lambda k: int(k[4:].split("-")[0]))
+    rows = []
+    for _, name, cells in groups:
+        for r in cells:
+            if "error" in r:
+                rows.append([name, str(r["seq_len"]), "not applicable: " + r["error"]] + [""] * (len(buckets) + 1))
+                continue
+            by = [f"{r[b]:.2f}" if b in r else "" for b in buckets]
+            rows.append([name, str(r["seq_len"]), f"{r['tokens']:,}", f"{r['ppl']:.2f}", *by])
+    head = ["model", "length", "tokens", "ppl"] + [f"positions {b[4:]}" for b in buckets]
+    note = "\n\n(perplexity by position within each window; the same tokens at every length)"
+    return records, md_table(head, rows) + note

@@ -32,8 +32,8 @@ from latte.eval.fewshot import (
     mc_examples,
     score_example,
 )
-from latte.eval.latents import latent_utilisation, latents_table, plot_latents
-from latte.eval.long_context import converted_nll, original_nll, perplexities
+from latte.eval.latents import latent_utilisation, latents_summary, plot_latents
+from latte.eval.long_context import converted_nll, original_nll, perplexity_summary
 from latte.eval.needle import (
     PrefixFeeder,
     haystack_text,
@@ -43,7 +43,7 @@ from latte.eval.needle import (
     run_trial,
     sentence_ends,
 )
-from latte.eval.perplexity import extrapolation
+from latte.eval.perplexity import extrapolation, extrapolation_summary
 from latte.eval.retrieval import TASKS as RETRIEVAL_TASKS
 from latte.eval.retrieval import Reader, SharedPrefix, answer_prompt, retrieval_summary
 from latte.eval.tasks import SEED, score_tasks, subsample, task_sizes, write_task_dir
@@ -96,10 +96,6 @@ def _groups(evaluated, done: list[dict]) -> list[tuple[dict, str, list[dict]]]:
         fields = {"model": e.name, **({"set": e.set} if e.set else {})}
         out.append((fields, e.label, [c for c in done if _of(evaluated, c) is e]))
     return out
-
-
-def _rows_of(evaluated, records: list[dict]) -> dict:
-    return {e.label: [r for r in records if r["model"] == e.name and r.get("set", "") == e.set] for e in evaluated}
 
 
 # --------------------------------------------------------------------------- documents
@@ -178,25 +174,7 @@ def _native_ppl(ctx, evaluated):
         return {"tokens": r["tokens"], "ppl": r["ppl"], "multiple": cell["seq_len"] / train_len, **buckets}
 
     records = ctx.sweep("ppl", cells, options).run(cell_fn, desc="ppl")
-    return records, _native_table(evaluated, records)
-
-
-def _native_table(evaluated, records) -> str:
-    buckets = sorted({k for r in records for k in r if k.startswith("ppl_")}, key=lambda k: int(k[4:].split("-")[0]))
-    rows = []
-    for name, rs in _rows_of(evaluated, records).items():
-        for r in rs:
-            if "error" in r:
-                rows.append([name, str(r["seq_len"]), "not applicable: " + r["error"]] + [""] * (len(buckets) + 1))
-                continue
-            rows.append([name, str(r["seq_len"]), f"{r['tokens']:,}", f"{r['ppl']:.2f}"] + _cells(r, buckets))
-    head = ["model", "length", "tokens", "ppl"] + [f"positions {b[4:]}" for b in buckets]
-    note = "\n\n(perplexity by position within each window; the same tokens at every length)"
-    return md_table(head, rows) + note
-
-
-def _cells(r: dict, buckets: list[str]) -> list[str]:
-    return [f"{r[b]:.2f}" if b in r else "" for b in buckets]
+    return extrapolation_summary(_groups(evaluated, records))
 
 
 def _document_ppl(ctx, evaluated):
@@ -215,26 +193,8 @@ def _document_ppl(ctx, evaluated):
         nll = document_nll(e, docs[cell["document"]])
         return {"tokens": int(nll.shape[0]), "nll": ",".join(f"{x:.5f}" for x in nll.tolist())}
 
-    cells_done = ctx.sweep("ppl", cells, options, fields=("nll",)).run(cell_fn, desc="ppl")
-    records = []
-    for e in evaluated:
-        mine = [c for c in cells_done if e.cell().items() <= c.items()]
-        nlls = [torch.tensor([float(x) for x in c["nll"].split(",")], dtype=torch.float64) for c in mine]
-        for row in perplexities(nlls, contexts=lengths):
-            records.append({"model": e.name, **({"set": e.set} if e.set else {}), **row})
-    rows = [
-        [
-            name,
-            f"{r['context']:,}",
-            str(r["documents"]),
-            f"{r['tokens']:,}",
-            f"{r['ppl']:.2f}",
-            f"{r['bucket_ppl']:.2f}",
-        ]
-        for name, rs in _rows_of(evaluated, records).items()
-        for r in rs
-    ]
-    table = md_table(["model", "context", "documents", "tokens", "ppl (first C tokens)", "ppl of [C/2, C)"], rows)
+    done = ctx.sweep("ppl", cells, options, fields=("nll",)).run(cell_fn, desc="ppl")
+    records, table = perplexity_summary(_groups(evaluated, done), lengths)
     return records, table + f"\n\n(--data {data}: documents read to {max(lengths):,} tokens)"
 
 
@@ -336,17 +296,11 @@ def _latents_run(ctx, evaluated):
 
     options = {"data": req.data or "validation", "windows": len(windows), "seq_len": train_len}
     done = ctx.sweep("latents", cells, options, fields=("report",)).run(cell_fn, desc="latents")
-    records, tables = [], []
-    for e in evaluated:
-        report = next(c["report"] for c in done if _of(evaluated, c) is e)
-        png = ctx.out / f"latents-{e.name}{'-' + str(evaluated.index(e)) if e.set else ''}.png"
-        plot_latents(report, png, title=f"{e.label}, {report['tokens']:,} tokens")
-        tables.append(f"{e.label} ({report['tokens']:,} tokens):\n\n{latents_table(report)}")
-        for layer in report["layers"]:
-            for h in layer["heads"]:
-                flat = {k: v for k, v in h.items() if not isinstance(v, list)}
-                records.append({"model": e.name, **({"set": e.set} if e.set else {}), "layer": layer["layer"], **flat})
-    return records, "\n\n".join(tables)
+    groups = _groups(evaluated, done)
+    for i, (fields, name, (cell,)) in enumerate(groups):
+        png = ctx.out / f"latents-{fields['model']}{f'-{i}' if 'set' in fields else ''}.png"
+        plot_latents(cell["report"], png, title=f"{name}, {cell['report']['tokens']:,} tokens")
+    return latents_summary(groups)
 
 
 # --------------------------------------------------------------------------- retrieval
