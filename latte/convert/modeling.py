@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,9 +30,10 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from latte.files import sha256_file
-from latte.models.causal_lm import check_eos, check_sampling_args, token_stream
+from latte.models.causal_lm import check_eos, check_sampling_args, next_token, token_stream
 from latte.models.hf_cache import CACHE_NAME, cache_kwargs, one_cache, output_cache
 from latte.models.modeling import check_input_ids
+from latte.models.static_decode import EOS_CHECK_EVERY, check_eos_every, layer_windows, static_tokens
 from latte.models.weights import check_state, load_weights, read_weights
 
 from .attention import ConvertedAttention
@@ -256,11 +258,17 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
         attention_mask: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
         do_sample: bool | None = None,
+        eos_check_every: int = EOS_CHECK_EVERY,
+        static: bool = True,
     ) -> Iterator[torch.Tensor]:
         """latte's streaming generation (as `LatteForCausalLM.stream`): the new
         tokens [B], one step at a time, from the constant-size cache. Prompts
-        of different lengths are LEFT-padded (attention_mask 0 on the left)."""
+        of different lengths are LEFT-padded (attention_mask 0 on the left).
+        static, eos_check_every: as `LatteForCausalLM.stream`; the static
+        step runs eagerly here (not captured in a CUDA graph: transformers'
+        forward around the layers is not checked for host reads)."""
         greedy = check_sampling_args(max_new_tokens, temperature, top_k, top_p, do_sample)
+        check_eos_every(eos_check_every)
         if attention_mask is not None and not bool(attention_mask[:, -1].all()):
             raise ValueError("attention_mask: stream needs LEFT padding (the last column all ones)")
         eos = check_eos(eos_token_id, self.config.vocab_size, input_ids.device)
@@ -276,7 +284,33 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
             cache, pos = state[0], state[1] + 1
             return self(tok[:, None], position_ids=pos, state=cache, use_cache=True).logits[:, -1], (cache, pos)
 
-        return token_stream(self, prefill, step, max_new_tokens, eos, pick)
+        if not static:
+            return token_stream(self, prefill, step, max_new_tokens, eos, pick)
+        chooser = functools.partial(next_token, **pick)
+        every = dict(generator=generator, eos_check_every=eos_check_every)
+        return self._static_stream(input_ids, prefill, step, max_new_tokens, eos, chooser, every)
+
+    def _static_stream(self, input_ids, prefill, step, max_new_tokens, eos, chooser, every):
+        """`stream` over the static state (latte/models/static_decode.py):
+        the prefill's cache is kept, and each step swaps the static layer
+        states in and takes the new ones out."""
+        held = []
+
+        def prefill_static():
+            logits, (cache, pos) = prefill()
+            held.append(cache)
+            return logits, cache.states, pos[:, 0]
+
+        def feed(tok, layers, pos):
+            cache = held[0]
+            cache.states = list(layers)
+            logits, _ = step(tok, (cache, pos[:, None]))
+            return logits, cache.states, pos + 1
+
+        windows, T = layer_windows(self.converted), input_ids.shape[1]
+        return static_tokens(
+            self, prefill_static, feed, windows, T, max_new_tokens, eos, chooser, use_graph=False, **every
+        )
 
     def forward(
         self,

@@ -35,12 +35,22 @@ from typing import Any
 
 import torch
 
+from .._checks import is_int
 from ..layers import KVCache, StaticKVCache
 from ..layers.states import _leaves
 from ..ops.window.sliding_window import WindowState, full_window_state
 from .modeling import map_state
 
 EOS_CHECK_EVERY = 8  # tokens between two host reads of the end-of-sequence flags (the default k)
+
+
+def check_eos_every(eos_check_every) -> None:
+    """The k of "end of sequence read every k tokens": an integer >= 1."""
+    if not is_int(eos_check_every) or eos_check_every < 1:
+        raise ValueError(
+            f"eos_check_every: expected an integer >= 1 (tokens between two reads of the eos flags), "
+            f"got {eos_check_every!r}"
+        )
 
 
 @dataclass
