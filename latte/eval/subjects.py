@@ -182,7 +182,7 @@ def open_model(path: str | Path, sets: tuple[str, ...] = ()) -> Subject:
         from latte.convert.io import resolve_base  # optional dependency: transformers (extra "convert")
 
         folder, gguf = resolve_base(str(path), where="MODEL")
-        return _open_hf(folder, gguf, Path(str(path)))
+        return _open_hf(folder, gguf, folder / gguf if gguf else folder)  # its files: what the sha256 names
     raise ValueError(
         f"MODEL {path}: not a model latte eval can open; expected {KINDS.format(aliases=', '.join(_aliases()))}"
     )
