@@ -30,6 +30,8 @@ from latte.arguments import int_at_least, int_list, name_list, number
 from latte.layers import state_nbytes
 from latte.models import LatteConfig, LatteForCausalLM
 from latte.models.config import MIXERS as CONFIG_MIXERS
+from latte.models.modeling import LatteCache
+from latte.models.static_decode import allocate, capture, decode_step, layer_windows
 from latte.ops import set_backend
 
 from . import common
@@ -113,6 +115,7 @@ def bench_mixer(mixer: str, args, rows: list[dict], backend: str = "torch") -> N
     saved, recs = _prefill_contexts(model, args, amp, gen, label, quadratic=mixer == "softmax")
     tok = torch.randint(0, cfg.vocab_size, (1, 1), generator=gen).to(dev)
     _time_steps(model, tok, saved, recs, args, amp, label)
+    _time_static_steps(model, tok, saved, recs, args, amp, label)
     rows += list(recs.values())
     rows += [
         {"mixer": label, "context": c, **common.skipped("a shorter context was already skipped")}
@@ -201,6 +204,45 @@ def _time_steps(model, tok, saved: dict, recs: dict, args, amp, label: str) -> N
         print(f"  {label:10s} ctx={ctx:6d} {recs[ctx]['median_ms']:8.2f} ms/token", flush=True)
 
 
+def _static_steps(model, tok, saved: dict, args, amp) -> dict:
+    """Per context: (the static decoding state allocated from the saved
+    state, latte/models/static_decode.py; its greedy step, captured in a
+    CUDA graph on CUDA), sized for the steps timed and the capture's warm-up."""
+
+    def feed(t, layers, pos):
+        out = model(t[:, None], state=LatteCache(layers, 0, pos), use_cache=True)
+        return out.logits[:, -1], out.state.layers, out.state.pos
+
+    windows = layer_windows([block.mixer for block in model.model.blocks])
+    steps = {}
+    for ctx, st in saved.items():
+        state = allocate(st.layers, windows, st.pos, st.seen_tokens, args.tokens + WARMUP_TOKENS + 1)
+        run = lambda t, state=state: decode_step(feed, state, t, lambda x: x.argmax(-1), None)  # noqa: E731
+        with torch.no_grad(), amp:
+            steps[ctx] = capture(run, tok[:, 0])[1]  # its warm-up is one step
+    return steps
+
+
+def _time_static_steps(model, tok, saved: dict, recs: dict, args, amp, label: str) -> None:
+    """Phase 3: as phase 2, through the static step (static_* in the records)."""
+    dev = getattr(args, "device", "cpu")
+    steps = _static_steps(model, tok, saved, args, amp)
+    times = {ctx: [] for ctx in saved}
+    for i in range(args.tokens + WARMUP_TOKENS):
+        for ctx, step in steps.items():
+            t0 = time.perf_counter()
+            with torch.no_grad(), amp:
+                step(tok[:, 0])
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            if i >= WARMUP_TOKENS:
+                times[ctx].append((time.perf_counter() - t0) * 1e3)
+    for ctx, ts in times.items():
+        recs[ctx].update({"static_median_ms": statistics.median(ts), "static_min_ms": min(ts)})
+        recs[ctx]["static_captured"] = dev == "cuda"
+        print(f"  {label:10s} ctx={ctx:6d} {recs[ctx]['static_median_ms']:8.2f} ms/token (static step)", flush=True)
+
+
 def run(args) -> dict:
     check_device(args.device)
     common.set_threads(args.threads)
@@ -237,7 +279,9 @@ def run(args) -> dict:
             "backends": args.backends,
             "model": cfg.to_dict() if cfg is not None else None,
             "timing": "wall clock of one LatteForCausalLM.forward of 1 token with use_cache from the state "
-            "saved at each context (greedy next token); contexts interleaved round by round",
+            "saved at each context (greedy next token); contexts interleaved round by round. static_*: "
+            "the same through the static decoding step (latte/models/static_decode.py) on a state "
+            "allocated once per context, captured in a CUDA graph and replayed on CUDA (static_captured)",
         },
         "mixers": status,
         "results": rows,

@@ -76,6 +76,7 @@ def test_decode_quick(tmp_path, capsys):
         first, second = (got[(m, c)] for c in res["config"]["contexts"])
         _check_point(first)
         assert first["state_bytes"] > 0 and first["tokens"] == res["config"]["tokens"]
+        assert first["static_median_ms"] > 0 and first["static_captured"] is False  # the static step, on the CPU
         assert second["skipped"] and "cap" in second["reason"]
 
 
