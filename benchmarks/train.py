@@ -1,4 +1,4 @@
-"""`latte bench train`: training throughput per mixer, at the Table 6 preset
+"""`python -m benchmarks.train`: training throughput per mixer, at the Table 6 preset
 or at the research-sweep size.
 
 One optimizer step = zero_grad + forward with labels + backward + AdamW step
@@ -32,6 +32,7 @@ import time
 
 import torch
 
+from benchmarks import RESULTS
 from latte import reporting
 from latte.arguments import int_at_least, int_list, name_list
 from latte.bench import common
@@ -54,23 +55,17 @@ SWEEP_SIZES = {"v8192": {"vocab_size": 8192}, "v256": {"vocab_size": 256, "mlp_r
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte bench train", description=__doc__.split("\n\n")[0])
-    common.add_common_args(p)
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m benchmarks.train", description=__doc__.split("\n\n")[0]
+    )
+    common.add_common_args(p, out=RESULTS)
     p.add_argument(
         "--mixers",
         default=",".join(MIXERS),
         type=_mixer_specs,
         help="comma-separated LatteConfig mixers, each optionally with its qk mixer (latte:none)",
     )
-    p.add_argument(
-        "--seqs", default=None, type=int_list(low=1), help="comma-separated sequence lengths (default 512,4096)"
-    )
-    p.add_argument(
-        "--tokens-per-step", type=int_at_least(1), default=None, help="batch = this // sequence (default 4096)"
-    )
-    p.add_argument(
-        "--batch", type=int_at_least(1), default=None, help="one batch for every sequence (default: --tokens-per-step)"
-    )
+    _add_shape_args(p)
     p.add_argument(
         "--sizes",
         default=",".join(SWEEP_SIZES),
@@ -113,7 +108,24 @@ def parse_args(argv=None):
         default=None,
         help="latte.ops backends for the latte and macchiato mixers (default: torch on CPU, torch,fla on CUDA)",
     )
-    args = p.parse_args(argv)
+    return _resolved(p, p.parse_args(argv))
+
+
+def _add_shape_args(p: argparse.ArgumentParser) -> None:
+    """The sequence lengths and batches timed (parse_args)."""
+    p.add_argument(
+        "--seqs", default=None, type=int_list(low=1), help="comma-separated sequence lengths (default 512,4096)"
+    )
+    p.add_argument(
+        "--tokens-per-step", type=int_at_least(1), default=None, help="batch = this // sequence (default 4096)"
+    )
+    p.add_argument(
+        "--batch", type=int_at_least(1), default=None, help="one batch for every sequence (default: --tokens-per-step)"
+    )
+
+
+def _resolved(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """The parsed arguments checked and their defaults filled in (parse_args)."""
     resolve_device_args(p, args)
     args.dists = [d for d in args.dists.split(",") if d]
     if not args.dists or any(not d.startswith("std") or d not in dists.DISTRIBUTIONS for d in args.dists):
@@ -161,7 +173,7 @@ def make_config(spec: str, quick: bool, seq: int, preset: str = "table6", size: 
             dim=64,
             num_layers=2,
             num_heads=2,
-            num_latents=64,
+            latents_per_head=32,  # 64 over the 2 heads
             window_size=16,
             mixer=mixer,
             max_position_embeddings=max(64, seq),
@@ -413,7 +425,8 @@ def merge_earlier(res: dict, path) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    common.claim_outputs(args, "train")  # the folder now; its files (named by the results) when written
+    # the folder and --readme now; its files (named by the results) when written
+    common.claim_outputs(args, "train", sections=[output_name(vars(args))])
     res = run(args)
     name = output_name(res["config"])
     if args.merge and (args.out / f"{name}.json").exists():
@@ -424,4 +437,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from latte.cli import run_command  # the exit codes of every latte command
+
+    sys.exit(run_command("python -m benchmarks.train", main, sys.argv[1:]))

@@ -59,7 +59,7 @@ from pathlib import Path
 import torch
 
 from experiments.common.cells import input_digest
-from experiments.common.results import check_readme, claim_results
+from experiments.common.results import check_readme, claim_results, claim_work
 from latte.arguments import checked, folder_name, int_at_least, int_list, name_list
 from latte.data import load_documents, train_bpe
 from latte.train.task import load_run_config
@@ -126,30 +126,8 @@ QUICK = {
 }
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        allow_abbrev=False, prog="latte experiment convert", description=__doc__.split("\n\n")[0]
-    )
-    p.add_argument(
-        "--stages",
-        default=",".join(DEFAULT_STAGES),
-        type=checked(name_list(STAGES)),
-        help=f"comma-separated, of {', '.join(STAGES)}",
-    )
-    p.add_argument(
-        "--recipes", default=",".join(RECIPES), type=checked(name_list(RECIPES)), help=f"of {', '.join(RECIPES)}"
-    )
-    p.add_argument("--config", default="convert/smollm2", help="latte convert config for every recipe run")
-    p.add_argument("--set", action="append", default=[], help="extra override for every run (section.field=value)")
-    p.add_argument("--runs", default="runs/convert-experiment", help="folder of the training runs and sweep cells")
-    p.add_argument("--out", default="results", help="the results folders (--name) go here")
-    p.add_argument(
-        "--name",
-        default="convert",
-        type=folder_name,
-        help="results folders and README sections NAME, NAME-recipes, NAME-tasks and NAME-needle "
-        "(another model's results beside SmolLM2's: e.g. convert-gemma3-270m)",
-    )
+def _add_context_args(p: argparse.ArgumentParser) -> None:
+    """How far and how much of the held-out text each stage reads (parse_args)."""
     p.add_argument(
         "--contexts",
         default=None,
@@ -178,6 +156,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="tokens per document of the sinks stage (quadratic mask; 4096)",
     )
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    """The models compared and the tasks and needles they are scored on (parse_args)."""
     p.add_argument(
         "--converted",
         default=None,
@@ -201,6 +183,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--needle-contexts", default=None, help=f"tokens ({FULL['needle_contexts']})")
     p.add_argument("--needle-depths", default=None, help=f"fractions in [0, 1] ({FULL['needle_depths']})")
     p.add_argument("--needle-trials", type=int_at_least(1), default=NEEDLE_TRIALS, help="prompts per (context, depth)")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="latte experiment convert", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--stages",
+        default=",".join(DEFAULT_STAGES),
+        type=checked(name_list(STAGES)),
+        help=f"comma-separated, of {', '.join(STAGES)}",
+    )
+    p.add_argument(
+        "--recipes", default=",".join(RECIPES), type=checked(name_list(RECIPES)), help=f"of {', '.join(RECIPES)}"
+    )
+    p.add_argument("--config", default="convert/smollm2", help="latte convert config for every recipe run")
+    p.add_argument("--set", action="append", default=[], help="extra override for every run (section.field=value)")
+    p.add_argument("--runs", default="runs/convert-experiment", help="folder of the training runs and sweep cells")
+    p.add_argument("--out", default="results", help="the results folders (--name) go here")
+    p.add_argument(
+        "--name",
+        default="convert",
+        type=folder_name,
+        help="results folders and README sections NAME, NAME-recipes, NAME-tasks and NAME-needle "
+        "(another model's results beside SmolLM2's: e.g. convert-gemma3-270m)",
+    )
+    _add_context_args(p)
+    _add_model_args(p)
     p.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads (2)")
     p.add_argument(
         "--readme",
@@ -230,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     stages = check_args(a)
     # (the tasks and needle sections are added on the first --readme run)
     check_readme(a.readme, [a.name + x for s, x in (("recipes", "-recipes"), ("eval", "")) if s in stages])
+    claim_work(a.runs, "convert", "--runs", create=True)  # before any work: the one write rule, as --out
     torch.set_num_threads(a.threads)
     if a.quick:
         quick_setup(a)

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from experiments.common.cells import NOT_PROTOCOL, protocol_difference, resolved_config
-from experiments.common.results import check_readme, claim_results, provenance, write_results
+from experiments.common.results import check_readme, claim_results, claim_work, provenance, write_results
 from experiments.common.stats import t_quantile
 from latte.train.manifest import MANIFEST
 from latte.train.metrics import run_wall_time
@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     # the table is named after its folder: a second curve (--out results/OTHER) has its own README section
     section = Path(a.out).name
     check_readme(a.readme, [section])
+    claim_work(a.work, EXPERIMENT, create=True)  # before any work: the one write rule, as --out
     if a.quick:  # the stand-in base and data of `latte experiment convert --quick`, kept in --work
         quick = argparse.Namespace(runs=a.work, set=list(a.set))
         quick_setup(quick)
@@ -316,25 +317,7 @@ def curve(rows: list[dict], cells: list[dict]) -> list[dict]:
             continue
         group = pts[0]["baselines"]
         ceiling = pooled_gap([c for c in cells if c.get("baselines") == group and c["model"] == "original"])
-        xs, ys = [p["train_tokens"] / 1e5 for p in pts], [p["nll_gap"] for p in pts]
-        a, b, se = line_fit(xs, ys)
-        # growth: the slope's 95% interval (Student t, n - 2 degrees of freedom) lies above 0
-        half = t_quantile(0.975, len(pts) - 2) * se if len(pts) > 2 else math.nan
-        grows = not math.isnan(se) and b - half > 0
-        target = None if ceiling is None else ceiling["nll_gap"] / 2
-        reach = round((target - a) / b * 1e5) if grows and target is not None else None
-        # the earliest the data allow: the line at the interval's upper slope through the points' centre
-        high = b + half
-        ok = not math.isnan(se) and high > 0 and target is not None
-        soonest = round((statistics.fmean(xs) + (target - statistics.fmean(ys)) / high) * 1e5) if ok else None
-        fit = {
-            "gap_slope_per_100k_tokens": round(b, 4),
-            "gap_slope_ci95_low": None if math.isnan(se) else round(b - half, 4),
-            "gap_slope_ci95_high": None if math.isnan(se) else round(b + half, 4),
-            "gap_target": None if target is None else round(target, 4),
-            "tokens_to_target": reach,
-            "tokens_to_target_soonest": soonest,
-        }
+        fit = _gap_fit(pts, ceiling)
         out += [{**p, **fit} for p in pts]
     if out:
         for group in dict.fromkeys(p["baselines"] for p in out):
@@ -352,6 +335,30 @@ def curve(rows: list[dict], cells: list[dict]) -> list[dict]:
                         }
                     )
     return out
+
+
+def _gap_fit(pts: list[dict], ceiling: dict | None) -> dict:
+    """The line of one run's pooled gap against tokens (curve): its slope per
+    100,000 tokens with a 95% interval, and the tokens to half the ceiling's gap."""
+    xs, ys = [p["train_tokens"] / 1e5 for p in pts], [p["nll_gap"] for p in pts]
+    a, b, se = line_fit(xs, ys)
+    # growth: the slope's 95% interval (Student t, n - 2 degrees of freedom) lies above 0
+    half = t_quantile(0.975, len(pts) - 2) * se if len(pts) > 2 else math.nan
+    grows = not math.isnan(se) and b - half > 0
+    target = None if ceiling is None else ceiling["nll_gap"] / 2
+    reach = round((target - a) / b * 1e5) if grows and target is not None else None
+    # the earliest the data allow: the line at the interval's upper slope through the points' centre
+    high = b + half
+    ok = not math.isnan(se) and high > 0 and target is not None
+    soonest = round((statistics.fmean(xs) + (target - statistics.fmean(ys)) / high) * 1e5) if ok else None
+    return {
+        "gap_slope_per_100k_tokens": round(b, 4),
+        "gap_slope_ci95_low": None if math.isnan(se) else round(b - half, 4),
+        "gap_slope_ci95_high": None if math.isnan(se) else round(b + half, 4),
+        "gap_target": None if target is None else round(target, 4),
+        "tokens_to_target": reach,
+        "tokens_to_target_soonest": soonest,
+    }
 
 
 def curve_table(points: list[dict]) -> str:

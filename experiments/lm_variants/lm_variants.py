@@ -1,4 +1,4 @@
-"""`latte experiment lm-variants`: the paper's per-variant language-model table
+"""`python -m experiments.lm_variants`: the paper's per-variant language-model table
 (Table 1, scaled), context extrapolation and latent utilisation, from real
 `latte train` / `latte eval` runs.
 
@@ -23,9 +23,9 @@ default), `long` (ten times the tokens, one seed, whole-split validation at
 steps 300, 1,000, 2,000, 3,000, plus latte with 256 latents) and
 `macchiato-vs-swa` (training length 1,024 with window 64).
 
-    latte experiment lm-variants --quick          # a tiny version of every stage (the end-to-end test)
-    latte experiment lm-variants --readme results/README.md
-    latte experiment lm-variants --plan long      # results/lm_variants_long (hours per variant)
+    python -m experiments.lm_variants --quick          # a tiny version of every stage (the end-to-end test)
+    python -m experiments.lm_variants --readme results/README.md
+    python -m experiments.lm_variants --plan long      # results/lm_variants_long (hours per variant)
 """
 
 from __future__ import annotations
@@ -47,7 +47,15 @@ from experiments.common.cells import (
     run_protocol,
     set_aside_changed_run,
 )
-from experiments.common.results import Sweep, check_readme, claim_results, provenance, run_latte, write_results
+from experiments.common.results import (
+    Sweep,
+    check_readme,
+    claim_results,
+    claim_work,
+    provenance,
+    run_latte,
+    write_results,
+)
 from latte.arguments import checked, int_at_least, int_list, name_list
 from latte.train.metrics import run_wall_time
 from latte.train.task import load_run_config
@@ -163,7 +171,7 @@ def eval_cell(cell: dict, a: argparse.Namespace, stage: str) -> dict:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        allow_abbrev=False, prog="latte experiment lm-variants", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False, prog="python -m experiments.lm_variants", description=__doc__.split("\n\n")[0]
     )
     p.add_argument(
         "--plan", default="table1", choices=list(PLANS), help="what to run (experiments/lm_variants/lm_plans.py)"
@@ -214,7 +222,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="replace the sections of the plan's results (e.g. results:lm_variants, results:extrapolation, "
         "results:latents) in this markdown file (the repository's: results/README.md)",
     )
-    a = p.parse_args(argv)
+    return _with_plan_defaults(p.parse_args(argv))
+
+
+def _with_plan_defaults(a: argparse.Namespace) -> argparse.Namespace:
+    """Fills the options left out with the plan's (or --quick's) values (parse_args)."""
     plan = a.plan_ = PLANS[a.plan]
     a.variants = a.variants or ",".join(plan.variants)
     a.seeds = a.seeds or plan.seeds
@@ -263,6 +275,7 @@ def main(argv: list[str]) -> int:
     stages = a.stages.split(",")
     check_readme(a.readme, [outputs[s][1] for s in stages])
     _check_outputs(outputs, stages)
+    claim_work(a.runs, "lm-variants", "--runs")  # checked like --results; marked when the first run starts
     torch.set_num_threads(a.threads)  # what the runs use (OMP_NUM_THREADS), so the provenance says it
     variants, seeds = a.variants.split(","), [int(s) for s in a.seeds.split(",")]
     # seed-major: every variant's first seed before any second seed, so a sweep
@@ -277,6 +290,7 @@ def main(argv: list[str]) -> int:
     sweeps = {s: _sweep(a, s, plan[s][0], sets) for s in STAGES if s in stages}
     for sweep in sweeps.values():  # every stage's cells, before any runs
         sweep.check()
+    claim_work(a.runs, "lm-variants", "--runs", create=not a.report_only)
     done, missing = {}, {}
     for stage, sweep in sweeps.items():
         done[stage] = sweep.records() if a.report_only else sweep.run(plan[stage][1], desc=f"lm-variants {stage}")

@@ -1,4 +1,4 @@
-"""`latte experiment mqar`: associative recall against state size (Zoology protocol, scaled).
+"""`python -m experiments.mqar`: associative recall against state size (Zoology protocol, scaled).
 
 Every model is 2 attention-only blocks (mlp "none"), one token mixer, width
 64 or 128, 2 heads, vocabulary 8192, trained from scratch on MQAR
@@ -14,12 +14,12 @@ early stop or the end), state_bytes (per layer, float32, see `state_bytes`),
 steps, examples, seconds. The report keeps the best lr of each (setting,
 model): as in Zoology, lr is selected on the test accuracy.
 
-    latte experiment mqar --quick                  # seconds: the end-to-end test
-    latte experiment mqar --out results/mqar       # the committed sweep (hours)
-    latte experiment mqar --mixers softmax --settings 64x4 --dims 64   # a slice
-    latte experiment mqar ... --deadline 2026-11-22T18:45   # cells stop there, recorded as incomplete
-    latte experiment mqar --settings 256x16 --mixers linear-conv --seeds 1,2   # more seeds of a cell
-    latte experiment mqar --restore-from results/mqar --report-only   # rebuild the work folder, then the report
+    python -m experiments.mqar --quick                  # seconds: the end-to-end test
+    python -m experiments.mqar --out results/mqar       # the committed sweep (hours)
+    python -m experiments.mqar --mixers softmax --settings 64x4 --dims 64   # a slice
+    python -m experiments.mqar ... --deadline 2026-11-22T18:45   # cells stop there, recorded as incomplete
+    python -m experiments.mqar --settings 256x16 --mixers linear-conv --seeds 1,2   # more seeds of a cell
+    python -m experiments.mqar --restore-from results/mqar --report-only   # rebuild the work folder, then the report
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from experiments.common.results import (
     Sweep,
     check_readme,
     claim_results,
+    claim_work,
     provenance,
     read_json,
     utc_deadline,
@@ -183,7 +184,7 @@ def model_config(cell: dict, vocab_size: int = VOCAB_SIZE) -> LatteConfig:
         dim=cell["dim"],
         num_layers=NUM_LAYERS,
         num_heads=NUM_HEADS,
-        num_latents=cell["num_latents"] or NUM_HEADS,
+        latents_per_head=(cell["num_latents"] or NUM_HEADS) // NUM_HEADS,
         mixer=mixer,
         window_size=window or 16,
         mlp="none",
@@ -216,67 +217,25 @@ def train_cell(
     torch.manual_seed(seed)
     model = LatteForCausalLM(model_config(cell, train.vocab_size))
     opt = adamw(model, cell["lr"])
-    total = budget.epochs * math.ceil(len(train) / budget.batch_size)
-    warmup = max(1, total // 20)
+    total = budget.epochs * math.ceil(len(train) / budget.batch_size)  # warm-up: a 20th of it
     t0 = time.perf_counter()
     # Training time only (evaluations excluded), per eval interval and per
     # epoch: does a step slow down as the model learns (sharper key logits)?
     clock = StepClock()
-    run = {
-        "step": 0,
-        "skipped": 0,
-        "acc": 0.0,
-        "best": 0.0,
-        "epoch": 0,
-        "loss": math.nan,
-        "curve": [],
-        "seconds": 0.0,
-        "load0": os.getloadavg()[0],
-        "resumed": [],
-    }  # curve: [step, test accuracy] per evaluation
     identity = {"cell": cell, "protocol": protocol, "budget": dataclasses.asdict(budget)}
-    saved = load_progress(progress, identity) if progress is not None else None
-    if saved is not None and saved.get("record") is not None:
-        return saved["record"]  # finished; the sweep had not written its cell file yet
-    if saved is not None:
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["optimizer"])
-        run, clock.__dict__ = saved["run"], saved["clock"]
-        run["resumed"].append(run["step"])
+    run, finished = _resume(progress, identity, model, opt, clock)
+    if finished is not None:
+        return finished  # the sweep had not written its cell file yet
 
     def snapshot(record: dict | None = None) -> None:
-        if progress is not None:
-            state = {**run, "seconds": run["seconds"] + time.perf_counter() - t0}
-            save_progress(
-                progress,
-                identity,
-                {
-                    "model": model.state_dict(),
-                    "optimizer": opt.state_dict(),
-                    "run": state,
-                    "clock": dict(clock.__dict__),
-                    "record": record,
-                },
-            )
+        _snapshot(progress, identity, model, opt, run, clock, time.perf_counter() - t0, record)
 
     order = batches(len(train), budget.batch_size, budget.epochs, torch.Generator().manual_seed(seed))
     for epoch, idx in itertools.islice(order, run["step"], None):
         run["epoch"] = epoch
         clock.start(epoch)
-        lr = lr_at(run["step"], base_lr=cell["lr"], warmup_steps=warmup, total_steps=total, decay="cosine")
-        for group in opt.param_groups:
-            group["lr"] = lr
-        logits, target = scored_logits(model, train.input_ids[idx], train.labels[idx])
-        loss_t = F.cross_entropy(logits, target)
-        loss_t.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        if torch.isfinite(loss_t) and torch.isfinite(norm):
-            opt.step()
-            run["loss"] = float(loss_t.detach())
-        else:  # a non-finite step is dropped, and counted in the record
-            run["skipped"] += 1
-        opt.zero_grad(set_to_none=True)
-        run["step"] += 1
+        lr = lr_at(run["step"], base_lr=cell["lr"], warmup_steps=max(1, total // 20), total_steps=total, decay="cosine")
+        _train_step(model, opt, train.input_ids[idx], train.labels[idx], lr, run)
         step = run["step"]
         clock.stop()
         out_of_time = deadline is not None and time.time() >= deadline
@@ -284,18 +243,9 @@ def train_cell(
         if out_of_time and not regular:
             snapshot()  # before the extra evaluation, which an uninterrupted run would not make
         if regular or out_of_time:
-            clock.interval()
-            run["acc"] = acc = accuracy(model, test)
-            run["best"] = max(run["best"], acc)
-            if regular:
-                run["curve"].append([step, round(acc, 4)])
+            acc = _measure(model, test, run, clock, regular)
             if verbose:
-                print(
-                    f"  {cell['model']} dim {cell['dim']} L {cell['num_latents']} T {cell['seq_len']} "
-                    f"lr {cell['lr']:g}: step {step} (epoch {epoch}) loss {run['loss']:.3f} accuracy {acc:.3f} "
-                    f"({time.perf_counter() - t0:.0f} s)",
-                    file=sys.stderr,
-                )
+                _say(cell, run, t0)
             if regular and acc < TARGET and step < total:
                 snapshot()
             if acc >= TARGET or out_of_time:
@@ -304,6 +254,68 @@ def train_cell(
     if not record["incomplete"]:
         snapshot(record)
     return record
+
+
+def _resume(progress, identity, model, opt, clock) -> tuple[dict | None, dict | None]:
+    """(the run's progress, None), the model, optimizer and clock restored
+    from `progress` when it holds this cell's unfinished run; (None, its
+    record) when it holds the finished one; a fresh run without either."""
+    saved = load_progress(progress, identity) if progress is not None else None
+    if saved is not None and saved.get("record") is not None:
+        return None, saved["record"]
+    if saved is None:  # curve: [step, test accuracy] per evaluation
+        fresh = dict(step=0, skipped=0, acc=0.0, best=0.0, epoch=0, loss=math.nan, curve=[], seconds=0.0)
+        return {**fresh, "load0": os.getloadavg()[0], "resumed": []}, None
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["optimizer"])
+    run, clock.__dict__ = saved["run"], saved["clock"]
+    run["resumed"].append(run["step"])
+    return run, None
+
+
+def _snapshot(progress, identity, model, opt, run, clock, seconds, record=None) -> None:
+    """Saves the cell's run to `progress` (if given): `seconds` of this process's training added."""
+    if progress is not None:
+        state = {**run, "seconds": run["seconds"] + seconds}
+        content = {"model": model.state_dict(), "optimizer": opt.state_dict(), "run": state}
+        save_progress(progress, identity, {**content, "clock": dict(clock.__dict__), "record": record})
+
+
+def _train_step(model, opt, input_ids, labels, lr: float, run: dict) -> None:
+    """One optimizer step at `lr`; a non-finite step is dropped, and counted in the record."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    logits, target = scored_logits(model, input_ids, labels)
+    loss_t = F.cross_entropy(logits, target)
+    loss_t.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if torch.isfinite(loss_t) and torch.isfinite(norm):
+        opt.step()
+        run["loss"] = float(loss_t.detach())
+    else:
+        run["skipped"] += 1
+    opt.zero_grad(set_to_none=True)
+    run["step"] += 1
+
+
+def _measure(model, test: MQARData, run: dict, clock: StepClock, regular: bool) -> float:
+    """Test accuracy now, kept in `run` (in its curve at the regular evaluations only)."""
+    clock.interval()
+    run["acc"] = acc = accuracy(model, test)
+    run["best"] = max(run["best"], acc)
+    if regular:
+        run["curve"].append([run["step"], round(acc, 4)])
+    return acc
+
+
+def _say(cell: dict, run: dict, t0: float) -> None:
+    """The progress line of an evaluation (--verbose)."""
+    print(
+        f"  {cell['model']} dim {cell['dim']} L {cell['num_latents']} T {cell['seq_len']} "
+        f"lr {cell['lr']:g}: step {run['step']} (epoch {run['epoch']}) loss {run['loss']:.3f} "
+        f"accuracy {run['acc']:.3f} ({time.perf_counter() - t0:.0f} s)",
+        file=sys.stderr,
+    )
 
 
 def _record(cell, model, budget, run, clock, total, n_train, n_test, fillers, t0) -> dict:
@@ -385,7 +397,9 @@ def _shard(text: str) -> tuple[int, int]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="latte experiment mqar", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m experiments.mqar", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--quick", action="store_true", help="a tiny sweep in seconds (the end-to-end test)")
     p.add_argument("--out", default=None, help="results folder (default results/mqar, quick: results/mqar-quick)")
     p.add_argument("--work", default=None, help="finished cells, for resuming (default runs/experiments/mqar[-quick])")
@@ -555,19 +569,8 @@ def _progress_file(sweep: Sweep, cell: dict) -> Path:
 FIELDS = ("accuracy", "state_bytes", "mixer", "seconds", "loadavg_start", "fillers", "examples", "test_examples")
 
 
-def main(argv: list[str]) -> int:
-    a = parse_args(argv)
-    started = time.time()
-    budget, settings, dims, families, multiples, seeds = _plan(a)
-    deadline = utc_deadline(a.deadline, "--deadline")
-    out = Path(a.out or ("results/mqar-quick" if a.quick else "results/mqar"))
-    check_readme(a.readme, [out.name])
-    claim_results(out, NAME, create=False)  # before any work: the one write rule (latte/guard.py)
-    torch.set_num_threads(a.threads)
-    cells = cells_for(settings, dims, families, multiples, budget.lrs, seeds, budget.epochs)
-    sweep_args = dict(key=cell_file_key, protocol=protocol(budget, a.random_fillers), fields=FIELDS)
-    sweep = _restored(Sweep(a.work or f"runs/experiments/{out.name}", cells, **sweep_args), a.restore_from)
-    k, n = a.shard
+def _cell_runner(a: argparse.Namespace, budget: Budget, deadline: float | None, sweep: Sweep):
+    """run(cell) -> its record (train_cell), with its setting's data made on first use."""
     data: dict = {}
 
     def run(cell: dict) -> dict:
@@ -588,6 +591,25 @@ def main(argv: list[str]) -> int:
             progress=_progress_file(sweep, cell), protocol=sweep.protocol_of(cell),
         )  # fmt: skip
 
+    return run
+
+
+def main(argv: list[str]) -> int:
+    a = parse_args(argv)
+    started = time.time()
+    budget, settings, dims, families, multiples, seeds = _plan(a)
+    deadline = utc_deadline(a.deadline, "--deadline")
+    out = Path(a.out or ("results/mqar-quick" if a.quick else "results/mqar"))
+    check_readme(a.readme, [out.name])
+    claim_results(out, NAME, create=False)  # before any work: the one write rule (latte/guard.py)
+    work = claim_work(a.work or f"runs/experiments/{out.name}", NAME)  # checked like --out; marked when written
+    torch.set_num_threads(a.threads)
+    cells = cells_for(settings, dims, families, multiples, budget.lrs, seeds, budget.epochs)
+    sweep_args = dict(key=cell_file_key, protocol=protocol(budget, a.random_fillers), fields=FIELDS)
+    claim_work(work, NAME, create=not a.report_only or bool(a.restore_from))
+    sweep = _restored(Sweep(work, cells, **sweep_args), a.restore_from)
+    k, n = a.shard
+    run = _cell_runner(a, budget, deadline, sweep)
     other_protocol_records(sweep, cells)  # every cell file the report reads is checked before any training
     if not a.report_only:
         pending = sweep.pending()
