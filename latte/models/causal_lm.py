@@ -12,6 +12,7 @@ arguments that `generate` and `stream` share), then the model.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from latte.ops import linear_cross_entropy
 from .config import LatteConfig
 from .modeling import LatteCache, LatteModel, value_checks
 from .pretrained import PretrainedMixin, architecture
+from .static_decode import EOS_CHECK_EVERY, check_eos_every, layer_windows, static_tokens
 
 # ---- the loss -------------------------------------------------------------------
 
@@ -304,6 +306,8 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
         generator: torch.Generator | None = None,
         do_sample: bool | None = None,
         streamer: Callable[[torch.Tensor], None] | None = None,
+        eos_check_every: int = EOS_CHECK_EVERY,
+        static: bool = True,
     ) -> torch.Tensor:
         """Continues `input_ids` [B, T]; returns [B, T + n] with n <= max_new_tokens.
 
@@ -314,8 +318,10 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
         sampling otherwise (temperature, then top_k (0 = off), then top_p).
         A row stops at eos_token_id and is padded with it afterwards;
         generation ends when every row has stopped. `streamer(tokens [B])`, if
-        given, is called with each new column as soon as it is chosen. Runs
-        in eval mode (dropout off), restoring the training flag afterwards.
+        given, is called with each new column once it is known to be kept
+        (in bursts of up to eos_check_every). Runs in eval mode (dropout
+        off), restoring the training flag afterwards. eos_check_every and
+        static: see `stream`.
         """
         tokens = self.stream(
             input_ids,
@@ -327,6 +333,8 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
             attention_mask=attention_mask,
             generator=generator,
             do_sample=do_sample,
+            eos_check_every=eos_check_every,
+            static=static,
         )
         new = []
         for tok in tokens:
@@ -347,11 +355,21 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
         attention_mask: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
         do_sample: bool | None = None,
+        eos_check_every: int = EOS_CHECK_EVERY,
+        static: bool = True,
     ) -> Iterator[torch.Tensor]:
         """`generate` one token at a time: an iterator of the new tokens [B],
         one column per step (rows that have stopped repeat their eos). Every
-        argument is validated here, before the first token is asked for."""
+        argument is validated here, before the first token is asked for.
+
+        static (default): the decoding state is allocated once and one
+        fixed-shape step updates it in place, captured in a CUDA graph on
+        CUDA (latte/models/static_decode.py); the end-of-sequence flags are
+        read every eos_check_every tokens (columns come in bursts of that
+        many). static=False: the step-by-step loop over the cache as a value
+        (`token_stream`), the reference the static step is tested against."""
         greedy = check_sampling_args(max_new_tokens, temperature, top_k, top_p, do_sample)
+        check_eos_every(eos_check_every)
         mask = self.model.check_inputs(input_ids, attention_mask)
         if mask is not None and value_checks(self.model.validate_inputs, mask):
             if not bool(mask[:, -1].all()):
@@ -376,7 +394,26 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
             hidden, state = self.model(tok[:, None], state=state, use_cache=True, inputs_checked=True)
             return self.lm_head(hidden[:, -1]), state
 
-        return token_stream(self, prefill, step, max_new_tokens, eos, pick)
+        if not static:
+            return token_stream(self, prefill, step, max_new_tokens, eos, pick)
+        every = dict(generator=generator, eos_check_every=eos_check_every)
+        return self._static_stream(input_ids.shape[1], prefill, step, max_new_tokens, eos, pick, every)
+
+    def _static_stream(self, T, prefill, step, max_new_tokens, eos, pick, every) -> Iterator[torch.Tensor]:
+        """`stream` over one static state (latte/models/static_decode.py),
+        through the same prefill and step as the value loop."""
+
+        def feed(tok, layers, pos):
+            logits, state = step(tok, LatteCache(layers, 0, pos))
+            return logits, state.layers, state.pos
+
+        def prefill_static():
+            logits, state = prefill()
+            return logits, state.layers, state.pos
+
+        windows = layer_windows([block.mixer for block in self.model.blocks])
+        chooser = functools.partial(next_token, **pick)
+        return static_tokens(self, prefill_static, feed, windows, T, max_new_tokens, eos, chooser, **every)
 
     def _check_positions(self, input_ids: torch.Tensor, mask: torch.Tensor | None, max_new_tokens: int) -> None:
         """Absolute positions stop at max_position_embeddings: refuse up front
