@@ -1,6 +1,6 @@
-"""The benchmarks only this repository runs, beside the tables they wrote
-(README.md here). Each is `python -m benchmarks.NAME` from the repository
-root, or `latte bench NAME` inside a checkout:
+"""The benchmarks only this repository runs; the files they and `latte bench
+ops|decode|check` wrote are in results/ (README.md here holds their tables).
+Each is `python -m benchmarks.NAME` from the repository root:
 
     train.py   tokens/s of one AdamW step per mixer (train_report.py: tables; step_profile.py: top ops)
     window.py  Macchiato's window branch: tile kernel vs flex_attention
@@ -10,3 +10,5 @@ root, or `latte bench NAME` inside a checkout:
 They import `latte` (latte.bench's timing, device and provider helpers);
 `latte` never imports them (tests/test_package.py).
 """
+
+RESULTS = "benchmarks/results"  # the committed outputs: each script's default --out

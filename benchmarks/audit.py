@@ -8,7 +8,7 @@ all-padding rows), forward+backward, the distributions of an op in
 interleaved rounds (drift lands on all of them alike). The rule: the
 slowest distribution may take at most RULE x the fastest.
 
-    python -m benchmarks.audit [--quick] [--threads 2] [--out bench-results]
+    python -m benchmarks.audit [--quick] [--threads 2] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from benchmarks import RESULTS
 from latte import ops, reporting
 from latte.bench import common
 from latte.bench.fixed_shapes import RULE, seeded_randn, timing_line, timing_row
@@ -210,12 +211,16 @@ def plot(res: dict, path) -> bool:
     return True
 
 
-def main(argv=None) -> dict:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         allow_abbrev=False, prog="python -m benchmarks.audit", description=__doc__.split("\n\n")[0]
     )
-    common.add_common_args(p)
-    args = p.parse_args(argv)
+    common.add_common_args(p, out=RESULTS)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     common.claim_outputs(args, "audit", "audit")  # before any work: the write rule (latte/guard.py)
     res = run(args)
     common.write_outputs(args, "audit", res, markdown(res), plot)

@@ -16,7 +16,7 @@ the two are recorded. The work does not depend on the logits' values
 (softmax and log-sum-exp over the whole vocabulary); hidden states and head
 are drawn so that the logits spread with a standard deviation of about 3.
 
-    python -m benchmarks.distill [--quick] [--threads 2] [--tokens 256,512,1024] [--out bench-results]
+    python -m benchmarks.distill [--quick] [--threads 2] [--tokens 256,512,1024] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from benchmarks import RESULTS
 from latte import reporting
 from latte.arguments import int_list
 from latte.bench import common
@@ -89,7 +90,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(
         allow_abbrev=False, prog="python -m benchmarks.distill", description=__doc__.split("\n\n")[0]
     )
-    common.add_common_args(p)
+    common.add_common_args(p, out=RESULTS)
     p.add_argument("--tokens", default=None, type=int_list(low=1), help="comma-separated N (default 256,512,1024)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory worker")
     args = p.parse_args(argv)

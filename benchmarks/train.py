@@ -19,7 +19,7 @@ timed with sharper key logits (`--dists`, as training makes them).
 `--compile` also times each variant under torch.compile(model) and reports
 eager / compiled step time; the report is written by train_report.py.
 
-    python -m benchmarks.train [--quick] [--preset sweep] [--compile] [--threads 2] [--out bench-results]
+    python -m benchmarks.train [--quick] [--preset sweep] [--compile] [--threads 2] [--out benchmarks/results]
 """
 
 from __future__ import annotations

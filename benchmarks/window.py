@@ -11,7 +11,7 @@ CPU) and forward+backward is the tile kernel's alone. The compile time of
 each flex shape (first call) and the largest difference between the two
 outputs are recorded. Providers are timed in interleaved rounds.
 
-    python -m benchmarks.window [--device cuda] [--quick] [--threads 2] [--out bench-results]
+    python -m benchmarks.window [--device cuda] [--quick] [--threads 2] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from benchmarks import RESULTS
 from latte import reporting
 from latte.arguments import int_list
 from latte.bench import common
@@ -40,7 +41,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(
         allow_abbrev=False, prog="python -m benchmarks.window", description=__doc__.split("\n\n")[0]
     )
-    common.add_common_args(p)
+    common.add_common_args(p, out=RESULTS)
     add_device_args(p)
     p.add_argument("--seqs", default=None, type=int_list(low=1), help="comma-separated T (default 512..8192)")
     args = p.parse_args(argv)

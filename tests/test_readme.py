@@ -41,7 +41,7 @@ def test_the_check_fails_when_a_result_or_an_index_drifts(tmp_path):
     records = json.loads(lm.read_text())
     next(r for r in records if r["variant"] == "macchiato")["val_ppl"] += 10.0
     lm.write_text(json.dumps(records))
-    (tmp_path / "benchmarks" / "decode.md").write_text("# latte bench decode\n\nnew numbers\n")
+    (tmp_path / "benchmarks" / "results" / "decode.md").write_text("# latte bench decode\n\nnew numbers\n")
     (tmp_path / "results" / "new").mkdir()
     (tmp_path / "results" / "new" / "results.md").write_text("#### new\n")
     found = tool.run(tmp_path, write=False)
@@ -94,7 +94,7 @@ def test_a_headline_row_names_a_missing_record(tmp_path):
     try:
         files.one(tool.DECODE, "median_ms", mixer="latte", context=3)
     except ValueError as e:
-        assert "benchmarks/decode.json" in str(e) and "context" in str(e)
+        assert "benchmarks/results/decode.json" in str(e) and "context" in str(e)
     else:
         raise AssertionError("no error for a record that does not exist")
 

@@ -5,13 +5,13 @@
 
 - README.md, between `<!-- headline:start -->` and `<!-- headline:end -->`: the
   headline table, every figure read from results/NAME/results.json or
-  benchmarks/NAME.json by the rows of ROWS below. Adding or changing a row is
+  benchmarks/results/NAME.json by the rows of ROWS below. Adding or changing a row is
   one entry there.
 - results/README.md: an index of results/*/ and every section `results:NAME`,
-  exactly as `latte experiment ... --readme results/README.md` writes it from
+  exactly as `python -m experiments.X ... --readme results/README.md` writes it from
   results/NAME/results.md.
-- benchmarks/README.md: the same for benchmarks/NAME.md and `latte bench ...
-  --readme benchmarks/README.md`.
+- benchmarks/README.md: the same for benchmarks/results/NAME.md and `latte bench ...
+  --out benchmarks/results --readme benchmarks/README.md`.
 
 A script here rather than a `latte` command: it reads the repository's
 results/ and benchmarks/ folders, which an installed wheel does not have.
@@ -95,7 +95,8 @@ class Row:
     source: str  # a file under results/ or benchmarks/, linked from the table
 
 
-OPS, DECODE = (f"benchmarks/{n}.json" for n in ("ops", "decode"))
+BENCH_RESULTS = "benchmarks/results"  # the benchmarks' committed files (benchmarks/README.md indexes them)
+OPS, DECODE = (f"{BENCH_RESULTS}/{n}.json" for n in ("ops", "decode"))
 OPS_CUDA = "benchmarks/cuda/ops-cuda-bfloat16.json"
 LM, EXTRA, MQAR, CONV = (f"results/{n}/results.json" for n in ("lm_variants", "extrapolation", "mqar", "convert"))
 # the shipped recipe's 1M-token model (results/convert: the first recipe's, whose decoding row is kept: same shapes)
@@ -227,7 +228,9 @@ ROWS = [
         ops_vs_sdpa,
         "benchmarks/README.md",
     ),
-    Row("Decoding one token, the paper's Table 6 model (8 layers, width 512), CPU", decode, "benchmarks/decode.md"),
+    Row(
+        "Decoding one token, the paper's Table 6 model (8 layers, width 512), CPU", decode, f"{BENCH_RESULTS}/decode.md"
+    ),
     Row(
         "Perplexity, 7 mixers on one recipe (2.7M parameters, 1.2M Shakespeare tokens, 3 seeds; Latte: best qk mixer)",
         lm_perplexity,
@@ -327,11 +330,11 @@ def _bench_index(root: Path, names: list[str]) -> str:
         "|---|---|---|---|---|",
     ]
     for name in names:
-        m = json.loads((root / "benchmarks" / f"{name}.json").read_text())["machine"]
+        m = json.loads((root / BENCH_RESULTS / f"{name}.json").read_text())["machine"]
         files = ", ".join(
-            f"[{ext}]({name}.{ext})"
+            f"[{ext}](results/{name}.{ext})"
             for ext in ("md", "json", "png")
-            if (root / "benchmarks" / f"{name}.{ext}").is_file()
+            if (root / BENCH_RESULTS / f"{name}.{ext}").is_file()
         )
         load = f"{m['loadavg_start'][0]:.1f} -> {m['loadavg_end'][0]:.1f}" if "loadavg_end" in m else "-"
         lines.append(
@@ -363,7 +366,10 @@ def _index_readme(root: Path, folder: str, kind: str, found: list[str], write: b
                 update_readme(new, n, readme_body((out / "results.md").read_text(), out, new), kind="results")
             else:
                 update_readme(
-                    new, n, (root / "benchmarks" / f"{n}.md").read_text(), f"{n}.png" if n in IMAGE_IN_README else None
+                    new,
+                    n,
+                    (root / BENCH_RESULTS / f"{n}.md").read_text(),
+                    f"results/{n}.png" if n in IMAGE_IN_README else None,
                 )
         generated = new.read_text()
     finally:
@@ -388,7 +394,7 @@ def run(root: Path = ROOT, *, write: bool) -> list[str]:
         else:
             problems.append("README.md: the headline table differs from what python tools/readme_tables.py generates")
     results = list(results_folders(root))
-    benches = sorted(p.stem for p in (root / "benchmarks").glob("*.md") if p.name != "README.md")
+    benches = sorted(p.stem for p in (root / BENCH_RESULTS).glob("*.md"))
     problems += _index_readme(root, "results", "results", results, write)
     problems += _index_readme(root, "benchmarks", "bench", benches, write)
     return problems

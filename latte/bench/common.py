@@ -224,11 +224,11 @@ def plot_loglog(
     return True
 
 
-def add_common_args(p, *, repeats: int = 5) -> None:
+def add_common_args(p, *, repeats: int = 5, out: str = DEFAULT_OUT) -> None:
     p.add_argument("--threads", type=int_at_least(1), default=DEFAULT_THREADS, help="torch.set_num_threads (default 2)")
     p.add_argument("--repeats", type=int_at_least(5), default=repeats, help="timed repeats per point (>= 5)")
     p.add_argument("--warmup", type=int_at_least(0), default=1, help="untimed warm-up calls per point")
-    p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help="output folder (default bench-results/)")
+    p.add_argument("--out", type=Path, default=Path(out), help=f"output folder (default {out}/)")
     p.add_argument("--quick", action="store_true", help="tiny sizes for CI and tests")
     p.add_argument(
         "--readme",

@@ -256,3 +256,19 @@ def test_device_options_fail_clearly_without_a_gpu():
         pytest.skip("this machine has a GPU")
     with pytest.raises(SystemExit, match="--device cuda: torch.cuda.is_available"):
         train.main(FAST + ["--device", "cuda", "--out", "unused"])
+
+
+def test_the_scripts_write_beside_their_committed_results_by_default():
+    """The repository's benchmarks keep their outputs apart from the code:
+    their default --out is benchmarks/results/, which holds every committed
+    json, md and png (benchmarks/ itself holds only code and its README)."""
+    from pathlib import Path
+
+    from benchmarks import RESULTS, distill, window
+
+    root = Path(__file__).resolve().parents[2]
+    for module, argv in ((audit, []), (train, []), (window, []), (distill, [])):
+        assert module.parse_args(argv).out == Path(RESULTS), module.__name__
+    committed = sorted(p.name for p in (root / "benchmarks").iterdir() if p.suffix in (".json", ".md", ".png"))
+    assert committed == ["README.md"], committed
+    assert (root / RESULTS / "ops.json").is_file() and (root / RESULTS / "decode.md").is_file()
