@@ -26,6 +26,7 @@ from latte.config_io import save_yaml
 from latte.guard import MARKER, WriteRefused, claim_folder
 from latte.train.config import shipped_configs
 from latte.train.task import load_run_config
+from tests.experiments.studies import study
 
 
 def _err(capsys) -> str:
@@ -356,7 +357,7 @@ def test_3_lm_variants_another_set_is_refused_then_started_over_with_the_old_run
     published = (tmp_path / "results" / "lm_variants" / "results.json").read_text()
     capsys.readouterr()
     changed = [*argv, "--set", "optim.lr=0.1", "--set", "train.steps=4"]
-    assert main(["experiment", "lm-variants", *changed]) == 2
+    assert study(["lm-variants", *changed]) == 2
     err = _err(capsys)
     assert "resolved.optim.lr" in err and "move the cell files away to recompute them" in err
     assert (tmp_path / "results" / "lm_variants" / "results.json").read_text() == published
@@ -455,7 +456,7 @@ def test_lra_sweep_killed_at_any_point_gives_the_uninterrupted_results(tmp_path,
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "LATTE_FAULTS": "kill_after_save=1", "PYTHONPATH": str(root)}
     killed = subprocess.run(
-        [sys.executable, "-m", "latte", "experiment", "lra", *argv("run")], cwd=root, env=env, capture_output=True
+        [sys.executable, "-m", "experiments.lra", *argv("run")], cwd=root, env=env, capture_output=True
     )
     work, out = tmp_path / "run" / "work", tmp_path / "run" / "out"
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
