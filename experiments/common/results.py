@@ -50,8 +50,9 @@ from .cells import (  # noqa: F401
 
 def writer_of(command: str) -> str:
     """The writer a results folder's marker names (latte/guard.py): `latte
-    experiment NAME` for the experiment a run.json command ran, in either
-    form (`latte experiment NAME ...` or `python -m experiments.MODULE ...`)."""
+    experiment NAME` (the name the markers keep from the retired verb) for
+    the experiment a run.json command ran, in either form (`python -m
+    experiments.MODULE ...` or the recorded `latte experiment NAME ...`)."""
     words = shlex.split(command)
     if words[:2] == ["latte", "experiment"] and len(words) > 2:
         return " ".join(words[:3])
@@ -62,7 +63,7 @@ def writer_of(command: str) -> str:
 
 
 def claim_results(out: str | Path, experiment: str, flag: str = "--out", *, create: bool = True) -> Path:
-    """OUT is a folder `latte experiment EXPERIMENT` may write (latte/guard.py:
+    """OUT is a folder the experiment EXPERIMENT may write (latte/guard.py:
     new, empty or its own), else a WriteRefused naming it; with `create`
     (right before the first file is written) created and marked; without
     (before any work) only checked. write_results holds it while it writes."""

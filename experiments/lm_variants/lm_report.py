@@ -91,7 +91,7 @@ def variants_report(records: list[dict], out: Path, **kw) -> tuple[list[dict], s
             1,
             f"**Seeds: {seeds} per variant where the protocol asks for {asked} (a reduced CPU budget), so the "
             "table shows no spread and differences of a few percent are within seed noise.** The full "
-            f"run is `latte experiment lm-variants --plan {plan}` (seeds {PLANS[plan].seeds.replace(',', ', ')}).",
+            f"run is `python -m experiments.lm_variants --plan {plan}` (seeds {PLANS[plan].seeds.replace(',', ', ')}).",
         )
     elif asked == 1:
         parts.insert(

@@ -466,7 +466,7 @@ def _budget_note(runs: list[dict]) -> list[str]:
         "machine (2 cores shared by several jobs, one thread per run) could not fit the full protocol for "
         "all three mixers in the time there was. Every mixer of a task has the same budget. Rows marked "
         "`full` ran the configs' budget (the control, and any full-budget cells already finished). "
-        "Full mode: `latte experiment lra --readme results/README.md`.",
+        "Full mode: `python -m experiments.lra --readme results/README.md`.",
         "",
     ]
 

@@ -510,7 +510,7 @@ def _scope(a: argparse.Namespace) -> str:
         "**A reduced CPU budget**, narrowed from the full protocol to "
         + "; ".join(f"{k} {v}" for k, v in narrowed.items())
         + ". The full sweep (widths 64 and 128, lr 3e-3 and 1e-3, every family, num_latents = dim/4, dim, "
-        "4 dim, T = 64, 128, 256) is `latte experiment mqar`." + note
+        "4 dim, T = 64, 128, 256) is `python -m experiments.mqar`." + note
     )
 
 
