@@ -3,7 +3,7 @@
     import latte
     config = latte.LatteConfig(vocab_size=50257, dim=512, num_layers=8, mixer="latte")
     model = latte.LatteForCausalLM(config)
-    layer = latte.LatteAttention(dim=512, num_heads=8, num_latents=256)
+    layer = latte.LatteAttention(dim=512, num_heads=8, latents_per_head=32)
 
 The names below are imported on first use, so `import latte` (and the `latte`
 command's start) stays fast; `latte.models`, `latte.layers` and `latte.ops`

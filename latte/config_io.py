@@ -206,6 +206,13 @@ def _build(cls: type, data: dict, prefix: str, errors: list) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     dot = f"{prefix}." if prefix else ""
+    upgrade = getattr(cls, "upgrade_keys", None)  # maps a class's deprecated keys (e.g. LatteConfig)
+    if upgrade is not None:
+        try:
+            data = upgrade(data)
+        except ConfigError as e:
+            errors.extend((f"{dot}{p}" if p else prefix, t) for p, t in e.problems)
+            return None
     n_before = len(errors)
     for key in data:
         if key not in fields:
@@ -356,11 +363,19 @@ def parse_overrides(args: list[str]) -> dict:
     return out
 
 
+# Keys that spell one setting: a deprecated name beside today's (the class's
+# `upgrade_keys` maps the old one). An override of either replaces the other.
+SAME_SETTING = {"num_latents": "latents_per_head", "latents_per_head": "num_latents"}
+
+
 def merge(base: dict, override: dict) -> dict:
     """Deep merge: mappings merge key by key, anything else in `override`
-    replaces the value in `base`. Neither input is modified."""
+    replaces the value in `base` (and its other spelling, `SAME_SETTING`).
+    Neither input is modified."""
     out = copy.deepcopy(base)
     for k, v in override.items():
+        if k in SAME_SETTING and k not in out:
+            out.pop(SAME_SETTING[k], None)
         if isinstance(v, dict) and isinstance(out.get(k), dict):
             out[k] = merge(out[k], v)
         else:

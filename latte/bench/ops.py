@@ -234,7 +234,7 @@ def rglru_share(x, args) -> dict:
     shapes), timed in interleaved rounds."""
 
     torch.manual_seed(0)
-    layer = LatteAttention(P.MODEL_DIM, P.HEADS, P.LATENTS, qk_mixer="conv_rglru", chunk_size=P.CHUNK)
+    layer = LatteAttention(P.MODEL_DIM, P.HEADS, P.LATENTS // P.HEADS, qk_mixer="conv_rglru", chunk_size=P.CHUNK)
     xs = x.clone().requires_grad_(True)
 
     def whole():

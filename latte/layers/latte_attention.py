@@ -1,6 +1,6 @@
 """LatteAttention: the Latte layer (docs/math.md §2, §3, §5).
 
-Legend: B batch, T time, H heads, L latents per head (num_latents / H),
+Legend: B batch, T time, H heads, L latents per head (latents_per_head),
 D value width per head (dim / H).
 
   u = qk_mixer(x)                      (order for the latent logits, docs/math.md §5)
@@ -41,7 +41,7 @@ class LatteAttention(nn.Module):
     Args:
         dim: model width; num_heads divides it.
         num_heads: heads H.
-        num_latents: latents over all heads (L = num_latents / num_heads each).
+        latents_per_head: L, the latents of each head (num_heads * L in all).
         causal: language-model Latte (True) or bidirectional (False, no state).
         qk_mixer: "none" | "conv" | "rglru" | "conv_rglru"; default
             "conv_rglru" when causal, "none" when not.
@@ -57,7 +57,7 @@ class LatteAttention(nn.Module):
         self,
         dim: int,
         num_heads: int,
-        num_latents: int,
+        latents_per_head: int,
         *,
         causal: bool = True,
         qk_mixer: str | None = None,
@@ -68,19 +68,18 @@ class LatteAttention(nn.Module):
         backend: str | None = None,
     ):
         super().__init__()
-        check_positive_ints(dim=dim, num_heads=num_heads, num_latents=num_latents, chunk_size=chunk_size)
+        check_positive_ints(dim=dim, num_heads=num_heads, latents_per_head=latents_per_head, chunk_size=chunk_size)
         check_backend(backend)
         check_divides("num_heads", num_heads, "dim", dim)
-        check_divides("num_heads", num_heads, "num_latents", num_latents)
         check_dropout(dropout)
         if qk_mixer is None:
             qk_mixer = "conv_rglru" if causal else "none"
-        self.dim, self.num_heads, self.num_latents = dim, num_heads, num_latents
+        self.dim, self.num_heads, self.latents_per_head = dim, num_heads, latents_per_head
         self.causal, self.chunk_size, self.qk_mixer = causal, chunk_size, qk_mixer
         self.backend = backend
         self.mixer = QKMixer(dim, num_heads, qk_mixer, conv_size=conv_size, causal=causal)
-        self.a_proj = nn.Linear(dim, num_latents, bias=bias)
-        self.b_proj = nn.Linear(dim, num_latents, bias=bias)
+        self.a_proj = nn.Linear(dim, num_heads * latents_per_head, bias=bias)
+        self.b_proj = nn.Linear(dim, num_heads * latents_per_head, bias=bias)
         self.v_proj = nn.Linear(dim, dim, bias=bias)
         self.o_proj = nn.Linear(dim, dim, bias=bias)
         self.dropout = nn.Dropout(dropout)
@@ -99,7 +98,7 @@ class LatteAttention(nn.Module):
         from its qk mixer and the causal sum, not from positions."""
         B, T = check_input(x, self.dim, mask, positions)
         state = check_state(state, LatteLayerState, B, self.causal)
-        H, L = self.num_heads, self.num_latents // self.num_heads
+        H, L = self.num_heads, self.latents_per_head
         u, conv, h = self.mixer(
             x, mask=mask, conv_state=None if state is None else state.conv, h=None if state is None else state.h
         )
@@ -132,6 +131,6 @@ class LatteAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"dim={self.dim}, num_heads={self.num_heads}, num_latents={self.num_latents}, "
+            f"dim={self.dim}, num_heads={self.num_heads}, latents_per_head={self.latents_per_head}, "
             f"causal={self.causal}, qk_mixer={self.qk_mixer!r}, chunk_size={self.chunk_size}"
         )

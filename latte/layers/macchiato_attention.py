@@ -1,7 +1,7 @@
 """MacchiatoAttention: sliding-window softmax + global latents (docs/math.md §4).
 
 Legend: B batch, T time, H query heads, K key/value heads, L latents per head
-(num_latents / H), E head width (head_dim, for q, k and v).
+(latents_per_head), E head width (head_dim, for q, k and v).
 
   window branch: q = RoPE(x W_q) [B,T,H,E], k = RoPE(x W_k) [B,T,K,E]; it
                  sees the last window_size tokens plus the first num_sinks
@@ -256,7 +256,7 @@ class MacchiatoAttention(MacchiatoCore):
     """Latte-Macchiato layer: forward(x, *, state=None, mask=None) -> (y, state).
 
     Args:
-        dim, num_heads, num_latents: as LatteAttention (num_latents total).
+        dim, num_heads, latents_per_head: as LatteAttention (L per head).
         window_size: tokens each query sees in the window branch (itself included).
         num_sinks: the first tokens every query also sees there (attention
             sinks, kept once in the decoding state); 0 = none.
@@ -275,7 +275,7 @@ class MacchiatoAttention(MacchiatoCore):
         self,
         dim: int,
         num_heads: int,
-        num_latents: int,
+        latents_per_head: int,
         *,
         window_size: int = 128,
         num_sinks: int = 0,
@@ -296,7 +296,7 @@ class MacchiatoAttention(MacchiatoCore):
         check_positive_ints(
             dim=dim,
             num_heads=num_heads,
-            num_latents=num_latents,
+            latents_per_head=latents_per_head,
             window_size=window_size,
             num_kv_heads=num_kv_heads,
             chunk_size=chunk_size,
@@ -306,12 +306,11 @@ class MacchiatoAttention(MacchiatoCore):
             head_dim = dim // num_heads
         check_positive_int("head_dim", head_dim)
         check_num_sinks(num_sinks)
-        check_divides("num_heads", num_heads, "num_latents", num_latents)
         check_divides("num_kv_heads", num_kv_heads, "num_heads", num_heads)
         check_choice("mix", mix, MIXES)
         check_rope_theta(rope_theta)
         check_dropout(dropout)
-        self.dim, self.num_heads, self.num_latents = dim, num_heads, num_latents
+        self.dim, self.num_heads, self.latents_per_head = dim, num_heads, latents_per_head
         self.num_kv_heads, self.head_dim, self.window_size = num_kv_heads, head_dim, window_size
         self.mix, self.chunk_size, self.qk_mixer = mix, chunk_size, qk_mixer
         self.num_sinks = num_sinks
@@ -320,7 +319,7 @@ class MacchiatoAttention(MacchiatoCore):
         self.add_latent_branch(
             dim,
             num_heads,
-            num_latents // num_heads,
+            latents_per_head,
             qk_mixer=qk_mixer,
             conv_size=conv_size,
             mix=mix,
@@ -364,7 +363,7 @@ class MacchiatoAttention(MacchiatoCore):
     def extra_repr(self) -> str:
         return (
             f"dim={self.dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-            f"head_dim={self.head_dim}, num_latents={self.num_latents}, window_size={self.window_size}, "
+            f"head_dim={self.head_dim}, latents_per_head={self.latents_per_head}, window_size={self.window_size}, "
             f"num_sinks={self.num_sinks}, "
             f"mix={self.mix!r}, qk_mixer={self.qk_mixer!r}, chunk_size={self.chunk_size}"
         )

@@ -13,6 +13,7 @@ import difflib
 import json
 import os
 import typing
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -40,7 +41,10 @@ class LatteConfig:
     mixer: one name for every layer or a list with one name per layer
         ("latte" latent attention, "macchiato" window + latents, "softmax",
         "linear" attention, "swa" sliding-window softmax).
-    num_latents: L, the TOTAL latent count, split evenly over heads (docs/math.md).
+    latents_per_head: L, the latent states of each head (docs/math.md); a
+        layer holds num_heads * latents_per_head in all. Configs saved with
+        the old `num_latents` (the total) still load: it maps to
+        num_latents / num_heads with a FutureWarning (`upgrade_keys`).
     qk_mixer: how latent logits get order (docs/math.md §5); None resolves to
         "conv_rglru" for causal models and "none" for encoders (the RG-LRU is
         causal only).
@@ -78,7 +82,7 @@ class LatteConfig:
     dim: int = 512
     num_layers: int = 8
     num_heads: int = 8
-    num_latents: int = 256
+    latents_per_head: int = 32
     num_kv_heads: int | None = None
     mixer: Mixer | list[Mixer] = "latte"
     window_size: int = 128
@@ -144,7 +148,7 @@ class LatteConfig:
             dim=32,
             num_layers=2,
             num_heads=2,
-            num_latents=8,
+            latents_per_head=4,
             window_size=8,
             chunk_size=8,
             mlp_ratio=2.0,
@@ -168,7 +172,7 @@ class LatteConfig:
             dim=512,
             num_layers=8,
             num_heads=8,
-            num_latents=256,
+            latents_per_head=32,
             window_size=128,
             conv_size=3,
             qk_mixer="conv",
@@ -189,6 +193,12 @@ class LatteConfig:
         return dataclasses.asdict(self)
 
     @classmethod
+    def upgrade_keys(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """`data` with the deprecated keys of older configs mapped to today's
+        (a FutureWarning each); `from_dict` and `latte.config_io.build` call it."""
+        return upgrade_num_latents(data, cls)
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "LatteConfig") -> LatteConfig:
         """Builds from a plain dict; unknown keys, wrong types and out-of-range
         values are all reported together in one ValueError headed by `where`."""
@@ -196,6 +206,10 @@ class LatteConfig:
             raise ConfigError(where, [("", f"expected a mapping of LatteConfig fields, got {type(data).__name__}")])
         names = sorted(f.name for f in dataclasses.fields(cls))
         problems = []
+        try:
+            data = cls.upgrade_keys(data)
+        except ConfigError as e:
+            raise ConfigError(where, e.problems) from None
         for key in data:
             if key not in names:
                 close = difflib.get_close_matches(str(key), names, n=1)
@@ -217,6 +231,37 @@ class LatteConfig:
         return cls.from_dict(read_json(path), where=str(path))
 
 
+def upgrade_num_latents(data: dict[str, Any], cls: type = LatteConfig) -> dict[str, Any]:
+    """Maps the deprecated `num_latents` (the latents of all heads together,
+    before latents_per_head was the one name) to latents_per_head =
+    num_latents / num_heads, exactly, with a FutureWarning. A total that
+    num_heads does not divide is refused when a layer uses latents (it never
+    built); without one the field was unused and is dropped."""
+    if not isinstance(data, dict) or "num_latents" not in data:
+        return data
+    data = dict(data)
+    total = data.pop("num_latents")
+    heads = data.get("num_heads", cls.num_heads)
+    named = data.get("mixer", cls.mixer)
+    named = named if isinstance(named, (list, tuple)) else [named]
+    if "latents_per_head" in data:
+        why = "latents_per_head alone (num_latents is its deprecated total over heads)"
+        raise ConfigError(cls.__name__, [("num_latents", f"got {total!r} beside latents_per_head; give {why}")])
+    if _is_int(total) and _is_int(heads) and heads >= 1 and total >= heads and total % heads == 0:
+        data["latents_per_head"] = total // heads
+        warnings.warn(
+            f"config key num_latents is deprecated and goes in the next release: num_latents={total} over "
+            f"num_heads={heads} is latents_per_head={total // heads}; write latents_per_head instead",
+            FutureWarning,
+            stacklevel=3,
+        )
+    elif set(named) & set(LATENT_MIXERS):
+        allowed = f"a multiple of num_heads ({heads!r}), as latents_per_head = num_latents / num_heads"
+        got = f"got {total!r} ({type(total).__name__})"
+        raise ConfigError(cls.__name__, [("num_latents", f"{got}, expected {allowed} (num_latents is deprecated)")])
+    return data
+
+
 def read_json(path: str | os.PathLike) -> dict[str, Any]:
     """A JSON object from `path`; malformed JSON is a ValueError naming the file."""
     try:
@@ -236,7 +281,7 @@ _INT_FIELDS = (
     "dim",
     "num_layers",
     "num_heads",
-    "num_latents",
+    "latents_per_head",
     "window_size",
     "conv_size",
     "chunk_size",
@@ -314,13 +359,6 @@ def _check_ranges(cfg: LatteConfig, errs: ConfigErrors, bad: set[str]) -> None:
     mixers = {m for m in named if isinstance(m, str) and m in MIXERS}  # the valid ones
     if ok("dim", "num_heads"):
         errs.check(cfg.dim % cfg.num_heads == 0, "dim", cfg.dim, f"a multiple of num_heads ({cfg.num_heads})")
-    if ok("num_latents", "num_heads") and mixers & set(LATENT_MIXERS):
-        errs.check(
-            cfg.num_latents % cfg.num_heads == 0,
-            "num_latents",
-            cfg.num_latents,
-            f"a multiple of num_heads ({cfg.num_heads}): latents are split evenly over heads",
-        )
     if ok("num_kv_heads", "num_heads") and cfg.num_kv_heads is not None:
         errs.check(
             cfg.num_heads % cfg.num_kv_heads == 0,

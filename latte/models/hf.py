@@ -56,7 +56,7 @@ from .classification import LatteForSequenceClassification, check_class_labels, 
 from .config import LatteConfig
 from .hf_cache import CACHE_NAME, cache_kwargs, one_cache
 from .modeling import MLP, LatteCache, LatteModel, init_module, value_checks
-from .pretrained import HF_ATTRIBUTE_MAP, NATIVE_FIELDS
+from .pretrained import DEPRECATED_FIELDS, HF_ATTRIBUTE_MAP, NATIVE_FIELDS
 
 
 class LatteHFConfig(PreTrainedConfig):
@@ -67,7 +67,7 @@ class LatteHFConfig(PreTrainedConfig):
     attribute_map = HF_ATTRIBUTE_MAP
 
     def __post_init__(self, **kwargs):
-        native = {k: kwargs.pop(k) for k in NATIVE_FIELDS if k in kwargs}
+        native = {k: kwargs.pop(k) for k in (*NATIVE_FIELDS, *DEPRECATED_FIELDS) if k in kwargs}
         for alias, name in self.attribute_map.items():  # hidden_size=... -> dim=...
             if alias in kwargs:
                 native[name] = kwargs.pop(alias)

@@ -182,7 +182,7 @@ def build_mixer(config: LatteConfig, kind: str) -> nn.Module:
         return LatteAttention(
             c.dim,
             c.num_heads,
-            c.num_latents,
+            c.latents_per_head,
             causal=c.causal,
             qk_mixer=c.qk_mixer,
             conv_size=c.conv_size,
@@ -193,7 +193,7 @@ def build_mixer(config: LatteConfig, kind: str) -> nn.Module:
         return MacchiatoAttention(
             c.dim,
             c.num_heads,
-            c.num_latents,
+            c.latents_per_head,
             window_size=c.window_size,
             num_sinks=c.num_sinks,
             mix=c.mix,

@@ -52,6 +52,8 @@ CONFIG_NAME = "config.json"
 GENERATION_CONFIG_NAME = "generation_config.json"
 MODEL_TYPE = "latte"
 NATIVE_FIELDS = tuple(f.name for f in dataclasses.fields(LatteConfig))
+# keys of older config.json files that LatteConfig.upgrade_keys still maps
+DEPRECATED_FIELDS = ("num_latents",)
 # transformers name -> LatteConfig field
 HF_ATTRIBUTE_MAP = {
     "hidden_size": "dim",
@@ -173,7 +175,7 @@ def is_hf_config(data: dict[str, Any]) -> bool:
 def native_config_dict(data: dict[str, Any]) -> dict[str, Any]:
     """A config.json dict written by transformers' `save_pretrained` -> the
     native layout (LatteConfig fields + model_type + architectures)."""
-    out = {k: data[k] for k in NATIVE_FIELDS if k in data}
+    out = {k: data[k] for k in (*NATIVE_FIELDS, *DEPRECATED_FIELDS) if k in data}
     for alias, name in HF_ATTRIBUTE_MAP.items():
         if alias in data and name not in out:
             out[name] = data[alias]

@@ -105,6 +105,7 @@ class ClassifierModelConfig(ModelConfig):
     mixer: Literal["latte", "softmax", "linear"] | list[Literal["latte", "softmax", "linear"]] = "latte"
     position_embedding: Literal["none", "learned", "sinusoidal"] = "sinusoidal"
     pooling: Literal["mean", "cls"] = "mean"
+    causal: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -121,8 +122,8 @@ class ClassifierModelConfig(ModelConfig):
             )
 
     def to_latte_config(self, vocab_size: int, num_labels: int = 2) -> LatteConfig:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "vocab_size"}
-        return LatteConfig(vocab_size=self.vocab_size or vocab_size, causal=False, num_labels=num_labels, **fields)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(LatteConfig)}
+        return LatteConfig(**{**fields, "vocab_size": self.vocab_size or vocab_size, "num_labels": num_labels})
 
 
 @dataclass

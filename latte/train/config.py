@@ -7,7 +7,7 @@
                               distributed, checkpoints
     LMRunConfig(RunConfig)    language modelling (task "lm") adds
       data:  DataConfig       corpus, split, tokenizer, sequence length, cache
-      model: ModelConfig      the `LatteConfig` fields (vocab_size from the tokenizer)
+      model: ModelConfig      `LatteConfig` (vocab_size None: the tokenizer's)
 
 A task's config subclasses `RunConfig` with its own sections and gives
 `task` its name as default; `build_run_config` (train/task.py, beside the
@@ -28,8 +28,6 @@ from typing import Literal
 
 from latte.config_io import ConfigError, ConfigErrors
 from latte.models import LatteConfig
-from latte.models.config import Mixer
-from latte.ops.window.memory import MEMORY_RULES
 
 # The default job of `latte train` (no --config): the tiny CPU recipe.
 # Shipped run configs live in the package (latte/configs/*.yaml), so that an
@@ -67,53 +65,30 @@ class DataConfig:
 
 
 @dataclass
-class ModelConfig:
-    """The `LatteConfig` fields of a causal LM, minus what the trainer decides
-    (causal=True, no classification head). vocab_size None = the tokenizer's;
-    given, it may only be larger (e.g. padded to a multiple of 64). Defaults
-    are LatteConfig's; a test keeps the two field lists in step."""
+class ModelConfig(LatteConfig):
+    """The model section is `LatteConfig` itself; what the trainer adds is
+    vocab_size None (default) = the tokenizer's; given, it may only be larger
+    (e.g. padded to a multiple of 64). causal is the task's (True here).
+    `LatteConfig.upgrade_keys` maps older keys (`num_latents`)."""
 
     vocab_size: int | None = None
-    dim: int = LatteConfig.dim
-    num_layers: int = LatteConfig.num_layers
-    num_heads: int = LatteConfig.num_heads
-    num_latents: int = LatteConfig.num_latents
-    num_kv_heads: int | None = LatteConfig.num_kv_heads
-    mixer: Mixer | list[Mixer] = LatteConfig.mixer
-    window_size: int = LatteConfig.window_size
-    num_sinks: int = LatteConfig.num_sinks
-    memory_slots: int = LatteConfig.memory_slots
-    memory_rule: Literal[MEMORY_RULES] = LatteConfig.memory_rule
-    memory_positions: Literal["absolute", "cache"] = LatteConfig.memory_positions
-    mix: Literal["joint", "gate"] = LatteConfig.mix
-    qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] | None = LatteConfig.qk_mixer
-    linear_qk_mixer: Literal["none", "conv", "rglru", "conv_rglru"] = LatteConfig.linear_qk_mixer
-    conv_size: int = LatteConfig.conv_size
-    chunk_size: int = LatteConfig.chunk_size
-    rope_theta: float = LatteConfig.rope_theta
-    mlp: Literal["swiglu", "gelu", "none"] = LatteConfig.mlp
-    mlp_ratio: float = LatteConfig.mlp_ratio
-    ffn_dim: int | None = LatteConfig.ffn_dim
-    norm: Literal["rmsnorm", "layernorm"] = LatteConfig.norm
-    norm_eps: float = LatteConfig.norm_eps
-    dropout: float = LatteConfig.dropout
-    tie_embeddings: bool = LatteConfig.tie_embeddings
-    position_embedding: Literal["none", "learned", "sinusoidal"] = LatteConfig.position_embedding
-    max_position_embeddings: int = LatteConfig.max_position_embeddings
-    initializer_range: float = LatteConfig.initializer_range
 
     def __post_init__(self):
-        if self.vocab_size is not None and self.vocab_size < 1:
-            raise ConfigError(
-                type(self).__name__,
-                [("vocab_size", f"got {self.vocab_size}, expected an integer >= 1 or null (the tokenizer's)")],
-            )
-        self.to_latte_config(self.vocab_size or 257)  # LatteConfig's own checks; ConfigError names fields
+        task = type(self).__dataclass_fields__["causal"].default  # the task's: True for lm
+        if self.causal is not task:
+            raise ConfigError(type(self).__name__, [("causal", f"got {self.causal!r}, expected {task} (the task's)")])
+        given = self.vocab_size
+        if given is None:
+            self.vocab_size = 257  # LatteConfig's checks need a number; the tokenizer's comes later
+        try:
+            super().__post_init__()
+        finally:
+            self.vocab_size = given
 
     def to_latte_config(self, vocab_size: int) -> LatteConfig:
         """The model architecture for a tokenizer of `vocab_size` ids."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "vocab_size"}
-        return LatteConfig(vocab_size=self.vocab_size or vocab_size, causal=True, **fields)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(LatteConfig)}
+        return LatteConfig(**{**fields, "vocab_size": self.vocab_size or vocab_size})
 
 
 @dataclass

@@ -77,7 +77,7 @@ def test_window_share_is_the_mix_the_op_applies():
     """y = p(window) SWA + (1 - p(window)) Latte, with p(window) from
     layer_probs and the two branches computed separately by the ops."""
     torch.manual_seed(1)
-    layer = MacchiatoAttention(32, 2, 8, window_size=5, qk_mixer="conv", chunk_size=4).double()
+    layer = MacchiatoAttention(32, 2, 4, window_size=5, qk_mixer="conv", chunk_size=4).double()
     with torch.no_grad():
         layer.beta.copy_(torch.tensor([0.7, -1.3], dtype=torch.float64))
     x = torch.randn(2, 13, 32, dtype=torch.float64)

@@ -10,9 +10,9 @@ from latte.ops import reference
 DIM, HEADS = 16, 2
 
 LAYERS = {
-    "latte-none": lambda: LatteAttention(DIM, HEADS, 8, causal=False),
-    "latte-conv": lambda: LatteAttention(DIM, HEADS, 8, causal=False, qk_mixer="conv", conv_size=3),
-    "latte-conv4": lambda: LatteAttention(DIM, HEADS, 8, causal=False, qk_mixer="conv", conv_size=4),
+    "latte-none": lambda: LatteAttention(DIM, HEADS, 4, causal=False),
+    "latte-conv": lambda: LatteAttention(DIM, HEADS, 4, causal=False, qk_mixer="conv", conv_size=3),
+    "latte-conv4": lambda: LatteAttention(DIM, HEADS, 4, causal=False, qk_mixer="conv", conv_size=4),
     "softmax": lambda: SoftmaxAttention(DIM, HEADS, causal=False),
     "softmax-norope": lambda: SoftmaxAttention(DIM, HEADS, causal=False, rope_theta=None, num_kv_heads=1),
     "linear": lambda: LinearAttention(DIM, HEADS, causal=False),
@@ -70,9 +70,9 @@ def test_latte_bidirectional_layer_matches_reference_op():
 @pytest.mark.parametrize("kind", ["rglru", "conv_rglru"])
 def test_causal_only_mixer_is_rejected(kind):
     with pytest.raises(ValueError, match="qk_mixer.*causal"):
-        LatteAttention(DIM, HEADS, 8, causal=False, qk_mixer=kind)
+        LatteAttention(DIM, HEADS, 4, causal=False, qk_mixer=kind)
 
 
 def test_default_mixer_depends_on_causality():
-    assert LatteAttention(DIM, HEADS, 8).qk_mixer == "conv_rglru"
-    assert LatteAttention(DIM, HEADS, 8, causal=False).qk_mixer == "none"
+    assert LatteAttention(DIM, HEADS, 4).qk_mixer == "conv_rglru"
+    assert LatteAttention(DIM, HEADS, 4, causal=False).qk_mixer == "none"

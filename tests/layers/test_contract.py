@@ -16,7 +16,7 @@ from latte.layers import (
     state_nbytes,
 )
 
-DIM, HEADS, LATENTS, T = 16, 2, 8, 19
+DIM, HEADS, LATENTS, T = 16, 2, 4, 19  # LATENTS per head
 ATOL = 1e-4
 
 LAYERS = {
@@ -174,7 +174,7 @@ def test_dropout_is_off_in_eval_and_on_in_train(name):
 def _ctor_kwargs(layer):
     """Rebuild a layer's constructor arguments from its attributes."""
     if isinstance(layer, (LatteAttention, MacchiatoAttention)):
-        return dict(dim=layer.dim, num_heads=layer.num_heads, num_latents=layer.num_latents)
+        return dict(dim=layer.dim, num_heads=layer.num_heads, latents_per_head=layer.latents_per_head)
     return dict(dim=layer.dim, num_heads=layer.num_heads)
 
 

@@ -15,7 +15,7 @@ from latte.layers import (
 )
 
 CASES = [
-    (LatteAttention, (16, 2, 9), {}, "num_latents=9 must be divisible by num_heads=2"),
+    (LatteAttention, (16, 2, 0), {}, "latents_per_head"),
     (LatteAttention, (15, 2, 8), {}, "dim=15 must be divisible by num_heads=2"),
     (LatteAttention, (16, 2, 8), {"qk_mixer": "lstm"}, "qk_mixer: expected one of"),
     (LatteAttention, (16, 2, 8), {"conv_size": 0}, "conv_size"),
@@ -30,7 +30,7 @@ CASES = [
     (MacchiatoAttention, (16, 2, 8), {"rope_theta": -1.0}, "rope_theta"),
     (MacchiatoAttention, (16, 2, 8), {"rope_theta": float("nan")}, "rope_theta: expected a finite number > 0"),
     (SlidingWindowAttention, (16, 2), {"rope_theta": float("inf")}, "rope_theta: expected a finite number > 0"),
-    (MacchiatoAttention, (16, 2, 7), {}, "num_latents=7"),
+    (MacchiatoAttention, (16, 2, -1), {}, "latents_per_head"),
     (MacchiatoAttention, (10, 4, 8), {"head_dim": 4}, "dim=10 must be divisible by num_heads=4"),  # RG-LRU blocks
     (SoftmaxAttention, (16, 4), {"num_kv_heads": 3}, "num_kv_heads=3"),
     (SoftmaxAttention, (10, 4), {}, "dim=10"),
@@ -48,7 +48,7 @@ def test_constructor_errors(cls, args, kwargs, message):
 
 
 def test_head_dim_frees_dim_from_num_heads_without_rglru():
-    layer = MacchiatoAttention(10, 4, 8, head_dim=4, qk_mixer="conv")
+    layer = MacchiatoAttention(10, 4, 2, head_dim=4, qk_mixer="conv")
     y, _ = layer(torch.randn(1, 5, 10))
     assert y.shape == (1, 5, 10)
 
@@ -56,8 +56,8 @@ def test_head_dim_frees_dim_from_num_heads_without_rglru():
 @pytest.mark.parametrize(
     "layer",
     [
-        LatteAttention(16, 2, 8),
-        MacchiatoAttention(16, 2, 8, window_size=4),
+        LatteAttention(16, 2, 4),
+        MacchiatoAttention(16, 2, 4, window_size=4),
         SoftmaxAttention(16, 2),
         LinearAttention(16, 2),
         SlidingWindowAttention(16, 2, window_size=4),
@@ -84,8 +84,8 @@ def test_forward_errors(layer):
 @pytest.mark.parametrize(
     "layer",
     [
-        LatteAttention(16, 2, 8),
-        MacchiatoAttention(16, 2, 8, window_size=4),
+        LatteAttention(16, 2, 4),
+        MacchiatoAttention(16, 2, 4, window_size=4),
         SoftmaxAttention(16, 2),
         LinearAttention(16, 2),
         SlidingWindowAttention(16, 2, window_size=4),

@@ -18,8 +18,8 @@ RGLRU += ["mixer.rglru.w_i", "mixer.rglru.w_r"]
 @pytest.mark.parametrize("bias", [False, True])
 def test_native_layer_keeps_its_state_dict(mix, bias):
     """The names and shapes MacchiatoAttention's state dict had before the
-    core was factored out (dim 32, 4 heads, 2 KV heads, 16 latents)."""
-    layer = MacchiatoAttention(32, 4, 16, num_kv_heads=2, mix=mix, bias=bias, qk_mixer="conv_rglru")
+    core was factored out (dim 32, 4 heads, 2 KV heads, 4 latents per head)."""
+    layer = MacchiatoAttention(32, 4, 4, num_kv_heads=2, mix=mix, bias=bias, qk_mixer="conv_rglru")
     shapes = {"q_proj": (32, 32), "k_proj": (16, 32), "v_proj": (16, 32), "o_proj": (32, 32)}
     shapes |= {"a_proj": (16, 32), "b_proj": (16, 32)} | ({"gate_proj": (4, 32)} if mix == "gate" else {})
     expected = {f"{n}.weight": s for n, s in shapes.items()}

@@ -9,7 +9,7 @@ import torch
 from latte.layers import LatteAttention, MacchiatoAttention, SlidingWindowAttention, SoftmaxAttention
 from latte.ops import reference
 
-DIM, HEADS, LATENTS = 16, 2, 8
+DIM, HEADS, LATENTS = 16, 2, 4  # LATENTS per head
 
 
 def x64(B=2, T=11, seed=1):

@@ -18,7 +18,7 @@ def test_every_problem_reported_at_once_naming_field_value_allowed():
         LatteConfig(
             dim=30,
             num_heads=4,
-            num_latents=6,
+            latents_per_head=0,
             mixer=["latte", "bogus"],
             num_layers=3,
             dropout=1.5,
@@ -30,7 +30,7 @@ def test_every_problem_reported_at_once_naming_field_value_allowed():
     assert isinstance(e.value, ConfigError)
     expected = {
         "dim": "got 30 (int), expected a multiple of num_heads (4)",
-        "num_latents": "got 6 (int)",
+        "latents_per_head": "got 0 (int), expected an integer >= 1",
         "num_kv_heads": "a divisor of num_heads (4)",
         "mixer[1]": "got 'bogus' (str), expected one of 'latte', 'macchiato', 'softmax', 'linear', 'swa'",
         "dropout": "got 1.5 (float), expected in [0, 1)",
@@ -110,10 +110,22 @@ def test_the_trainer_and_conversion_configs_refuse_it_too(tmp_path, capsys):
     assert "conversion.window_size: got 100000000000" in capsys.readouterr().err and not run.exists()
 
 
-def test_irrelevant_fields_are_not_checked():
-    LatteConfig(mixer="softmax", num_heads=6, dim=48, num_latents=256)  # latents unused by softmax
-    with pytest.raises(ValueError, match="num_latents"):
-        LatteConfig(mixer="latte", num_heads=6, dim=48, num_latents=256)
+def test_saved_num_latents_maps_exactly_to_latents_per_head_with_a_warning(tmp_path):
+    """Configs saved before latents_per_head was the one name hold num_latents,
+    the total over heads: from_dict, JSON and YAML map it to total / num_heads."""
+    saved = LatteConfig(mixer="macchiato", num_heads=4, latents_per_head=16).to_dict()
+    old = {k: v for k, v in saved.items() if k != "latents_per_head"} | {"num_latents": 64}
+    with pytest.warns(FutureWarning, match="num_latents=64 over num_heads=4 is latents_per_head=16"):
+        assert LatteConfig.from_dict(old) == LatteConfig.from_dict(saved)
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    with pytest.warns(FutureWarning):
+        assert LatteConfig.load_json(tmp_path / "config.json").latents_per_head == 16
+    with pytest.raises(ValueError, match=r"num_latents: got 66 \(int\), expected a multiple of num_heads \(4\)"):
+        LatteConfig.from_dict({**old, "num_latents": 66})  # never built: refused, not rounded
+    with pytest.raises(ValueError, match="num_latents: got 64 beside latents_per_head; give latents_per_head alone"):
+        LatteConfig.from_dict({**saved, "num_latents": 64})
+    unused = {"mixer": "softmax", "num_heads": 6, "dim": 48, "num_latents": 256}  # softmax has no latents
+    assert LatteConfig.from_dict(unused).latents_per_head == LatteConfig.latents_per_head
 
 
 def test_from_dict_reports_unknown_keys_types_and_ranges_together():
@@ -153,7 +165,7 @@ def test_derived_values():
 def test_paper_table6_preset():
     cfg = LatteConfig.paper_table6(mixer="macchiato")
     assert (cfg.num_layers, cfg.num_heads, cfg.dim, cfg.ffn_hidden, cfg.mlp) == (8, 8, 512, 2048, "gelu")
-    assert (cfg.num_latents, cfg.window_size, cfg.conv_size, cfg.qk_mixer) == (256, 128, 3, "conv")
+    assert (cfg.latents_per_head, cfg.window_size, cfg.conv_size, cfg.qk_mixer) == (32, 128, 3, "conv")
     assert (cfg.dropout, cfg.position_embedding, cfg.vocab_size) == (0.1, "learned", 50257)
     assert LatteConfig.paper_table6(dropout=0.0).dropout == 0.0
 

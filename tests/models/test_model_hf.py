@@ -121,10 +121,10 @@ def test_sequence_classification_through_auto(tmp_path, make_ids):
 def test_invalid_config_is_reported_by_latte_validation(tmp_path, make_lm):
     make_lm("latte").save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_latents": 7, "mix": "sum"}))
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "latents_per_head": 0, "mix": "sum"}))
     with pytest.raises(ValueError) as e:
         AutoConfig.from_pretrained(tmp_path)
-    assert "num_latents: got 7" in str(e.value) and "mix: got 'sum'" in str(e.value)
+    assert "latents_per_head: got 0" in str(e.value) and "mix: got 'sum'" in str(e.value)
 
 
 def test_direct_construction_and_hf_names(make_ids):
@@ -132,7 +132,7 @@ def test_direct_construction_and_hf_names(make_ids):
         hidden_size=48,
         num_hidden_layers=3,
         num_attention_heads=4,
-        num_latents=8,
+        latents_per_head=2,
         vocab_size=64,
         mixer="latte",
         tie_word_embeddings=False,

@@ -94,7 +94,7 @@ def test_layer_slots_at_fixed_positions_decode_like_the_full_forward():
     from latte.layers import MacchiatoAttention
 
     torch.manual_seed(0)
-    layer = MacchiatoAttention(16, 2, 8, window_size=4, num_sinks=1, num_kv_heads=1, chunk_size=4).eval()
+    layer = MacchiatoAttention(16, 2, 4, window_size=4, num_sinks=1, num_kv_heads=1, chunk_size=4).eval()
     layer.use_memory(3, "key_norm")
     x = torch.randn(2, 24, 16)
     with torch.no_grad():

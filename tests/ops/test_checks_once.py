@@ -123,7 +123,7 @@ def test_window_ops_validate_once(op):
 
 
 def test_a_layer_forward_and_step_enter_macchiato_once_each():
-    layer = MacchiatoAttention(dim=16, num_heads=2, num_latents=4, window_size=4, num_sinks=1).eval()
+    layer = MacchiatoAttention(dim=16, num_heads=2, latents_per_head=2, window_size=4, num_sinks=1).eval()
     x = torch.randn(2, 9, 16)
     with torch.no_grad():
         _, state = layer(x)

@@ -108,7 +108,7 @@ def test_cpu_tensor_in_a_meta_op_raises():
 @pytest.mark.parametrize("mixer", ["latte", "macchiato", "linear", "softmax", "swa"])
 def test_models_forward_backward_on_meta(mixer):
     cfg = LatteConfig(
-        vocab_size=50, dim=16, num_layers=1, num_heads=2, num_latents=8, mixer=mixer, window_size=4,
+        vocab_size=50, dim=16, num_layers=1, num_heads=2, latents_per_head=4, mixer=mixer, window_size=4,
         qk_mixer="conv_rglru", chunk_size=8,
     )  # fmt: skip
     model = LatteForCausalLM(cfg).to(META)

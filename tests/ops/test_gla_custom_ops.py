@@ -67,7 +67,7 @@ def test_fla_path_compiles_without_graph_break(fla_on_cpu, monkeypatch, construc
 def test_latte_layer_on_fla_compiles_without_graph_break(fla_on_cpu, monkeypatch):
     monkeypatch.setattr(BK, "_construction", "fused")
     torch.manual_seed(0)
-    layer = LatteAttention(16, 2, 8, backend="fla")
+    layer = LatteAttention(16, 2, 4, backend="fla")
     x = torch.randn(2, 12, 16)
     y = layer(x)[0]
     y_c = torch.compile(lambda x: layer(x)[0], backend="aot_eager", fullgraph=True)(x)

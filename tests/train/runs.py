@@ -45,7 +45,7 @@ def tiny_config_dict(corpus: Path, run_dir: Path, cache_dir: Path) -> dict:
             "dim": 32,
             "num_layers": 2,
             "num_heads": 2,
-            "num_latents": 8,
+            "latents_per_head": 4,
             "window_size": 8,
             "chunk_size": 8,
             "mlp_ratio": 2.0,

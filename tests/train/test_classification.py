@@ -31,7 +31,7 @@ TINY = {
     "model.dim": 16,
     "model.num_layers": 1,
     "model.num_heads": 2,
-    "model.num_latents": 4,
+    "model.latents_per_head": 2,
     "optim.warmup_steps": 1,
     "train.steps": 6,
     "train.global_batch_size": 4,

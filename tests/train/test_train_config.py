@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from pathlib import Path
 
 import pytest
 
-from latte.config_io import build, load_yaml, to_dict
+from latte.config_io import build, load_yaml, save_yaml, to_dict
 from latte.models import LatteConfig
 from latte.train.config import (
     ARCHITECTURE_FIELDS,
@@ -53,7 +51,8 @@ def test_mixer_configs_are_like_for_like():
     """One recipe, one difference: the mixer (and the run folder; no time
     budget, so that a slower mixer is not stopped earlier)."""
     tiny = to_dict(load_run_config())
-    variants = {m: (m, None) for m in MIXERS} | {"latte-none": ("latte", "none"), "latte-conv": ("latte", "conv")}
+    variants = {m: (m, "conv_rglru") for m in MIXERS}  # None resolves to the causal default
+    variants |= {"latte-none": ("latte", "none"), "latte-conv": ("latte", "conv")}
     assert {p.stem for p in (CONFIGS / "mixers").glob("*.yaml")} == set(variants)
     for name, (mixer, qk_mixer) in variants.items():
         cfg = to_dict(load_run_config(CONFIGS / "mixers" / f"{name}.yaml"))
@@ -73,7 +72,8 @@ def test_paper_table6_config_matches_the_paper():
     """docs/math.md section 6: the OpenWebText recipe of the paper."""
     cfg = load_run_config(CONFIGS / "paper-table6.yaml")
     m, o, t, d = cfg.model, cfg.optim, cfg.train, cfg.data
-    assert (m.num_layers, m.num_heads, m.dim, m.ffn_dim, m.num_latents, m.window_size) == (8, 8, 512, 2048, 256, 128)
+    assert (m.num_layers, m.num_heads, m.dim, m.ffn_dim, m.window_size) == (8, 8, 512, 2048, 128)
+    assert m.latents_per_head == 32  # the paper's 256 over the 8 heads
     assert (m.conv_size, m.dropout) == (3, 0.1)
     assert (d.seq_len, t.global_batch_size, t.steps) == (512, 64, 200_000)
     assert (o.lr, o.warmup_steps, o.weight_decay, o.decay) == (5e-4, 4000, 0.01, "linear")
@@ -83,22 +83,34 @@ def test_paper_table6_config_matches_the_paper():
     assert ours == paper
 
 
-def test_model_config_mirrors_latte_config():
-    ours = {f.name for f in dataclasses.fields(ModelConfig)}
-    theirs = {f.name for f in dataclasses.fields(LatteConfig)}
-    assert ours == theirs - {"causal", "num_labels", "pooling"}
+def test_model_section_is_latte_config():
+    assert issubclass(ModelConfig, LatteConfig)  # no mirror to keep in step
     assert "dropout" not in ARCHITECTURE_FIELDS and "dim" in ARCHITECTURE_FIELDS
     # speed and initialisation knobs may change on resume; shapes and meaning may not
     assert not {"chunk_size", "initializer_range"} & set(ARCHITECTURE_FIELDS)
-    assert {"num_latents", "window_size", "mixer", "qk_mixer", "rope_theta"} <= set(ARCHITECTURE_FIELDS)
-    defaults = {f.name: f.default for f in dataclasses.fields(LatteConfig)}
-    assert all(f.default == defaults[f.name] for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size")
+    assert {"latents_per_head", "window_size", "mixer", "qk_mixer", "rope_theta"} <= set(ARCHITECTURE_FIELDS)
+    assert ModelConfig().vocab_size is None  # the tokenizer's
     assert ModelConfig().to_latte_config(300) == LatteConfig(vocab_size=300)
-    # the same allowed values wherever both sides spell them out
-    hints, latte_hints = typing.get_type_hints(ModelConfig), typing.get_type_hints(LatteConfig)
-    for name, hint in hints.items():
-        if typing.get_origin(hint) is typing.Literal and typing.get_origin(latte_hints.get(name)) is typing.Literal:
-            assert set(typing.get_args(hint)) == set(typing.get_args(latte_hints[name])), name
+    with pytest.raises(ValueError, match=r"model.causal: got False, expected True"):
+        load_run_config(None, ["--model.causal=false"])
+
+
+def test_old_num_latents_override_and_saved_run_config_still_work(tmp_path):
+    """--model.num_latents (the total over heads) keeps working for one
+    release: mapped exactly to latents_per_head, with a FutureWarning."""
+    with pytest.warns(FutureWarning, match="latents_per_head=8"):
+        cfg = load_run_config(None, ["--model.num_heads=4", "--model.num_latents=32"])
+    assert (
+        cfg.model.latents_per_head == 8
+        and cfg.model == load_run_config(None, ["--model.num_heads=4", "--model.latents_per_head=8"]).model
+    )
+    saved = to_dict(load_run_config(None, []))
+    saved["model"]["num_latents"] = saved["model"].pop("latents_per_head") * saved["model"]["num_heads"]
+    save_yaml(saved, tmp_path / "config.yaml")
+    with pytest.warns(FutureWarning):
+        assert load_run_config(tmp_path / "config.yaml", []) == load_run_config(None, [])
+    with pytest.raises(ValueError, match=r"model.num_latents: got 30 \(int\), expected a multiple of num_heads \(4\)"):
+        load_run_config(None, ["--model.num_heads=4", "--model.num_latents=30"])
 
 
 def test_non_finite_numbers_are_refused_in_any_section():
@@ -124,7 +136,7 @@ def test_bad_config_lists_every_problem_with_field_names():
             [
                 "--train.stepz=5",
                 "--optim.lr=-1",
-                "--model.num_heads=3",
+                "--model.num_heads=5",
                 "--train.precision=fp16",
                 "--data.seq_len=zero",
             ],
@@ -134,7 +146,7 @@ def test_bad_config_lists_every_problem_with_field_names():
     assert "train.stepz: unknown key (did you mean 'steps'?)" in msg
     assert "optim.lr: got -1" in msg and "> 0" in msg
     assert "train.precision: got 'fp16'" in msg and "'bf16'" in msg
-    assert "data.seq_len: got 'zero'" in msg
+    assert "data.seq_len: got 'zero'" in msg and "model.dim: got 192" in msg
 
 
 def test_model_range_problems_are_named_under_model():
