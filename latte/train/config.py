@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from latte.config_io import ConfigError, ConfigErrors
+from latte.config_io import ConfigError, ConfigErrors, load_yaml, merge
 from latte.models import LatteConfig
 
 # The default job of `latte train` (no --config): the tiny CPU recipe.
@@ -243,6 +243,7 @@ class LMRunConfig(RunConfig):
 RESUMABLE_MODEL_FIELDS = (
     "dropout",
     "chunk_size",
+    "backend",
     "initializer_range",
     "memory_slots",
     "memory_rule",
@@ -270,6 +271,24 @@ def resolve_config(config: str | Path | None) -> Path:
     raise ValueError(
         f"--config {config}: no such file, and not a shipped config name; shipped: {', '.join(shipped_configs())}"
     )
+
+
+def load_config_file(path: str | Path, seen: tuple[Path, ...] = ()) -> dict:
+    """The fields of a config file: its own on top of those of the config its
+    `extends:` names (a shipped config name, or a YAML path relative to the
+    file), so that a variant states only what it changes (latte/configs/mixers/)."""
+    path = Path(path)
+    data = load_yaml(path)
+    if "extends" not in data:
+        return data
+    base = data.pop("extends")
+    if not isinstance(base, str) or not base:
+        raise ValueError(f"{path}: extends: got {base!r}, expected a shipped config name or a YAML path")
+    near = path.parent / base
+    base_path = near if near.is_file() else resolve_config(base)
+    if base_path.resolve() in seen or base_path.resolve() == path.resolve():
+        raise ValueError(f"{path}: extends: {base} comes back to a config it extends")
+    return merge(load_config_file(base_path, (*seen, path.resolve())), data)
 
 
 def check_world_size(cfg: RunConfig, world_size: int) -> None:

@@ -77,11 +77,11 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import nn
 
-from latte.config_io import ConfigError, build, load_yaml, merge, parse_overrides
+from latte.config_io import ConfigError, build, merge, parse_overrides
 from latte.models import IGNORE_INDEX
 from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint
-from latte.train.config import RunConfig, resolve_config
+from latte.train.config import RunConfig, load_config_file, resolve_config
 
 # name -> "module:Class", imported when used (a task may need optional packages).
 TASKS: dict[str, str] = {
@@ -255,5 +255,5 @@ def load_run_config(config_path: str | Path | None = None, overrides: list[str] 
     overrides -> a validated config of the task it names. Every problem is
     reported at once (a ValueError)."""
     path = resolve_config(config_path)
-    data = merge(load_yaml(path), parse_overrides(list(overrides)))
+    data = merge(load_config_file(path), parse_overrides(list(overrides)))
     return build_run_config(data, where=str(path) + (" + overrides" if overrides else ""))

@@ -68,6 +68,37 @@ def test_mixer_configs_are_like_for_like():
         )
 
 
+def test_mixer_configs_are_overrides_of_the_default_job():
+    """Each mixers/NAME.yaml extends tiny and states only what it
+    changes: the mixer (and qk mixer), the run folder and the time budget."""
+    for path in sorted((CONFIGS / "mixers").glob("*.yaml")):
+        data = load_yaml(path)
+        assert data.pop("extends") == "tiny", path.name
+        assert set(data) == {"model", "train"} and set(data["model"]) <= {"mixer", "qk_mixer"}, path.name
+        assert set(data["train"]) == {"run_dir", "time_budget_minutes"}, path.name
+
+
+def test_a_config_extends_another(tmp_path):
+    """`extends:` names a shipped config or a file beside; the file's fields win,
+    mappings merge key by key; a bad or circular base is refused naming the file."""
+    (tmp_path / "a.yaml").write_text("extends: tiny\ntrain:\n  steps: 70\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\nmodel:\n  mixer: softmax\n")
+    cfg = load_run_config(tmp_path / "b.yaml")
+    tiny = load_run_config()
+    assert (cfg.train.steps, cfg.model.mixer, cfg.model.dim) == (70, "softmax", tiny.model.dim)
+    assert cfg.data == tiny.data and cfg.train.run_dir == tiny.train.run_dir
+    (tmp_path / "c.yaml").write_text("extends: d.yaml\n")
+    (tmp_path / "d.yaml").write_text("extends: c.yaml\n")
+    with pytest.raises(ValueError, match=r"d\.yaml: extends: c\.yaml comes back to a config it extends"):
+        load_run_config(tmp_path / "c.yaml")
+    (tmp_path / "e.yaml").write_text("extends: 3\n")
+    with pytest.raises(ValueError, match=r"e\.yaml: extends: got 3, expected a shipped config name"):
+        load_run_config(tmp_path / "e.yaml")
+    (tmp_path / "f.yaml").write_text("extends: no-such-config\n")
+    with pytest.raises(ValueError, match="--config no-such-config: no such file"):
+        load_run_config(tmp_path / "f.yaml")
+
+
 def test_paper_table6_config_matches_the_paper():
     """docs/math.md section 6: the OpenWebText recipe of the paper."""
     cfg = load_run_config(CONFIGS / "paper-table6.yaml")
