@@ -3,8 +3,9 @@ that updates it in place (docs/design.md, "Decoding").
 
 After the prompt's chunked prefill, `allocate` turns the layers' states into
 the static state of the whole generation: every window buffer (sliding
-window, Macchiato) padded in front with empty slots to its full W - 1
-positions (`full_window_state`: masked slots weigh exactly 0), every KV cache
+window, Macchiato) padded in front with empty slots to min(W - 1,
+prompt + max_new_tokens - 1) positions, the most any query of this
+generation can reach (masked slots weigh exactly 0), every KV cache
 of a softmax layer preallocated to prompt + max_new_tokens slots
 (`StaticKVCache`, written at an index and masked by what it holds, as
 gpt-fast does), the sinks (with their fill count), the memory slots, the
@@ -67,8 +68,8 @@ class StaticState:
 
 def _static_layer(state: Any, window: int | None, capacity: int) -> Any:
     """One layer's state at the fixed shapes of the whole generation."""
-    if isinstance(state, WindowState):
-        return full_window_state(state, window)
+    if isinstance(state, WindowState):  # the earlier positions any query of the generation reaches
+        return full_window_state(state, min(window, capacity))
     if isinstance(state, KVCache):
         B, S = state.mask.shape
         k = state.k.new_zeros(B, capacity, *state.k.shape[2:])
@@ -97,11 +98,25 @@ def allocate(layers: list, windows: list, pos: torch.Tensor, prompt: int, max_ne
     )
 
 
+def _trimmed(dst: Any, src: Any) -> Any:
+    """`src` with each window buffer cut to the slots of `dst`'s: a step
+    adds a slot while it holds fewer than W - 1; the slots cut are the
+    oldest, empty ones (no generation holds more real tokens than the
+    min(W - 1, prompt + max_new_tokens - 1) slots `allocate` gave it)."""
+    if isinstance(dst, WindowState) and isinstance(src, WindowState):
+        n = dst.mask.shape[1]
+        return WindowState(*(x[:, x.shape[1] - n :] for x in src)) if src.mask.shape[1] > n else src
+    if isinstance(dst, (tuple, list)) and type(dst) is type(src) and len(dst) == len(src):
+        parts = [_trimmed(d, s) for d, s in zip(dst, src)]
+        return type(src)(*parts) if hasattr(src, "_fields") else type(src)(parts)
+    return src
+
+
 def copy_into(dst: Any, src: Any) -> None:
     """Writes a step's new state `src` into the static state `dst` in place
-    (same structure and shapes, else a RuntimeError: a step that changed a
-    shape would break a captured graph)."""
-    d, s = list(_leaves(dst)), list(_leaves(src))
+    (same structure and shapes once window buffers are cut to dst's, else a
+    RuntimeError: a step that changed a shape would break a captured graph)."""
+    d, s = list(_leaves(dst)), list(_leaves(_trimmed(dst, src)))
     if len(d) != len(s) or any(a.shape != b.shape for a, b in zip(d, s)):
         shapes = [tuple(a.shape) for a in d], [tuple(b.shape) for b in s]
         raise RuntimeError(f"static decoding: a step changed its state's structure or shapes: {shapes}")

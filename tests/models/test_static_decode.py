@@ -9,6 +9,7 @@ from latte.layers import StaticKVCache
 from latte.layers.states import _leaves
 from latte.models import MIXERS
 from latte.models.static_decode import StaticState, allocate, decode_step, reorder
+from latte.ops.window.sliding_window import WindowState
 
 CASES = [(m, {}) for m in MIXERS] + [
     ("macchiato", dict(num_sinks=2)),
@@ -106,6 +107,28 @@ def test_the_step_writes_in_place_at_fixed_shapes(make_lm, make_ids, mixer):
     if mixer == "softmax":
         kv = state.layers[0]
         assert isinstance(kv, StaticKVCache) and kv.k.shape[1] == 9 + 6 and int(kv.index) == 9 + 5
+
+
+def _window_slots(state) -> set:
+    """The slot counts of every window buffer in a nested state."""
+    if isinstance(state, WindowState):
+        return {state.mask.shape[1]}
+    if isinstance(state, (tuple, list)):
+        return set().union(*(_window_slots(s) for s in state)) if state else set()
+    return set()
+
+
+@pytest.mark.parametrize("mixer", ["swa", "macchiato"])
+def test_a_window_beyond_the_generation_sizes_its_buffers_by_the_generation(make_lm, make_ids, mixer):
+    # issue 59, case 4: the static state holds min(W - 1, prompt + new - 1)
+    # window slots, not W - 1, and the output is still the value loop's
+    model = make_lm(mixer, window_size=10**6)
+    x, mask = _left_padded(make_ids)
+    _, state = _static_state(model, x, mask, 6)
+    assert _window_slots(state.layers) == {9 + 6 - 1}
+    static = list(model.stream(x, 6, temperature=0, attention_mask=mask, eos_check_every=2))
+    value = list(model.stream(x, 6, temperature=0, attention_mask=mask, static=False))
+    assert all(torch.equal(a, b) for a, b in zip(static, value)) and len(static) == 6
 
 
 def test_beam_reorder_through_the_static_state(make_lm, make_ids):
