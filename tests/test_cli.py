@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -126,29 +127,51 @@ def test_bench_dispatches_lazily(monkeypatch, capsys):
     assert main(["bench", "nope"]) == 2
 
 
-def test_laboratory_commands_delegate_to_the_checkout(tmp_path, monkeypatch, capsys):
-    """Inside a checkout `latte experiment` and `latte bench train` run the
-    repository's experiments/ and benchmarks/; outside one (an installed wheel
-    in another folder) they exit 2 saying where the code is and what to run."""
+def test_retired_laboratory_verbs_exit_2_printing_the_new_command(monkeypatch, capsys):
+    """`latte experiment NAME` and the repository's `latte bench NAME` are
+    retired: they exit 2 printing the `python -m` command that runs them now,
+    import nothing of the laboratory and leave sys.path and PYTHONPATH alone."""
+    import experiments
     from latte import cli
 
-    root = cli.checkout_root()
-    assert root is not None and (root / "experiments" / "__init__.py").is_file()
-    assert main(["experiment", "--help"]) == 0
-    assert "mqar, lm-variants, lra, convert" in capsys.readouterr().out
-    monkeypatch.chdir(tmp_path)  # outside the checkout, with a package that is not an editable checkout
-    monkeypatch.setattr(cli, "__file__", str(tmp_path / "site-packages" / "latte" / "cli.py"))
-    assert cli.checkout_root() is None
-    for argv, named in (
-        (["experiment", "mqar", "--quick"], "python -m experiments"),
-        (["bench", "train", "--quick"], "python -m benchmarks.train"),
-        (["bench", "suite", "--dry-run"], "python -m experiments.gpu_suite"),
+    assert cli.STUDIES == experiments.COMMANDS  # every study named, by the module that runs it
+    path, env = list(sys.path), os.environ.get("PYTHONPATH")
+    loaded = {m for m in sys.modules if m.split(".")[0] in ("experiments", "benchmarks")}
+    for argv, said in (
+        (["experiment", "mqar", "--quick"], "`python -m experiments.mqar --quick`"),
+        (
+            ["experiment", "convert-sinks", "--threads", "1"],
+            "`python -m experiments.convert.convert_sinks --threads 1`",
+        ),
+        (["experiment", "no-such-study"], "`python -m experiments.NAME`"),
+        (["experiment", "--help"], "`python -m experiments.NAME`"),
+        (["bench", "train", "--quick"], "`python -m benchmarks.train --quick`"),
+        (["bench", "suite", "--dry-run"], "`python -m experiments.gpu_suite --dry-run`"),
     ):
         assert main(argv) == 2
         err = capsys.readouterr().err
-        assert f"latte {argv[0]}" in err and "run it from a checkout" in err and named in err, err
-        assert "Traceback" not in err
-    assert not list(tmp_path.iterdir())  # nothing written
+        assert f"latte {' '.join(argv[:2]) if argv[0] == 'bench' else 'experiment'} is no longer" in err, err
+        assert said in err and "Traceback" not in err, err
+    assert sys.path == path and os.environ.get("PYTHONPATH") == env
+    assert {m for m in sys.modules if m.split(".")[0] in ("experiments", "benchmarks")} == loaded
+
+
+def test_run_command_gives_the_latte_exit_codes(capsys):
+    """The `python -m` entry points of the laboratory exit as latte commands do."""
+    from latte.cli import run_command
+
+    def fails(error):
+        def handler(args):
+            raise error
+
+        return handler
+
+    assert run_command("python -m x", lambda args: {"results": 1}, []) == 0
+    assert run_command("python -m x", lambda args: 3, []) == 3
+    assert run_command("python -m x", fails(ValueError("--dims abc: bad")), []) == 2
+    assert "python -m x: error: --dims abc: bad" in capsys.readouterr().err
+    assert run_command("python -m x", fails(OSError("disk full")), []) == 1
+    assert run_command("python -m x", fails(SystemExit("no")), []) == 2
 
 
 def test_bench_device_cuda_without_a_gpu_exits_2_saying_why(tmp_path, capsys):
@@ -260,7 +283,7 @@ def test_eval_out_that_cannot_be_written_fails_before_computing(trained_run, tmp
     assert f"--out {blocker}: a file, not a folder" in err and "evaluating up to" not in err
     assert main(["eval", "--run", str(trained_run), "--out", str(blocker / "deeper" / "eval.json")]) == 2
     err = capsys.readouterr().err
-    assert f"--out {blocker / 'deeper' / 'eval.json'}: cannot create its folder" in err and "evaluating up" not in err
+    assert f"{blocker} is a file, not a folder" in err and "evaluating up" not in err  # the file in the way, named
 
 
 def test_eval_out_follows_the_write_rule_and_reruns_over_its_own_file(trained_run, tmp_path, capsys):
@@ -311,3 +334,24 @@ def test_eval_latents_writes_json_png_and_table(trained_run, capsys):
     assert len(heads) == 4 and all(1.0 <= h["effective_latents"] <= h["num_latents"] for h in heads)
     assert all(0.0 < h["p_window_mean"] < 1.0 and len(h["p_window_by_position"]) == 32 for h in heads)
     assert (trained_run / "latents.png").stat().st_size > 0
+
+
+def test_generate_turns_memory_slots_on_without_retraining(trained_run, capsys, monkeypatch):
+    base = ["generate", "--run", str(trained_run), "--prompt", "The ", "--max-new-tokens", "40", "--temperature", "0"]
+    assert main(base) == 0
+    plain = capsys.readouterr().out
+    assert main([*base, "--set", "model.memory_slots=4", "--set", "model.memory_rule=key_norm"]) == 0
+    assert capsys.readouterr().out.startswith("The ")
+    assert main([*base, "--set", "model.memory_slots=-1"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "memory_slots: got -1" in out.err and "Traceback" not in out.err
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a machine without CUDA
+    assert main([*base, "--set", "model.backend=fla"]) == 2  # as if saved with the run
+    assert "--set model.backend=torch" in capsys.readouterr().err
+    assert main([*base, "--set", "model.backend=torch"]) == 0 and capsys.readouterr().out == plain
+    assert plain.startswith("The ")
+    from latte.layers import MacchiatoAttention
+    from latte.train.runs import open_run
+
+    layers = [m for m in open_run(trained_run, sets=["model.memory_slots=4"]).model.modules()]
+    assert {m.memory.slots for m in layers if isinstance(m, MacchiatoAttention)} == {4}
