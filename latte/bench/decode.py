@@ -13,6 +13,16 @@ state's bytes. A context whose predicted prefill time exceeds
 (per-token prefill cost grows linearly with the context for softmax, is
 constant for the others).
 
+With `--synthetic-state` no context is prefilled: each context's state is
+the one a short prefill leaves (`SYNTHETIC_PROBE` tokens, enough to fill
+every window), its position set to the context and every KV cache filled
+to the context with random keys and values, all slots valid. A decoding
+step's work depends on its state's shapes and the position, not on the
+state's values, so this times the step at 128K in seconds rather than the
+minutes a prefill takes; a context whose states would not fit in the
+device's free memory (estimated from the KV caches' bytes per position) is
+skipped with the estimate as the reason.
+
     python -m latte.bench.decode [--quick] [--threads 2] [--out bench-results]
 """
 
@@ -27,7 +37,7 @@ import torch
 
 from latte import reporting
 from latte.arguments import int_at_least, int_list, name_list, number
-from latte.layers import state_nbytes
+from latte.layers import KVCache, state_nbytes
 from latte.models import LatteConfig, LatteForCausalLM
 from latte.models.config import MIXERS as CONFIG_MIXERS
 from latte.models.modeling import LatteCache
@@ -41,6 +51,13 @@ FULL_CONTEXTS = [1024, 4096, 16384, 65536]
 QUICK_CONTEXTS = [64, 256]
 MIXERS = ("latte", "macchiato", "softmax")
 WARMUP_TOKENS = 2  # untimed decode steps before the timed ones
+SYNTHETIC_PROBE = 256  # tokens prefilled for a synthetic state's structure (>= every window)
+MEMORY_SHARE = 0.8  # of the free memory, the most a synthetic context's estimate may take
+SYNTHETIC = (
+    "synthetic: the state a prefill of {probe} tokens leaves, its position set to the context and every "
+    "KV cache filled to the context with random keys and values (all slots valid); a decoding step's "
+    "work depends on the state's shapes and the position, not on its values"
+)
 
 
 def parse_args(argv=None):
@@ -70,6 +87,11 @@ def parse_args(argv=None):
         type=name_list(("torch", "fla")),
         help="latte.ops backends for the latte and macchiato mixers (default: torch on CPU, torch,fla on CUDA)",
     )
+    p.add_argument(
+        "--synthetic-state",
+        action="store_true",
+        help="no prefill: each context's state built at its shape and position (see the module docstring)",
+    )
     args = p.parse_args(argv)
     resolve_device_args(p, args, cpu_dtypes=("float32",))
     args.backends = list(args.backends or (("torch",) if args.device == "cpu" else ("torch", "fla")))
@@ -81,8 +103,9 @@ def parse_args(argv=None):
 
 
 def max_len(args) -> int:
-    """Positions used: the longest context plus the decoded position."""
-    return max(args.contexts) + 1
+    """Positions used: the longest context plus the positions the static
+    step decodes from it (its capture's step, warm-up and timed steps)."""
+    return max(args.contexts) + args.tokens + WARMUP_TOKENS + 2
 
 
 def make_config(mixer: str, quick: bool, max_len: int):
@@ -112,7 +135,10 @@ def bench_mixer(mixer: str, args, rows: list[dict], backend: str = "torch") -> N
     model = LatteForCausalLM(cfg).eval().to(dev)
     amp = torch.autocast(dev, DTYPES[args.dtype], enabled=dev == "cuda" and args.dtype != "float32")
     gen = torch.Generator().manual_seed(0)
-    saved, recs = _prefill_contexts(model, args, amp, gen, label, quadratic=mixer == "softmax")
+    if getattr(args, "synthetic_state", False):
+        saved, recs = _synthetic_contexts(model, args, amp, gen, label)
+    else:
+        saved, recs = _prefill_contexts(model, args, amp, gen, label, quadratic=mixer == "softmax")
     tok = torch.randint(0, cfg.vocab_size, (1, 1), generator=gen).to(dev)
     _time_steps(model, tok, saved, recs, args, amp, label)
     _time_static_steps(model, tok, saved, recs, args, amp, label)
@@ -163,6 +189,66 @@ def _prefill_contexts(model, args, amp, gen, label: str, quadratic: bool) -> tup
             f"{recs[ctx]['state_bytes'] / 2**20:8.2f} MiB",
             flush=True,
         )
+    return saved, recs
+
+
+def free_bytes(dev: str) -> int:
+    """Free memory of the device (CUDA: the driver's figure; CPU: available pages)."""
+    if dev == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _kv_bytes_per_position(layers) -> int:
+    """Bytes a KV cache of the state holds per position (keys, values and mask)."""
+    total = 0
+    for s in layers:
+        if isinstance(s, KVCache):
+            total += sum(t[0, 0].numel() * t.element_size() * t.shape[0] for t in (s.k, s.v))
+            total += s.mask.element_size() * s.mask.shape[0]
+        elif isinstance(s, tuple) and hasattr(s, "_fields"):
+            total += _kv_bytes_per_position([x for x in s if x is not None])
+    return total
+
+
+def synthetic_layer(state, ctx: int):
+    """One layer's state at context ctx: every KV cache filled to ctx random
+    keys and values of the same scale, all valid; anything else as it is."""
+    if isinstance(state, KVCache):
+        B, _, *rest = state.k.shape
+        k, v = (
+            torch.randn(B, ctx, *rest, device=t.device, dtype=t.dtype) * t.float().std() for t in (state.k, state.v)
+        )
+        return KVCache(k, v, state.mask.new_ones(B, ctx), None if state.pos is None else state.pos.new_full((B,), ctx))
+    if isinstance(state, tuple) and hasattr(state, "_fields"):
+        return type(state)(*(synthetic_layer(s, ctx) for s in state))
+    return state
+
+
+def _synthetic_contexts(model, args, amp, gen, label: str) -> tuple[dict, dict]:
+    """Phase 1 with --synthetic-state: per context, the probe's state at that
+    context and position (SYNTHETIC), no prefill; a context whose states
+    would not fit in MEMORY_SHARE of the free memory is skipped, saying why."""
+    dev = getattr(args, "device", "cpu")
+    ids = torch.randint(
+        0, model.config.vocab_size, (1, min(SYNTHETIC_PROBE, model.config.max_position_embeddings)), generator=gen
+    ).to(dev)
+    with amp:
+        probe = model(ids, use_cache=True).state
+    per_pos, free, held = _kv_bytes_per_position(probe.layers), free_bytes(dev), 0
+    saved, recs = {}, {}
+    for ctx in args.contexts:
+        rec = {"mixer": label, "context": ctx, "state": "synthetic"}
+        need = held + 3 * per_pos * ctx  # this state, its static copy and one value step's copy
+        if need > MEMORY_SHARE * free:
+            why = f"states estimated at {need / 2**30:.1f} GiB > {MEMORY_SHARE:g} x {free / 2**30:.1f} GiB free"
+            recs[ctx] = {**rec, **common.skipped(why + f" ({per_pos:,} bytes of KV cache per position)")}
+            break  # longer contexts need more
+        held += 2 * per_pos * ctx
+        layers = [synthetic_layer(s, ctx) for s in probe.layers]
+        saved[ctx] = state = LatteCache(layers, ctx, torch.full_like(probe.pos, ctx))
+        recs[ctx] = {**rec, "prefill_s": 0.0, "prefill_tokens": 0, "state_bytes": state_nbytes(state)}
+        print(f"  {label:10s} ctx={ctx:6d} synthetic state {recs[ctx]['state_bytes'] / 2**20:8.2f} MiB", flush=True)
     return saved, recs
 
 
@@ -277,6 +363,9 @@ def run(args) -> dict:
             "batch": 1,
             "mixers": list(status),
             "backends": args.backends,
+            "state": SYNTHETIC.format(probe=SYNTHETIC_PROBE)
+            if getattr(args, "synthetic_state", False)
+            else "prefilled: the context fed through the state in chunks of prefill_chunk tokens",
             "model": cfg.to_dict() if cfg is not None else None,
             "timing": "wall clock of one LatteForCausalLM.forward of 1 token with use_cache from the state "
             "saved at each context (greedy next token); contexts interleaved round by round. static_*: "
@@ -334,7 +423,8 @@ def markdown(res: dict) -> str:
         f"{res['config'].get('dtype', 'float32')}, batch 1; median of "
         f"{res['config']['tokens']} one-token steps from the state at each context, contexts interleaved "
         f"round by round. Latency at the longest over the shortest "
-        f"measured context: {flat}.",
+        f"measured context: {flat}."
+        + (f" State: {res['config']['state']}." if res["config"].get("state", "").startswith("synthetic") else ""),
         "",
         reporting.md_table(hdr, rows),
     ]
