@@ -8,5 +8,6 @@ as subprocesses, so it sits above both.
     dryrun.py  every stage's command checked without a GPU
     runner.py  budgets, one subprocess per stage, records, the tarball
     report.py  README.md of the suite's folder; tables rewritten from JSON
-    targets.py the targets of issue 26, met or missed, with their figures
+    kernels.py the kernel cache carried back, and in where GPU and Triton match
+    targets.py the targets of issue 56, met or missed, with their figures
 """

@@ -166,7 +166,10 @@ def _check_argv(argv: list[str]) -> tuple[list[str], str]:
         junit = [a.split("=", 1)[1] for a in argv if a.startswith("--junitxml=")]
         problems = [f"{t}: no such test folder" for t in tests if not Path(t).exists()]
         problems += [p for p in (_writable(Path(j).parent) for j in junit) if p]
-        return problems, f"{sum(1 for _ in Path(tests[0]).glob('test_*.py')) if tests else 0} test files"
+        ignored = {Path(a.split("=", 1)[1]) for a in argv if a.startswith("--ignore=")}
+        problems += [f"--ignore={i}: no such test file" for i in sorted(ignored) if not i.exists()]
+        files = {f for t in map(Path, tests) for f in ([t] if t.is_file() else t.glob("test_*.py"))} - ignored
+        return problems, f"{len(files)} test files"
     if argv[:3] == ["-m", "latte", "bench"] and len(argv) > 3:
         return _check_bench(argv[3], argv[4:])
     if argv[:1] == ["-m"] and argv[1:2] and argv[1].startswith("benchmarks."):
@@ -187,7 +190,9 @@ def packages_here(wheels: Path) -> dict[str, str]:
     return out
 
 
-def dry_run(todo: list, args, *, quiet: bool = False) -> int:
+def dry_run(todo: list, args, *, quiet: bool = False, fit: tuple | None = None) -> int:
+    """0 when every stage's command checks (and, with `fit` from
+    stages.loan_fit, the loan holds them with a rerun), else 2."""
     have = packages_here(args.wheels)
     problems = 0
     say = (lambda *_: None) if quiet else print
@@ -212,5 +217,9 @@ def dry_run(todo: list, args, *, quiet: bool = False) -> int:
     say(
         f"\nexpected ~{core:g} s for the non-optional stages (+{sum(s.est_s for s in todo if s.optional):g} s optional)"
     )
+    if fit is not None:  # --loan: (fits, seconds, lines)
+        for line in fit[2]:
+            say(line)
+        problems += not fit[0]
     say("dry run: " + ("every command checked" if not problems else f"{problems} problem(s)"))
     return 2 if problems else 0

@@ -2,7 +2,7 @@
 JSON, without a GPU (`python -m experiments.gpu_suite --report-only`; docs/gpu.md §5).
 
 The tables come from the benchmarks' own markdown functions, so a committed
-table is always what its JSON says; the targets of issue 26 come from
+table is always what its JSON says; the targets of issue 56 come from
 targets.py with their figures.
 """
 
@@ -26,7 +26,11 @@ TABLES = (
     ("decode-", "latte.bench.decode", "markdown", "plot"),
     ("window-", "benchmarks.window", "markdown", "plot"),
 )
-TEST_RUNS = (("tests-tf32.xml", "TF32 (default)"), ("tests-ieee.xml", "TRITON_F32_DEFAULT=ieee"))
+TEST_RUNS = (
+    ("tests-tf32.xml", "TF32 (default)"),
+    ("tests-compile-tf32.xml", "the compile-heavy file, TF32 (--loan)"),
+    ("tests-ieee.xml", "TRITON_F32_DEFAULT=ieee"),
+)
 
 
 def _machine_line(state: dict) -> str:
@@ -92,7 +96,7 @@ def _write_report(folder: Path, state: dict | None) -> Path:
         "",
         _machine_line(state),
         "",
-        "## Targets (issue 26)",
+        "## Targets (issue 56)",
         "",
         targets_markdown(targets(folder)),
         "",

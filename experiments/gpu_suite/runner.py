@@ -15,6 +15,7 @@ record); a later, shorter stage may run in its place.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -32,7 +33,7 @@ from pathlib import Path
 from latte.files import atomic_write
 from latte.guard import check_folder, claim_folder
 
-from . import machine
+from . import kernels, machine
 from .state import PACK_WRITER, SUITE_WRITER, load_state, save_state  # noqa: F401 (the runner's API)
 
 PACK_MARGIN_S = 25.0  # kept free at the end of the budget: records, report, tarball
@@ -162,9 +163,37 @@ def _should_run(stage, rec: dict | None, redo: list[str], quick: bool = False) -
     return f"{status} earlier ({rec.get('wall_s', 0):.0f} s); --redo {stage.name} runs it again"
 
 
-def _stage_env(stage, base: dict) -> dict:
+def _stage_env(stage, base: dict, cache: Path | None = None) -> dict:
+    """base with the stage's variables: "{fresh}" a new empty folder, "{kernels}" the kernel cache."""
     extra = {k: (tempfile.mkdtemp(prefix=f"latte-{stage.name}-") if v == "{fresh}" else v) for k, v in stage.env}
+    if cache is not None:
+        extra = {k: v.replace("{kernels}", str(cache)) for k, v in extra.items()}
     return {**base, **extra}
+
+
+def uses_kernels(todo: list) -> bool:
+    return any("{kernels}" in v for s in todo for _, v in s.env)
+
+
+def _kernels(args, todo: list, inv: dict) -> Path | None:
+    """The kernel cache of the stages that name one (kernels.py): carried in
+    from --kernels-from (or its own folder's earlier record) only when the
+    GPU, Triton and torch match, else started empty; recorded in inv."""
+    if not uses_kernels(todo):
+        return None
+    cache, here = kernels.folder(args), kernels.key_of(inv["machine"])
+    source = getattr(args, "kernels_from", None)
+    if source is None and (cache.parent / kernels.RECORD).exists():
+        source = cache.parent  # an earlier invocation's cache in place
+    held = claim_folder(args.pack, PACK_WRITER, flag="--pack") if args.pack is not None else contextlib.nullcontext()
+    with held:  # the cache lives in --pack: written under its write rule (latte/guard.py)
+        decision = kernels.carry_in(source, cache, here)
+        if not decision["carried_in"]:
+            kernels.reset(cache)
+        kernels.record(cache, here)
+    inv["kernels"] = {**decision, "cache": portable(str(cache.resolve()), Path.cwd()), "machine": here}
+    print(f"suite: kernel cache: {json.dumps(decision)}", flush=True)
+    return cache
 
 
 def pack(args, todo: list, state: dict) -> Path | None:
@@ -246,6 +275,7 @@ def _stage_record(stage, args, inv: dict, rc: int, killed: bool, limit: float, s
         "budget_s": stage.budget_s,
         "when_utc": _utc(),
         "gpu": inv["machine"].get("gpu_name") or inv["machine"].get("gpu"),  # stages may run on several machines
+        "kernels": None if "kernels" not in inv else "carried in" if inv["kernels"]["carried_in"] else "cold",
         "command": _command(stage),
         "protocol": stage_protocol(stage, args.quick),
         "log": f"logs/{stage.name}.log",
@@ -282,6 +312,7 @@ def _run(todo: list, args, argv: list[str], t0: float, *, require_cuda: bool, va
         dry_run(todo, args)
         return _refuse(args, state, inv, "the dry run found problems: nothing was run")
     missing = set(machine.missing_of(inv["machine"]))
+    cache = _kernels(args, todo, inv)
     inv["ran"] = []
     for stage in todo:
         why = _should_run(stage, state["stages"].get(stage.name), args.redo, args.quick)
@@ -302,7 +333,7 @@ def _run(todo: list, args, argv: list[str], t0: float, *, require_cuda: bool, va
         print(f"\nsuite: {stage.name} ({stage.what}), limit {limit:.0f} s", flush=True)
         started = time.monotonic()
         rc, killed = run_stage(
-            list(stage.argv), _stage_env(stage, env), Path(args.out) / "logs" / f"{stage.name}.log", limit
+            list(stage.argv), _stage_env(stage, env, cache), Path(args.out) / "logs" / f"{stage.name}.log", limit
         )
         state["stages"][stage.name] = rec = _stage_record(stage, args, inv, rc, killed, limit, started)
         status = rec["status"]

@@ -35,6 +35,10 @@ DEFAULT_WORK = Path("runs/gpu")  # run folders of the training stages (ignored b
 QUICK_OUT, QUICK_WORK, QUICK_RESULTS = Path("benchmarks/cuda-quick"), Path("runs/gpu-quick"), Path("results/quick")
 DEFAULT_BUDGET_S = 1140.0  # 19 minutes; one call of the device tool: --budget-s 540
 FIRST_RUN_BUDGET_S = 500.0  # --first-run: all the evidence within 8.5 minutes, compiles included
+# --loan (issue 56): one 15-minute loan holds the machine's start, one call of LOAN_BUDGET_S and a
+# second call that reruns the longest stage (probe and install again, then the stage)
+LOAN_S, MACHINE_START_S, PROBE_S, LOAN_BUDGET_S = 900.0, 120.0, 35.0, 480.0
+COMPILE_TESTS = "tests/gpu/test_cuda_compile.py"  # the compile-heavy tests/gpu, run last
 
 
 @dataclass(frozen=True)
@@ -59,8 +63,9 @@ class Stage:
     what: str = ""
 
 
-def _pytest(out: Path, junit: str) -> tuple[str, ...]:
-    return ("-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "tests/gpu", f"--junitxml={out / junit}")
+def _pytest(out: Path, junit: str, *paths: str) -> tuple[str, ...]:
+    where = paths or ("tests/gpu",)
+    return ("-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *where, f"--junitxml={out / junit}")
 
 
 def _bench(name: str, out: Path, quick: bool, *rest: str) -> tuple[str, ...]:
@@ -200,6 +205,63 @@ def first_run(out: Path = DEFAULT_OUT, work: Path = DEFAULT_WORK, quick: bool = 
     ]  # fmt: skip
 
 
+def loan(out: Path = DEFAULT_OUT, work: Path = DEFAULT_WORK, quick: bool = False) -> list[Stage]:
+    """`--loan` (issue 56): everything measured within one 15-minute loan, in
+    priority order: ops, decode (1K, 16K and 128K from synthetic states, the
+    captured step of latte, Macchiato and softmax), train, then tests/gpu
+    (the fast files first, the compile-heavy one last). Every stage compiles
+    into one kernel cache that travels back and, on a matching machine, in
+    again (kernels.py); the whole fits LOAN_S with a rerun (loan_fit)."""
+    env = (("TRITON_CACHE_DIR", "{kernels}/triton"), ("TORCHINDUCTOR_CACHE_DIR", "{kernels}/inductor"))
+    providers = "latte-fla,latte-fla-compiled,latte-fla-fused,fla-gla,fla-gate,sdpa"
+    ops = ("--device", "cuda", "--dtype", "bfloat16", "--providers", providers)
+    ops += () if quick else ("--seqs", "4096,16384,65536", "--tokens", "65536")
+    full = lambda *a: () if quick else a  # noqa: E731  arguments of the full-size run only
+    decode = ("--device", "cuda", "--synthetic-state", "--mixers", "latte,macchiato,softmax")
+    fast = ("tests/gpu", f"--ignore={COMPILE_TESTS}")
+    return [
+        Stage("loan-ops", _bench("ops", out, quick, *ops, "--point-cap", "15", "--time-budget", "120"), 150, 110,
+              env=env, what="latte (fla: eager, compiled, fused), chunk_gla, the gate, sdpa: 4K-64K bf16"),
+        Stage("loan-decode", _bench("decode", out, quick, *decode, *full("--contexts", "1024,16384,131072")),
+              90, 60, env=env, what="captured decode step at 1K, 16K, 128K from synthetic states"),
+        Stage("loan-train", _bench("train", out, quick, "--device", "cuda", *full("--tokens-per-step", "16384")),
+              100, 75, env=env, what="Table 6 model, one AdamW step per mixer: tokens/s"),
+        Stage("loan-tests", _pytest(out, "tests-tf32.xml", *fast), 120, 60, ("core", "tests"), env,
+              what="tests/gpu without the compile-heavy file, TF32"),
+        Stage("loan-tests-compile", _pytest(out, "tests-compile-tf32.xml", COMPILE_TESTS), 150, 80,
+              ("core", "tests"), env, what="tests/gpu's compile-heavy file, TF32"),
+    ]  # fmt: skip
+
+
+def loan_fit(todo: list[Stage], budget_s: float, margin_s: float) -> tuple[bool, float, list[str]]:
+    """(whether it fits LOAN_S, seconds one loan takes, the sum spelt out):
+    the machine's start, one call (the probe, the stages, the records; at
+    most budget_s, and every stage must fit in it) and a second call that
+    reruns the longest stage."""
+    stages_s = sum(s.est_s for s in todo if not s.optional)
+    call = PROBE_S + stages_s + margin_s
+    rerun = PROBE_S + max((s.est_s for s in todo), default=0.0) + margin_s
+    total = MACHINE_START_S + max(call, budget_s) + rerun
+    lines = [
+        f"one call: probe {PROBE_S:g} s + stages {stages_s:g} s + records {margin_s:g} s = {call:g} s "
+        f"(budget {budget_s:g} s)",
+        f"one loan: start {MACHINE_START_S:g} s + the call {max(call, budget_s):g} s + a rerun of the longest "
+        f"stage {rerun:g} s = {total:g} s of {LOAN_S:g} s",
+    ]
+    fits = call <= budget_s and total <= LOAN_S
+    if not fits:
+        lines.append(
+            f"[ERROR] --loan: the stages do not fit one {LOAN_S:g} s loan with a rerun (--budget-s {budget_s:g})"
+        )
+    return fits, total, lines
+
+
+def plan(args) -> list[Stage]:
+    """Every stage of the plan the flags name (the suite, --first-run or --loan)."""
+    every = first_run if getattr(args, "first_run", False) else loan if getattr(args, "loan", False) else stages
+    return every(args.out, args.work, args.quick)
+
+
 def parse_args(argv=None, names: list[str] | None = None):
     p = argparse.ArgumentParser(
         allow_abbrev=False, prog="python -m experiments.gpu_suite", description=__doc__.split("\n\n")[0]
@@ -216,9 +278,20 @@ def parse_args(argv=None, names: list[str] | None = None):
     p.add_argument("--wheels", type=Path, default=Path(".whl"), help="wheels of the missing packages (.whl/)")
     p.add_argument("--site", type=Path, default=Path("/tmp/latte-gpu-site"), help="where the wheels are installed")
     p.add_argument(
-        "--budget-s", type=float, default=None, help="seconds for this invocation (default 1140; 500 first run)"
+        "--budget-s",
+        type=float,
+        default=None,
+        help="seconds for this invocation (default 1140; 500 first run; 480 loan)",
     )
-    p.add_argument("--first-run", action="store_true", help="the first-run stages only, 500 s in all (first_run)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--first-run", action="store_true", help="the first-run stages only, 500 s in all (first_run)")
+    which.add_argument("--loan", action="store_true", help="issue 56's stages, one 15-minute loan (loan)")
+    p.add_argument(
+        "--kernels-from",
+        type=Path,
+        default=None,
+        help="a folder holding kernel-cache/ and kernel-cache.json of an earlier loan (--loan; kernels.py)",
+    )
     p.add_argument("--stages", default=None, help="comma-separated subset, in the suite's order (default all)")
     p.add_argument("--skip", default="", help="comma-separated stages to leave out")
     p.add_argument("--no-optional", action="store_true", help="leave out the optional stages (lra, lm)")
@@ -229,14 +302,17 @@ def parse_args(argv=None, names: list[str] | None = None):
     p.add_argument("--report-only", action="store_true", help="rewrite OUT's tables from its JSON; run nothing")
     args = p.parse_args(argv)
     if args.budget_s is None:
-        args.budget_s = FIRST_RUN_BUDGET_S if args.first_run else DEFAULT_BUDGET_S
-    names = names or [s.name for s in (first_run() if args.first_run else stages())]
+        args.budget_s = FIRST_RUN_BUDGET_S if args.first_run else LOAN_BUDGET_S if args.loan else DEFAULT_BUDGET_S
+    names = names or [s.name for s in (first_run() if args.first_run else loan() if args.loan else stages())]
     for flag in ("stages", "skip", "redo"):
         given = [x for x in (getattr(args, flag) or "").split(",") if x]
         bad = [x for x in given if x not in names]
         if bad:
             p.error(f"--{flag}: unknown stage(s) {bad}; the stages are {', '.join(names)}")
         setattr(args, flag, given)
+    if args.kernels_from is not None and not (args.loan and args.kernels_from.is_dir()):
+        why = "no such folder" if args.loan else "only with --loan"
+        p.error(f"--kernels-from {args.kernels_from}: {why} (a folder holding kernel-cache/ and kernel-cache.json)")
     if not (math.isfinite(args.budget_s) and args.budget_s > 0):
         p.error(f"--budget-s: expected a finite number of seconds > 0, got {args.budget_s:g}")
     args.out = args.out or (QUICK_OUT if args.quick else DEFAULT_OUT)
@@ -245,7 +321,7 @@ def parse_args(argv=None, names: list[str] | None = None):
 
 
 def selected(args) -> list[Stage]:
-    every = (first_run if getattr(args, "first_run", False) else stages)(args.out, args.work, args.quick)
+    every = plan(args)
     return [
         s
         for s in every
@@ -280,7 +356,8 @@ def _main(args, argv) -> int:
         # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
         from .dryrun import dry_run
 
-        return dry_run(todo, args)
+        fit = loan_fit(todo, args.budget_s, runner.PACK_MARGIN_S) if args.loan else None
+        return dry_run(todo, args, fit=fit)
     return runner.run(todo, args, argv if argv is not None else sys.argv[1:])
 
 
