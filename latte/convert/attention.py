@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from latte.layers._checks import check_backend
 from latte.layers.macchiato_attention import MacchiatoCore
 from latte.models.hf_cache import CACHE_NAME, one_cache
 from latte.ops import MacchiatoState, sliding_window_attention_lse
@@ -123,8 +124,11 @@ class ConvertedAttention(MacchiatoCore):
         chunk_size: int,
         lora_rank: int = 0,
         lora_alpha: float = 16.0,
+        backend: str | None = None,
     ):
         super().__init__()
+        check_backend(backend)
+        self.backend = backend  # the op's kernels (None: the process default, latte.ops.backend)
         self.__dict__["original"] = original  # kept outside the module tree (no duplicate parameters)
         for name in _ORIGINAL_PARTS:
             if getattr(original, name, None) is not None:
@@ -282,6 +286,7 @@ class ConvertedAttention(MacchiatoCore):
             sink_q=self._sink_queries(q0, x),
             scale=self.spec.scale,
             softcap=self.spec.softcap,
+            backend=self.backend,
             **self._slot_memory(q0, x),
         )
         if cache is not None:

@@ -14,6 +14,7 @@ from transformers.configuration_utils import SubConfigSpec
 from latte._checks import MAX_WINDOW, WINDOW_ALLOWED, is_int, is_real
 from latte.config_io import ConfigErrors, build
 from latte.layers import QK_MIXERS
+from latte.ops.backend import BACKENDS
 from latte.ops.window.memory import MAX_MEMORY_SLOTS, MEMORY_RULES
 
 MIXES = ("joint", "gate")
@@ -56,6 +57,9 @@ class ConversionConfig:
     beta_init: initial latent bias; very negative = exactly the sliding-window
         model (-30 leaves the latents exactly zero weight in float32).
     chunk_size: chunk of the latent kernel.
+    backend: the op's kernels, saved with the model, as LatteConfig.backend
+        ("auto": the process default; a saved "fla" where it cannot run is
+        refused, naming `--set conversion.backend=torch`).
     lora_rank, lora_alpha: LoRA on q/k/v/o (rank 0 = off).
     """
 
@@ -71,6 +75,7 @@ class ConversionConfig:
     mix: Literal["joint", "gate"] = "joint"
     beta_init: float = PURE_WINDOW_BETA
     chunk_size: int = 64
+    backend: Literal["auto", "torch", "fla"] = "auto"
     lora_rank: int = 0
     lora_alpha: float = 16.0
 
@@ -97,6 +102,7 @@ class ConversionConfig:
         e.check(positions in SINK_POSITIONS, "sink_positions", positions, f"one of {SINK_POSITIONS}")
         e.check(self.qk_mixer in QK_MIXERS, "qk_mixer", self.qk_mixer, f"one of {QK_MIXERS}")
         e.check(self.mix in MIXES, "mix", self.mix, f"one of {MIXES}")
+        e.check(self.backend in BACKENDS, "backend", self.backend, f"one of {BACKENDS}")
         for name in ("beta_init", "lora_alpha"):
             v = getattr(self, name)
             e.check(is_real(v) and math.isfinite(v), name, v, "a finite number")

@@ -35,6 +35,7 @@ from latte.models.hf_cache import CACHE_NAME, cache_kwargs, one_cache, output_ca
 from latte.models.modeling import check_input_ids
 from latte.models.static_decode import EOS_CHECK_EVERY, check_eos_every, layer_windows, static_tokens
 from latte.models.weights import check_state, load_weights, read_weights
+from latte.ops.backend import saved_backend
 
 from .attention import ConvertedAttention
 from .cache import MacchiatoCache
@@ -107,6 +108,7 @@ def patch_attention(model: nn.Module, conversion: ConversionConfig) -> list[Conv
             chunk_size=conversion.chunk_size,
             lora_rank=conversion.lora_rank,
             lora_alpha=conversion.lora_alpha,
+            backend=saved_backend(conversion.backend, "conversion.backend", "--set conversion.backend=torch"),
         )
         layer.self_attn.use_memory(conversion.memory_slots, conversion.memory_rule, layer_index=i)
         layer.self_attn.memory_positions = conversion.memory_positions

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from latte.ops.backend import BACKENDS
 from latte.ops.macchiato import MIXES
 from latte.ops.window.memory import MAX_MEMORY_SLOTS, MEMORY_RULES
 
@@ -64,6 +65,13 @@ class LatteConfig:
         retraining (`--set model.memory_slots=64`). memory_positions:
         "absolute" (a slot keeps its key's rotary position) or "cache"
         (slot i at num_sinks + i, the window after the slots).
+    backend: the kernels of the latte and macchiato layers (latte.ops.backend),
+        saved with the model: "auto" (default) leaves the choice to the
+        process (set_backend / LATTE_BACKEND, else fla's kernels on CUDA
+        where they import), "torch" or "fla" fix it. A saved "fla" on a
+        machine without CUDA or fla-core is refused when the model is built
+        (`--set model.backend=torch` overrides it). How fla builds its
+        inputs (eager, compiled, fused) stays a process setting.
     mlp: "swiglu", "gelu", or "none" for attention-only blocks (no MLP and no
         second norm: the 2-layer models of the Zoology MQAR sweeps).
     ffn_dim: MLP hidden width; None derives it from mlp_ratio: mlp_ratio * dim
@@ -95,6 +103,7 @@ class LatteConfig:
     linear_qk_mixer: Literal[QK_MIXERS] = "none"
     conv_size: int = 3
     chunk_size: int = 64
+    backend: Literal[BACKENDS] = "auto"  # ("torch", "fla", "auto"), defined by latte.ops.backend
     rope_theta: float = 10000.0
     mlp: Literal["swiglu", "gelu", "none"] = "swiglu"
     mlp_ratio: float = 4.0
@@ -291,6 +300,7 @@ _INT_FIELDS = (
 _FLOAT_FIELDS = ("rope_theta", "mlp_ratio", "norm_eps", "dropout", "initializer_range")
 _CHOICES = {
     "mix": MIXES,
+    "backend": BACKENDS,
     "memory_rule": MEMORY_RULES,
     "memory_positions": ("absolute", "cache"),
     "qk_mixer": QK_MIXERS,

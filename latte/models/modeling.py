@@ -55,6 +55,7 @@ from ..layers import (
     state_nbytes,
 )
 from .config import LatteConfig
+from ..ops.backend import saved_backend
 
 # ---- input validation ------------------------------------------------------------
 
@@ -176,6 +177,16 @@ def map_state(fn: Callable[[torch.Tensor], torch.Tensor], state: Any) -> Any:
 
 
 def build_mixer(config: LatteConfig, kind: str) -> nn.Module:
+def layer_backend(config: LatteConfig) -> str | None:
+    """The layers' `backend=` for config.backend (None for "auto": the
+    process default); a "fla" this machine cannot run is refused here."""
+    override = (
+        "--set model.backend=torch (latte eval, latte generate), "
+        "--model.backend=torch (latte train) or LatteConfig(backend='torch')"
+    )
+    return saved_backend(config.backend, "model.backend", override)
+
+
     """The token mixer of one block; `kind` is one of config.mixers."""
     c = config
     if kind == "latte":
@@ -185,6 +196,7 @@ def build_mixer(config: LatteConfig, kind: str) -> nn.Module:
             c.latents_per_head,
             causal=c.causal,
             qk_mixer=c.qk_mixer,
+            backend=layer_backend(c),
             conv_size=c.conv_size,
             chunk_size=c.chunk_size,
             dropout=c.dropout,
@@ -195,6 +207,7 @@ def build_mixer(config: LatteConfig, kind: str) -> nn.Module:
             c.num_heads,
             c.latents_per_head,
             window_size=c.window_size,
+            backend=layer_backend(c),
             num_sinks=c.num_sinks,
             mix=c.mix,
             num_kv_heads=c.num_kv_heads,

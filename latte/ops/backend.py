@@ -192,3 +192,19 @@ def resolve_window(backend: str | None, x: torch.Tensor, *, cached: bool = False
     if torch.is_grad_enabled() and not cached:
         return _choose("window", "flex", "training: the shapes repeat, one compile per shape")
     return _choose("window", "tiles", "inference: a new length would compile flex_attention again")
+
+
+def saved_backend(name: str, where: str, override: str) -> str | None:
+    """A model's saved backend (its config's `where` field) -> the layers'
+    `backend=`: None for "auto" (the process default). A "fla" this machine
+    cannot run (no CUDA device, fla-core missing) is a ValueError naming the
+    `override` that runs the torch kernels instead."""
+    name = _check_name(name, where)
+    if name == "fla":
+        why = "no CUDA device" if not torch.cuda.is_available() else fla_missing()
+        if why is not None:
+            raise ValueError(
+                f"{where}: got 'fla' (saved with the model), but this machine cannot run it ({why}); "
+                f"run the torch kernels with {override}"
+            )
+    return None if name == "auto" else name

@@ -99,3 +99,23 @@ def test_bad_ids_are_named_before_any_compute(saved, bad):
         list(model.stream(ids, 3))
     with pytest.raises(ValueError, match=match[bad]):
         model.generate(ids, max_new_tokens=2, do_sample=False)
+
+
+def test_the_backend_is_saved_and_a_saved_fla_names_its_override(saved, monkeypatch):
+    """conversion.backend is saved ("auto" unless set) and reaches the layers;
+    a saved "fla" on a machine without CUDA is refused, naming the override."""
+    from latte.convert.attention import ConvertedAttention
+
+    _, converted, _ = saved
+    config = json.loads((converted / "config.json").read_text())
+    assert config["conversion"]["backend"] == "auto"
+    model = load_converted(converted)
+    assert all(m.backend is None for m in model.modules() if isinstance(m, ConvertedAttention))
+    (converted / "config.json").write_text(
+        json.dumps({**config, "conversion": {**config["conversion"], "backend": "fla"}})
+    )
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # the same on a GPU machine
+    with pytest.raises(ValueError, match=r"conversion.backend: got 'fla'.*no CUDA.*--set conversion.backend=torch"):
+        load_converted(converted)
+    with pytest.raises(ValueError, match="backend"):
+        ConversionConfig(backend="cuda")

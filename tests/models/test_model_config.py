@@ -215,3 +215,27 @@ def test_linear_qk_mixer_defaults_to_the_original_baseline_and_builds_the_conv()
     assert extra and all(".mixer.conv." in name for name in extra)
     ids = torch.randint(0, 64, (2, 12))
     assert not torch.allclose(plain(ids).logits, conv(ids).logits)
+
+
+def test_backend_is_saved_with_the_model_and_reaches_the_layers(tmp_path, monkeypatch):
+    """config.backend: "auto" (saved so unless set) leaves the choice to the
+    process (layers get None); "torch" fixes it; a saved "fla" where CUDA or
+    fla-core is missing is refused when the model is built, naming the override."""
+    from latte.layers import LatteAttention, MacchiatoAttention
+    from latte.models import LatteForCausalLM
+
+    assert LatteConfig().to_dict()["backend"] == "auto"
+    old = {k: v for k, v in LatteConfig.tiny().to_dict().items() if k != "backend"}  # saved before the field
+    assert LatteConfig.from_dict(old).backend == "auto"
+    with pytest.raises(ValueError, match="backend: got 'cuda'"):
+        LatteConfig(backend="cuda")
+    for backend, given in (("auto", None), ("torch", "torch")):
+        model = LatteForCausalLM(LatteConfig.tiny(["latte", "macchiato"], backend=backend))
+        layers = [m for m in model.modules() if isinstance(m, (LatteAttention, MacchiatoAttention))]
+        assert len(layers) == 2 and all(m.backend == given for m in layers)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "backend": "fla"}))
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # the same on a GPU machine
+    with pytest.raises(ValueError, match=r"model.backend: got 'fla'.*no CUDA.*--set model.backend=torch"):
+        LatteForCausalLM.from_pretrained(tmp_path)

@@ -127,6 +127,19 @@ def test_invalid_config_is_reported_by_latte_validation(tmp_path, make_lm):
     assert "latents_per_head: got 0" in str(e.value) and "mix: got 'sum'" in str(e.value)
 
 
+def test_a_folder_saved_with_num_latents_loads_mapped_exactly(tmp_path, make_lm):
+    """A config.json written before latents_per_head (num_latents, the total
+    over heads) loads both natively and through transformers."""
+    make_lm("macchiato").save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    per_head = cfg.pop("latents_per_head")
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_latents": per_head * cfg["num_heads"]}))
+    with pytest.warns(FutureWarning, match="num_latents"):
+        assert AutoConfig.from_pretrained(tmp_path).to_latte_config() == LatteConfig.tiny(mixer="macchiato")
+    with pytest.warns(FutureWarning, match="num_latents"):
+        assert from_pretrained(tmp_path).config == LatteConfig.tiny(mixer="macchiato")
+
+
 def test_direct_construction_and_hf_names(make_ids):
     cfg = hf.LatteHFConfig(
         hidden_size=48,
