@@ -3,6 +3,7 @@ command that fits short GPU windows (docs/gpu.md §5, docs/evaluation.md §1.2).
 
     python3 -m experiments.gpu_suite --dry-run              # every stage's command checked, no GPU
     python3 -m experiments.gpu_suite --wheels .whl --budget-s 540 --pack "$OUT"
+    python3 -m experiments.gpu_suite --loan --wheels .whl --pack "$OUT"  # issue 56 in one loan (loan())
 
 A bare CUDA machine with a copy of the repo is enough: this module and
 machine.py use the standard library only until the stages start. In order:
