@@ -31,9 +31,9 @@ from typing import NamedTuple
 import torch
 
 from .._checks import check_mask, check_shape, state_dtype
-from .._exp import exp_floored
+from .._exp import exp_floor, exp_floored
 from ..layout import no_autocast
-from .memory_positions import indexed_scores, slot_tables, unrotated
+from .memory_positions import indexed_scores, rotate, slot_tables, unrotated
 
 MEMORY_RULES = ("recall", "key_norm", "attention", "random", "oracle")
 MAX_MEMORY_SLOTS = 4096
@@ -140,12 +140,17 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
     return (x >> 16) ^ x
 
 
-def layer_seed(seed: int, layer_index: int) -> int:
-    """seed' = hash(seed) + layer index (docs/math.md §4.2), in Python integers."""
-    x = seed & _MASK32
+def _hash_int(x: int) -> int:
+    """hash32 in Python integers."""
+    x = x & _MASK32
     for _ in range(2):
         x = (((x >> 16) ^ x) * _HASH_MUL) & _MASK32
-    return ((x >> 16) ^ x) + layer_index
+    return (x >> 16) ^ x
+
+
+def layer_seed(seed: int, layer_index: int) -> int:
+    """seed' = hash(seed) + layer index (docs/math.md §4.2), in Python integers."""
+    return _hash_int(seed) + layer_index
 
 
 def token_scores(memory: Memory, k, v, recall_y, pos, candidate) -> torch.Tensor:
@@ -163,33 +168,42 @@ def token_scores(memory: Memory, k, v, recall_y, pos, candidate) -> torch.Tensor
     elif memory.rule == "key_norm":
         r = torch.linalg.vector_norm(k.to(work), dim=-1)
     elif memory.rule == "random":
-        head = hash32(torch.arange(K, device=k.device) + hash32(torch.tensor(memory.seed, device=k.device)))
-        r = hash32(head[None, None] + pos[:, :, None]).to(work) / 2.0**32
+        head = [_hash_int(h + _hash_int(memory.seed)) for h in range(K)]  # hash(h + hash(seed')), as integers
+        r = hash32(torch.tensor(head, device=k.device)[None, None] + pos[:, :, None]).to(work) / 2.0**32
     else:  # "attention" (summed later) and "oracle" (the mark is the whole score)
         r = torch.full((B, T, K), 0.0 if memory.rule == "attention" else 1.0, dtype=work, device=k.device)
     return torch.where(candidate[:, :, None], r, float("-inf"))
 
 
-def window_received(q, kk, lse, real, window_size, scale, softcap):
+@torch.no_grad()  # a score only ranks tokens (docs/math.md §4.2): no gradient
+def window_received(q, kk, lse, real, window_size, scale, softcap, block: int = 64):
     """Attention each extended key received from the window's real queries,
     under the window's own normaliser, averaged over the query heads of its
     KV head: [B, P + T, K] (docs/math.md §4.2, rule "attention"). q [B, T,
-    H, E], kk [B, P + T, K, E] (work dtype), lse [B, T, H] the window alone;
-    O(T w) scores, w offsets at a time."""
+    H, E], kk [B, P + T, K, E] (work dtype), lse [B, T, H] the window alone.
+    Blocks of `block` keys: one product with the block's queries (the w
+    that see each key), from which each key's band of w scores is taken:
+    O(T (block + w)) scores at a time."""
     B, T, H, E = q.shape
-    PT, K, P = kk.shape[1], kk.shape[2], window_size - 1
-    pad = (0, 0, 0, 0, P, window_size)  # query of extended index j at j + d: q sits at [P, P + T)
-    qp = torch.nn.functional.pad(q.to(kk.dtype), pad).view(B, -1, K, H // K, E)
-    lp = torch.nn.functional.pad(lse.to(kk.dtype), pad[2:]).view(B, -1, K, H // K)
-    rp = torch.nn.functional.pad(real, (P, window_size))
-    acc = kk.new_zeros(B, PT, K)
-    for d in range(window_size):
-        e = torch.einsum("bjkge,bjke->bjkg", qp[:, d : d + PT], kk) * scale
+    PT, K, W = kk.shape[1], kk.shape[2], window_size
+    G, pad = H // K, (0, 0, 0, 0, W - 1, W)  # key j is seen by padded queries j .. j + w - 1
+    qp = torch.nn.functional.pad(q.to(kk.dtype), pad).view(B, -1, K, G, E)
+    lp = torch.nn.functional.pad(lse.to(kk.dtype), pad[2:]).view(B, -1, K, G)
+    rp = torch.nn.functional.pad(real, (W - 1, W))
+    band = torch.arange(block, device=q.device)[:, None] + torch.arange(W, device=q.device)  # [block, w]
+    acc = []
+    for j0 in range(0, PT, block):
+        J = min(block, PT - j0)
+        n = J + W - 1  # the queries that see keys j0 .. j0 + J - 1
+        qb = qp[:, j0 : j0 + n].permute(0, 2, 1, 3, 4).reshape(B, K, n * G, E)
+        s = torch.matmul(kk[:, j0 : j0 + J].transpose(1, 2), qb.transpose(-1, -2)).view(B, K, J, n, G)
+        e = s.gather(3, band[:J].view(1, 1, J, W, 1).expand(B, K, J, W, G)).mul_(scale)  # [B, K, J, w, G]
         if softcap is not None:
-            e = torch.tanh(e / softcap) * softcap
-        p = exp_floored(e - lp[:, d : d + PT]) * rp[:, d : d + PT, None, None]
-        acc = acc + p.mean(-1)
-    return acc
+            e = e.div_(softcap).tanh_().mul_(softcap)
+        e.sub_(lp[:, j0 : j0 + n].unfold(1, W, 1).permute(0, 2, 1, 4, 3)).clamp_(min=exp_floor(e.dtype)).exp_()
+        p = e.mean(-1) * rp[:, None, j0 : j0 + n].unfold(2, W, 1)  # [B, K, J, w]
+        acc.append(p.sum(-1).transpose(1, 2))  # [B, J, K]
+    return torch.cat(acc, 1)
 
 
 def attend(q, ks, vs, keep, scale, softcap, tables=None):
@@ -235,12 +249,14 @@ def _better(score, pos):
     return (si > sc) | ((si == sc) & (pos[..., :, None] < pos[..., None, :]))
 
 
-def _select(cand_k, cand_v, score, pos, slots: int):
+def _select(cand_k, cand_v, score, pos, slots: int, better=None):
     """The M best of C keys per row and KV head, in position order: cand_k
     [B, K, C, E], cand_v [B, K, C, D], score [B, K, C] (-inf: none), pos [B,
-    K, C] -> (k [B, M, K, E], v, score, pos, mask [B, M, K])."""
+    K, C] -> (k [B, M, K, E], v, score, pos, mask [B, M, K]). better: the
+    held keys' _better [B, K, C, C] when the caller has it."""
     held = score > float("-inf")
-    rank = (_better(score, pos) & held[..., :, None]).sum(-2)  # better held keys than c
+    better = _better(score, pos) & held[..., :, None] if better is None else better
+    rank = better.sum(-2)  # better held keys than c
     keep = held & (rank < slots)
     order = torch.where(keep, pos, torch.iinfo(torch.int64).max).argsort(dim=-1, stable=True)[..., :slots]
 
@@ -258,25 +274,25 @@ def _insert(state, k_c, v_c, r_c, p_c):
     candidate (k_c [B, K, E], v_c, r_c [B, K], p_c [B]) takes the first free
     slot, or, when every slot is held, displaces the worst held token (the
     lowest score, the newest of equal ones) if it scores higher, the later
-    slots moving up one so that arrival order is kept."""
-    score, mask = state.score, state.mask  # [B, M, K]; held tokens first, in position order
-    M = score.shape[1]
+    slots moving up one so that arrival order is kept. Keys, values and
+    scores move in one gather, positions in another; a slot holds a token
+    exactly when its score is above -inf (_select and this keep that so)."""
+    score = state.score  # [B, M, K]; held tokens first, in position order
+    M, E = score.shape[1], state.k.shape[-1]
     i = torch.arange(M, device=score.device)[None, :, None]  # [1, M, 1]
-    n = mask.sum(1, keepdim=True)  # [B, 1, K] held
-    ranked = coarse(score)
-    low = ranked.amin(1, keepdim=True)
-    worst = torch.where(ranked == low, i, -1).amax(1, keepdim=True)  # the newest of the lowest
-    valid = (r_c > float("-inf"))[:, None]  # [B, 1, K]
-    displace = (n == M) & (coarse(r_c)[:, None] > low)
+    n = state.mask.sum(1, keepdim=True)  # [B, 1, K] held
+    ranked = coarse(torch.cat([score, r_c[:, None]], 1))  # [B, M + 1, K]: the held, then the candidate
+    low = ranked[:, :M].amin(1, keepdim=True)
+    worst = torch.where(ranked[:, :M] == low, i, -1).amax(1, keepdim=True)  # the newest of the lowest
+    valid = r_c[:, None] > float("-inf")  # [B, 1, K]
+    displace = (n == M) & (ranked[:, M:] > low)
     src = torch.where(displace, i + (i >= worst).long(), torch.where(valid & (i == n), M, i))  # from [held, c]
-
-    def take(x, c):  # x [B, M, K, *F], c [B, K, *F] -> [B, M, K, *F]
-        both = torch.cat([x, c[:, None].to(x.dtype)], 1)
-        idx = src.view(*src.shape, *([1] * (x.dim() - 3))).expand(*src.shape, *x.shape[3:])
-        return both.gather(1, idx)
-
-    p_c = p_c[:, None].expand_as(r_c)
-    return take(state.k, k_c), take(state.v, v_c), take(score, r_c), take(state.pos, p_c), take(mask, valid[:, 0])
+    held = torch.cat([state.k, state.v, score[..., None]], -1)  # [B, M, K, E + D + 1]
+    both = torch.cat([held, torch.cat([k_c, v_c, r_c[..., None]], -1)[:, None]], 1)
+    moved = both.gather(1, src[..., None].expand(*src.shape, both.shape[-1]))
+    pos = torch.cat([state.pos, p_c[:, None, None].expand(-1, 1, score.shape[2])], 1).gather(1, src)
+    new_score = moved[..., -1]
+    return moved[..., :E], moved[..., E:-1], new_score, pos, new_score > float("-inf")
 
 
 def _block(mem, kx, vx, rx, px, t0, t1, memory_q, cfg, tables):
@@ -293,11 +309,11 @@ def _block(mem, kx, vx, rx, px, t0, t1, memory_q, cfg, tables):
     entry = torch.cat([torch.full((M,), t0, device=dev), torch.arange(t0, t1, device=dev) + 1])  # [C]
     entered = entry[None, :] <= t[:, None]  # [Q, C]
     held = score > float("-inf")  # [B, K, C]
-    better = (_better(score, pos) & held[..., :, None]).to(score.dtype)  # [B, K, i, c]
-    ahead = torch.einsum("qi,bkic->bkqc", entered.to(score.dtype), better)  # better entered keys
+    better = _better(score, pos) & held[..., :, None]  # [B, K, i, c]
+    ahead = torch.einsum("qi,bkic->bkqc", entered.to(score.dtype), better.to(score.dtype))  # better entered keys
     keep = entered[None, None] & held[:, :, None] & (ahead < slots)  # [B, K, Q, C]
     y, lse = attend(memory_q[:, t0:t1], ks, vs, keep, cfg.scale, cfg.softcap, tables)
-    return y, lse, _select(ks, vs, score, pos, slots)
+    return y, lse, _select(ks, vs, score, pos, slots, better)
 
 
 def _extended(k, v, scores, state, pos, window_state, work):
@@ -370,17 +386,12 @@ def memory_step(q_t, k_t, v_t, memory_q_t, lse_window_t, recall_y_t, mark_t, mas
     MemoryState). The query reads the held tokens; then the token that leaves
     the window (the buffer's oldest) competes for a slot. Arguments as
     memory_sequence's, for one token (window_state: the buffer before it)."""
-    B, dev = q_t.shape[0], q_t.device
     memory, W = cfg.memory, cfg.window_size
     work = state_dtype(q_t.dtype)
     state = state if state is not None else empty_memory_state(k_t, v_t, memory.slots, W, work)
-    keep = state.mask.transpose(1, 2)[:, :, None, :]  # [B, K, 1, M]
-    ks, vs = state.k.transpose(1, 2).to(work), state.v.transpose(1, 2).to(work)
-    tables = None if cfg.memory.rotary is None else slot_tables(cfg.memory.rotary, cfg.num_sinks, memory.slots, ks)
-    y, lse = attend(memory_q_t.to(work)[:, None], ks, vs, keep, cfg.scale, cfg.softcap, tables)
-    real = mask_t if mask_t is not None else torch.ones(B, dtype=torch.bool, device=dev)
+    y, lse = _read_step(memory_q_t.to(work), state, cfg)
     rank = state.count[:, None]  # [B, 1]
-    candidate = real[:, None] & (rank >= cfg.num_sinks)
+    candidate = rank >= cfg.num_sinks if mask_t is None else mask_t[:, None] & (rank >= cfg.num_sinks)
     if memory.rule == "oracle":
         candidate = candidate & (mark_t[:, None] if mark_t is not None else torch.zeros_like(candidate))
     r = token_scores(
@@ -389,13 +400,38 @@ def memory_step(q_t, k_t, v_t, memory_q_t, lse_window_t, recall_y_t, mark_t, mas
     rx, px = torch.cat([state.pending, r], 1), torch.cat([state.pending_pos, rank], 1)  # [B, P + 1(, K)]
     if memory.rule == "attention":
         kx = _extended(k_t[:, None], v_t[:, None], r, state, rank, window_state, work)[0]
-        rx = rx + _received_step(q_t, kx, lse_window_t, real, cfg.scale, cfg.softcap)
+        rx = rx + _received_step(q_t, kx, lse_window_t, mask_t, cfg.scale, cfg.softcap)
     k_c, v_c = _leaving(k_t, v_t, window_state, W - 1)
     if cfg.memory.rotary is not None:
         k_c = unrotated(cfg.memory.rotary, k_c[:, None].to(work), px[:, :1])[:, 0]
     held = _insert(state, k_c.to(work), v_c.to(work), rx[:, 0], px[:, 0])
-    new = MemoryState(*held, rx[:, 1:], px[:, 1:], state.count + real.long())
-    return y[:, 0], lse[:, 0], new
+    new = MemoryState(*held, rx[:, 1:], px[:, 1:], state.count + (1 if mask_t is None else mask_t.long()))
+    return y, lse, new
+
+
+def _read_step(q_t, state, cfg):
+    """attend() for one query q_t [B, H, E] over the held tokens, in O(M):
+    the held tokens come first, so held slot i is at rotary slot i (the
+    running count of indexed_scores); (y [B, H, D], lse [B, H])."""
+    B, H, E = q_t.shape
+    ks, vs, keep = state.k.transpose(1, 2), state.v.transpose(1, 2), state.mask.transpose(1, 2)[:, :, None]
+    K, M = ks.shape[1], ks.shape[2]
+    if cfg.memory.rotary is not None:  # key c at the slot of index (held before it), as indexed_scores
+        cos, sin = slot_tables(cfg.memory.rotary, cfg.num_sinks, M, ks)
+        idx = (keep[:, :, 0].long().cumsum(-1) - 1).clamp(0, M - 1)  # [B, K, M]
+        ks = rotate(ks, cos[idx], sin[idx])
+    with no_autocast(q_t.device.type):
+        s = torch.matmul(q_t.view(B, K, H // K, E), ks.transpose(-1, -2)) * cfg.scale  # [B, K, G, M]
+        if cfg.softcap is not None:
+            s = torch.tanh(s / cfg.softcap) * cfg.softcap
+        s = s.masked_fill(~keep, float("-inf"))
+        some = keep.any(-1)  # [B, K, 1]
+        m = torch.where(some, s.detach().amax(-1), 0.0).unsqueeze(-1)
+        p = exp_floored(s - m) * keep
+        total = p.sum(-1) + ~some
+        y = torch.matmul(p, vs) / total.unsqueeze(-1)  # [B, K, G, D]
+        lse = torch.where(some, m.squeeze(-1) + total.log(), float("-inf"))
+    return y.reshape(B, H, -1), lse.reshape(B, H)
 
 
 def _leaving(k_t, v_t, window_state, P):
@@ -412,11 +448,11 @@ def _leaving(k_t, v_t, window_state, P):
 
 def _received_step(q_t, kx, lse_t, real, scale, softcap):
     """window_received for one query, which sees the whole extended window:
-    [B, P + 1, K]."""
+    [B, P + 1, K]; real [B] or None (a real token)."""
     B, H, E = q_t.shape
     K = kx.shape[2]
     e = torch.einsum("bkge,bjke->bjkg", q_t.to(kx.dtype).view(B, K, H // K, E), kx) * scale
     if softcap is not None:
         e = torch.tanh(e / softcap) * softcap
-    p = exp_floored(e - lse_t.to(kx.dtype).view(B, 1, K, H // K)) * real[:, None, None, None]
-    return p.mean(-1)
+    p = exp_floored(e - lse_t.to(kx.dtype).view(B, 1, K, H // K))
+    return p.mean(-1) if real is None else (p * real[:, None, None, None]).mean(-1)

@@ -1,0 +1,38 @@
+"""`python -m benchmarks.memory --quick` writes a well-formed record: the
+machine (threads, load average), every rule timed without and with memory
+in both phases, and the ratio of the two. No assertion looks at a time."""
+
+import pytest
+
+from benchmarks import memory
+from latte.ops.window.memory import MEMORY_RULES
+from tests.bench.quick_checks import FAST, check_files, check_machine, check_point
+
+
+def test_memory_quick(tmp_path, capsys):
+    memory.main(FAST + ["--out", str(tmp_path), "--rules", "key_norm,oracle"])
+    res = check_files(tmp_path, "memory", capsys)
+    check_machine(res)
+    m, c = res["machine"], res["config"]
+    assert m["loadavg_start"] and m["loadavg_end"]
+    assert c["rules"] == ["key_norm", "oracle"] and c["quick"] and c["M"] == memory.QUICK["M"]
+    timed = {(r["rule"], r["memory"], r["phase"]): r for r in res["results"] if "memory" in r}
+    ratios = {(r["rule"], r["phase"]): r for r in res["results"] if "ratio_with_to_without" in r}
+    want = {(rule, phase) for rule in c["rules"] for phase in memory.PHASES}
+    assert set(ratios) == want
+    assert set(timed) == {(rule, mem, phase) for rule, phase in want for mem in ("none", rule)}
+    for (_, _, phase), r in timed.items():
+        check_point(r)
+        assert r["interleaved"] and r["loadavg_1min"] is not None
+        assert (r["tokens_per_s"] is None) == (phase == "decode")
+    for (rule, phase), r in ratios.items():
+        got = timed[(rule, rule, phase)]["median_ms"] / timed[(rule, "none", phase)]["median_ms"]
+        assert r["ratio_with_to_without"] == pytest.approx(got)
+
+
+def test_memory_rules_flag_refuses_unknown_rule(capsys):
+    with pytest.raises(SystemExit) as e:
+        memory.parse_args(["--quick", "--rules", "key_norm,nearest"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--rules" in err and "nearest" in err and all(r in err for r in MEMORY_RULES)
