@@ -6,6 +6,7 @@ Each is `python -m benchmarks.NAME` from the repository root:
     window.py  Macchiato's window branch: tile kernel vs flex_attention
     distill.py conversion's objective: whole logits vs chunks of the head
     audit.py   each op's time on every input distribution (latte.ops.distributions)
+    memory.py  one Macchiato layer without and with memory slots, prefill and decode
 
 They import `latte` (latte.bench's timing, device and provider helpers);
 `latte` never imports them (tests/test_package.py).
