@@ -70,7 +70,7 @@ def test_step_reads_fixed_position_slots_in_linear_size():
     assert large <= 2 * small
 
 
-@pytest.mark.parametrize("rule, bound", [("key_norm", 115), ("recall", 120), ("random", 130)])
+@pytest.mark.parametrize("rule, bound", [("key_norm", 115), ("recall", 120), ("random", 145)])
 def test_step_op_count_is_bounded(rule, bound):
     """A step is a fixed number of tensor ops whatever M; the bound (the old
     step took 139, 144 and 180 here) catches a loop over the slots, a table

@@ -168,8 +168,9 @@ def token_scores(memory: Memory, k, v, recall_y, pos, candidate) -> torch.Tensor
     elif memory.rule == "key_norm":
         r = torch.linalg.vector_norm(k.to(work), dim=-1)
     elif memory.rule == "random":
-        head = [_hash_int(h + _hash_int(memory.seed)) for h in range(K)]  # hash(h + hash(seed')), as integers
-        r = hash32(torch.tensor(head, device=k.device)[None, None] + pos[:, :, None]).to(work) / 2.0**32
+        # hash(seed') in Python (no host-to-device copy: a captured CUDA graph could not hold one)
+        head = hash32(torch.arange(K, device=k.device) + _hash_int(memory.seed))
+        r = hash32(head[None, None] + pos[:, :, None]).to(work) / 2.0**32
     else:  # "attention" (summed later) and "oracle" (the mark is the whole score)
         r = torch.full((B, T, K), 0.0 if memory.rule == "attention" else 1.0, dtype=work, device=k.device)
     return torch.where(candidate[:, :, None], r, float("-inf"))
