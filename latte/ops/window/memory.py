@@ -311,7 +311,8 @@ def _block(mem, kx, vx, rx, px, t0, t1, memory_q, cfg, tables):
     entered = entry[None, :] <= t[:, None]  # [Q, C]
     held = score > float("-inf")  # [B, K, C]
     better = _better(score, pos) & held[..., :, None]  # [B, K, i, c]
-    ahead = torch.einsum("qi,bkic->bkqc", entered.to(score.dtype), better.to(score.dtype))  # better entered keys
+    # better entered keys: query t0 + q sees the M held and the first q new ones, a prefix of the C keys
+    ahead = better.cumsum(-2)[:, :, M - 1 : M - 1 + t1 - t0]  # [B, K, Q, C]
     keep = entered[None, None] & held[:, :, None] & (ahead < slots)  # [B, K, Q, C]
     y, lse = attend(memory_q[:, t0:t1], ks, vs, keep, cfg.scale, cfg.softcap, tables)
     return y, lse, _select(ks, vs, score, pos, slots, better)
