@@ -390,8 +390,11 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
 
         def step(tok, state):
             # The new token is real in every row and a valid id: the state
-            # already knows which prompt positions were padding.
-            hidden, state = self.model(tok[:, None], state=state, use_cache=True, inputs_checked=True)
+            # already knows which prompt positions were padding, and the
+            # positions were checked up front (_check_positions): no value read.
+            hidden, state = self.model(
+                tok[:, None], state=state, use_cache=True, inputs_checked=True, decoding_step=True
+            )
             return self.lm_head(hidden[:, -1]), state
 
         if not static:

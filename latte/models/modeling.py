@@ -17,10 +17,11 @@ Validation. Structural checks (type, dtype, shape) read only tensor metadata:
 free, and always on. Value checks (ids in range, a mask of 0/1, an all-ones
 mask dropped for the unmasked fast path) read the values: each is a
 device-to-host synchronisation and, under torch.compile, a graph break. They
-run in eager mode by default and are skipped while torch.compile traces
-(`torch.compiler.is_compiling()`) or when a model's `validate_inputs` is
-False, so compiled code has no graph break and a tight loop no sync; eager
-users keep the clear error.
+run in eager mode by default and are skipped where values cannot be read
+(`latte._checks.values_readable`: while torch.compile traces, during CUDA
+graph capture, on meta tensors) or when a model's `validate_inputs` is
+False, so compiled code has no graph break, a captured graph no copy to the
+host and a meta model no `.item()`; eager users keep the clear error.
 
 The cache. One state per layer, as returned by the layer's `forward` (a tuple
 of tensors of a size independent of the context for every mixer but
@@ -54,8 +55,8 @@ from ..layers import (
     SoftmaxAttention,
     state_nbytes,
 )
-from .config import LatteConfig
 from ..ops.backend import saved_backend
+from .config import LatteConfig
 
 # ---- input validation ------------------------------------------------------------
 
@@ -176,7 +177,6 @@ def map_state(fn: Callable[[torch.Tensor], torch.Tensor], state: Any) -> Any:
 # ---- the backbone ---------------------------------------------------------------
 
 
-def build_mixer(config: LatteConfig, kind: str) -> nn.Module:
 def layer_backend(config: LatteConfig) -> str | None:
     """The layers' `backend=` for config.backend (None for "auto": the
     process default); a "fla" this machine cannot run is refused here."""
@@ -187,6 +187,7 @@ def layer_backend(config: LatteConfig) -> str | None:
     return saved_backend(config.backend, "model.backend", override)
 
 
+def build_mixer(config: LatteConfig, kind: str) -> nn.Module:
     """The token mixer of one block; `kind` is one of config.mixers."""
     c = config
     if kind == "latte":
@@ -195,8 +196,8 @@ def layer_backend(config: LatteConfig) -> str | None:
             c.num_heads,
             c.latents_per_head,
             causal=c.causal,
-            qk_mixer=c.qk_mixer,
             backend=layer_backend(c),
+            qk_mixer=c.qk_mixer,
             conv_size=c.conv_size,
             chunk_size=c.chunk_size,
             dropout=c.dropout,
@@ -206,8 +207,8 @@ def layer_backend(config: LatteConfig) -> str | None:
             c.dim,
             c.num_heads,
             c.latents_per_head,
-            window_size=c.window_size,
             backend=layer_backend(c),
+            window_size=c.window_size,
             num_sinks=c.num_sinks,
             mix=c.mix,
             num_kv_heads=c.num_kv_heads,
@@ -279,6 +280,7 @@ class Block(nn.Module):
         self.mixer = build_mixer(config, config.mixers[layer_idx])
         if config.memory_slots and isinstance(self.mixer, MacchiatoAttention):  # docs/math.md §4.2
             self.mixer.use_memory(config.memory_slots, config.memory_rule, layer_index=layer_idx)
+            self.mixer.memory_positions = config.memory_positions
         has_mlp = config.mlp != "none"
         self.mlp_norm = build_norm(config) if has_mlp else None
         self.mlp = MLP(config) if has_mlp else None
@@ -343,13 +345,16 @@ class LatteModel(nn.Module):
         attention_mask: torch.Tensor | None = None,
         use_cache: bool = False,
         inputs_checked: bool = False,
+        decoding_step: bool = False,
     ) -> tuple[torch.Tensor, LatteCache | None]:
         """input_ids [B, T] -> (hidden [B, T, dim], LatteCache or None).
 
         inputs_checked: the caller already ran `check_inputs` and passes its
         result as attention_mask (what the heads do, so nothing is checked
-        twice). The cache is returned when use_cache is set or a state was
-        given; it continues exactly with the next tokens."""
+        twice). decoding_step: a step of a continuation the caller checked
+        whole before the first token (generate, stream): no value is read.
+        The cache is returned when use_cache is set or a state was given; it
+        continues exactly with the next tokens."""
         cfg = self.config
         mask = attention_mask if inputs_checked else self.check_inputs(input_ids, attention_mask)
         B, T = input_ids.shape
@@ -357,7 +362,7 @@ class LatteModel(nn.Module):
         pos0 = state.pos if state is not None else torch.zeros(B, dtype=torch.long, device=input_ids.device)
         m = torch.ones(B, T, dtype=torch.long, device=input_ids.device) if mask is None else mask.long()
         pos = pos0[:, None] + m.cumsum(1) - m  # [B, T] real tokens before each one: every layer's positions
-        if cfg.position_embedding != "none" and value_checks(self.validate_inputs, pos):
+        if cfg.position_embedding != "none" and not decoding_step and value_checks(self.validate_inputs, pos):
             n = int(pos.max()) + 1
             if n > cfg.max_position_embeddings:
                 raise ValueError(

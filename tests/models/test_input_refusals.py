@@ -30,3 +30,25 @@ def test_a_model_on_the_meta_device_runs_without_reading_values():
     assert step.logits.shape == (2, 1, 64)
     with pytest.raises(ValueError, match="input_ids: found id 64"):  # a real tensor is still checked
         LatteForCausalLM(LatteConfig.tiny())(torch.full((1, 3), 64))
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_the_per_token_decoding_step_reads_no_value(monkeypatch, positions):
+    """Value checks run once at the model boundary (the prompt and the whole
+    continuation, before the first token); each generated token reads none."""
+    from latte.models import modeling
+
+    reads = []
+    real = modeling.value_checks
+    monkeypatch.setattr(modeling, "value_checks", lambda *a: reads.append(a) or real(*a))
+    cfg = LatteConfig.tiny(mixer="macchiato", position_embedding=positions, max_position_embeddings=64)
+    model = LatteForCausalLM(cfg).eval()
+    prompt = torch.randint(0, 64, (2, 5))
+    counts = []
+    for new in (1, 9):
+        reads.clear()
+        model.generate(prompt, new)
+        counts.append(len(reads))
+    assert counts[0] == counts[1], counts  # the same whatever the number of new tokens
+    with pytest.raises(ValueError, match="max_new_tokens=61: a 5-token prompt leaves room for at most 60"):
+        model.generate(prompt, 61)  # still refused up front, before any token
