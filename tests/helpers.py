@@ -3,6 +3,25 @@
 import torch
 
 
+def tiny_llama(vocab_size: int, max_positions: int = 256):
+    """A tiny random transformers Llama (seed 0: 2 layers, width 32, 4 query
+    heads sharing 2 KV heads): the stand-in base model of the conversion and
+    evaluation tests. Needs transformers."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+    )
+    return transformers.LlamaForCausalLM(cfg)
+
+
 def rel_err(x, ref, floor=1e-12):
     """Max abs error relative to the reference's scale, max |ref| (at least
     `floor`, for quantities whose exact value is ~0 such as the gradient of

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from latte.guard import HOLD, MARKER, WriteRefused, check_folder, claim_folder
+from tests.helpers import tiny_llama
 
 
 def _files(folder: Path) -> dict:
@@ -181,8 +182,7 @@ def test_an_export_written_before_markers_listed_files_keeps_what_is_not_replace
 def models(tmp_path_factory):
     """A converted folder (a tiny random Llama, converted, its tokenizer
     beside it) and a tiny Latte language model with its tokenizer."""
-    transformers = pytest.importorskip("transformers")
-    import torch
+    pytest.importorskip("transformers")
 
     from latte.convert import ConversionConfig, convert_pretrained, save_converted
     from latte.data import train_bpe
@@ -193,17 +193,7 @@ def models(tmp_path_factory):
     (root / "corpus").mkdir()
     texts = [p.read_text() for p in sorted(write_corpus(root / "corpus").glob("*.txt"))]
     tokenizer = train_bpe(texts, vocab_size=320)
-    torch.manual_seed(0)
-    llama = transformers.LlamaConfig(
-        vocab_size=320,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    transformers.LlamaForCausalLM(llama).save_pretrained(root / "base")
+    tiny_llama(320).save_pretrained(root / "base")
     converted = convert_pretrained(root / "base", ConversionConfig(window_size=8, latents_per_head=4, chunk_size=8))
     save_converted(converted, root / "converted")
     tokenizer.save(root / "converted")

@@ -1,7 +1,8 @@
 """Fixtures of the evaluation tests."""
 
 import pytest
-import torch
+
+from tests.helpers import tiny_llama as llama
 
 
 @pytest.fixture
@@ -11,22 +12,11 @@ def tiny_llama():
     stand-in for SmolLM2 in the lm-eval tests. Needs transformers."""
 
     def make(*, documents: int, max_positions: int):
-        import transformers
 
         from latte.data import load_documents, train_bpe
         from latte.models.pretrained import transformers_tokenizer
 
         tok = train_bpe((d.text for d in load_documents("pydoc")[:documents]), vocab_size=300)
-        torch.manual_seed(0)
-        cfg = transformers.LlamaConfig(
-            vocab_size=300,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=max_positions,
-        )
-        return transformers.LlamaForCausalLM(cfg), transformers_tokenizer(tok)
+        return llama(300, max_positions), transformers_tokenizer(tok)
 
     return make

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from latte.cli import main
+from tests.helpers import tiny_llama
 from tests.train.runs import train_tiny_run
 
 pytest.importorskip("transformers")
@@ -46,24 +47,13 @@ PPL = ["--suite", "ppl", "--lengths", "32,64", "--data", "pydoc", "--threads", "
 def converted(tmp_path_factory):
     """(base HF folder, converted run, its export) of a tiny random Llama
     whose tokenizer is a 300-token BPE of Python's help text."""
-    import transformers
 
     from latte.data import load_documents, train_bpe
     from latte.models.pretrained import transformers_tokenizer
 
     root = tmp_path_factory.mktemp("eval-runner")
     tok = train_bpe((d.text for d in load_documents("pydoc")[:40]), vocab_size=300)
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=300,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    transformers.LlamaForCausalLM(cfg).save_pretrained(root / "base")
+    tiny_llama(300, 512).save_pretrained(root / "base")
     transformers_tokenizer(tok).save_pretrained(root / "base")
     run, exported = root / "run", root / "exported"
     args = [f"--base.path={root / 'base'}", f"--train.run_dir={run}", f"--data.cache_dir={root / 'cache'}"]

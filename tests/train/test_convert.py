@@ -17,30 +17,20 @@ from latte.data import train_bpe
 from latte.train.checkpoint import find_latest_checkpoint, load_checkpoint
 from latte.train.loop import train
 from latte.train.task import build_run_config
+from tests.helpers import tiny_llama
 from tests.train.runs import losses, run_cli, write_config, write_corpus
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """(base model folder, tokenizer.json) of a tiny random Llama."""
-    import transformers as tf
 
     root = tmp_path_factory.mktemp("convert-base")
     (root / "corpus").mkdir()
     corpus = write_corpus(root / "corpus")
     texts = [p.read_text() for p in sorted(corpus.glob("*.txt"))]
     tok_path = train_bpe(texts, vocab_size=320).save(root / "tok")
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(
-        vocab_size=320,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    tf.LlamaForCausalLM(cfg).save_pretrained(root / "base")
+    tiny_llama(320).save_pretrained(root / "base")
     return root / "base", tok_path, corpus
 
 
