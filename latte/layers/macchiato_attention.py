@@ -220,19 +220,27 @@ class MacchiatoCore(nn.Module):
 
 
 @contextlib.contextmanager
+def _every_layer(model: nn.Module, name: str, value):
+    """Inside the block, attribute `name` of every MacchiatoCore of `model`
+    is `value`; each layer's own value is restored after, also on an error."""
+    layers = [m for m in model.modules() if isinstance(m, MacchiatoCore)]
+    saved = [getattr(m, name) for m in layers]
+    try:
+        for m in layers:
+            setattr(m, name, value)
+        yield
+    finally:
+        for m, s in zip(layers, saved):
+            setattr(m, name, s)
+
+
+@contextlib.contextmanager
 def latent_branch_only(model: nn.Module):
     """Inside the block, every Macchiato layer of `model` (MacchiatoCore:
     the native layer and the converted attention) outputs its latent branch
     alone (MacchiatoCore.latent_only); restored after, also on an error."""
-    layers = [m for m in model.modules() if isinstance(m, MacchiatoCore)]
-    saved = [m.latent_only for m in layers]
-    try:
-        for m in layers:
-            m.latent_only = True
+    with _every_layer(model, "latent_only", True):
         yield model
-    finally:
-        for m, s in zip(layers, saved):
-            m.latent_only = s
 
 
 @contextlib.contextmanager
@@ -241,15 +249,8 @@ def memory_marks(model: nn.Module, mark: torch.Tensor | None):
     "oracle" keeps the tokens where mark [B, T] is True (a full-sequence or
     prefill call of that shape; docs/math.md §4.2, for diagnosis: e.g. a
     retrieval prompt's needle); restored after, also on an error."""
-    layers = [m for m in model.modules() if isinstance(m, MacchiatoCore)]
-    saved = [m.memory_mark for m in layers]
-    try:
-        for m in layers:
-            m.memory_mark = mark
+    with _every_layer(model, "memory_mark", mark):
         yield model
-    finally:
-        for m, s in zip(layers, saved):
-            m.memory_mark = s
 
 
 class MacchiatoAttention(MacchiatoCore):
