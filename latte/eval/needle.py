@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from latte.layers.macchiato_attention import memory_marks
 from latte.reporting import md_table
 
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
@@ -117,13 +118,20 @@ def new_cache(model):
     return DynamicCache(config=model.config)
 
 
-def _feed(model, cache, ids: torch.Tensor, chunk: int):
-    """ids [T] into the cache, `chunk` tokens at a time; the last output."""
+def _feed(model, cache, ids: torch.Tensor, chunk: int, marks: torch.Tensor | None = None):
+    """ids [T] into the cache, `chunk` tokens at a time; the last output.
+    marks [T] bool or None: the tokens memory rule "oracle" keeps, handed to
+    each chunk's call (latte.layers.macchiato_attention.memory_marks; a
+    model without such a layer ignores them)."""
     from latte.models.hf_cache import cache_kwargs  # optional dependency: transformers (extra "hf")
 
     out = None
     for start in range(0, ids.shape[0], chunk):
-        out = model(input_ids=ids[None, start : start + chunk], **cache_kwargs(cache), use_cache=True, logits_to_keep=1)
+        mark = None if marks is None else marks[None, start : start + chunk]
+        with memory_marks(model, mark):
+            out = model(
+                input_ids=ids[None, start : start + chunk], **cache_kwargs(cache), use_cache=True, logits_to_keep=1
+            )
     return out
 
 
@@ -167,15 +175,18 @@ def greedy_and_likelihood(
     chunk: int = 1024,
     cache=None,
     start: int = 0,
+    marks: torch.Tensor | None = None,
 ) -> tuple[list[int], list[float]]:
     """(greedy_answer's tokens, for each of `targets` (token ids) its mean
     negative log-likelihood in nats per token as the continuation of the
     whole prompt). Each target is teacher-forced on its own copy of the
-    state after the prompt, so the greedy answer is the same as without."""
+    state after the prompt, so the greedy answer is the same as without.
+    marks [T] bool or None: the prompt's tokens memory rule "oracle" keeps
+    (_feed); the answer's tokens are never marked."""
     from latte.models.hf_cache import cache_kwargs  # optional dependency: transformers (extra "hf")
 
     cache = new_cache(model) if cache is None else cache
-    out = _feed(model, cache, ids[start:], chunk)
+    out = _feed(model, cache, ids[start:], chunk, None if marks is None else marks[start:])
     first = out.logits[0, -1]
     nlls, first_logp = [], first.double().log_softmax(-1) if targets else None
     for target in targets:

@@ -179,6 +179,16 @@ class RetrievalPrompt:
         """Tokens before the first needle: shared with other prompts."""
         return min(self.starts)
 
+    @property
+    def marks(self) -> torch.Tensor:
+        """[context] bool: the tokens of every needle, which memory rule
+        "oracle" keeps (docs/math.md §4.2, for diagnosis)."""
+        at = torch.arange(len(self.ids))
+        out = torch.zeros(len(self.ids), dtype=torch.bool)
+        for a, b in zip(self.starts, self.ends):
+            out |= (at >= a) & (at < b)
+        return out
+
 
 def _depths(item: Item, depth: float, seed) -> list[float]:
     """The depth of each needle in planting order: the last at `depth`, the
@@ -291,15 +301,19 @@ def answer_prompt(model, decode, task: str, prompt: RetrievalPrompt, shared: Sha
     `decoy_nll`, the same for a value planted nowhere: decoy minus answer is
     a graded measure of what the state holds about the value (about 0 for a
     model that cannot see the needle, whatever its prior over numbers),
-    where greedy decoding only says right or wrong."""
+    where greedy decoding only says right or wrong. The needles' tokens go
+    with the prompt as the marks of memory rule "oracle" (prompt.marks; the
+    shared prefix holds no needle); a model without it ignores them."""
     t0, c0 = time.perf_counter(), time.process_time()
     new = ANSWER_TOKENS[task]
     targets = [prompt.target, prompt.decoy] if prompt.target else []
     if shared is None:
-        tokens, nlls = greedy_and_likelihood(model, prompt.ids, targets, new)
+        tokens, nlls = greedy_and_likelihood(model, prompt.ids, targets, new, marks=prompt.marks)
     else:
         cache = shared.state(prompt.ids, prompt.shared)
-        tokens, nlls = greedy_and_likelihood(model, prompt.ids, targets, new, cache=cache, start=prompt.shared)
+        tokens, nlls = greedy_and_likelihood(
+            model, prompt.ids, targets, new, cache=cache, start=prompt.shared, marks=prompt.marks
+        )
     answer = decode(tokens)
     graded = {}
     if nlls:

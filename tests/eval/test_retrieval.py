@@ -183,6 +183,46 @@ def test_answer_likelihood_equals_a_cache_free_forward(hay, which):
     assert not {"answer_nll", "decoy_nll"} & set(R.answer_prompt(model, TOK.decode, "multivalue", p))
 
 
+def test_marks_cover_every_needle_and_nothing_else(hay):
+    p = R.build_prompt(TOK.encode, *hay, 420, 0.6, R.make_item("multikey", 1), R.FORMATS["bare"])
+    want = set().union(*(range(a, b) for a, b in zip(p.starts, p.ends)))
+    assert set(torch.nonzero(p.marks)[:, 0].tolist()) == want
+    assert len(p.starts) == R.MULTI_KEYS and len(p.marks) == len(p.ids)
+
+
+def _held(cache) -> list[set]:
+    """Per layer and KV head: the positions the memory slots hold."""
+    out = []
+    for state in cache.states:
+        mem = state.attn.memory
+        out += [set(mem.pos[0, :, k][mem.mask[0, :, k]].tolist()) for k in range(mem.pos.shape[2])]
+    return out
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_oracle_keeps_the_needles_a_prompt_marks(hay, shared):
+    """Memory rule "oracle" (docs/math.md §4.2): the prompt's needles go to
+    the model as marks, chunk by chunk, so the slots hold exactly the needle
+    tokens that have left the window; the answer's likelihood equals one
+    cache-free forward of prompt + value with the same marks, and differs
+    from the forward without them (the marks matter: the check can fail)."""
+    from latte.layers.macchiato_attention import memory_marks
+    from tests.convert.test_decode_and_io import W
+
+    model = trained_like("llama", memory_slots=64, memory_rule="oracle")
+    p = R.build_prompt(TOK.encode, *hay, 300, 0.4, R.make_item("passkey", 2), R.FORMATS["bare"])
+    cache = R.SharedPrefix(model, chunk=64).state(p.ids, p.shared) if shared else R.new_cache(model)
+    N.greedy_and_likelihood(model, p.ids, [], 1, chunk=64, cache=cache, start=p.shared if shared else 0, marks=p.marks)
+    left = {s for a, b in zip(p.starts, p.ends) for s in range(a, b) if s <= len(p.ids) - 1 - W}
+    assert 0 < len(left) <= 64 and all(held == left for held in _held(cache))
+    rec = R.answer_prompt(model, TOK.decode, "passkey", p, R.SharedPrefix(model, chunk=64) if shared else None)
+    full = torch.cat([p.marks, torch.zeros(len(p.target) - 1, dtype=torch.bool)])[None]
+    with memory_marks(model, full):
+        want = _reference_nll(model, p.ids, p.target)
+    assert rec["answer_nll"] == pytest.approx(want, abs=2e-4)
+    assert abs(_reference_nll(model, p.ids, p.target) - want) > 1e-3
+
+
 def test_length_summary():
     s = R.length_summary([100, 200, 400], 128)
     assert s["prompts"] == 3 and (s["tokens_min"], s["tokens_median"], s["tokens_max"]) == (100, 200, 400)
