@@ -7,7 +7,7 @@
     latte generate --run RUN_DIR --prompt "..." [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
                    [--set section.field=value ...]   (e.g. model.memory_slots=64)
     latte eval MODEL [--suite ppl,tasks,fewshot,needle,retrieval,latents] [--against original,window] [--lengths 1k,...]
-               [--multiples 1,2,...] [--data CORPUS] [--set section.field=value ...] [--out DIR]
+               [--multiples 1,2,...] [--data CORPUS] [--set [NAME:]section.field=value,... ...] [--out DIR]
                                       (any model: run, step, export, HF folder, .gguf, base alias)
     latte export RUN_DIR OUT_DIR      (a folder transformers loads after latte.models.hf.register();
                                       for a conversion: a portable converted folder, base bundled)
@@ -359,7 +359,15 @@ def _eval_model_parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", default=None, help="context lengths in tokens, e.g. 1k,2k,4k")
     p.add_argument("--multiples", default=None, help="native runs: multiples of the training length, e.g. 1,2,4,8")
     p.add_argument("--data", default=None, help="validation (a run's), plays, essays, or a data.source")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE[,...]", dest="sets")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="[NAME:]SECTION.FIELD=VALUE[,...]",
+        dest="sets",
+        help="repeatable: each --set is one more model, MODEL's config with these overrides, its own cells and "
+        "row (e.g. --set oracle:model.memory_slots=64,model.memory_rule=oracle); NAME names it in the tables",
+    )
     p.add_argument("--out", default=None, help="results folder (default MODEL/eval)")
     p.add_argument("--documents", type=int_at_least(1), default=2, help="documents read per corpus (ppl)")
     p.add_argument("--max-tokens", type=int_at_least(1), default=65536, help="native runs: tokens evaluated")

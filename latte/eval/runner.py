@@ -96,9 +96,18 @@ def parse_lengths(text: str, flag: str = "--lengths") -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+def split_name(text: str) -> tuple[str, str]:
+    """One --set value -> (its NAME, the overrides): "NAME:a.b=1,c.d=2"
+    names the model it makes in the tables; without "NAME:" the name is ""."""
+    m = re.match(r"\s*([A-Za-z][\w+-]*):(?=\s*-*[A-Za-z_]\w*(?:\.\w+)+=)", text)
+    return (m.group(1), text[m.end() :]) if m else ("", text)
+
+
 def split_set(text: str) -> tuple[str, ...]:
     """One --set value: overrides "section.field=value" separated by commas
-    before the next "section.field=" (a value may hold commas: [1,2])."""
+    before the next "section.field=" (a value may hold commas: [1,2]); a
+    leading "NAME:" is the model's name (split_name), not an override."""
+    text = split_name(text)[1]
     parts = tuple(p.strip() for p in re.split(r",(?=\s*-*[A-Za-z_]\w*(?:\.\w+)+=)", text) if p.strip())
     bad = [p for p in parts if not re.fullmatch(r"-*[A-Za-z_]\w*(\.\w+)+=.*", p, flags=re.S)]
     if bad or not parts:
@@ -112,18 +121,30 @@ def split_set(text: str) -> tuple[str, ...]:
 @dataclass
 class Evaluated:
     """One model of every table: `name` as the tables show it, the opened
-    subject, the mode as_model puts a converted model in, its override set."""
+    subject, the mode as_model puts a converted model in, its override set
+    and the name --set gave it (`title`: shown in place of the overrides;
+    the cells name the overrides, so renaming a set reuses its cells)."""
 
     name: str
     subject: Subject
     mode: str
     set: str = ""
     sinks: int = 0
+    title: str = ""
 
     @property
     def label(self) -> str:
         text = label(self.mode, self.sinks) if self.subject.kind == "converted" else self.name
-        return f"{text} [{self.set}]" if self.set else text
+        return f"{text} [{self.title or self.set}]" if self.set else text
+
+    def fields(self) -> dict:
+        """The fields naming this model in records: the model, its override
+        set and the set's name, if any."""
+        return {
+            "model": self.name,
+            **({"set": self.set} if self.set else {}),
+            **({"subject": self.title} if self.title else {}),
+        }
 
     def cell(self) -> dict:
         """The fields naming this model in a cell: the model, the override
@@ -156,10 +177,17 @@ def subjects(base: Subject, req: Request) -> list[Evaluated]:
         )
     main = "converted" if base.kind == "converted" else "model"
     out = [Evaluated(main, base, main)]
-    for text in req.sets:
+    names = [split_name(text)[0] for text in req.sets]
+    twice = sorted({n for n in names if n and names.count(n) > 1})
+    if twice:
+        raise ValueError(
+            f"--set {twice[0]}:...: the name {twice[0]!r} is given to {names.count(twice[0])} sets; "
+            "each NAME names one model"
+        )
+    for text, title in zip(req.sets, names):
         sets = split_set(text)
         opened = open_model(req.model, sets)
-        out.append(Evaluated(main, opened, main, set=",".join(sets)))
+        out.append(Evaluated(main, opened, main, set=",".join(sets), title=title))
     sinks = sinks_of(base, None) if base.kind == "converted" else 0
     for name in req.against:
         out.append(Evaluated(name, base, "original" if name == "original" else "window+sinks", sinks=sinks))
@@ -285,6 +313,7 @@ def write_report(ctx: Context, evaluated: list[Evaluated], records, tables, t0: 
         "model": str(ctx.req.model),
         "kind": ctx.base.kind,
         "subjects": [e.label for e in evaluated],
+        "sets": {e.title: e.set for e in evaluated if e.title},
         "suites": list(ctx.req.suites),
     }
     atomic_write(ctx.out / "results.json", json.dumps({**run, "records": records}, indent=1) + "\n")
@@ -295,5 +324,7 @@ def write_report(ctx: Context, evaluated: list[Evaluated], records, tables, t0: 
         f"{run['threads']} threads; wall time {run['wall_s']:,.0f} s; 1-min load average {load} at the start\n\n"
         f"Inputs: model ({ctx.base.kind}) sha256 {run['inputs']['model']}; models compared: "
         f"{', '.join(run['subjects'])}\n"
+        + "".join(f"\n- `{name}`: `--set {sets}`" for name, sets in run["sets"].items())
+        + ("\n" if run["sets"] else "")
     )
     atomic_write(ctx.out / "results.md", head + "\n" + "\n".join(tables))

@@ -93,7 +93,7 @@ def _groups(evaluated, done: list[dict]) -> list[tuple[dict, str, list[dict]]]:
     tables and its cells, as the metric modules' summaries take them."""
     out = []
     for e in evaluated:
-        fields = {"model": e.name, **({"set": e.set} if e.set else {})}
+        fields = e.fields()
         out.append((fields, e.label, [c for c in done if _of(evaluated, c) is e]))
     return out
 
@@ -432,7 +432,7 @@ def _tasks_run(ctx, evaluated):
     for e in evaluated:
         for c in (c for c in done if _of(evaluated, c) is e):
             metric = "acc_norm" if "acc_norm" in c else "acc"
-            r = {"model": e.name, **({"set": e.set} if e.set else {}), "task": c["task"], "metric": metric}
+            r = {**e.fields(), "task": c["task"], "metric": metric}
             r.update(examples=c["examples_scored"], score=c[metric], score_stderr=c.get(f"{metric}_stderr"))
             records.append(r)
             rows.append([e.label, c["task"], metric, str(r["examples"]), f"{100 * r['score']:.1f}"])

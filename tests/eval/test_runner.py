@@ -168,6 +168,36 @@ def test_an_override_set_is_a_subject_of_its_own(converted, tmp_path):
     assert sum("set=model.window_size=4" in k for k in keys) == 2 and len(keys) == 4
 
 
+def test_several_named_override_sets_in_one_command(converted, tmp_path, capsys):
+    """Each --set is a model of its own (own cells, own row); "NAME:" names it
+    in the tables and records, not in the cells: renamed, the cells are reused."""
+    _, run, _ = converted
+    out = tmp_path / "named"
+    sets = ["--set", "w4:model.window_size=4", "--set", "w8:model.window_size=8", "--set", "model.window_size=2"]
+    assert main(["eval", str(run), *PPL, *sets, "--out", str(out)]) == 0
+    res = _results(out)
+    ppl = {(r.get("subject"), r.get("set")): r["ppl"] for r in res["records"] if r["context"] == 64}
+    assert set(ppl) == {
+        (None, None),
+        ("w4", "model.window_size=4"),
+        ("w8", "model.window_size=8"),
+        (None, "model.window_size=2"),
+    }
+    assert len(set(ppl.values())) == 4  # four models, four perplexities
+    assert res["sets"] == {"w4": "model.window_size=4", "w8": "model.window_size=8"}
+    md = (out / "results.md").read_text()
+    assert "| converted [w4] |" in md and "| converted [model.window_size=2] |" in md
+    assert "- `w8`: `--set model.window_size=8`" in md
+    assert len(list((out / "cells-ppl" / "cells").glob("*.json"))) == 8  # 4 models x 2 documents
+    renamed = ["--set", "four:model.window_size=4", "--set", "model.window_size=8", "--set", "model.window_size=2"]
+    capsys.readouterr()
+    assert main(["eval", str(run), *PPL, *renamed, "--out", str(out)]) == 0
+    assert "8 of 8 cells already done" in capsys.readouterr().err
+    twice = ["--set", "a:model.window_size=4", "--set", "a:model.window_size=8"]
+    assert main(["eval", str(run), *PPL, *twice, "--out", str(tmp_path / "twice")]) == 2
+    assert "the name 'a' is given to 2 sets" in capsys.readouterr().err
+
+
 def test_native_run_through_the_front_door_matches_the_old_form(native, capsys):
     run = native
     assert main(["eval", "--run", str(run), "--lengths", "1,2", "--max-tokens", "512"]) == 0
