@@ -11,7 +11,7 @@
 from .cache import MacchiatoCache
 from .config import ConversionConfig, ConvertedConfig
 from .families import SUPPORTED
-from .io import base_reference, save_converted
+from .io import base_reference, resolve_base, save_converted
 from .modeling import ConvertedForCausalLM, convert, convert_pretrained, load_converted, register
 
 __all__ = [
@@ -25,5 +25,6 @@ __all__ = [
     "convert_pretrained",
     "load_converted",
     "register",
+    "resolve_base",
     "save_converted",
 ]

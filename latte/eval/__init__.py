@@ -15,3 +15,52 @@ train, never the reverse).
     suites.py        the suites of `latte eval` (ppl, needle, latents): cells, records, tables
     cells.py         the one reuse rule of resumable cells (shared with experiments/)
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# The evaluations' front door for code outside the package (experiments/,
+# benchmarks/): public name -> the module that defines it, imported on first
+# use. The laboratory imports these names from `latte.eval`, never the
+# modules themselves (tests/test_lab_imports.py).
+_EXPORTS = {
+    **dict.fromkeys("Request evaluate SUITES AGAINST parse_lengths split_set".split(), "latte.eval.runner"),
+    **dict.fromkeys(
+        (
+            "DEFAULT_MODELS DEFAULT_SINKS MODELS TRAINED Subject as_model bos_cell check_models label "
+            "open_model open_subject original_context sinks_cell sinks_of"
+        ).split(),
+        "latte.eval.subjects",
+    ),
+    **dict.fromkeys(
+        "converted_nll original_decode original_nll original_window_nll perplexities".split(), "latte.eval.long_context"
+    ),
+    **dict.fromkeys(
+        (
+            "ANSWER_TOKENS NEEDLE QUESTION PrefixFeeder haystack_text make_key needle_prompt run_trial sentence_ends"
+        ).split(),
+        "latte.eval.needle",
+    ),
+    **dict.fromkeys("FORMATS Reader SharedPrefix answer_prompt length_summary".split(), "latte.eval.retrieval"),
+    **dict.fromkeys("RETRIEVAL_TASKS ZERO_SHOT_TASKS".split(), "latte.eval.suites"),
+    **dict.fromkeys("GEN_TASKS MC_TASKS MMLU gen_examples mc_examples score_example".split(), "latte.eval.fewshot"),
+    **dict.fromkeys("SEED pooled score_tasks subsample task_sizes write_task_dir".split(), "latte.eval.tasks"),
+    **dict.fromkeys(
+        (
+            "COUNT FIELD_RULES FRACTION INPUTS NONNEG NOT_PROTOCOL NOT_RECORDED POSITIVE PROTOCOL "
+            "ProtocolMismatch Sweep cell_key check_fields describe digest_or_missing file_digest "
+            "input_digest protocol_difference protocol_sets read_cell read_json"
+        ).split(),
+        "latte.eval.cells",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'latte.eval' has no attribute {name!r}")

@@ -16,7 +16,7 @@ from .causal_lm import IGNORE_INDEX, CausalLMOutput, LatteForCausalLM, causal_lm
 from .classification import LatteForPairClassification, LatteForSequenceClassification, SequenceClassifierOutput
 from .config import MIXERS, LatteConfig
 from .modeling import Block, LatteCache, LatteModel, map_state
-from .pretrained import from_pretrained, load_config, num_parameters, save_pretrained
+from .pretrained import from_pretrained, load_config, num_parameters, save_pretrained, transformers_tokenizer
 from .weights import load_weights, read_weights, save_weights
 
 __all__ = [
@@ -40,4 +40,5 @@ __all__ = [
     "read_weights",
     "save_pretrained",
     "save_weights",
+    "transformers_tokenizer",
 ]

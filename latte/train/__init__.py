@@ -17,3 +17,35 @@ distributed.py torchrun, DDP / FSDP2, collectives
 metrics.py     progress bar, CSV, TensorBoard, loss curve
 schedule.py, rng.py, faults.py (the test hooks: no-ops unless LATTE_FAULTS is set)
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# The trainer's front door for code outside the package (experiments/,
+# benchmarks/, tests of them): public name -> the module that defines it,
+# imported on first use. The laboratory imports these names from
+# `latte.train`, never the modules themselves (tests/test_lab_imports.py).
+_EXPORTS = {
+    **dict.fromkeys(("load_run_config", "task_class"), "latte.train.task"),
+    "train": "latte.train.loop",
+    "open_run": "latte.train.runs",
+    "find_latest_checkpoint": "latte.train.checkpoint",
+    **dict.fromkeys(("MANIFEST", "TRAINER", "step_dirs", "step_dir_name"), "latte.train.manifest"),
+    **dict.fromkeys(("read_csv", "run_wall_time"), "latte.train.metrics"),
+    **dict.fromkeys(("pack_split", "split_corpus"), "latte.train.lm"),
+    **dict.fromkeys(("nll_sums", "subset", "summarize"), "latte.train.validation"),
+    "lr_at": "latte.train.schedule",
+    "DistEnv": "latte.train.distributed",
+    **dict.fromkeys(("DERIVED", "RECORD", "compare", "read_record"), "latte.train.inputs"),
+    **dict.fromkeys(("flatten", "load_yaml", "to_dict"), "latte.config_io"),  # run configs as files hold them
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'latte.train' has no attribute {name!r}")
