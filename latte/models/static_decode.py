@@ -3,9 +3,11 @@ that updates it in place (docs/design.md, "Decoding").
 
 After the prompt's chunked prefill, `allocate` turns the layers' states into
 the static state of the whole generation: every window buffer (sliding
-window, Macchiato) padded in front with empty slots to min(W - 1,
-prompt + max_new_tokens - 1) positions, the most any query of this
-generation can reach (masked slots weigh exactly 0), every KV cache
+window, Macchiato) a ring of min(W - 1, prompt + max_new_tokens - 1) slots,
+the most any query of this generation can reach (`RingWindowState`: column c
+at slot c mod R, written in place at a write index, empty slots masked and
+weighing exactly 0; the memory slots' pending scores on the same slots),
+every KV cache
 of a softmax layer preallocated to prompt + max_new_tokens slots
 (`StaticKVCache`, written at an index and masked by what it holds, as
 gpt-fast does), the sinks (with their fill count), the memory slots, the
@@ -39,7 +41,8 @@ import torch
 from .._checks import is_int
 from ..layers import KVCache, StaticKVCache
 from ..layers.states import _leaves
-from ..ops.window.sliding_window import WindowState, full_window_state
+from ..ops.window.memory import MemoryState
+from ..ops.window.sliding_window import WindowState, ring_layout, ring_window_state
 from .modeling import map_state
 
 EOS_CHECK_EVERY = 8  # tokens between two host reads of the end-of-sequence flags (the default k)
@@ -66,10 +69,21 @@ class StaticState:
     index: torch.Tensor  # [] int64: tokens chosen so far
 
 
-def _static_layer(state: Any, window: int | None, capacity: int) -> Any:
-    """One layer's state at the fixed shapes of the whole generation."""
-    if isinstance(state, WindowState):  # the earlier positions any query of the generation reaches
-        return full_window_state(state, min(window, capacity))
+def _static_layer(state: Any, window: int | None, capacity: int, prompt: int) -> Any:
+    """One layer's state at the fixed shapes of the whole generation, after
+    `prompt` columns: a window buffer becomes a ring of the earlier positions
+    any query of the generation reaches, min(W - 1, capacity - 1)."""
+    if isinstance(state, WindowState):
+        return ring_window_state(state, min(window, capacity) - 1, prompt)
+    if isinstance(state, MemoryState):  # pending scores aligned with the ring's slots when it is W - 1 long
+        if min(window, capacity) - 1 < window - 1:  # no token leaves the window: pending is never read
+            return map_state(lambda t: t.clone(), state)
+        R = window - 1
+        return state._replace(
+            pending=ring_layout(state.pending, R, prompt, float("-inf")),
+            pending_pos=ring_layout(state.pending_pos, R, prompt),
+            **{f: getattr(state, f).clone() for f in ("k", "v", "score", "pos", "mask", "count")},
+        )
     if isinstance(state, KVCache):
         B, S = state.mask.shape
         k = state.k.new_zeros(B, capacity, *state.k.shape[2:])
@@ -78,7 +92,7 @@ def _static_layer(state: Any, window: int | None, capacity: int) -> Any:
         k[:, :S], v[:, :S], mask[:, :S] = state.k, state.v, state.mask
         return StaticKVCache(k, v, mask, torch.tensor(S, device=k.device))
     if isinstance(state, tuple) and hasattr(state, "_fields"):  # NamedTuple
-        return type(state)(*(_static_layer(s, window, capacity) for s in state))
+        return type(state)(*(_static_layer(s, window, capacity, prompt) for s in state))
     return map_state(lambda t: t.clone(), state)  # fixed shapes already: a buffer of its own
 
 
@@ -89,7 +103,7 @@ def allocate(layers: list, windows: list, pos: torch.Tensor, prompt: int, max_ne
     capacity = prompt + max_new_tokens
     B, dev = pos.shape[0], pos.device
     return StaticState(
-        [_static_layer(s, w, capacity) for s, w in zip(layers, windows)],
+        [_static_layer(s, w, capacity, prompt) for s, w in zip(layers, windows)],
         pos.clone(),
         torch.zeros(B, dtype=torch.bool, device=dev),
         torch.zeros(B, max(max_new_tokens, 1), dtype=torch.long, device=dev),
@@ -98,25 +112,12 @@ def allocate(layers: list, windows: list, pos: torch.Tensor, prompt: int, max_ne
     )
 
 
-def _trimmed(dst: Any, src: Any) -> Any:
-    """`src` with each window buffer cut to the slots of `dst`'s: a step
-    adds a slot while it holds fewer than W - 1; the slots cut are the
-    oldest, empty ones (no generation holds more real tokens than the
-    min(W - 1, prompt + max_new_tokens - 1) slots `allocate` gave it)."""
-    if isinstance(dst, WindowState) and isinstance(src, WindowState):
-        n = dst.mask.shape[1]
-        return WindowState(*(x[:, x.shape[1] - n :] for x in src)) if src.mask.shape[1] > n else src
-    if isinstance(dst, (tuple, list)) and type(dst) is type(src) and len(dst) == len(src):
-        parts = [_trimmed(d, s) for d, s in zip(dst, src)]
-        return type(src)(*parts) if hasattr(src, "_fields") else type(src)(parts)
-    return src
-
-
 def copy_into(dst: Any, src: Any) -> None:
     """Writes a step's new state `src` into the static state `dst` in place
-    (same structure and shapes once window buffers are cut to dst's, else a
-    RuntimeError: a step that changed a shape would break a captured graph)."""
-    d, s = list(_leaves(dst)), list(_leaves(_trimmed(dst, src)))
+    (same structure and shapes, else a RuntimeError: a step that changed a
+    shape would break a captured graph). Tensors the step wrote in place
+    (ring buffers, KV caches) are `dst`'s own and are not copied."""
+    d, s = list(_leaves(dst)), list(_leaves(src))
     if len(d) != len(s) or any(a.shape != b.shape for a, b in zip(d, s)):
         shapes = [tuple(a.shape) for a in d], [tuple(b.shape) for b in s]
         raise RuntimeError(f"static decoding: a step changed its state's structure or shapes: {shapes}")

@@ -9,7 +9,7 @@ from latte.layers import StaticKVCache
 from latte.layers.states import _leaves
 from latte.models import MIXERS
 from latte.models.static_decode import StaticState, allocate, decode_step, reorder
-from latte.ops.window.sliding_window import WindowState
+from latte.ops.window.sliding_window import RingWindowState
 
 CASES = [(m, {}) for m in MIXERS] + [
     ("macchiato", dict(num_sinks=2)),
@@ -17,6 +17,10 @@ CASES = [(m, {}) for m in MIXERS] + [
     ("macchiato", dict(num_sinks=2, memory_slots=3, memory_rule="attention")),
     ("macchiato", dict(num_sinks=1, memory_slots=2, memory_positions="cache")),
     ("swa", dict(window_size=4)),
+    ("swa", dict(window_size=2)),
+    ("macchiato", dict(window_size=3, num_sinks=2, memory_slots=2, memory_rule="attention")),
+    ("macchiato", dict(window_size=2, memory_slots=0)),
+    ("macchiato", dict(num_sinks=1, memory_slots=4, memory_rule="random")),
 ]
 
 
@@ -111,7 +115,7 @@ def test_the_step_writes_in_place_at_fixed_shapes(make_lm, make_ids, mixer):
 
 def _window_slots(state) -> set:
     """The slot counts of every window buffer in a nested state."""
-    if isinstance(state, WindowState):
+    if isinstance(state, RingWindowState):
         return {state.mask.shape[1]}
     if isinstance(state, (tuple, list)):
         return set().union(*(_window_slots(s) for s in state)) if state else set()
@@ -131,17 +135,57 @@ def test_a_window_beyond_the_generation_sizes_its_buffers_by_the_generation(make
     assert all(torch.equal(a, b) for a, b in zip(static, value)) and len(static) == 6
 
 
+def _rings(state) -> list:
+    """Every RingWindowState in a nested state."""
+    if isinstance(state, RingWindowState):
+        return [state]
+    if isinstance(state, (tuple, list)):
+        return [r for s in state for r in _rings(s)]
+    return []
+
+
+@pytest.mark.parametrize("mixer", ["swa", "macchiato"])
+def test_a_step_writes_one_slot_of_the_ring_at_its_write_index(make_lm, make_ids, mixer):
+    # the window buffer is a ring: a step overwrites the slot at the write
+    # index (the oldest column) and advances it; no other slot moves
+    extra = dict(num_sinks=1, memory_slots=2) if mixer == "macchiato" else {}
+    model = make_lm(mixer, window_size=5, **extra)
+    x, mask = _left_padded(make_ids)
+    _, state = _static_state(model, x, mask, 8)
+    rings = _rings(state.layers)
+    assert rings and all(r.mask.shape[1] == 4 and int(r.index) == 9 % 4 for r in rings)
+    tok = torch.zeros(3, dtype=torch.long)
+    with torch.no_grad():
+        for _ in range(6):
+            before = [(int(r.index), r.k.clone(), r.mask.clone(), r.k.data_ptr()) for r in rings]
+            tok = decode_step(_feed(model), state, tok, lambda logits: logits.argmax(-1), None)
+            for r, (at, k, m, ptr) in zip(rings, before):
+                assert r.k.data_ptr() == ptr and int(r.index) == (at + 1) % 4
+                others = torch.arange(4) != at
+                assert torch.equal(r.k[:, others], k[:, others]) and not torch.equal(r.k[:, at], k[:, at])
+                assert bool(r.mask[:, at].all()) and torch.equal(r.mask[:, others], m[:, others])
+
+
 def test_beam_reorder_through_the_static_state(make_lm, make_ids):
-    model = make_lm("macchiato", num_sinks=1)
+    # rows reordered in place (ring write index shared by every row) decode
+    # as the prompts reordered before the prefill
+    model = make_lm("macchiato", window_size=4, num_sinks=1, memory_slots=2)
     x = make_ids(3, 8)
     mask = torch.ones(3, 8, dtype=torch.long)
-    _, state = _static_state(model, x, mask, 4)
-    _, ref = _static_state(model, x, mask, 4)
     order = torch.tensor([2, 0, 0])
+    _, state = _static_state(model, x, mask, 7)
+    _, ref = _static_state(model, x[order], mask, 7)
     reorder(state, order)
+    assert isinstance(state, StaticState) and torch.equal(state.pos, ref.pos)
+    tok = torch.tensor([5, 6, 7])
+    pick = lambda logits: logits.argmax(-1)  # noqa: E731
+    with torch.no_grad():
+        for _ in range(6):
+            got = decode_step(_feed(model), state, tok, pick, None)
+            assert torch.equal(got, decode_step(_feed(model), ref, tok, pick, None))
+            tok = got
     for a, b in zip(_leaves(state.layers), _leaves(ref.layers)):
-        assert torch.equal(a, b.index_select(0, order))
-    assert isinstance(state, StaticState) and torch.equal(state.pos, ref.pos[order])
+        torch.testing.assert_close(a, b)
 
 
 COMPILED = [(m, {}) for m in MIXERS] + [("macchiato", dict(num_sinks=1, memory_slots=2, memory_rule="attention"))]

@@ -74,6 +74,77 @@ def check_softcap(softcap) -> None:
     check_finite("softcap", softcap, low=0.0)
 
 
+class RingWindowState(NamedTuple):
+    """The window buffer of one generation (latte/models/static_decode.py): R
+    = min(W - 1, prompt + max_new_tokens - 1) slots allocated once, written in
+    place at a write index. Column c of the generation (prompt padding
+    included) sits at slot c mod R; `index` is the slot of the next column,
+    which holds the oldest, the token that leaves the window after the step
+    (masked: no token yet). A step reads every slot (masked ones weigh 0)
+    and `ring_push` then overwrites slot `index`: no copy of the buffer."""
+
+    k: torch.Tensor  # [B, R, K, E] (work dtype)
+    v: torch.Tensor  # [B, R, K, D]
+    mask: torch.Tensor  # [B, R] bool, True where the slot holds a real token
+    index: torch.Tensor  # [] int64: the next slot to write (the oldest)
+
+
+def ring_layout(x: torch.Tensor, slots: int, columns: int, empty=0) -> torch.Tensor:
+    """x [B, n, ...] (n <= slots), the buffer of the last n columns before
+    column `columns`, oldest first, laid out as a ring of `slots` slots
+    (column c at slot c mod slots; the others filled with `empty`)."""
+    pad = x.new_full((x.shape[0], slots - x.shape[1], *x.shape[2:]), empty)
+    full = torch.cat([pad, x], 1)
+    return full.roll((columns - slots) % slots, 1) if slots else full
+
+
+def ring_window_state(state: WindowState, slots: int, columns: int) -> RingWindowState:
+    """The RingWindowState of `slots` slots holding `state` (the buffer after
+    `columns` columns; it holds at most `slots` of them)."""
+    if window_slots(state) > slots:
+        raise ValueError(f"state: holds {window_slots(state)} slots, more than the ring's {slots}")
+    index = torch.tensor(columns % slots if slots else 0, dtype=torch.int64, device=state.k.device)
+    return RingWindowState(*(ring_layout(x, slots, columns) for x in state), index)
+
+
+def ring_push(state: RingWindowState, k_t, v_t, mask_t) -> RingWindowState:
+    """Writes this token (k_t [B, K, E], v_t [B, K, D], mask_t [B] or None:
+    real) at the write index, in place, and advances the index; returns the
+    same state. A ring of 0 slots (W = 1) keeps nothing."""
+    R = state.mask.shape[1]
+    if R:
+        at = state.index.view(1)
+        real = torch.ones(state.mask.shape[0], dtype=torch.bool, device=state.mask.device) if mask_t is None else mask_t
+        state.k.index_copy_(1, at, k_t.to(state.k.dtype)[:, None])
+        state.v.index_copy_(1, at, v_t.to(state.v.dtype)[:, None])
+        state.mask.index_copy_(1, at, real[:, None])
+        state.index.copy_((state.index + 1) % R)
+    return state
+
+
+def _ring_step(q_t, k_t, v_t, window_size, scale, state: RingWindowState, softcap):
+    """window_step's attention over a ring (its slots, then the own key) without
+    writing it: (y_t [B, H, D], lse_t [B, H]). The buffer is read in place:
+    the own key's score and value join it outside."""
+    B, H, E = q_t.shape
+    K = k_t.shape[1]
+    work = state.k.dtype
+    q = q_t.to(work).view(B, K, H // K, E)
+    own = torch.einsum("bkge,bke->bkg", q, k_t.to(work))[..., None]
+    s = torch.cat([torch.einsum("bkge,bwke->bkgw", q, state.k), own], -1) * scale  # [B, K, G, R + 1]
+    own_mask = torch.ones(B, 1, dtype=torch.bool, device=q_t.device)
+    keep = torch.cat([state.mask, own_mask], 1)[:, None, None]  # own key always visible
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    m = s.masked_fill(~keep, float("-inf")).amax(-1, keepdim=True)
+    p = exp_floored(s - m) * keep
+    total = p.sum(-1, keepdim=True)
+    lse = (m + total.log()).squeeze(-1)
+    p = p / total
+    y = torch.einsum("bkgw,bwkd->bkgd", p[..., :-1], state.v) + p[..., -1:] * v_t.to(work)[:, :, None]
+    return y.reshape(B, H, -1), lse.reshape(B, H)
+
+
 def empty_window_state(k: torch.Tensor, v: torch.Tensor, slots: int, work) -> WindowState:
     """`slots` empty slots (masked: no token) for keys like k, values like v."""
     B, K, P = k.shape[0], k.shape[-2], slots
@@ -99,8 +170,9 @@ def full_window_state(state: WindowState | None, window_size: int) -> WindowStat
 
 
 def check_window_state(state, B: int, k, v, window_size, name="initial_state"):
-    """A WindowState of P <= W - 1 slots (its mask's length) for these inputs."""
-    if not isinstance(state, WindowState):
+    """A WindowState (or a decoding step's RingWindowState) of P <= W - 1
+    slots (its mask's length) for these inputs."""
+    if not isinstance(state, (WindowState, RingWindowState)):
         raise ValueError(f"{name}: expected a WindowState(k, v, mask), got {type(state).__name__}")
     K = k.shape[-2]
     P = state.mask.shape[1] if isinstance(state.mask, torch.Tensor) and state.mask.dim() == 2 else window_size - 1
@@ -261,7 +333,11 @@ def sliding_window_attention(
 
 
 def window_step(q_t, k_t, v_t, *, window_size, scale, mask_t, state, softcap=None):
-    """One decoding step in the work dtype: (y_t [B,H,D], lse_t [B,H], state)."""
+    """One decoding step in the work dtype: (y_t [B,H,D], lse_t [B,H], state).
+    A RingWindowState is read, not written: the caller pushes the token
+    (`ring_push`) once every branch has read the slot it overwrites."""
+    if isinstance(state, RingWindowState):
+        return (*_ring_step(q_t, k_t, v_t, window_size, scale, state, softcap), state)
     B, H, E = q_t.shape
     K = k_t.shape[1]
     work = state_dtype(q_t.dtype)
@@ -306,4 +382,6 @@ def sliding_window_step(
     y, _, state = window_step(
         q_t, k_t, v_t, window_size=window_size, scale=scale, mask_t=mask_t, state=state, softcap=softcap
     )
+    if isinstance(state, RingWindowState):
+        ring_push(state, k_t, v_t, mask_t)
     return y.to(v_t.dtype), state
