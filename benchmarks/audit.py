@@ -21,10 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import RESULTS
+from latte import bench as common
 from latte import ops, reporting
-from latte.bench import common
-from latte.bench.fixed_shapes import RULE, seeded_randn, timing_line, timing_row
-from latte.bench.providers import as_call
+from latte.bench import RULE, as_call, seeded_randn, timing_line, timing_row
 from latte.ops import distributions as dists
 
 

@@ -29,10 +29,10 @@ import torch
 from torch import nn
 
 from benchmarks import RESULTS
+from latte import bench as common
 from latte import reporting
 from latte.arguments import int_list
-from latte.bench import common
-from latte.convert.distill import chunked_objective, full_logits_objective, head_logits
+from latte.bench import chunked_objective, full_logits_objective, head_logits
 
 PROVIDERS = ("full-logits", "chunked")
 FULL = {"hidden": 640, "vocab": 262_144, "tokens": [256, 512, 1024]}  # Gemma 3 270M

@@ -20,10 +20,10 @@ import os
 import torch
 
 from benchmarks import RESULTS
+from latte import bench as common
 from latte import reporting
-from latte.bench import common
-from latte.ops.macchiato import macchiato, macchiato_step
-from latte.ops.window.memory import MEMORY_RULES, Memory
+from latte.bench import MEMORY_RULES, Memory
+from latte.ops import macchiato, macchiato_step
 
 FULL = dict(T=2048, H=9, K=3, E=64, L=32, W=128, S=4, M=64)
 QUICK = dict(T=48, H=4, K=2, E=8, L=4, W=8, S=2, M=4)

@@ -33,13 +33,12 @@ import time
 import torch
 
 from benchmarks import RESULTS
+from latte import bench as common
 from latte import reporting
 from latte.arguments import int_at_least, int_list, name_list
-from latte.bench import common
-from latte.bench.device import DTYPES, add_device_args, check_device, device_info, resolve_device_args, synced
-from latte.layers import QK_MIXERS
+from latte.bench import DTYPES, QK_MIXERS, add_device_args, check_device, device_info, resolve_device_args, synced
+from latte.models import MIXERS as CONFIG_MIXERS
 from latte.models import LatteConfig, LatteForCausalLM
-from latte.models.config import MIXERS as CONFIG_MIXERS
 from latte.ops import distributions as dists
 from latte.ops import get_backend, set_backend
 

@@ -3,8 +3,8 @@ the same run (each variant over softmax, eager over compiled), plot."""
 
 from __future__ import annotations
 
+from latte import bench as common
 from latte import reporting
-from latte.bench import common
 
 from . import step_profile
 

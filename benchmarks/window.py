@@ -24,13 +24,21 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import RESULTS
+from latte import bench as common
 from latte import reporting
 from latte.arguments import int_list
-from latte.bench import common
-from latte.bench.device import DTYPES, add_device_args, check_device, device_info, resolve_device_args, synced
-from latte.bench.providers import as_call
-from latte.ops.window.flex_window import flex_window, window_block_mask
-from latte.ops.window.sliding_window import window_blocked
+from latte.bench import (
+    DTYPES,
+    add_device_args,
+    as_call,
+    check_device,
+    device_info,
+    flex_window,
+    resolve_device_args,
+    synced,
+    window_block_mask,
+    window_blocked,
+)
 
 B, H, E, W = 1, 8, 64, 128
 FULL_T, QUICK_T = [512, 1024, 2048, 4096, 8192], [200]

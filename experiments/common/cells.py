@@ -24,7 +24,7 @@ from pathlib import Path
 
 # the generic reuse rule lives in the package (latte eval runs it too); these
 # names are re-exported for the sweeps
-from latte.eval.cells import (  # noqa: F401
+from latte.eval import (  # noqa: F401
     COUNT,
     FIELD_RULES,
     FRACTION,
@@ -53,8 +53,7 @@ def resolved_config(config: str, sets: Iterable[str]) -> dict:
     """The run config `latte train --config CONFIG --SET...` resolves to, flat
     ("section.field": value), without the NOT_PROTOCOL fields."""
     # optional at import: the GPU suite imports this module before yaml and torch are installed
-    from latte.config_io import flatten, to_dict
-    from latte.train.task import load_run_config
+    from latte.train import flatten, load_run_config, to_dict
 
     cfg = to_dict(load_run_config(config, [f"--{s.lstrip('-')}" for s in sets]))
     return {k: v for k, v in flatten(cfg).items() if k not in NOT_PROTOCOL}
@@ -115,7 +114,7 @@ def set_aside_changed_run(run_dir: str | Path, config: str, sets: Iterable[str])
         return None
     if saved.is_file():
         # optional at import: the GPU suite reads cells before yaml exists
-        from latte.config_io import flatten, load_yaml
+        from latte.train import flatten, load_yaml
 
         try:
             then = {k: v for k, v in flatten(load_yaml(saved)).items() if k not in NOT_PROTOCOL}
@@ -143,9 +142,7 @@ def run_input_changes(run_dir: Path, config: str, sets: Iterable[str]) -> dict:
     for changed inputs the run accepted when it resumed, and for a run that
     holds checkpoints or a summary but records no inputs (trained before runs
     recorded them: its data cannot be proven the same). Empty: the same."""
-    from latte.train.distributed import DistEnv
-    from latte.train.inputs import DERIVED, RECORD, compare, read_record
-    from latte.train.task import load_run_config, task_class
+    from latte.train import DERIVED, RECORD, DistEnv, compare, load_run_config, read_record, task_class
 
     try:
         record = read_record(run_dir)

@@ -62,7 +62,7 @@ from experiments.common.cells import input_digest
 from experiments.common.results import check_readme, claim_results, claim_work
 from latte.arguments import checked, folder_name, int_at_least, int_list, name_list
 from latte.data import load_documents, train_bpe
-from latte.train.task import load_run_config
+from latte.train import load_run_config
 
 from .convert_fewshot import FEWSHOT_FULL, FEWSHOT_QUICK, add_fewshot_args, fewshot_report, fewshot_stage
 from .convert_models import DEFAULT_MODELS, MODELS, TRAINED, check_models, open_subject, sinks_of
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
 def experiment_base(a: argparse.Namespace) -> dict:
     """The sha256 of every file of the experiment's original (the base of
     --config with --set: what loading it reads, config.json included)."""
-    from latte.convert.io import base_reference, resolve_base  # optional dependency (extra "hf")
+    from latte.convert import base_reference, resolve_base  # optional dependency (extra "hf")
 
     cfg = load_run_config(a.config, [f"--{s}" for s in a.set])
     folder, gguf = resolve_base(cfg.base.path, cfg.base.gguf_file, where="base")

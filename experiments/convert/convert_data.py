@@ -41,10 +41,8 @@ import torch
 
 from experiments.common.cells import INPUTS, digest_or_missing, finished_summary, set_aside_changed_run
 from experiments.common.results import Sweep, claim_results, claim_work, provenance, run_latte, write_results
-from latte.data import load_documents, split_documents
-from latte.data.heldout import eval_essays, eval_plays
-from latte.train.manifest import step_dirs
-from latte.train.metrics import run_wall_time
+from latte.data import eval_essays, eval_plays, load_documents, split_documents
+from latte.train import run_wall_time, step_dirs
 
 from .convert import check_args, check_same_base, experiment_base, quick_setup
 from .convert import parse_args as convert_args

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from latte.config_io import load_yaml
 from latte.reporting import pyplot, save_figure
+from latte.train import load_yaml
 
 
 def report(a, pilots: list[dict], curve: list[dict]) -> tuple[str, list[str]]:

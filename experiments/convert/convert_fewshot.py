@@ -13,15 +13,7 @@ import time
 from pathlib import Path
 
 from experiments.common.results import Sweep
-from latte.eval.fewshot import (
-    GEN_TASKS,
-    MC_TASKS,
-    MMLU,
-    gen_examples,
-    mc_examples,
-    score_example,
-)
-from latte.eval.retrieval import length_summary
+from latte.eval import GEN_TASKS, MC_TASKS, MMLU, gen_examples, length_summary, mc_examples, score_example
 
 from .convert_models import MODELS, Subject, as_model, label, sinks_cell
 from .convert_stages import checks

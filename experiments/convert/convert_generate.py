@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from latte.convert.io import resolve_base  # optional dependency: transformers
+    from latte.convert import resolve_base  # optional dependency: transformers
 
     folder, gguf = resolve_base(a.base)
     kw = {"gguf_file": gguf} if gguf else {}

@@ -4,7 +4,7 @@ the sinks' ablations. They are the package's, shared with `latte eval`
 (latte/eval/subjects.py, where each one is described); re-exported here
 for the stages."""
 
-from latte.eval.subjects import (  # noqa: F401
+from latte.eval import (  # noqa: F401
     DEFAULT_MODELS,
     DEFAULT_SINKS,
     MODELS,

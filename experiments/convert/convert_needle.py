@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 
 from experiments.common.results import Sweep
-from latte.data.heldout import eval_essays
-from latte.eval.needle import PrefixFeeder, haystack_text, make_key, needle_prompt, run_trial, sentence_ends
+from latte.data import eval_essays
+from latte.eval import PrefixFeeder, haystack_text, make_key, needle_prompt, run_trial, sentence_ends
 from latte.reporting import pyplot, save_figure
 
 from .convert_models import MODELS, TRAINED, as_model, bos_cell, label, sinks_cell

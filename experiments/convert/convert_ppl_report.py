@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from latte.eval.long_context import perplexities
+from latte.eval import perplexities
 from latte.reporting import pyplot, save_figure
 
 from .convert_models import MODELS, label

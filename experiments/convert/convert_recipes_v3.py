@@ -43,8 +43,7 @@ import torch
 from experiments.common.cells import NOT_PROTOCOL, protocol_difference, resolved_config
 from experiments.common.results import check_readme, claim_results, claim_work, provenance, write_results
 from experiments.common.stats import t_quantile
-from latte.train.manifest import MANIFEST
-from latte.train.metrics import run_wall_time
+from latte.train import MANIFEST, run_wall_time
 
 from .convert import check_args, check_same_base, experiment_base, quick_setup
 from .convert import parse_args as convert_args
@@ -186,7 +185,7 @@ def evaluate_pilot(a, path: Path, name: str) -> tuple[dict, list[dict], list[dic
 
 
 def _saved_config(run: Path) -> dict:
-    from latte.config_io import flatten, load_yaml
+    from latte.train import flatten, load_yaml
 
     path = run / "config.yaml"
     if not path.is_file():

@@ -10,12 +10,10 @@ import sys
 from pathlib import Path
 
 from experiments.common.results import claim_results, provenance, readme_body, write_results
-from latte.eval.long_context import perplexities
-from latte.eval.needle import ANSWER_TOKENS, NEEDLE, QUESTION
+from latte.eval import ANSWER_TOKENS, NEEDLE, QUESTION, perplexities
 from latte.files import atomic_write
 from latte.reporting import update_readme
-from latte.train.manifest import TRAINER
-from latte.train.metrics import run_wall_time
+from latte.train import TRAINER, run_wall_time
 
 from .convert_models import TRAINED, original_context
 from .convert_needle import needle_records, needle_tables, plot_heatmaps

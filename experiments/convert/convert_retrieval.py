@@ -29,14 +29,8 @@ from pathlib import Path
 import torch
 
 from experiments.common.results import Sweep
-from latte.eval.retrieval import (
-    FORMATS,
-    TASKS,
-    Reader,
-    SharedPrefix,
-    answer_prompt,
-    length_summary,
-)
+from latte.eval import FORMATS, Reader, SharedPrefix, answer_prompt, length_summary
+from latte.eval import RETRIEVAL_TASKS as TASKS
 
 from .convert_models import MODELS, TRAINED, Subject, as_model, label, sinks_cell
 from .convert_stages import checks
@@ -56,11 +50,10 @@ def base_subject(a) -> Subject:
     calibration reads when no converted model is given."""
     from transformers import AutoTokenizer  # optional dependency (extra "hf")
 
-    from latte.convert import convert_pretrained
-    from latte.convert.io import resolve_base
+    from latte.convert import convert_pretrained, resolve_base
     from latte.data import load_tokenizer
-    from latte.models.pretrained import transformers_tokenizer
-    from latte.train.task import load_run_config
+    from latte.models import transformers_tokenizer
+    from latte.train import load_run_config
 
     cfg = load_run_config(a.config, [f"--{s}" for s in a.set])
     folder, gguf = resolve_base(cfg.base.path, cfg.base.gguf_file)

@@ -28,8 +28,8 @@ import torch
 
 from experiments.common.results import Sweep, check_readme, claim_results, claim_work, provenance, write_results
 from latte.arguments import checked, int_at_least, int_list
-from latte.data.heldout import eval_essays, eval_plays
-from latte.eval.long_context import converted_nll, original_nll
+from latte.data import eval_essays, eval_plays
+from latte.eval import converted_nll, original_nll
 
 SINKS = (0, 1, 4, 8)
 CONTEXTS = (1024, 2048)
@@ -90,7 +90,7 @@ def load_model(a):
         return model.eval(), lambda text: list(text.encode("utf-8"))
     from transformers import AutoTokenizer
 
-    from latte.convert.io import resolve_base  # optional dependency: transformers
+    from latte.convert import resolve_base  # optional dependency: transformers
 
     folder, gguf = resolve_base("smollm2")
     tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)

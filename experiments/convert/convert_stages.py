@@ -19,14 +19,9 @@ from experiments.common.cells import (
     set_aside_changed_run,
 )
 from experiments.common.results import Sweep, run_latte
-from latte.data import TokenWindows
-from latte.data.heldout import eval_essays, eval_plays
-from latte.eval.long_context import converted_nll, original_decode, original_nll, original_window_nll
-from latte.eval.needle import haystack_text
-from latte.train.lm import pack_split, split_corpus
-from latte.train.metrics import run_wall_time
-from latte.train.runs import open_run
-from latte.train.validation import nll_sums, subset, summarize
+from latte.data import TokenWindows, eval_essays, eval_plays
+from latte.eval import converted_nll, haystack_text, original_decode, original_nll, original_window_nll
+from latte.train import nll_sums, open_run, pack_split, run_wall_time, split_corpus, subset, summarize
 
 from .convert_models import TRAINED, as_model, bos_cell, sinks_cell
 

@@ -16,15 +16,8 @@ import time
 from pathlib import Path
 
 from experiments.common.results import Sweep
-from latte.eval.suites import ZERO_SHOT_TASKS as TASKS
-from latte.eval.tasks import (  # noqa: F401 (pooled, subsample: the tests import them from here)
-    SEED,
-    pooled,
-    score_tasks,
-    subsample,
-    task_sizes,
-    write_task_dir,
-)
+from latte.eval import SEED, pooled, score_tasks, subsample, task_sizes, write_task_dir  # noqa: F401 (pooled, subsample: the tests import them from here)
+from latte.eval import ZERO_SHOT_TASKS as TASKS
 
 from .convert_models import TRAINED, as_model, sinks_cell
 from .convert_stages import checks

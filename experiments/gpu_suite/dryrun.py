@@ -92,9 +92,9 @@ def _check_bench(name: str, rest: list[str]) -> tuple[list[str], str]:
     detail = ""
     if name == "ops" and args.device == "cuda":
         # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
-        from latte.bench import cuda
+        from latte.bench import cuda_plan
 
-        pts = cuda.plan(args)
+        pts = cuda_plan(args)
         if not pts:
             problems.append("latte bench ops --device cuda: no point to measure")
         Ts = sorted({p["T"] for p in pts})
@@ -105,7 +105,7 @@ def _check_bench(name: str, rest: list[str]) -> tuple[list[str], str]:
 def _check_lra(rest: list[str]) -> tuple[list[str], str]:
     # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
     from experiments.lra import lra
-    from latte.train.task import load_run_config
+    from latte.train import load_run_config
 
     args, err = _parse(lra.parse_args, rest)
     if err:
@@ -129,7 +129,7 @@ def _check_lra(rest: list[str]) -> tuple[list[str], str]:
 def _check_lm(rest: list[str]) -> tuple[list[str], str]:
     # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
     from experiments.lm_variants import lm_variants as lm
-    from latte.train.task import load_run_config
+    from latte.train import load_run_config
 
     args, err = _parse(lm.parse_args, rest)
     if err:

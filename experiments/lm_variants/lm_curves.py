@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from latte.config_io import load_yaml
 from latte.reporting import save_figure
+from latte.train import load_yaml
 
 from .lm_report import ORDER, _figure
 

@@ -57,8 +57,7 @@ from experiments.common.results import (
     write_results,
 )
 from latte.arguments import checked, int_at_least, int_list, name_list
-from latte.train.metrics import run_wall_time
-from latte.train.task import load_run_config
+from latte.train import load_run_config, run_wall_time
 
 from .lm_curves import curve_table
 from .lm_plans import PLANS, VARIANT_SETS, VARIANTS, stage_outputs

@@ -39,14 +39,9 @@ import torch
 
 from experiments.common.cells import finished_summary, run_protocol, set_aside_changed_run
 from experiments.common.results import Sweep, check_readme, claim_results, claim_work, provenance, write_results
-from latte.data.lra import listops, load_task, pathfinder
+from latte.data import lra as lra_data
 from latte.reporting import pyplot, save_figure
-from latte.train.checkpoint import find_latest_checkpoint
-from latte.train.loop import train
-from latte.train.manifest import step_dir_name, step_dirs
-from latte.train.metrics import read_csv
-from latte.train.runs import open_run
-from latte.train.task import load_run_config
+from latte.train import find_latest_checkpoint, load_run_config, open_run, read_csv, step_dir_name, step_dirs, train
 
 NAME = "lra"
 TASKS = ("listops", "pathfinder", "listops-short")
@@ -183,11 +178,11 @@ def generator_speed(task: str, quick: bool) -> dict:
     t0, cpu0 = time.perf_counter(), time.process_time()
     n = generator_count(task, quick)
     if task == "listops":
-        spec = listops.ListOpsSpec(min_length=20, max_length=60) if quick else listops.ListOpsSpec()
-        _, drawn = listops.generate_shard(0, 0, n, spec)
+        spec = lra_data.listops.ListOpsSpec(min_length=20, max_length=60) if quick else lra_data.listops.ListOpsSpec()
+        _, drawn = lra_data.listops.generate_shard(0, 0, n, spec)
         extra = {"candidates_per_example": round(drawn / n, 2)}
     else:
-        pathfinder.generate_shard(0, 0, n, pathfinder.PathfinderSpec())
+        lra_data.pathfinder.generate_shard(0, 0, n, lra_data.pathfinder.PathfinderSpec())
         extra = {}
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     # cpu_share: CPU time / wall time of this process: near 1 when it had a core to itself;
@@ -784,7 +779,7 @@ def _pathfinder_test_split(extra: list[str]):
     """The test split the Pathfinder runs use (read from the data cache)."""
 
     d = load_run_config("lra/pathfinder", extra).data
-    splits, _ = load_task(
+    splits, _ = lra_data.load_task(
         "pathfinder",
         sizes={"train": d.train_examples, "validation": d.validation_examples, "test": d.test_examples},
         seed=d.seed,

@@ -51,9 +51,9 @@ from experiments.common.results import (
     writer_of,
 )
 from latte.arguments import checked, float_list, int_at_least, int_list, name_list
-from latte.data.mqar import MQARData, check_mqar_args, mqar_splits
+from latte.data import MQARData, check_mqar_args, mqar_splits
 from latte.models import LatteConfig, LatteForCausalLM
-from latte.train.schedule import lr_at
+from latte.train import lr_at
 
 from .mqar_cells import cell_file_key, other_protocol_records, restore_cells, with_protocol
 from .mqar_report import flat_records, report

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from experiments.common.cells import set_aside
-from latte.data.mqar import IGNORE_INDEX, MQARData
+from latte.data import IGNORE_INDEX, MQARData
 from latte.models import LatteForCausalLM
 
 
