@@ -10,7 +10,12 @@ import torch
 from latte.models import MIXERS, LatteConfig, LatteForSequenceClassification, from_pretrained
 
 transformers = pytest.importorskip("transformers")
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    GenerationMixin,
+)
 
 from latte.models import hf  # noqa: E402
 from latte.models.hf_cache import output_cache  # noqa: E402
@@ -39,9 +44,10 @@ def test_auto_classes_load_native_folder_and_greedy_generate_matches(saved, make
     lengths = []
     hfm.register_forward_pre_hook(lambda m, a, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True)
     ours = model.generate(x, 12, temperature=0)
-    theirs = hfm.generate(x, max_new_tokens=12, do_sample=False)
+    theirs = GenerationMixin.generate(hfm, x, max_new_tokens=12, do_sample=False)  # transformers' own loop
     assert torch.equal(theirs, ours)
     assert lengths == [10] + [1] * 11  # prefill once, then one token per step from the cache
+    assert torch.equal(hfm.generate(x, max_new_tokens=12, do_sample=False), ours)  # the static step
 
 
 @pytest.mark.parametrize("mixer", ["latte", "macchiato", "softmax"])
@@ -55,10 +61,9 @@ def test_left_padded_batch_and_eos_match_native(saved, make_ids, mixer):
     free = model.generate(x, 10, temperature=0, attention_mask=mask)
     eos = int(free[1, 9 + 3])
     ours = model.generate(x, 10, temperature=0, attention_mask=mask, eos_token_id=eos)
-    theirs = hfm.generate(
-        x, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=eos, pad_token_id=eos
-    )
-    assert torch.equal(theirs, ours)
+    kw = dict(attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+    assert torch.equal(GenerationMixin.generate(hfm, x, **kw), ours)  # transformers' own loop
+    assert torch.equal(hfm.generate(x, **kw), ours)  # the static step
 
 
 @pytest.mark.parametrize("name", ["cache", "past_key_values"])  # transformers >= 5.24 and before
