@@ -376,13 +376,19 @@ def _eval_model_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", default="", help="tasks, fewshot, retrieval: which of their tasks (default: all)")
     p.add_argument("--examples", type=int_at_least(1), default=20, help="tasks, fewshot: examples per task")
     p.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads (default: torch's)")
+    p.add_argument(
+        "--deadline",
+        default=None,
+        help="UTC time like 2026-11-22T18:45: no cell starts after it; the tables name the cells left out "
+        "(a later command runs them)",
+    )
     return p
 
 
 def _eval_model(args: list[str]) -> int:
     a = _eval_model_parser().parse_args(args)
     # on use: the CLI starts without torch (docs/design.md §10)
-    from latte.eval.runner import Request, evaluate, parse_lengths
+    from latte.eval.runner import Request, evaluate, parse_deadline, parse_lengths
 
     if a.threads:
         import torch
@@ -403,6 +409,7 @@ def _eval_model(args: list[str]) -> int:
         trials=a.trials,
         tasks=tuple(s for s in a.tasks.split(",") if s),
         examples=a.examples,
+        deadline=parse_deadline(a.deadline) if a.deadline else None,
         command=shlex.join(["latte", "eval", *args]),
     )
     evaluate(req)

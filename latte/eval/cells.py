@@ -227,7 +227,7 @@ class Sweep:
     each cell file records it and is reused only when it matches exactly.
     `fields`: result fields every record must hold (or a function of the cell
     giving them). `folder_flag`: the option that chose the work folder, for
-    the messages."""
+    the messages. `stop() -> bool`: run()'s default stop (below)."""
 
     def __init__(
         self,
@@ -238,8 +238,9 @@ class Sweep:
         protocol: dict | Callable[[dict], dict] | None = None,
         fields: tuple[str, ...] | Callable[[dict], tuple[str, ...]] = (),
         folder_flag: str = "--work",
+        stop: Callable[[], bool] | None = None,
     ):
-        self.work = Path(work_dir)
+        self.work, self.stop = Path(work_dir), stop
         self.cells = list(cells)
         self.key = key
         self.protocol = protocol if callable(protocol) or protocol is None else (lambda c, p=protocol: p)
@@ -325,7 +326,9 @@ class Sweep:
     def run(
         self, fn: Callable[[dict], dict], *, desc: str = "sweep", stop: Callable[[], bool] | None = None
     ) -> list[dict]:
-        """`stop()` is asked before each cell: True ends the sweep there."""
+        """`stop()` (default: the sweep's own) is asked before each cell:
+        True ends the sweep there, the cells not run left missing."""
+        stop = self.stop if stop is None else stop
         todo = self.pending()
         if len(todo) < len(self.cells):
             print(

@@ -22,6 +22,8 @@ ValueError or ImportError naming it: `latte eval` exits 2.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime
 import json
 import os
 import re
@@ -31,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from latte.config_io import parse_overrides
 from latte.eval import suites
 from latte.eval.cells import Sweep, digest_or_missing
 from latte.eval.subjects import Subject, as_model, label, open_model, sinks_of
@@ -61,6 +64,7 @@ class Request:
     trials: int = 1
     tasks: tuple[str, ...] = ()  # of the tasks, fewshot and retrieval suites (default: theirs)
     examples: int = 20  # per task: tasks, fewshot
+    deadline: float | None = None  # time.time(): no cell starts after it (parse_deadline)
     command: str = field(default_factory=lambda: shlex.join(["latte", *sys.argv[1:]]))
 
     def __post_init__(self):
@@ -94,6 +98,15 @@ def parse_lengths(text: str, flag: str = "--lengths") -> tuple[int, ...]:
     if not out:
         raise ValueError(f"{flag} {text!r}: no lengths given")
     return tuple(sorted(out))
+
+
+def parse_deadline(text: str) -> float:
+    """--deadline: a UTC time like 2026-11-22T18:45 as a time.time() value."""
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--deadline {text!r}: expected a UTC time like 2026-11-22T18:45") from None
+    return when.replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
 def split_name(text: str) -> tuple[str, str]:
@@ -131,6 +144,7 @@ class Evaluated:
     set: str = ""
     sinks: int = 0
     title: str = ""
+    memory: tuple | None = None  # (slots, rule, positions) set on the opened model itself (memory_only)
 
     @property
     def label(self) -> str:
@@ -163,6 +177,9 @@ class Evaluated:
         """The model as a causal LM, in this subject's mode."""
         if self.subject.kind != "converted":
             yield self.subject.model
+        elif self.memory is not None:
+            with memory_settings(self.subject.model, *self.memory) as model:
+                yield model
         else:
             with as_model(self.subject, self.mode, self.sinks) as model:
                 yield model
@@ -186,12 +203,50 @@ def subjects(base: Subject, req: Request) -> list[Evaluated]:
         )
     for text, title in zip(req.sets, names):
         sets = split_set(text)
-        opened = open_model(req.model, sets)
-        out.append(Evaluated(main, opened, main, set=",".join(sets), title=title))
+        memory = memory_only(base, sets)
+        opened = base if memory is not None else open_model(req.model, sets)
+        out.append(Evaluated(main, opened, main, set=",".join(sets), title=title, memory=memory))
     sinks = sinks_of(base, None) if base.kind == "converted" else 0
     for name in req.against:
         out.append(Evaluated(name, base, "original" if name == "original" else "window+sinks", sinks=sinks))
     return out
+
+
+MEMORY_FIELDS = ("memory_slots", "memory_rule", "memory_positions")
+
+
+def memory_only(base: Subject, sets: tuple[str, ...]) -> tuple | None:
+    """(slots, rule, positions) when every override of a converted model's
+    set is a memory field of its conversion (docs/math.md §4.2): the model
+    already open takes them layer by layer (memory_settings), as a rebuild
+    from its config would, without loading the base model again; else None.
+    Checked as the config checks them (a bad value is a ValueError)."""
+    if base.kind != "converted":
+        return None
+    data = parse_overrides([f"{s.partition('=')[0]}={s.partition('=')[2]}" for s in sets])
+    fields = {k: v for section in data.values() if isinstance(section, dict) for k, v in section.items()}
+    if not set(data) <= {"model", "conversion"} or not set(fields) <= set(MEMORY_FIELDS):
+        return None
+    conversion = dataclasses.replace(base.model.conversion, **fields)  # its checks: exit 2 on a bad value
+    return tuple(getattr(conversion, f) for f in MEMORY_FIELDS)
+
+
+@contextlib.contextmanager
+def memory_settings(model, slots: int, rule: str, positions: str):
+    """Inside the block, every converted layer of `model` keeps `slots`
+    memory slots chosen by `rule` at `positions` (what ConversionConfig's
+    memory fields give a rebuilt model: latte/convert/modeling.py); each
+    layer's own settings are restored after, also on an error."""
+    layers = list(model.converted)
+    saved = [(a.memory, a.memory_positions) for a in layers]
+    try:
+        for a in layers:
+            a.use_memory(slots, rule, layer_index=a.layer_idx)
+            a.memory_positions = positions
+        yield model
+    finally:
+        for a, (memory, where) in zip(layers, saved):
+            a.memory, a.memory_positions = memory, where
 
 
 # --------------------------------------------------------------------------- sweeps and folders
@@ -205,13 +260,31 @@ class Context:
     req: Request
     base: Subject
     out: Path
+    sweeps: dict = field(default_factory=dict)  # suite -> its Sweep
 
     def sweep(self, suite: str, cells: list[dict], options: dict, fields=()) -> Sweep:
         """The suite's cells under OUT/cells-SUITE, each recording the suite's
-        options and the sha256 of the model's files (latte/eval/cells.py)."""
+        options and the sha256 of the model's files (latte/eval/cells.py);
+        past --deadline no cell starts."""
         inputs = {"model": digest_or_missing(self.base.source)}
         protocol = {"suite": suite, **options, "inputs": inputs}
-        return Sweep(self.out / f"cells-{suite}", cells, protocol=protocol, fields=fields, folder_flag="--out")
+        late = None if self.req.deadline is None else (lambda: time.time() >= self.req.deadline)
+        sweep = Sweep(
+            self.out / f"cells-{suite}", cells, protocol=protocol, fields=fields, folder_flag="--out", stop=late
+        )
+        self.sweeps[suite] = sweep
+        return sweep
+
+    def missing(self, suite: str, evaluated: list[Evaluated]) -> dict[str, int]:
+        """The suite's cells not finished (--deadline): their count per model
+        label, task and context, as "label, task, context" -> count."""
+        sweep, out = self.sweeps.get(suite), {}
+        for cell in [] if sweep is None else sweep.cells:
+            if not sweep.done(cell):
+                what = [suites.model_of(evaluated, cell).label, cell.get("task"), cell.get("context")]
+                key = ", ".join(f"{x:,}" if isinstance(x, int) else str(x) for x in what if x is not None)
+                out[key] = out.get(key, 0) + 1
+        return out
 
 
 def default_out(model: str, base: Subject) -> Path:
@@ -284,21 +357,32 @@ def _evaluate(req: Request) -> Path:
     with output_folder(req, base) as out:
         ctx = Context(req, base, out)
         records, tables = [], []
+        missing = {}
         for suite in req.suites:
             recs, table = suites.SUITES[suite].run(ctx, evaluated)
             records += [{"suite": suite, **r} for r in recs]
-            tables.append(f"## {suite}\n\n{table.strip()}\n")
-            print(f"\n{table.strip()}\n")
-        write_report(ctx, evaluated, records, tables, t0, load0)
+            missing[suite] = ctx.missing(suite, evaluated)
+            table = table.strip() + _missing_note(missing[suite], len(ctx.sweeps[suite].cells))
+            tables.append(f"## {suite}\n\n{table}\n")
+            print(f"\n{table}\n")
+        write_report(ctx, evaluated, records, tables, t0, load0, {k: v for k, v in missing.items() if v})
     print(f"latte eval: wrote {out / 'results.json'} and results.md", file=sys.stderr)
     return out
+
+
+def _missing_note(missing: dict[str, int], total: int) -> str:
+    """The line under a suite's table naming the cells --deadline left out."""
+    if not missing:
+        return ""
+    parts = "; ".join(f"{k}: {n}" for k, n in missing.items())
+    return f"\n\nNot run (--deadline): {sum(missing.values())} of {total} cells, not in the table above ({parts})."
 
 
 def _load() -> float | None:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
 
-def write_report(ctx: Context, evaluated: list[Evaluated], records, tables, t0: float, load0) -> None:
+def write_report(ctx: Context, evaluated: list[Evaluated], records, tables, t0: float, load0, missing=None) -> None:
     """results.json and results.md: the fields every results folder records
     (command, machine, threads, load, wall time, inputs' sha256), then the
     records (json) or tables (markdown)."""
@@ -315,6 +399,7 @@ def write_report(ctx: Context, evaluated: list[Evaluated], records, tables, t0: 
         "subjects": [e.label for e in evaluated],
         "sets": {e.title: e.set for e in evaluated if e.title},
         "suites": list(ctx.req.suites),
+        "missing": missing or {},  # suite -> {"label, task, context": cells not run (--deadline)}
     }
     atomic_write(ctx.out / "results.json", json.dumps({**run, "records": records}, indent=1) + "\n")
     load = f"{load0:.1f}" if load0 is not None else "unknown"

@@ -94,7 +94,7 @@ def _groups(evaluated, done: list[dict]) -> list[tuple[dict, str, list[dict]]]:
     out = []
     for e in evaluated:
         fields = e.fields()
-        out.append((fields, e.label, [c for c in done if _of(evaluated, c) is e]))
+        out.append((fields, e.label, [c for c in done if model_of(evaluated, c) is e]))
     return out
 
 
@@ -165,7 +165,7 @@ def _native_ppl(ctx, evaluated):
     options = {"data": req.data or "validation", "lengths": list(lengths), "tokens": span}
 
     def cell_fn(cell: dict) -> dict:
-        with _of(evaluated, cell).use() as model:
+        with model_of(evaluated, cell).use() as model:
             batch = max(1, req.batch_size * train_len // cell["seq_len"])
             r = extrapolation(model, tokens[: span + 1], train_len=cell["seq_len"], multiples=[1], batch_size=batch)[0]
         if "error" in r:
@@ -189,7 +189,7 @@ def _document_ppl(ctx, evaluated):
     options = {"data": data, "documents": req.documents, "bos": len(base.bos)}
 
     def cell_fn(cell: dict) -> dict:
-        e = _of(evaluated, cell)
+        e = model_of(evaluated, cell)
         nll = document_nll(e, docs[cell["document"]])
         return {"tokens": int(nll.shape[0]), "nll": ",".join(f"{x:.5f}" for x in nll.tolist())}
 
@@ -198,7 +198,7 @@ def _document_ppl(ctx, evaluated):
     return records, table + f"\n\n(--data {data}: documents read to {max(lengths):,} tokens)"
 
 
-def _of(evaluated, cell: dict):
+def model_of(evaluated, cell: dict):
     """The model a cell names (the longest match: a set subject's cell also
     holds the fields of the model without the set)."""
     return max((e for e in evaluated if e.cell().items() <= cell.items()), key=lambda e: len(e.cell()))
@@ -253,7 +253,7 @@ def _needle_run(ctx, evaluated):
     feeders: dict = {}
 
     def cell_fn(cell: dict) -> dict:
-        e, load0 = _of(evaluated, cell), os.getloadavg()[0]
+        e, load0 = model_of(evaluated, cell), os.getloadavg()[0]
         prompt = prompts[(cell["context"], cell["depth"], cell["trial"])]
         with e.use() as model:
             feeder = None
@@ -291,7 +291,7 @@ def _latents_run(ctx, evaluated):
     cells = [e.cell() for e in evaluated]
 
     def cell_fn(cell: dict) -> dict:
-        with _of(evaluated, cell).use() as model:
+        with model_of(evaluated, cell).use() as model:
             return {"report": latent_utilisation(model, windows, batch_size=req.batch_size)}
 
     options = {"data": req.data or "validation", "windows": len(windows), "seq_len": train_len}
@@ -309,7 +309,10 @@ def _latents_run(ctx, evaluated):
 def _retrieval_run(ctx, evaluated):
     """RULER-style retrieval (passkey, multikey, multivalue) in the held-out
     essays at each length, the calibrated format, only prompts whose nearest
-    needle lies beyond the window counted for converted models."""
+    needle lies beyond the window counted for converted models. Cells run
+    task by task (in --tasks order), then trial by trial, every model within
+    a trial: a command cut short (--deadline) leaves each model the same
+    prompts; prompts of one model and trial share their prefix's state."""
     req, base = ctx.req, ctx.base
     reader = Reader(base)
     contexts = req.lengths or DOCUMENT_LENGTHS
@@ -321,11 +324,18 @@ def _retrieval_run(ctx, evaluated):
         for t, c, d, i in keys
     ]
     prompts = {id(c): reader.prompt(c) for c in cells}
-    cells.sort(key=lambda c: (evaluated.index(_of(evaluated, c)), c["trial"], c["task"], prompts[id(c)].shared))
+    cells.sort(
+        key=lambda c: (
+            tasks.index(c["task"]),
+            c["trial"],
+            evaluated.index(model_of(evaluated, c)),
+            prompts[id(c)].shared,
+        )
+    )
     shared: dict = {}
 
     def cell_fn(cell: dict) -> dict:
-        e, load0 = _of(evaluated, cell), os.getloadavg()[0]
+        e, load0 = model_of(evaluated, cell), os.getloadavg()[0]
         with e.use() as model:
             if id(e) not in shared:
                 shared.clear()
@@ -388,7 +398,7 @@ def _fewshot_run(ctx, evaluated):
     def cell_fn(cell: dict) -> dict:
         ex, load0 = examples[(cell["task"], cell["doc"])], os.getloadavg()[0]
         ids = bos + hf.encode(ex.context, add_special_tokens=False)
-        with _of(evaluated, cell).use() as model:
+        with model_of(evaluated, cell).use() as model:
             rec = score_example(model, hf, ids, ex, cell["task"], GEN_MAX_TOKENS)
         return {**rec, "tokens": len(ids), "load": round(load0, 2)}
 
@@ -423,14 +433,14 @@ def _tasks_run(ctx, evaluated):
         if t not in built:
             samples = subsample(t, task_sizes(t), cell["examples"])
             built[t] = samples, list(manager.load(sorted(samples))["tasks"].values())
-        with _of(evaluated, cell).use() as model:
+        with model_of(evaluated, cell).use() as model:
             rec = score_tasks(model, base.hf_tokenizer, built[t][1], built[t][0], manager)
         return {**rec, "wall_s": round(time.perf_counter() - t0, 1), "load": round(load0, 2)}
 
     done = ctx.sweep("tasks", cells, {"bos": len(base.bos)}, fields=("examples_scored",)).run(cell_fn, desc="tasks")
     records, rows = [], []
     for e in evaluated:
-        for c in (c for c in done if _of(evaluated, c) is e):
+        for c in (c for c in done if model_of(evaluated, c) is e):
             metric = "acc_norm" if "acc_norm" in c else "acc"
             r = {**e.fields(), "task": c["task"], "metric": metric}
             r.update(examples=c["examples_scored"], score=c[metric], score_stderr=c.get(f"{metric}_stderr"))

@@ -198,6 +198,48 @@ def test_several_named_override_sets_in_one_command(converted, tmp_path, capsys)
     assert "the name 'a' is given to 2 sets" in capsys.readouterr().err
 
 
+def test_memory_overrides_are_set_on_the_open_model_as_a_rebuild_would(converted, tmp_path, monkeypatch, capsys):
+    """A set of memory fields alone (docs/math.md §4.2) is applied to the
+    converted model already open, layer by layer: the same perplexities as
+    the model rebuilt from its config with them (forced here by a no-op
+    window_size override), without opening the model again."""
+    import latte.eval.runner as runner
+
+    _, run, _ = converted
+    opened = []
+    real_open = runner.open_model
+    monkeypatch.setattr(runner, "open_model", lambda *a, **k: opened.append(a) or real_open(*a, **k))
+    mem = "model.memory_slots=4,model.memory_rule=key_norm,model.memory_positions=cache"
+    sets = ["--set", f"inplace:{mem}", "--set", f"rebuilt:{mem},model.window_size=16"]
+    assert main(["eval", str(run), *PPL, *sets, "--out", str(tmp_path / "mem")]) == 0
+    assert len(opened) == 2  # the model, then the rebuilt set; the memory-only set opened nothing
+    res = _results(tmp_path / "mem")
+    for c in (32, 64):
+        ppl = {r.get("subject"): r["ppl"] for r in res["records"] if r["context"] == c}
+        assert ppl["inplace"] == pytest.approx(ppl["rebuilt"], rel=1e-6)
+    assert ppl["inplace"] != pytest.approx(ppl[None], rel=1e-6)  # the slots matter beyond the window of 16
+    bad = ["--set", "model.memory_rule=nope"]
+    assert main(["eval", str(run), *PPL, *bad, "--out", str(tmp_path / "bad")]) == 2
+    assert "memory_rule" in capsys.readouterr().err
+
+
+def test_a_deadline_leaves_cells_out_and_the_tables_name_them(converted, tmp_path, capsys):
+    _, run, _ = converted
+    out = tmp_path / "late"
+    args = ["eval", str(run), *PPL, "--against", "original", "--out", str(out)]
+    assert main([*args, "--deadline", "2000-01-01T00:00"]) == 0  # past: no cell starts
+    res = _results(out)
+    assert res["records"] == [] and not (out / "cells-ppl" / "cells").exists()
+    assert res["missing"] == {"ppl": {"converted": 2, "original": 2}}
+    assert "Not run (--deadline): 4 of 4 cells" in (out / "results.md").read_text()
+    assert main([*args, "--deadline", "2999-01-01T00:00"]) == 0  # the next command runs them
+    res = _results(out)
+    assert res["missing"] == {} and len(res["records"]) == 4
+    assert "Not run" not in (out / "results.md").read_text()
+    assert main([*args, "--deadline", "noon"]) == 2
+    assert "--deadline 'noon': expected a UTC time like" in capsys.readouterr().err
+
+
 def test_native_run_through_the_front_door_matches_the_old_form(native, capsys):
     run = native
     assert main(["eval", "--run", str(run), "--lengths", "1,2", "--max-tokens", "512"]) == 0
