@@ -24,6 +24,7 @@ from torch import nn
 from latte.ops import LatteState, latte_bidirectional, latte_causal, latte_causal_step
 
 from ._checks import check_backend, check_divides, check_dropout, check_input, check_positive_ints, check_state
+from .documents import check_packed, packed_layer, packed_qk_mixer
 from .mixers import QKMixer
 
 
@@ -91,12 +92,16 @@ class LatteAttention(nn.Module):
         state: LatteLayerState | None = None,
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, LatteLayerState | None]:
         """x [B, T, dim], mask [B, T] bool (False = padding) ->
         (y [B, T, dim], LatteLayerState after the last token; None if not causal).
         positions: accepted for a uniform layer interface; Latte takes order
-        from its qk mixer and the causal sum, not from positions."""
+        from its qk mixer and the causal sum, not from positions.
+        cu_seqlens: the documents of a packed row (B == 1; layers/documents.py)."""
         B, T = check_input(x, self.dim, mask, positions)
+        if cu_seqlens is not None:
+            return self._packed(x, cu_seqlens, state, mask)
         state = check_state(state, LatteLayerState, B, self.causal)
         H, L = self.num_heads, self.latents_per_head
         u, conv, h = self.mixer(
@@ -125,6 +130,19 @@ class LatteAttention(nn.Module):
                 backend=self.backend,
             )
         return self._out(y), LatteLayerState(attn, conv, h)
+
+    def _packed(self, x, cu_seqlens, state, mask) -> tuple[torch.Tensor, None]:
+        """Packed documents: the qk mixer per document, the op with cu_seqlens
+        (bidirectional: the whole layer per document)."""
+        check_packed(x, cu_seqlens, state=state, mask=mask)
+        if not self.causal:
+            return packed_layer(self, x, cu_seqlens, None)
+        T, H, L = x.shape[1], self.num_heads, self.latents_per_head
+        u = packed_qk_mixer(self.mixer, x, cu_seqlens)
+        a, b = self.a_proj(u).view(1, T, H, L), self.b_proj(u).view(1, T, H, L)
+        v = self.v_proj(x).view(1, T, H, -1)
+        y, _ = latte_causal(a, b, v, chunk_size=self.chunk_size, cu_seqlens=cu_seqlens, backend=self.backend)
+        return self._out(y), None
 
     def _out(self, y: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.o_proj(y.flatten(2)))  # [B, T, H, D] -> [B, T, dim]

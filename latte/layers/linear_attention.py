@@ -28,6 +28,7 @@ from torch import nn
 from latte.ops import LinearAttentionState, linear_attention, linear_attention_step
 
 from ._checks import check_divides, check_dropout, check_input, check_positive_ints, check_state
+from .documents import check_packed, packed_layer
 from .mixers import QKMixer
 
 
@@ -91,11 +92,15 @@ class LinearAttention(nn.Module):
         state: LinearLayerState | None = None,
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, LinearLayerState | None]:
         """x [B, T, dim], mask [B, T] bool (False = padding) ->
         (y [B, T, dim], LinearLayerState after the last token; None if not causal).
         positions: accepted for a uniform layer interface (no positional encoding)."""
         B, T = check_input(x, self.dim, mask, positions)
+        if cu_seqlens is not None:  # packed documents: each its own padded row (layers/documents.py)
+            check_packed(x, cu_seqlens, state=state, mask=mask)
+            return packed_layer(self, x, cu_seqlens, positions)
         state = check_state(state, LinearLayerState, B, self.causal)
         H = self.num_heads
         u, conv, h = self.mixer(

@@ -20,6 +20,7 @@ from torch import nn
 from latte.ops import WindowState, sliding_window_attention, sliding_window_step
 
 from ._checks import check_input, check_state, check_window_heads
+from .documents import check_packed, packed_layer
 from .llama_projections import add_qkvo, project_qkv
 from .rope import layer_positions
 
@@ -69,11 +70,15 @@ class SlidingWindowAttention(nn.Module):
         state: WindowLayerState | None = None,
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, WindowLayerState]:
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, WindowLayerState | None]:
         """x [B, T, dim], mask [B, T] bool (False = padding), positions [B, T]
         (RoPE positions; default: real tokens counted from state.pos) ->
         (y [B, T, dim], WindowLayerState after the last token)."""
         B, T = check_input(x, self.dim, mask, positions)
+        if cu_seqlens is not None:  # packed documents: each its own padded row (layers/documents.py)
+            check_packed(x, cu_seqlens, state=state, mask=mask)
+            return packed_layer(self, x, cu_seqlens, positions)
         state = check_state(state, WindowLayerState, B)
         pos_BT, pos = layer_positions(positions, state, mask, B, T, x.device)
         q, k, v = project_qkv(self, x, pos_BT)

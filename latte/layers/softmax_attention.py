@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import check_input, check_state, check_window_heads
+from .documents import check_packed, packed_layer
 from .llama_projections import add_qkvo, project_qkv
 from .rope import layer_positions
 
@@ -93,11 +94,15 @@ class SoftmaxAttention(nn.Module):
         state: KVCache | None = None,
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KVCache | None]:
         """x [B, T, dim], mask [B, T] bool (False = padding), positions [B, T]
         (RoPE positions; default: real tokens counted from state.pos) ->
         (y [B, T, dim], KVCache with every token so far; None if not causal)."""
         B, T = check_input(x, self.dim, mask, positions)
+        if cu_seqlens is not None:  # packed documents: each its own padded row (layers/documents.py)
+            check_packed(x, cu_seqlens, state=state, mask=mask)
+            return packed_layer(self, x, cu_seqlens, positions)
         if isinstance(state, StaticKVCache):
             return self._static_step(x, state, mask, positions)
         state = check_state(state, KVCache, B, self.causal)

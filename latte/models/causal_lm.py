@@ -24,6 +24,7 @@ from torch import nn
 
 from latte._checks import is_int, is_real
 from latte.ops import linear_cross_entropy
+from latte.ops._checks import check_cu_seqlens
 
 from .config import LatteConfig
 from .modeling import LatteCache, LatteModel, value_checks
@@ -56,12 +57,15 @@ def next_token_targets(
     V: int,
     *,
     values: bool = True,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Targets [B, T] aligned with the positions (position t predicts
     targets[:, t]; -100 = no loss there).
 
     labels: input_ids-aligned; shifted here, so the last position has no
-    target, and labels at padded positions (mask False) are ignored.
+    target, and labels at padded positions (mask False) are ignored; with
+    cu_seqlens (packed documents, B == 1) neither has the last token of
+    each document (the next document's first token is not its target).
     shift_labels: already shifted (what a loader of (x, y) windows yields),
     used as they are. Exactly one of the two is given. values=False skips
     the range check of the ids (a host sync)."""
@@ -76,7 +80,11 @@ def next_token_targets(
     labels = labels.long()
     if mask is not None:
         labels = labels.masked_fill(~mask, IGNORE_INDEX)
-    return F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+    targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, *shape)
+        targets = targets.index_fill(1, cu_seqlens[1:].long() - 1, IGNORE_INDEX)
+    return targets
 
 
 def mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -264,6 +272,7 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
         use_cache: bool = False,
         attention_mask: torch.Tensor | None = None,
         return_logits: bool | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> CausalLMOutput:
         """labels are input_ids-aligned (shifted inside, -100 ignored);
         shift_labels are already shifted (position t predicts shift_labels[:, t]).
@@ -274,6 +283,8 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
         cross-entropy is used and `logits` is None (a [B, T, V] tensor is
         50257 x 4 bytes per token). True or False forces either way.
         The state is returned when use_cache is set or a state was given.
+        cu_seqlens: packed documents in one row (LatteModel.forward); labels
+        then give no target across a boundary (next_token_targets).
         Inputs are validated once here (see latte/models/modeling.py, "Validation")."""
         mask = self.model.check_inputs(input_ids, attention_mask)
         targets = None
@@ -285,9 +296,15 @@ class LatteForCausalLM(PretrainedMixin, nn.Module):
                 tuple(input_ids.shape),
                 self.model.embed.num_embeddings,
                 values=value_checks(self.model.validate_inputs, input_ids),
+                cu_seqlens=cu_seqlens,
             )
         hidden, state = self.model(
-            input_ids, state=state, attention_mask=mask, use_cache=use_cache, inputs_checked=True
+            input_ids,
+            state=state,
+            attention_mask=mask,
+            use_cache=use_cache,
+            inputs_checked=True,
+            cu_seqlens=cu_seqlens,
         )
         logits, loss = head_and_loss(hidden, self.lm_head, targets, return_logits, self.training)
         return CausalLMOutput(loss, logits, state)

@@ -55,6 +55,8 @@ from ..layers import (
     SoftmaxAttention,
     state_nbytes,
 )
+from ..layers.documents import document_positions
+from ..ops._checks import check_cu_seqlens
 from ..ops.backend import saved_backend
 from .config import LatteConfig
 
@@ -292,8 +294,10 @@ class Block(nn.Module):
         state: Any = None,
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Any]:
-        y, state = self.mixer(self.mixer_norm(x), state=state, mask=mask, positions=positions)
+        packed = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
+        y, state = self.mixer(self.mixer_norm(x), state=state, mask=mask, positions=positions, **packed)
         x = x + y
         if self.mlp is not None:
             x = x + self.mlp(self.mlp_norm(x))
@@ -346,6 +350,7 @@ class LatteModel(nn.Module):
         use_cache: bool = False,
         inputs_checked: bool = False,
         decoding_step: bool = False,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, LatteCache | None]:
         """input_ids [B, T] -> (hidden [B, T, dim], LatteCache or None).
 
@@ -354,7 +359,12 @@ class LatteModel(nn.Module):
         twice). decoding_step: a step of a continuation the caller checked
         whole before the first token (generate, stream): no value is read.
         The cache is returned when use_cache is set or a state was given; it
-        continues exactly with the next tokens."""
+        continues exactly with the next tokens.
+
+        cu_seqlens: int [N+1], the boundaries of N documents packed in one
+        row (B == 1; 0, end of the first, ..., T): no token sees another
+        document, positions restart at 0 in each (layers/documents.py). No
+        padding mask, state or cache with it."""
         cfg = self.config
         mask = attention_mask if inputs_checked else self.check_inputs(input_ids, attention_mask)
         B, T = input_ids.shape
@@ -362,6 +372,9 @@ class LatteModel(nn.Module):
         pos0 = state.pos if state is not None else torch.zeros(B, dtype=torch.long, device=input_ids.device)
         m = torch.ones(B, T, dtype=torch.long, device=input_ids.device) if mask is None else mask.long()
         pos = pos0[:, None] + m.cumsum(1) - m  # [B, T] real tokens before each one: every layer's positions
+        if cu_seqlens is not None:
+            _check_packed(cu_seqlens, input_ids, mask, state, use_cache)
+            pos = document_positions(cu_seqlens, T)
         if cfg.position_embedding != "none" and not decoding_step and value_checks(self.validate_inputs, pos):
             n = int(pos.max()) + 1
             if n > cfg.max_position_embeddings:
@@ -383,6 +396,8 @@ class LatteModel(nn.Module):
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
             kwargs = dict(state=None if state is None else state.layers[i], mask=mask, positions=pos)
+            if cu_seqlens is not None:
+                kwargs["cu_seqlens"] = cu_seqlens
             x, s = self._checkpoint(block, x, **kwargs) if recompute else block(x, **kwargs)
             states.append(s)
         x = self.norm(x)
@@ -421,6 +436,16 @@ class LatteModel(nn.Module):
         for module in self.modules():
             if id(module) not in inside_mixers:
                 init_module(module, self.config.initializer_range, self.config.num_layers)
+
+
+def _check_packed(cu_seqlens, input_ids, mask, state, use_cache) -> None:
+    """A packed forward: cu_seqlens valid for input_ids [1, T]; no padding
+    mask (an all-ones one was dropped already), state or cache."""
+    check_cu_seqlens(cu_seqlens, *input_ids.shape)
+    if mask is not None:
+        raise ValueError("attention_mask: a packed forward (cu_seqlens) takes no padding; pass all ones or None")
+    if state is not None or use_cache:
+        raise ValueError("state/use_cache: a packed forward (cu_seqlens) keeps no decoding state")
 
 
 def init_module(module: nn.Module, std: float, num_layers: int) -> None:
