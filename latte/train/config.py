@@ -42,7 +42,12 @@ class DataConfig:
     or folder, "hf:<name>[:split]"). tokenizer: "bpe" trains a byte-level BPE
     of `vocab_size` on the training split; anything else is a path to a
     tokenizer.json / *.tiktoken file (or a folder holding one), and
-    `vocab_size` is then ignored. cache_dir holds the packed token files."""
+    `vocab_size` is then ignored. cache_dir holds the packed token files.
+    document_boundaries: a document starts at each end-of-document token
+    (the separator opens the next document, as a BOS would) and at each
+    window's start; the model then sees each document alone (packed
+    documents, `cu_seqlens`: no token attends across a boundary) in
+    training and validation, and every target is kept."""
 
     source: str = "shakespeare"
     text_field: str = "text"
@@ -52,6 +57,7 @@ class DataConfig:
     vocab_size: int = 4096
     seq_len: int = 256
     cache_dir: str = "runs/.cache"
+    document_boundaries: bool = False
 
     def __post_init__(self):
         e = ConfigErrors(type(self).__name__)
@@ -95,7 +101,9 @@ class ModelConfig(LatteConfig):
 class OptimConfig:
     """AdamW (no weight decay on norms, biases, embeddings); lr = `lr_at(step)`:
     warm-up then linear/cosine decay to min_lr_ratio * lr. grad_clip 0 = off.
-    grad_accum micro-batches per optimizer step (per rank)."""
+    grad_accum micro-batches per optimizer step (per rank). fused: AdamW's
+    fused kernels (one launch for all parameters); None (default) = on
+    CUDA only, true / false = always / never."""
 
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.95)
@@ -106,6 +114,7 @@ class OptimConfig:
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
     grad_accum: int = 1
+    fused: bool | None = None
 
     def __post_init__(self):
         self.betas = tuple(self.betas)
@@ -148,7 +157,12 @@ class TrainConfig:
     accept_changed_inputs: resume on inputs that changed since the run
     recorded them, recording their new values and the change (else such a
     resume is refused). Both are flags of this start only (`latte train
-    --verify-inputs`, `--accept-changed-inputs`), never compared on resume."""
+    --verify-inputs`, `--accept-changed-inputs`), never compared on resume.
+    precision "bf16": the forward under bf16 autocast (weights, gradients
+    and optimizer state stay float32). compile: the training forward and
+    backward through torch.compile(model) with compile_backend ("inductor",
+    or "aot_eager" to check graphs without generating kernels); validation
+    and samples run the model uncompiled. Checkpoints are the same either way."""
 
     steps: int = 300
     global_batch_size: int = 16
@@ -176,6 +190,8 @@ class TrainConfig:
     time_budget_minutes: float | None = None
     verify_inputs: bool = False
     accept_changed_inputs: bool = False
+    compile: bool = False
+    compile_backend: Literal["inductor", "aot_eager"] = "inductor"
 
     def __post_init__(self):
         e = ConfigErrors(type(self).__name__)

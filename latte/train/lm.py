@@ -41,7 +41,7 @@ from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint
 from latte.train.config import ARCHITECTURE_FIELDS, LMRunConfig
 from latte.train.task import Batch, Task
-from latte.train.validation import nll_sums, subset, summarize
+from latte.train.validation import nll_sums, packed_rows, subset, summarize
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.tiktoken")
 
@@ -109,7 +109,12 @@ class LanguageModelingTask(Task):
     # ------------------------------------------------------------------ training
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        return summed_loss(model, batch["input_ids"], batch["labels"])
+        return summed_loss(model, batch["input_ids"], batch["labels"], eos_id=self.boundary_id)
+
+    @property
+    def boundary_id(self) -> int | None:
+        """The token that starts a document (data.document_boundaries), else None."""
+        return self.tokenizer.eos_id if self.cfg.data.document_boundaries else None
 
     # ------------------------------------------------------------------ evaluation
 
@@ -127,6 +132,7 @@ class LanguageModelingTask(Task):
             world_size=env.world_size,
             device=env.device,
             lockstep=self.lockstep,
+            eos_id=self.boundary_id,
         )
         total, count = self.sum_over_ranks(total, count)
         m = summarize(total, int(count), time.perf_counter() - t0)
@@ -203,15 +209,23 @@ class WindowBatches:
         return {"input_ids": input_ids, "labels": labels}
 
 
-def summed_loss(model: nn.Module, input_ids_BT: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
+def summed_loss(
+    model: nn.Module, input_ids_BT: torch.Tensor, labels_BT: torch.Tensor, *, eos_id: int | None = None
+) -> torch.Tensor:
     """Sum of the next-token losses (float32) for labels that are ALREADY
     shifted (labels[:, t] is the token after input_ids[:, t]), so they are
     given as shift_labels (labels would be shifted a second time); -100 is
     ignored. The model computes the mean with its fused head +
     cross-entropy (no [B, T, V] logits) inside its forward, so that DDP and
-    FSDP2 see one ordinary forward; times the target count it is the sum."""
+    FSDP2 see one ordinary forward; times the target count it is the sum.
+    eos_id: the windows as one packed row of documents (`packed_rows`), so
+    no token attends across a document boundary."""
     count = (labels_BT != IGNORE_INDEX).sum()
-    mean = model(input_ids_BT, shift_labels=labels_BT, return_logits=False).loss
+    if eos_id is None:
+        mean = model(input_ids_BT, shift_labels=labels_BT, return_logits=False).loss
+    else:
+        ids, cu_seqlens = packed_rows(input_ids_BT, eos_id)
+        mean = model(ids, shift_labels=labels_BT.reshape(1, -1), return_logits=False, cu_seqlens=cu_seqlens).loss
     return mean * count.clamp(min=1)
 
 

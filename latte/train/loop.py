@@ -117,7 +117,7 @@ def _one_step(run: Run) -> None:
         run.stop.requested = max(run.stop.requested, STOP_BUDGET)
     t0 = time.perf_counter()
     result = train_step(
-        run.weights.model,
+        run.weights.step_model,
         run.weights.optimizer,
         batch,
         task=run.task,

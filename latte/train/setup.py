@@ -112,10 +112,12 @@ def _build(cfg: RunConfig, env: D.DistEnv, run_dir: Path, lock: RunLock | None, 
     fsdp2 = env.is_distributed and cfg.train.distributed == "fsdp2"
     model = D.wrap_model(model, cfg.train.distributed, env, units=task.shard_units(model) if fsdp2 else None)
     sharded = fsdp2 and cfg.train.checkpoint_format in ("auto", "sharded")
-    weights = Weights(model, _adamw(model, no_decay, cfg), keys, sharded, env)
+    weights = Weights(model, _adamw(model, no_decay, cfg, env.device), keys, sharded, env)
     if ckpt is not None:
         weights.load_checkpoint(ckpt)
-        _apply_optim_hparams(weights.optimizer, cfg)  # the config wins over the saved param_groups
+        _apply_optim_hparams(weights.optimizer, cfg, env.device)  # the config wins over the saved param_groups
+    if cfg.train.compile:  # the training steps only: validation and samples call `model` (uncompiled)
+        weights.compiled = torch.compile(model, backend=cfg.train.compile_backend)
     return _assemble(cfg, env, run_dir, lock, task, weights, ckpt)
 
 
@@ -224,20 +226,34 @@ def _set_threads(num_threads: int | None, env: D.DistEnv) -> None:
         torch.set_num_threads(num_threads)
 
 
-def _adamw(model: nn.Module, no_decay: set[str], cfg: RunConfig) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters (DDP prefixes "module."; FSDP2 keeps the names)."""
+def fused_adamw(fused: bool | None, device: torch.device) -> bool:
+    """optim.fused resolved on `device`: None (auto) is fused on CUDA only."""
+    return device.type == "cuda" if fused is None else fused
+
+
+def _adamw(model: nn.Module, no_decay: set[str], cfg: RunConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters (DDP prefixes "module."; FSDP2 keeps
+    the names), fused as optim.fused says on `device`."""
     decay, plain = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (plain if name.removeprefix("module.") in no_decay else decay).append(p)
     o = cfg.optim
     groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": plain, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps)
+    fused = fused_adamw(o.fused, device) or None  # AdamW's default (foreach) when not fused
+    return torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, fused=fused)
 
 
-def _apply_optim_hparams(optimizer: torch.optim.Optimizer, cfg: RunConfig) -> None:
+def _apply_optim_hparams(optimizer: torch.optim.Optimizer, cfg: RunConfig, device: torch.device) -> None:
+    """The config's hyperparameters over the loaded param_groups; optim.fused
+    too, with each step counter where that kernel reads it (fused: beside
+    the parameter; else on the CPU, as AdamW keeps it)."""
+    fused = fused_adamw(cfg.optim.fused, device) or None
     for group, wd in zip(optimizer.param_groups, (cfg.optim.weight_decay, 0.0)):
-        group.update(betas=cfg.optim.betas, eps=cfg.optim.eps, weight_decay=wd)
+        group.update(betas=cfg.optim.betas, eps=cfg.optim.eps, weight_decay=wd, fused=fused)
+    for p, state in optimizer.state.items():
+        if isinstance(state.get("step"), torch.Tensor):
+            state["step"] = state["step"].to(p.device if fused else "cpu")
 
 
 def _restore_rng(ckpt: Checkpoint | None, cfg: RunConfig, env: D.DistEnv, step: int) -> None:

@@ -129,10 +129,16 @@ class Weights:
     keys: set[str] | None
     sharded: bool
     env: D.DistEnv
+    compiled: nn.Module | None = None  # torch.compile(model) when train.compile: the training steps' model
 
     @property
     def raw_model(self) -> nn.Module:
         return D.unwrap(self.model)
+
+    @property
+    def step_model(self) -> nn.Module:
+        """The model the training steps call: the compiled one, else `model`."""
+        return self.model if self.compiled is None else self.compiled
 
     def state_dict(self) -> dict[str, Any]:
         if self.sharded:

@@ -22,11 +22,31 @@ from latte.data import TokenWindows, iter_eval_batches
 from latte.models import IGNORE_INDEX
 
 
+def packed_rows(input_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows [B, T] as one packed row [1, B * T] and its cu_seqlens: a
+    document starts at each window's start and at each eos token (the
+    separator opens the next document, as a BOS would, so every target of
+    the window is kept). `data.document_boundaries` (one host sync)."""
+    starts = input_ids == eos_id
+    starts[:, 0] = True
+    flat = starts.reshape(-1)
+    end = torch.tensor([flat.numel()], device=flat.device)
+    return input_ids.reshape(1, -1), torch.cat([flat.nonzero().view(-1), end])
+
+
 @torch.no_grad()
-def token_nll(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per-position next-token loss [B, T] in float32 (0 where labels are -100)."""
-    logits_BTV = model(input_ids).logits
-    B, T, V = logits_BTV.shape
+def token_nll(
+    model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, eos_id: int | None = None
+) -> torch.Tensor:
+    """Per-position next-token loss [B, T] in float32 (0 where labels are -100).
+    eos_id: each document of the windows seen alone (`packed_rows`)."""
+    B, T = input_ids.shape
+    if eos_id is None:
+        logits_BTV = model(input_ids).logits
+    else:
+        ids, cu_seqlens = packed_rows(input_ids, eos_id)
+        logits_BTV = model(ids, cu_seqlens=cu_seqlens).logits.view(B, T, -1)
+    V = logits_BTV.shape[-1]
     nll = F.cross_entropy(
         logits_BTV.reshape(-1, V).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
     )
@@ -56,6 +76,7 @@ def nll_sums(
     world_size: int = 1,
     device: torch.device | str = "cpu",
     lockstep: bool = False,
+    eos_id: int | None = None,
 ) -> tuple[float, int]:
     """(sum of token losses, number of tokens) over this rank's share of
     `windows` (every window once across ranks). Sum both over ranks, then
@@ -63,20 +84,21 @@ def nll_sums(
 
     lockstep: every rank runs the same number of forward calls, padding with
     a discarded batch where it has run out (FSDP2 gathers weights in every
-    forward, so a rank with one batch fewer would hang the others)."""
+    forward, so a rank with one batch fewer would hang the others).
+    eos_id: documents seen alone (token_nll)."""
     was_training = model.training
     model.eval()
     total, count, n = 0.0, 0, 0
     try:
         for x, y in iter_eval_batches(windows, batch_size, rank, world_size):
             x, y = x.to(device), y.to(device)
-            nll = token_nll(model, x, y)
+            nll = token_nll(model, x, y, eos_id)
             total += float(nll.double().sum())
             count += int((y != IGNORE_INDEX).sum())
             n += 1
         if lockstep:
             for _ in range(batches_per_rank(len(windows), batch_size, world_size) - n):
-                token_nll(model, *(t.to(device) for t in windows.batch([0])))
+                token_nll(model, *(t.to(device) for t in windows.batch([0])), eos_id)
     finally:
         model.train(was_training)
     return total, count
