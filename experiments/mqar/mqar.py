@@ -109,6 +109,7 @@ def state_bytes(
     window_size: int | None = None,
     qk_mixer: str | None = None,
     conv_size: int = 3,
+    memory_slots: int = 0,
 ) -> dict:
     """Recurrent state of ONE layer in float32 bytes, split into the attention
     state and the qk mixer's (conv inputs, RG-LRU state).
@@ -116,20 +117,30 @@ def state_bytes(
     latte: H Lh (dv + 1) = num_latents (dv + 1) floats (Vbar and z);
     softmax: the KV cache after seq_len tokens, 2 T dim; linear: H dk (dv + 1)
     (S and z); swa: the W - 1 cached keys and values, 2 (W - 1) dim;
-    macchiato: latte's plus the window cache."""
+    macchiato: latte's plus the window cache, plus with M memory slots
+    (docs/math.md §4.2) per KV head (K = H here, dk = dv) M keys, values and
+    scores and the W - 1 window tokens' pending scores, K (M (dk + dv + 1) +
+    W - 1) floats, in attn_state_bytes. Like the window's mask, the slots'
+    integer and boolean parts (positions, flags, counters: 9 M K + 8 (W - 1)
+    + 8 bytes) are not counted in state_bytes; memory_index_bytes names them."""
     dv = dim // NUM_HEADS
     window = 2 * (window_size - 1) * dim if window_size else 0
+    memory = NUM_HEADS * (memory_slots * (2 * dv + 1) + window_size - 1) if memory_slots else 0
     attn = {
         "softmax": 2 * seq_len * dim,
         "linear": NUM_HEADS * dv * (dv + 1),
         "swa": window,
         "latte": (num_latents or 0) * (dv + 1),
-        "macchiato": (num_latents or 0) * (dv + 1) + window,
+        "macchiato": (num_latents or 0) * (dv + 1) + window + memory,
     }[mixer]
     qk = 0
     if qk_mixer:
         qk = (conv_size - 1) * dim * ("conv" in qk_mixer) + dim * ("rglru" in qk_mixer)
-    return {"state_bytes": 4 * (attn + qk), "attn_state_bytes": 4 * attn, "qk_mixer_state_bytes": 4 * qk}
+    out = {"state_bytes": 4 * (attn + qk), "attn_state_bytes": 4 * attn, "qk_mixer_state_bytes": 4 * qk}
+    if memory_slots:
+        index = 9 * memory_slots * NUM_HEADS + 8 * (window_size - 1) + 8
+        out.update(memory_state_bytes=4 * memory, memory_index_bytes=index)
+    return out
 
 
 def cells_for(settings, dims, families, latent_multiples, lrs, seeds=(0,), max_epochs=FULL.epochs) -> list[dict]:
@@ -179,6 +190,7 @@ def cells_for(settings, dims, families, latent_multiples, lrs, seeds=(0,), max_e
 def model_config(cell: dict, vocab_size: int = VOCAB_SIZE) -> LatteConfig:
     mixer, qk, window, _ = FAMILIES[cell["model"]]
     extra = {("linear_qk_mixer" if mixer == "linear" else "qk_mixer"): qk} if qk else {}
+    extra.update({k: cell[k] for k in ("memory_slots", "memory_rule") if k in cell})  # mqar_memory's cells
     return LatteConfig(
         vocab_size=vocab_size,
         dim=cell["dim"],
@@ -330,6 +342,7 @@ def _record(cell, model, budget, run, clock, total, n_train, n_test, fillers, t0
             num_latents=cell["num_latents"],
             window_size=FAMILIES[cell["model"]][2],
             qk_mixer=FAMILIES[cell["model"]][1],
+            memory_slots=cell.get("memory_slots", 0),
         ),
         "mixer": model.config.mixer,
         "qk_mixer": FAMILIES[cell["model"]][1],
@@ -455,6 +468,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "(the repository's: results/README.md)",
     )
     p.add_argument("--note", default=None, help="a sentence for the results' text (how or where the cells ran)")
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="the memory-slot variant (mqar_memory.py): Macchiato at T=256 with and without memory slots "
+        "beside Latte with the same state bytes (default out results/mqar-memory)",
+    )
+    p.add_argument(
+        "--memory-slots", type=int_at_least(1), default=None, help="with --memory: slots per layer and KV head"
+    )
     return p.parse_args(argv)
 
 
@@ -594,9 +616,30 @@ def _cell_runner(a: argparse.Namespace, budget: Budget, deadline: float | None, 
     return run
 
 
+def run_pending(sweep: Sweep, sweep_args: dict, run, shard: tuple[int, int], deadline: float | None) -> None:
+    """Runs this worker's share (--shard K/N) of the sweep's pending cells,
+    none after the deadline; then drops the saved progress of finished cells."""
+    k, n = shard
+    cells, pending = sweep.cells, sweep.pending()
+    print(
+        f"mqar: {len(cells) - len(pending)} of {len(cells)} cells already done in {sweep.work}; "
+        f"shard {k}/{n} runs {len(pending[k::n])} of the other {len(pending)}",
+        file=sys.stderr,
+    )
+    stop = lambda: deadline is not None and time.time() >= deadline  # noqa: E731
+    Sweep(sweep.work, pending[k::n], **sweep_args).run(run, desc=f"mqar {k}/{n}", stop=stop)
+    for cell in cells:  # a finished cell's file is written: its saved progress has served
+        if sweep.done(cell):
+            _progress_file(sweep, cell).unlink(missing_ok=True)
+
+
 def main(argv: list[str]) -> int:
     a = parse_args(argv)
     started = time.time()
+    if a.memory or a.memory_slots:
+        from .mqar_memory import memory_main  # it builds on this module
+
+        return memory_main(a, argv, started)
     budget, settings, dims, families, multiples, seeds = _plan(a)
     deadline = utc_deadline(a.deadline, "--deadline")
     out = Path(a.out or ("results/mqar-quick" if a.quick else "results/mqar"))
@@ -608,21 +651,10 @@ def main(argv: list[str]) -> int:
     sweep_args = dict(key=cell_file_key, protocol=protocol(budget, a.random_fillers), fields=FIELDS)
     claim_work(work, NAME, create=not a.report_only or bool(a.restore_from))
     sweep = _restored(Sweep(work, cells, **sweep_args), a.restore_from)
-    k, n = a.shard
     run = _cell_runner(a, budget, deadline, sweep)
     other_protocol_records(sweep, cells)  # every cell file the report reads is checked before any training
     if not a.report_only:
-        pending = sweep.pending()
-        print(
-            f"mqar: {len(cells) - len(pending)} of {len(cells)} cells already done in {sweep.work}; "
-            f"shard {k}/{n} runs {len(pending[k::n])} of the other {len(pending)}",
-            file=sys.stderr,
-        )
-        stop = lambda: deadline is not None and time.time() >= deadline  # noqa: E731
-        Sweep(sweep.work, pending[k::n], **sweep_args).run(run, desc=f"mqar {k}/{n}", stop=stop)
-        for cell in cells:  # a finished cell's file is written: its saved progress has served
-            if sweep.done(cell):
-                _progress_file(sweep, cell).unlink(missing_ok=True)
+        run_pending(sweep, sweep_args, run, a.shard, deadline)
     records = [with_protocol(r) for r in sweep.records()] + other_protocol_records(sweep, cells)
     if not records:
         raise ValueError(
