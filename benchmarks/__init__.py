@@ -7,6 +7,7 @@ Each is `python -m benchmarks.NAME` from the repository root:
     distill.py conversion's objective: whole logits vs chunks of the head
     audit.py   each op's time on every input distribution (latte.ops.distributions)
     memory.py  one Macchiato layer without and with memory slots, prefill and decode
+    hf_decode.py the Hugging Face adapters' generate: latte's static step vs transformers' loop
 
 They import `latte` (latte.bench's timing, device and provider helpers);
 `latte` never imports them (tests/test_package.py).

@@ -71,6 +71,8 @@ def _reason(gen: GenerationConfig, model_kwargs: dict, input_ids, mask) -> str |
         return "use_cache=False"
     if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2 and bool(mask[:, -1].all())):
         return "an attention_mask that is not left padding"
+    if mask is None and gen.pad_token_id is not None and bool((input_ids == gen.pad_token_id).any()):
+        return f"no attention_mask, and the pad id {gen.pad_token_id} in the prompt (transformers masks it)"
     if _new_tokens(gen, input_ids) < 1:
         return "no room for a new token within max_length"
     return None

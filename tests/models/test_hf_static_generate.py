@@ -69,6 +69,12 @@ def test_a_request_beyond_a_plain_decode_goes_to_transformers_loop(make_lm, make
     with caplog.at_level(logging.INFO, logger=LOG):
         model.generate(x, max_new_tokens=3, num_beams=2)
     assert "transformers' loop (num_beams=2" in caplog.text
+    caplog.clear()
+    x[0, 2] = 0  # without a mask transformers takes the pad id in a prompt for padding
+    with caplog.at_level(logging.INFO, logger=LOG):
+        got = model.generate(x, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, GenerationMixin.generate(model, x, max_new_tokens=3, do_sample=False, pad_token_id=0))
+    assert "transformers' loop (no attention_mask, and the pad id 0" in caplog.text
 
 
 def test_sampling_goes_through_the_static_step(make_lm, make_ids, caplog):
