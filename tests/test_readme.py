@@ -88,6 +88,32 @@ def test_a_plans_stage_folder_is_the_section_plan_dash_stage(tmp_path):
     assert "| [plan-stage](plan/stage/results.md) |" in text and "(plan/stage/val_ppl.png)" in text
 
 
+def test_a_latte_eval_folder_is_indexed_from_its_one_results_file(tmp_path):
+    """A folder `latte eval --out` wrote holds its provenance and records in
+    results.json (no run.json): the index reads the machine and counts the
+    records from there."""
+    tool = load_tool()
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    for name in ("results", "benchmarks"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    folder = tmp_path / "results" / "plan" / "evaluated"
+    folder.mkdir(parents=True)
+    machine = {"time_utc": "2026-11-28T15:00:00Z", "cpu_model": "Some CPU", "threads": 1}
+    records = [{"suite": "retrieval", "model": "converted"}, {"suite": "retrieval", "model": "original"}]
+    (folder / "results.json").write_text(
+        json.dumps({"command": "latte eval M", "machine": machine, "records": records})
+    )
+    (folder / "results.md").write_text("# latte eval: M\n\n## retrieval\n\ntable\n")
+    index = tmp_path / "results" / "README.md"
+    index.write_text(
+        index.read_text() + "\n<!-- results:plan-evaluated:start -->\nold\n<!-- results:plan-evaluated:end -->\n"
+    )
+    assert tool.run(tmp_path, write=True) == [] and tool.run(tmp_path, write=False) == []
+    assert (
+        "| [plan-evaluated](plan/evaluated/results.md) | 2026-11-28 15:00 | Some CPU, 1 | 2 | - |" in index.read_text()
+    )
+
+
 def test_a_headline_row_names_a_missing_record(tmp_path):
     tool = load_tool()
     files = tool.Files(ROOT)

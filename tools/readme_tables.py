@@ -313,9 +313,11 @@ def _results_index(root: Path, names: list[str]) -> str:
     folders = results_folders(root)
     for name in names:
         rel = folders[name]
-        run = json.loads((root / "results" / rel / "run.json").read_text())
-        m = run["machine"]
-        n = len(json.loads((root / "results" / rel / "results.json").read_text()))
+        data = json.loads((root / "results" / rel / "results.json").read_text())
+        if isinstance(data, dict):  # written by `latte eval --out`: provenance and records in one file
+            m, n = data["machine"], len(data["records"])
+        else:  # written by an experiment: records here, provenance in run.json
+            m, n = json.loads((root / "results" / rel / "run.json").read_text())["machine"], len(data)
         pngs = ", ".join(f"[{p.stem}]({rel}/{p.name})" for p in sorted((root / "results" / rel).glob("*.png")))
         lines.append(
             f"| [{name}]({rel}/results.md) | {m['time_utc'][:16].replace('T', ' ')} | "
