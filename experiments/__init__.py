@@ -19,10 +19,10 @@ MODULES: dict[str, str] = {
     "mqar": "experiments.mqar.mqar",
     "lm-variants": "experiments.lm_variants.lm_variants",
     "lra": "experiments.lra.lra",
-    "convert": "experiments.convert.convert",
-    "convert-sinks": "experiments.convert.convert_sinks",
-    "convert-data": "experiments.convert.convert_data",
-    "convert-recipes-v3": "experiments.convert.convert_recipes_v3",
+    "convert": "experiments.convert.study",
+    "convert-sinks": "experiments.sinks.study",
+    "convert-data": "experiments.data.study",
+    "convert-recipes-v3": "experiments.pilots.study",
 }
 EXPERIMENTS: tuple[str, ...] = tuple(MODULES)
 # how each is run with `python -m` (a folder's __main__.py runs its main module)
@@ -31,7 +31,14 @@ COMMANDS: dict[str, str] = {
     "lm-variants": "experiments.lm_variants",
     "lra": "experiments.lra",
     "convert": "experiments.convert",
-    "convert-sinks": "experiments.convert.convert_sinks",
-    "convert-data": "experiments.convert.convert_data",
-    "convert-recipes-v3": "experiments.convert.convert_recipes_v3",
+    "convert-sinks": "experiments.sinks",
+    "convert-data": "experiments.data",
+    "convert-recipes-v3": "experiments.pilots",
+}
+# the modules that ran a study before it moved to a folder of its own, as
+# results/*/run.json records them -> its name (experiments/README.md, "Moved")
+MOVED: dict[str, str] = {
+    "experiments.convert.convert_sinks": "convert-sinks",
+    "experiments.convert.convert_data": "convert-data",
+    "experiments.convert.convert_recipes_v3": "convert-recipes-v3",
 }

@@ -55,9 +55,9 @@ STUDIES = {
     "lm-variants": "experiments.lm_variants",
     "lra": "experiments.lra",
     "convert": "experiments.convert",
-    "convert-sinks": "experiments.convert.convert_sinks",
-    "convert-data": "experiments.convert.convert_data",
-    "convert-recipes-v3": "experiments.convert.convert_recipes_v3",
+    "convert-sinks": "experiments.sinks",
+    "convert-data": "experiments.data",
+    "convert-recipes-v3": "experiments.pilots",
 }
 
 

@@ -141,7 +141,7 @@ def test_retired_laboratory_verbs_exit_2_printing_the_new_command(monkeypatch, c
         (["experiment", "mqar", "--quick"], "`python -m experiments.mqar --quick`"),
         (
             ["experiment", "convert-sinks", "--threads", "1"],
-            "`python -m experiments.convert.convert_sinks --threads 1`",
+            "`python -m experiments.sinks --threads 1`",
         ),
         (["experiment", "no-such-study"], "`python -m experiments.NAME`"),
         (["experiment", "--help"], "`python -m experiments.NAME`"),

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout's latte, also when run from elsewhere
 
 from experiments.common.results import readme_body  # noqa: E402
-from experiments.convert.convert_tasks import HEADLINE as TASK_METRIC  # noqa: E402
+from experiments.convert.tasks import HEADLINE as TASK_METRIC  # noqa: E402
 from latte.reporting import update_readme  # noqa: E402
 
 HEADLINE = ("<!-- headline:start -->", "<!-- headline:end -->")

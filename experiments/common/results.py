@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from experiments import COMMANDS
+from experiments import COMMANDS, MOVED
 from latte.files import atomic_write
 from latte.guard import check_folder, check_place, claim_folder, written_by
 from latte.reporting import machine_info, update_readme
@@ -57,9 +57,35 @@ def writer_of(command: str) -> str:
     if words[:2] == ["latte", "experiment"] and len(words) > 2:
         return " ".join(words[:3])
     if words[:2] in (["python", "-m"], ["python3", "-m"]) and len(words) > 2:
-        names = {module: name for name, module in COMMANDS.items()}
+        names = {**MOVED, **{module: name for name, module in COMMANDS.items()}}
         return f"latte experiment {names.get(words[2], words[2])}"
     return " ".join(words[:3])
+
+
+def moved_command(command: str) -> str | None:
+    """The command a recorded `python -m MODULE ...` runs as today when its
+    study has moved to a folder of its own (experiments.MOVED), else None."""
+    words = shlex.split(command)
+    if words[:2] != ["python", "-m"] or len(words) < 3 or words[2] not in MOVED:
+        return None
+    return shlex.join(["python", "-m", COMMANDS[MOVED[words[2]]], *words[3:]])
+
+
+def annotate_moved(folder: str | Path) -> bool:
+    """Says under a results folder's recorded command the command it runs as
+    today (run.json: command_now; results.md: a line below the command),
+    when its study has moved; True when it added them."""
+    folder = Path(folder)
+    run = read_json(folder / "run.json")
+    now = moved_command(run["command"])
+    if now is None or run.get("command_now") == now:
+        return False
+    atomic_write(folder / "run.json", json.dumps({**run, "command_now": now}, indent=1) + "\n")
+    md = (folder / "results.md").read_text()
+    line = f"Command: `{run['command']}`\n"
+    note = f'\nRun today as `{now}` (the study moved: experiments/README.md, "Moved").\n'
+    atomic_write(folder / "results.md", md.replace(line, line + note, 1))
+    return True
 
 
 def claim_results(out: str | Path, experiment: str, flag: str = "--out", *, create: bool = True) -> Path:

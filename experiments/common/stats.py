@@ -2,7 +2,7 @@
 central probability in closed form and its quantiles by bisection, exact
 to floating point for any integer degrees of freedom (no scipy needed).
 Used by the MQAR seed comparison (experiments/mqar/mqar_report.py) and the
-conversion recipes' curve (experiments/convert/convert_recipes_v3.py)."""
+conversion recipes' curve (experiments/pilots/study.py)."""
 
 from __future__ import annotations
 

@@ -1,2 +1,3 @@
-"""Pretrained decoders converted into Latte-Macchiato: the conversion
-experiment and its ablations (README.md beside this file)."""
+"""Pretrained decoders converted into Latte-Macchiato: the shipped
+conversion evaluated against the original and its window (README.md
+beside this file)."""

@@ -1,7 +1,9 @@
-"""`python -m experiments.convert [args...]`: runs convert.main (see README.md beside it)."""
+"""`python -m experiments.convert [args...]`: runs study.main (see README.md beside it)."""
 
 import sys
 
-from .convert import main
+from latte.cli import run_command
 
-sys.exit(main(sys.argv[1:]))
+from .study import main
+
+sys.exit(run_command("python -m experiments.convert", main, sys.argv[1:]))

@@ -41,6 +41,7 @@ _EXPORTS = {
     **dict.fromkeys("MEMORY_RULES Memory".split(), "latte.ops.window.memory"),
     **dict.fromkeys("chunked_objective full_logits_objective head_logits".split(), "latte.convert.distill"),
     "QK_MIXERS": "latte.layers",
+    **dict.fromkeys("LatteHFConfig LatteHFForCausalLM".split(), "latte.models.hf"),  # needs transformers
 }
 
 

@@ -47,6 +47,7 @@ _EXPORTS = {
     **dict.fromkeys("RETRIEVAL_TASKS ZERO_SHOT_TASKS".split(), "latte.eval.suites"),
     **dict.fromkeys("GEN_TASKS MC_TASKS MMLU gen_examples mc_examples score_example".split(), "latte.eval.fewshot"),
     **dict.fromkeys("SEED pooled score_tasks subsample task_sizes write_task_dir".split(), "latte.eval.tasks"),
+    "per_head": "latte.eval.latents",
     **dict.fromkeys(
         (
             "COUNT FIELD_RULES FRACTION INPUTS NONNEG NOT_PROTOCOL NOT_RECORDED POSITIVE PROTOCOL "

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from experiments.convert.convert_data import MIXES
+from experiments.data.study import MIXES
 from latte.data import load_documents, split_documents
 from latte.data.heldout import eval_essays, eval_plays
 from latte.train.task import load_run_config

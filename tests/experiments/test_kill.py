@@ -98,7 +98,7 @@ def no_temp_files_published(out: Path) -> None:
 def converted(tmp_path_factory) -> Path:
     """The recipes stage of `latte experiment convert --quick` once: the
     default recipe's run every other stage evaluates."""
-    from experiments.convert import convert as CV
+    from experiments.convert import study as CV
 
     runs = tmp_path_factory.mktemp("convert") / "runs"
     argv = ["--quick", "--recipes", "end_to_end+lora8", "--stages", "recipes", "--runs", str(runs)]
@@ -153,7 +153,7 @@ STAGES = {
 def test_a_convert_stage_killed_at_every_write_publishes_the_uninterrupted_results(
     stage, converted, tmp_path, monkeypatch
 ):
-    from experiments.convert import convert as CV
+    from experiments.convert import study as CV
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -180,7 +180,7 @@ def test_a_convert_stage_killed_at_every_write_publishes_the_uninterrupted_resul
 @needs_data
 def test_convert_data_curve_killed_at_every_write_publishes_the_uninterrupted_results(converted, tmp_path):
     """convert-data's curve over the checkpoints of a converted run."""
-    from experiments.convert import convert_data as CD
+    from experiments.data import study as CD
 
     run_dir = converted / "recipes" / "end_to_end+lora8"
 
@@ -201,7 +201,7 @@ def test_convert_data_curve_killed_at_every_write_publishes_the_uninterrupted_re
 @pytest.mark.slow
 @needs_data
 def test_convert_sinks_killed_at_every_write_publishes_the_uninterrupted_results(tmp_path):
-    from experiments.convert import convert_sinks as CS
+    from experiments.sinks import study as CS
 
     def argv(name: str) -> list[str]:
         return ["--quick", "--runs", str(tmp_path / name / "runs"), "--out", str(tmp_path / name / "out")]
@@ -338,7 +338,7 @@ def test_a_readme_section_update_killed_leaves_the_readme_whole(tmp_path, monkey
     """results/README.md holds every experiment's section: a kill while one
     section is replaced leaves the old file whole (it was rewritten in place,
     a kill mid-write truncating every section after it)."""
-    from experiments.convert.convert_report import _add_section
+    from experiments.convert.report import _add_section
     from latte.reporting import update_readme
 
     readme = tmp_path / "README.md"

@@ -223,7 +223,8 @@ def test_bad_experiment_arguments_exit_2_naming_flag_value_and_what_is_allowed(t
 
 
 def test_quick_keeps_options_given_explicitly():
-    from experiments.convert import convert, convert_sinks
+    from experiments.convert import study as convert
+    from experiments.sinks import study as convert_sinks
 
     a = convert.parse_args(["--quick", "--contexts", "32,96", "--documents", "3", "--threads", "2"])
     assert (a.contexts, a.documents, a.threads, a.sample_context) == ("32,96", 3, 2, 64)

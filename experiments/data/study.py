@@ -1,4 +1,4 @@
-"""`latte experiment convert-data`: which up-training text makes a converted
+"""`python -m experiments.data`: which up-training text makes a converted
 SmolLM2 best on text nobody trained on (docs/conversion.md §9), and what more
 budget buys. Two stages, each a resumable sweep:
 
@@ -12,7 +12,7 @@ budget buys. Two stages, each a resumable sweep:
            (--curve-run) against the training tokens it had seen; with
            --curve-tasks-runs also the zero-shot task average of the
            untrained model, the last checkpoint and --curve-tasks-steps (the
-           tasks stage of `latte experiment convert`, its cells shared with
+           tasks stage of `python -m experiments.convert`, its cells shared with
            that command's --runs)
 
 Held-out text (never in any training source; tests/data/test_heldout.py):
@@ -20,10 +20,10 @@ latte.data.heldout's eval_essays() and eval_plays(), read as windows
 of --eval-len tokens from the start of each document (--eval-windows per
 document), scored by one forward each.
 
-    latte experiment convert-data --quick                        # tiny stand-in model (the test)
-    latte experiment convert-data --readme results/README.md     # the pilots
-    latte experiment convert-data --stages curve --curve-run runs/convert-smollm2 --curve-every 5
-    latte experiment convert-data --stages curve --curve-run runs/convert-smollm2 --curve-every 10 \
+    python -m experiments.data --quick                        # tiny stand-in model (the test)
+    python -m experiments.data --readme results/README.md     # the pilots
+    python -m experiments.data --stages curve --curve-run runs/convert-smollm2 --curve-every 5
+    python -m experiments.data --stages curve --curve-run runs/convert-smollm2 --curve-every 10 \
         --curve-tasks-runs runs/convert-eval --curve-tasks-steps 100,390
 """
 
@@ -41,16 +41,16 @@ import torch
 
 from experiments.common.cells import INPUTS, digest_or_missing, finished_summary, set_aside_changed_run
 from experiments.common.results import Sweep, claim_results, claim_work, provenance, run_latte, write_results
+from experiments.convert.stages import checks
+from experiments.convert.study import check_args, check_same_base, experiment_base, quick_setup
+from experiments.convert.study import parse_args as convert_args
+from experiments.convert.tasks import tasks_stage
+from experiments.convert.tasks_report import metric_of
 from latte.data import eval_essays, eval_plays, load_documents, split_documents
+from latte.eval import open_subject, sinks_of
 from latte.train import run_wall_time, step_dirs
 
-from .convert import check_args, check_same_base, experiment_base, quick_setup
-from .convert import parse_args as convert_args
-from .convert_data_report import report
-from .convert_models import open_subject, sinks_of
-from .convert_stages import checks
-from .convert_tasks import tasks_stage
-from .convert_tasks_report import metric_of
+from .report import report
 
 MIXES = ("shakespeare", "shakespeare+essays+bible-web", "shakespeare+essays+bible-web+retrieval")
 CORPORA = ("essays", "plays")
@@ -59,7 +59,7 @@ SCORES = tuple(f"{c}_ppl" for c in CORPORA)  # what a finished cell holds
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        allow_abbrev=False, prog="latte experiment convert-data", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False, prog="python -m experiments.data", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("--stages", default="pilots", help="comma-separated: pilots, curve")
     p.add_argument("--mixes", default=",".join(MIXES), help="data.source of each pilot, comma-separated")
@@ -78,8 +78,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--curve-tasks-runs",
         default=None,
-        help="also score the zero-shot tasks of the curve's checkpoints: the tasks stage of latte experiment "
-        "convert, its cells in this folder (that command's --runs: cells done there are reused)",
+        help="also score the zero-shot tasks of the curve's checkpoints: the tasks stage of python -m "
+        "experiments.convert, its cells in this folder (that command's --runs: cells done there are reused)",
     )
     p.add_argument(
         "--curve-tasks-steps",
@@ -302,7 +302,7 @@ def curve_task_average(a, step: Path, untrained: bool) -> float:
     defaults) of the converted model at checkpoint `step`, or, `untrained`,
     of the training-free window + sinks model with the run's sinks (its
     window alone when it has none: the curve's "none (swa)" row, which is
-    exactly the converted model before up-training). Computed by `latte experiment convert`'s tasks stage
+    exactly the converted model before up-training). Computed by `python -m experiments.convert`'s tasks stage
     with --runs --curve-tasks-runs, so its finished cells are reused."""
     subject = open_subject(step)
     own_sinks = getattr(subject.model.conversion, "num_sinks", 0)
@@ -316,7 +316,3 @@ def curve_task_average(a, step: Path, untrained: bool) -> float:
     ca.inputs["converted"] = check_same_base(ca, subject)
     cells = tasks_stage(ca, subject, sinks_of(subject, None))
     return sum(c[metric_of(c["task"])] for c in cells) / len(cells)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,7 +5,7 @@ the continuation follows exactly the original's distribution. Written to a
 JSONL file one batch at a time (fsync'd), so a killed run continues where it
 stopped and reproduces the same samples (batch b is seeded by (seed, b)).
 
-    python -m experiments.convert.convert_generate --out runs/convert-data/generated.jsonl --samples 256
+    python -m experiments.data.generate --out runs/convert-data/generated.jsonl --samples 256
 """
 
 from __future__ import annotations
@@ -38,9 +38,7 @@ def prompts(tokenizer, sources: str, count: int, prompt_tokens: int, seed: int) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        allow_abbrev=False, prog="python -m experiments.convert.convert_generate", description=__doc__
-    )
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m experiments.data.generate", description=__doc__)
     p.add_argument("--out", required=True)
     p.add_argument("--base", default="smollm2")
     p.add_argument("--sources", default="shakespeare+essays+bible-web", help="where the prompts are cut from")
@@ -99,4 +97,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from latte.cli import run_command  # the exit codes of every latte command
+
+    sys.exit(run_command("python -m experiments.data.generate", main, sys.argv[1:]))

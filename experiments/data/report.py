@@ -1,4 +1,4 @@
-"""Tables and the learning-curve plot of `latte experiment convert-data`."""
+"""Tables and the learning-curve plot of `python -m experiments.data`."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def _curve_table(rows: list[dict], sinks: int) -> str:
         f"Learning curve of `{rows[0]['run']}`: held-out perplexity of each kept checkpoint "
         f'("none (swa)": the converted model before up-training, {before})'
         + (
-            "; zero-shot task average (%): the tasks stage of `latte experiment convert` (the "
+            "; zero-shot task average (%): the tasks stage of `python -m experiments.convert` (the "
             "results/convert-tasks protocol) at the checkpoints it was run on"
             if tasks
             else ""

@@ -1,5 +1,5 @@
-"""Stage `needle` of `latte experiment convert`: pass-key retrieval of the four
-models (convert_models.MODELS) in a haystack of held-out essays, by context
+"""Stage `needle` of `python -m experiments.convert`: pass-key retrieval of the four
+models (latte.eval's MODELS) in a haystack of held-out essays, by context
 length and needle depth (latte.eval.needle; docs/evaluation.md §7)
 -> results/convert-needle: accuracy per (model, context, depth) cell, a heat
 map per model.
@@ -17,11 +17,23 @@ from pathlib import Path
 
 from experiments.common.results import Sweep
 from latte.data import eval_essays
-from latte.eval import PrefixFeeder, haystack_text, make_key, needle_prompt, run_trial, sentence_ends
+from latte.eval import (
+    MODELS,
+    TRAINED,
+    PrefixFeeder,
+    as_model,
+    bos_cell,
+    haystack_text,
+    label,
+    make_key,
+    needle_prompt,
+    run_trial,
+    sentence_ends,
+    sinks_cell,
+)
 from latte.reporting import pyplot, save_figure
 
-from .convert_models import MODELS, TRAINED, as_model, bos_cell, label, sinks_cell
-from .convert_stages import checks
+from .stages import checks
 
 
 def needle_stage(a, subject, sinks: int) -> list[dict]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from latte.eval import MODELS, label
 from latte.reporting import pyplot, save_figure
 
-from .convert_models import MODELS, label
-from .convert_tasks import CHANCE, HEADLINE
+from .tasks import CHANCE, HEADLINE
 
 
 def metric_of(task: str) -> str:

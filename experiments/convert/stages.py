@@ -1,4 +1,4 @@
-"""The stages of `latte experiment convert` (see experiments/convert/convert.py):
+"""The stages of `python -m experiments.convert` (see experiments/convert/study.py):
 training runs per recipe, long-context evaluation cells, the long sample."""
 
 from __future__ import annotations
@@ -20,10 +20,18 @@ from experiments.common.cells import (
 )
 from experiments.common.results import Sweep, run_latte
 from latte.data import TokenWindows, eval_essays, eval_plays
-from latte.eval import converted_nll, haystack_text, original_decode, original_nll, original_window_nll
+from latte.eval import (
+    TRAINED,
+    as_model,
+    bos_cell,
+    converted_nll,
+    haystack_text,
+    original_decode,
+    original_nll,
+    original_window_nll,
+    sinks_cell,
+)
 from latte.train import nll_sums, open_run, pack_split, run_wall_time, split_corpus, subset, summarize
-
-from .convert_models import TRAINED, as_model, bos_cell, sinks_cell
 
 RECIPES = {  # name -> latte convert overrides of the shipped config, each one spelled out in full
     "end_to_end+lora8": ["conversion.lora_rank=8"],

@@ -1,4 +1,4 @@
-"""`latte experiment convert-sinks`: how many attention sinks conversion
+"""`python -m experiments.sinks`: how many attention sinks conversion
 keeps by default (ConversionConfig.num_sinks, docs/conversion.md §1).
 
 Training-free: the shipped base (SmolLM2-135M-Instruct) converted with beta
@@ -11,8 +11,8 @@ read to the largest context): perplexity over the first C tokens at each
 context C, and its ratio to the original's on the same tokens. One cell per
 (model, document), resumable.
 
-    latte experiment convert-sinks --quick            # tiny stand-in model, seconds (the test)
-    latte experiment convert-sinks --threads 1 --readme results/README.md   # results/convert-sinks
+    python -m experiments.sinks --quick            # tiny stand-in model, seconds (the test)
+    python -m experiments.sinks --threads 1 --readme results/README.md   # results/convert-sinks
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ QUICK = {"sinks": "0,2", "contexts": "32,64", "window": 8, "documents": 2, "thre
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        allow_abbrev=False, prog="latte experiment convert-sinks", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False, prog="python -m experiments.sinks", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("--sinks", default=None, type=checked(int_list(low=0)), help="numbers of sinks compared (0,1,4,8)")
     p.add_argument(
@@ -229,7 +229,3 @@ def main(argv: list[str] | None = None) -> int:
     write_results(a.out, "convert-sinks", recs, table(recs, contexts) + note, run, readme=a.readme)
     print(table(recs, contexts))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

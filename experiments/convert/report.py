@@ -1,4 +1,4 @@
-"""Tables, plots and statements of `latte experiment convert`, written from
+"""Tables, plots and statements of `python -m experiments.convert`, written from
 the sweep records by `experiments.common.results.write_results`: recipes,
 perplexity (convert_ppl_report), zero-shot tasks (convert_tasks_report),
 needle (convert_needle), the masked-sinks diagnostic and the sample."""
@@ -10,15 +10,14 @@ import sys
 from pathlib import Path
 
 from experiments.common.results import claim_results, provenance, readme_body, write_results
-from latte.eval import ANSWER_TOKENS, NEEDLE, QUESTION, perplexities
+from latte.eval import ANSWER_TOKENS, NEEDLE, QUESTION, TRAINED, original_context, perplexities
 from latte.files import atomic_write
 from latte.reporting import update_readme
 from latte.train import TRAINER, run_wall_time
 
-from .convert_models import TRAINED, original_context
-from .convert_needle import needle_records, needle_tables, plot_heatmaps
-from .convert_ppl_report import _fmt, _get, corpus_tables, decode_table, eval_records, plot
-from .convert_stages import (
+from .needle import needle_records, needle_tables, plot_heatmaps
+from .ppl_report import _fmt, _get, corpus_tables, decode_table, eval_records, plot
+from .stages import (
     CONTEXTS,
     DEFAULT_RECIPE,
     DOCUMENTS,
@@ -30,7 +29,7 @@ from .convert_stages import (
     TASK_EXAMPLES,
     nll_of,
 )
-from .convert_tasks_report import plot_tasks, task_records, task_table
+from .tasks_report import plot_tasks, task_records, task_table
 
 
 def sink_records(cells: list[dict], contexts) -> list[dict]:
@@ -141,14 +140,16 @@ def sample_md(sample: dict) -> str:
     )
 
 
-FULL_COMMAND = "latte experiment convert --readme results/README.md"
+FULL_COMMAND = "python -m experiments.convert --readme results/README.md"
 
 
 def full_command(a) -> str:
     """The protocol's command for what this invocation evaluated."""
     if a.converted is None:
         return FULL_COMMAND
-    return f"latte experiment convert --stages eval,tasks,needle --converted {a.converted} --readme results/README.md"
+    return (
+        f"python -m experiments.convert --stages eval,tasks,needle --converted {a.converted} --readme results/README.md"
+    )
 
 
 def cells_wall_s(recipe_rows, cells, sample) -> float:

@@ -1,0 +1,2 @@
+"""How many attention sinks conversion keeps: window + k sinks, untrained
+(README.md beside this file)."""
