@@ -7,6 +7,7 @@ import torch
 
 from latte.ops import macchiato, macchiato_step
 from latte.ops import reference as ref
+from latte.ops.window import memory as mem
 from latte.ops.window.memory import MEMORY_RULES, Memory
 
 f64 = torch.float64
@@ -144,6 +145,36 @@ def test_packed_documents_reset_the_slots(rule):
         _, st_doc = run_steps(*part, W, memory, num_sinks=1)
         for x, x_doc in zip(st.memory, st_doc.memory):
             torch.testing.assert_close(x[i : i + 1], x_doc)
+
+
+@pytest.mark.parametrize("rule", ["key_norm", "attention", "random"])
+def test_prefill_blocks_drop_tokens_that_cannot_be_held(monkeypatch, rule):
+    """Once the slots are full, a prefill block reads the M held tokens and
+    only the new ones that beat the worst of them (memory._COMPACT, on CPU):
+    fewer keys than M + block, the same outputs and state as reading all."""
+    T, W, M, S, chunk = 60, 3, 2, 1, 8
+    a, b, v, q, k, mark = inputs(T, seed=9)
+    memory = Memory(M, rule, 2)
+    want = reference(a, b, v, q, k, mark, W, memory, num_sinks=S)
+    attend, widths = mem.attend, []
+
+    def spy(q, ks, *args):
+        widths.append(ks.shape[2])
+        return attend(q, ks, *args)
+
+    monkeypatch.setattr(mem, "attend", spy)
+    got = {}
+    for devices in ((), ("cpu",)):
+        monkeypatch.setattr(mem, "_COMPACT", devices)
+        widths.clear()
+        kw = dict(window_size=W, memory=memory, num_sinks=S, chunk_size=chunk, output_final_state=True)
+        y, st = macchiato(a, b, v, q, k, **kw)
+        torch.testing.assert_close(y, want, atol=1e-12, rtol=1e-12)
+        got[devices] = (st.memory, list(widths))
+    assert all(w == M + chunk for w in got[()][1][:-1])
+    assert min(got[("cpu",)][1]) < M + chunk  # some blocks read fewer keys
+    for x, z in zip(got[()][0], got[("cpu",)][0]):
+        torch.testing.assert_close(x, z, atol=0, rtol=0)
 
 
 def test_beam_reordering_of_the_state():

@@ -37,6 +37,7 @@ from .memory_positions import indexed_scores, rotate, slot_tables, unrotated
 
 MEMORY_RULES = ("recall", "key_norm", "attention", "random", "oracle")
 MAX_MEMORY_SLOTS = 4096
+_COMPACT = ("cpu",)  # devices where a prefill block drops the tokens that cannot be held (_new_tokens)
 _MASK32 = 0xFFFFFFFF
 _HASH_MUL = 0x45D9F3B
 
@@ -207,29 +208,46 @@ def window_received(q, kk, lse, real, window_size, scale, softcap, block: int = 
     return torch.cat(acc, 1)
 
 
-def attend(q, ks, vs, keep, scale, softcap, tables=None):
+def attend(q, ks, vs, keep, scale, softcap, tables=None, local=None):
     """Softmax of q [B, T, H, E] over per-head keys ks [B, K, C, E] where
     keep [B, K, T, C]: (y [B, T, H, D], lse [B, T, H]); y = 0 and lse = -inf
     where nothing is kept. tables: the slots' rotation (memory_positions.
-    slot_tables; ks unrotated) or None. Work dtype; no exp below the floor."""
+    slot_tables; ks unrotated) or None. local: None, or the (y, lse) of the
+    window and the sinks (lse finite), joined under the same softmax as one
+    more key (sinks.merge in the same pass). Work dtype; no exp below the
+    floor."""
     B, T, H, E = q.shape
-    K = ks.shape[1]
+    K, G = ks.shape[1], H // ks.shape[1]
     with no_autocast(q.device.type):
-        q5 = q.reshape(B, T, K, H // K, E)
+        q5 = q.reshape(B, T, K, G, E)
         if tables is None:
-            s = torch.einsum("btkge,bkce->bkgtc", q5, ks) * scale
+            s = torch.einsum("btkge,bkce->bkgtc", q5 * scale, ks)
         else:
             s = indexed_scores(q5, ks, keep, tables) * scale
         if softcap is not None:
             s = torch.tanh(s / softcap) * softcap
-        keep = keep[:, :, None]  # [B, K, 1, T, C]
-        s = s.masked_fill(~keep, float("-inf"))
-        some = keep.any(-1)
-        m = torch.where(some, s.detach().amax(-1), 0.0).unsqueeze(-1)
-        p = exp_floored(s - m) * keep
-        total = p.sum(-1) + ~some
-        y = torch.einsum("bkgtc,bkcd->btkgd", p, vs) / total.permute(0, 3, 1, 2).unsqueeze(-1)
-        lse = torch.where(some, m.squeeze(-1) + total.log(), float("-inf"))  # [B, K, G, T]
+        # masks by arithmetic on a float copy of keep: where() with a scalar and exp(-inf) are slow lanes on CPU
+        kf = keep[:, :, None].to(s.dtype)  # [B, K, 1, T, C]
+        m = (s.detach() + (kf - 1) * torch.finfo(s.dtype).max).amax(-1)  # [B, K, G, T]: the kept keys' max
+        if local is None:
+            some = keep[:, :, None].any(-1)
+            m = torch.where(some, m, 0.0)
+        else:
+            lse_l = local[1].view(B, T, K, G).permute(0, 2, 3, 1)
+            m = torch.maximum(m, lse_l.detach())
+        p = exp_floored(s - m.unsqueeze(-1)) * kf
+        total = p.sum(-1)
+        y = torch.einsum("bkgtc,bkcd->btkgd", p, vs)
+        if local is None:
+            total = total + ~some
+        else:
+            w = exp_floored(lse_l - m)  # the local branch's weight
+            total = total + w
+            y = y + w.permute(0, 3, 1, 2).unsqueeze(-1) * local[0].view(B, T, K, G, -1)
+        y = y / total.permute(0, 3, 1, 2).unsqueeze(-1)
+        lse = m + total.log()  # [B, K, G, T]
+        if local is None:
+            lse = torch.where(some, lse, float("-inf"))
     return y.reshape(B, T, H, -1), lse.permute(0, 3, 1, 2).reshape(B, T, H)
 
 
@@ -259,7 +277,8 @@ def _select(cand_k, cand_v, score, pos, slots: int, better=None):
     better = _better(score, pos) & held[..., :, None] if better is None else better
     rank = better.sum(-2)  # better held keys than c
     keep = held & (rank < slots)
-    order = torch.where(keep, pos, torch.iinfo(torch.int64).max).argsort(dim=-1, stable=True)[..., :slots]
+    C = pos.shape[-1]  # the held tokens last (free slots first), in position order
+    order = torch.where(keep, pos, torch.iinfo(torch.int64).min).argsort(dim=-1, stable=True)[..., C - slots :]
 
     def take(x):  # [B, K, C, *F] -> [B, M, K, *F]
         idx = order.view(*order.shape, *([1] * (x.dim() - 3))).expand(*order.shape, *x.shape[3:])
@@ -267,54 +286,84 @@ def _select(cand_k, cand_v, score, pos, slots: int, better=None):
 
     mask = take(keep)  # empty slots hold zeros (-inf scores): one canonical state
     k, v = take(cand_k) * mask[..., None], take(cand_v) * mask[..., None]
-    return k, v, take(score).masked_fill(~mask, float("-inf")), take(pos) * mask, mask
+    return k, v, coarse(take(score)).masked_fill(~mask, float("-inf")), take(pos) * mask, mask
 
 
 def _insert(state, k_c, v_c, r_c, p_c):
     """_select of the M held tokens and one newer candidate, in O(M): the
-    candidate (k_c [B, K, E], v_c, r_c [B, K], p_c [B]) takes the first free
-    slot, or, when every slot is held, displaces the worst held token (the
-    lowest score, the newest of equal ones) if it scores higher, the later
-    slots moving up one so that arrival order is kept. Keys, values and
-    scores move in one gather, positions in another; a slot holds a token
-    exactly when its score is above -inf (_select and this keep that so)."""
-    score = state.score  # [B, M, K]; held tokens first, in position order
+    candidate (k_c [B, K, E], v_c, r_c [B, K], p_c [B]) displaces the worst
+    slot (the lowest score, the newest of equal ones: the last free slot
+    while one is free, as free slots score -inf and come first) if it scores
+    higher, the later slots moving down one and the candidate taking the
+    last, so that the held tokens stay last in arrival order. The held
+    scores are kept as ranked (`coarse`): only the candidate's is rounded.
+    Keys, values and scores move in one gather, positions in another; a slot
+    holds a token exactly when its score is above -inf."""
+    score = state.score  # [B, M, K]
     M, E = score.shape[1], state.k.shape[-1]
     i = torch.arange(M, device=score.device)[None, :, None]  # [1, M, 1]
-    n = state.mask.sum(1, keepdim=True)  # [B, 1, K] held
-    ranked = coarse(torch.cat([score, r_c[:, None]], 1))  # [B, M + 1, K]: the held, then the candidate
-    low = ranked[:, :M].amin(1, keepdim=True)
-    worst = torch.where(ranked[:, :M] == low, i, -1).amax(1, keepdim=True)  # the newest of the lowest
-    valid = r_c[:, None] > float("-inf")  # [B, 1, K]
-    displace = (n == M) & (ranked[:, M:] > low)
-    src = torch.where(displace, i + (i >= worst).long(), torch.where(valid & (i == n), M, i))  # from [held, c]
-    held = torch.cat([state.k, state.v, score[..., None]], -1)  # [B, M, K, E + D + 1]
-    both = torch.cat([held, torch.cat([k_c, v_c, r_c[..., None]], -1)[:, None]], 1)
+    r_c = coarse(r_c)  # [B, K]
+    low = score.amin(1, keepdim=True)
+    worst = torch.where(score == low, i, -1).amax(1, keepdim=True)
+    src = i + ((i >= worst) & (r_c[:, None] > low))  # from [held, c]: a non-candidate (-inf) displaces none
+    c = torch.cat([k_c, v_c, r_c[..., None]], -1)[:, None]  # [B, 1, K, E + D + 1]
+    both = torch.cat([torch.cat([state.k, state.v, score[..., None]], -1), c], 1)
     moved = both.gather(1, src[..., None].expand(*src.shape, both.shape[-1]))
     pos = torch.cat([state.pos, p_c[:, None, None].expand(-1, 1, score.shape[2])], 1).gather(1, src)
     new_score = moved[..., -1]
     return moved[..., :E], moved[..., E:-1], new_score, pos, new_score > float("-inf")
 
 
-def _block(mem, kx, vx, rx, px, t0, t1, memory_q, cfg, tables):
+def _new_tokens(mem, kx, vx, rx, px, t0, t1):
+    """The extended tokens j in [t0, t1) per KV head, in position order: (k
+    [B, K, N, E], v, score [B, K, N] (coarse), pos [B, K, N], entry [B, K, N]
+    = j + 1, the query it enters at). On a device in _COMPACT (one host sync
+    per block) only those that beat the worst held token (mem's scores,
+    coarse, -inf while a slot is free) are kept: the others can never be
+    held (the held only get better, and a tie goes to the older), and the
+    rest pad each head to the longest with non-candidates."""
+    K = kx.shape[2]
+    k, v, r = (x[:, t0:t1].transpose(1, 2) for x in (kx, vx, rx))  # [B, K, Q(, E)]
+    pos = px[:, None, t0:t1].expand(-1, K, -1)
+    entry = torch.arange(t0 + 1, t1 + 1, device=kx.device).expand_as(pos)
+    if kx.device.type not in _COMPACT:
+        return k, v, r, pos, entry
+    useful = r > mem[2].amin(1)[..., None]  # [B, K, Q]
+    n = int(useful.sum(-1).amax())
+    if n == t1 - t0:
+        return k, v, r, pos, entry
+    idx = torch.argsort((~useful).to(torch.uint8), dim=-1, stable=True)[..., :n]  # [B, K, N]
+
+    def take(x):
+        return x.gather(2, idx.view(*idx.shape, *([1] * (x.dim() - 3))).expand(*idx.shape, *x.shape[3:]))
+
+    pad = ~useful.gather(2, idx)  # a padding column never arrives: the arrived stay a prefix
+    r, entry = take(r).masked_fill(pad, float("-inf")), take(entry).masked_fill(pad, t1 + 1)
+    return take(k), take(v), r, pos.gather(2, idx), entry
+
+
+def _block(mem, kx, vx, rx, px, t0, t1, memory_q, cfg, tables, local=None):
     """Queries [t0, t1) of a sequence against the held tokens `mem` (k, v,
     score, pos, mask of a MemoryState) and the extended tokens j in [t0, t1),
     which enter at query j + 1: (y, lse [B, t1 - t0, H(, D)], the held tokens
-    after query t1 - 1, i.e. once j = t1 - 1 has entered too)."""
-    ks = torch.cat([mem[0].transpose(1, 2), kx[:, t0:t1].transpose(1, 2)], 2)  # [B, K, C, E]
-    vs = torch.cat([mem[1].transpose(1, 2), vx[:, t0:t1].transpose(1, 2)], 2)
-    score = torch.cat([mem[2].transpose(1, 2), rx[:, t0:t1].transpose(1, 2)], 2)  # [B, K, C]
-    pos = torch.cat([mem[3].transpose(1, 2), px[:, None, t0:t1].expand(-1, ks.shape[1], -1)], 2)
-    M, dev, slots = mem[0].shape[1], kx.device, cfg.memory.slots
-    t = torch.arange(t0, t1, device=dev)
-    entry = torch.cat([torch.full((M,), t0, device=dev), torch.arange(t0, t1, device=dev) + 1])  # [C]
-    entered = entry[None, :] <= t[:, None]  # [Q, C]
+    after query t1 - 1, i.e. once j = t1 - 1 has entered too). local: None or
+    the window and sinks' (y, lse) of these queries, joined (attend)."""
+    k_n, v_n, r_n, p_n, e_n = _new_tokens(mem, kx, vx, rx, px, t0, t1)
+    ks = torch.cat([mem[0].transpose(1, 2), k_n], 2)  # [B, K, C, E]
+    vs = torch.cat([mem[1].transpose(1, 2), v_n], 2)
+    score = torch.cat([mem[2].transpose(1, 2), r_n], 2)  # [B, K, C]
+    pos = torch.cat([mem[3].transpose(1, 2), p_n], 2)
+    M, slots = mem[0].shape[1], cfg.memory.slots
+    arrived = e_n[:, :, None, :] <= torch.arange(t0, t1, device=kx.device)[:, None]  # [B, K, Q, N]
     held = score > float("-inf")  # [B, K, C]
     better = _better(score, pos) & held[..., :, None]  # [B, K, i, c]
-    # better entered keys: query t0 + q sees the M held and the first q new ones, a prefix of the C keys
-    ahead = better.cumsum(-2)[:, :, M - 1 : M - 1 + t1 - t0]  # [B, K, Q, C]
-    keep = entered[None, None] & held[:, :, None] & (ahead < slots)  # [B, K, Q, C]
-    y, lse = attend(memory_q[:, t0:t1], ks, vs, keep, cfg.scale, cfg.softcap, tables)
+    # better entered keys: query t0 + q sees the M held and a prefix of the new ones (arrived)
+    seen = M - 1 + arrived.sum(-1, keepdim=True)  # [B, K, Q, 1]: the last key it sees
+    ahead = better.cumsum(-2).gather(2, seen.expand(-1, -1, -1, score.shape[-1]))  # [B, K, Q, C]
+    keep = held[:, :, None] & (ahead < slots)
+    keep[..., M:] &= arrived
+    part = None if local is None else (local[0][:, t0:t1], local[1][:, t0:t1])
+    y, lse = attend(memory_q[:, t0:t1], ks, vs, keep, cfg.scale, cfg.softcap, tables, part)
     return y, lse, _select(ks, vs, score, pos, slots, better)
 
 
@@ -334,7 +383,7 @@ def _extended(k, v, scores, state, pos, window_state, work):
     return kx, vx, torch.cat([state.pending, scores], 1), torch.cat([state.pending_pos, pos], 1)
 
 
-def memory_sequence(q, k, v, memory_q, lse_window, recall_y, mark, mask, window_state, state, lengths, cfg):
+def memory_sequence(q, k, v, memory_q, lse_window, recall_y, mark, mask, window_state, state, lengths, cfg, local=None):
     """The slot branch over a sequence (docs/math.md §4.2), in the work dtype:
     (y [B, T, H, D], lse [B, T, H], MemoryState after each row's end).
 
@@ -343,7 +392,9 @@ def memory_sequence(q, k, v, memory_q, lse_window, recall_y, mark, mask, window_
     [B, T, H] the window alone; recall_y: see token_scores; mark [B, T] bool
     (rule "oracle") or None; mask [B, T] or None; window_state: the window
     buffer before the sequence (None: empty); state: the MemoryState so far
-    (None: empty); lengths [B] each row's end (default T); cfg: MemoryArgs."""
+    (None: empty); lengths [B] each row's end (default T); cfg: MemoryArgs;
+    local: None, or the (y, lse) of the window and the sinks, which the slots
+    then join under one softmax (returning the merged pair)."""
     B, T = q.shape[:2]
     memory, W, dev = cfg.memory, cfg.window_size, q.device
     work = state_dtype(q.dtype)
@@ -361,20 +412,20 @@ def memory_sequence(q, k, v, memory_q, lse_window, recall_y, mark, mask, window_
         rx = rx + window_received(q, kx, lse_window, real_q, W, cfg.scale, cfg.softcap)
     if cfg.memory.rotary is not None:  # the slots keep their keys unrotated (memory_positions)
         kx = unrotated(cfg.memory.rotary, kx, px)
-    return _scan(state, kx, vx, rx, px, memory_q, end, cfg, real)
+    return _scan(state, kx, vx, rx, px, memory_q, end, cfg, real, local)
 
 
-def _scan(state, kx, vx, rx, px, memory_q, end, cfg, real):
+def _scan(state, kx, vx, rx, px, memory_q, end, cfg, real, local=None):
     """The block scan of memory_sequence, then the state at each row's end."""
     B, T = memory_q.shape[:2]
     P, dev = cfg.window_size - 1, kx.device
     j = torch.arange(P + T, device=dev)
     late = (j[None, :] >= end[:, None])[..., None]  # enters after the row's end (packed rows)
-    mem, ys, lses, rs = tuple(state[:4]), [], [], rx.masked_fill(late, float("-inf"))
+    mem, ys, lses, rs = tuple(state[:4]), [], [], coarse(rx.masked_fill(late, float("-inf")))
     tables = None if cfg.memory.rotary is None else slot_tables(cfg.memory.rotary, cfg.num_sinks, cfg.memory.slots, kx)
     for t0 in range(0, T, cfg.block):
         t1 = min(T, t0 + cfg.block)
-        y, lse, mem = _block(mem, kx, vx, rs, px, t0, t1, memory_q, cfg, tables)
+        y, lse, mem = _block(mem, kx, vx, rs, px, t0, t1, memory_q, cfg, tables, local)
         ys.append(y)
         lses.append(lse)
     idx = end[:, None] + torch.arange(P, device=dev)[None]  # [B, P]: the buffer at each row's end
@@ -383,15 +434,22 @@ def _scan(state, kx, vx, rx, px, memory_q, end, cfg, real):
     return torch.cat(ys, 1), torch.cat(lses, 1), new
 
 
-def memory_step(q_t, k_t, v_t, memory_q_t, lse_window_t, recall_y_t, mark_t, mask_t, window_state, state, cfg):
+def memory_step(
+    q_t, k_t, v_t, memory_q_t, lse_window_t, recall_y_t, mark_t, mask_t, window_state, state, cfg, local=None
+):
     """One decoding step of the slot branch: (y_t [B, H, D], lse_t [B, H],
     MemoryState). The query reads the held tokens; then the token that leaves
     the window (the buffer's oldest) competes for a slot. Arguments as
-    memory_sequence's, for one token (window_state: the buffer before it)."""
+    memory_sequence's, for one token (window_state: the buffer before it);
+    local: None, or the (y_t, lse_t) of the window and the sinks, which the
+    read then joins under one softmax (returning the merged pair)."""
     memory, W = cfg.memory, cfg.window_size
     work = state_dtype(q_t.dtype)
     state = state if state is not None else empty_memory_state(k_t, v_t, memory.slots, W, work)
-    y, lse = _read_step(memory_q_t.to(work), state, cfg)
+    if local is None:
+        y, lse = _read_step(memory_q_t.to(work), state, cfg)
+    else:
+        y, lse = _read_merge_step(memory_q_t.to(work), state, cfg, local)
     rank = state.count[:, None]  # [B, 1]
     candidate = rank >= cfg.num_sinks if mask_t is None else mask_t[:, None] & (rank >= cfg.num_sinks)
     if memory.rule == "oracle":
@@ -411,28 +469,47 @@ def memory_step(q_t, k_t, v_t, memory_q_t, lse_window_t, recall_y_t, mark_t, mas
     return y, lse, new
 
 
-def _read_step(q_t, state, cfg):
-    """attend() for one query q_t [B, H, E] over the held tokens, in O(M):
-    the held tokens come first, so held slot i is at rotary slot i (the
-    running count of indexed_scores); (y [B, H, D], lse [B, H])."""
+def _slot_scores(q_t, state, cfg):
+    """Scores [B, K, G, M] of one query q_t [B, H, E] (work dtype) against
+    the held tokens, -inf at a free slot. At fixed rotary positions held key
+    c sits at the slot of its index among the held (indexed_scores)."""
     B, H, E = q_t.shape
-    ks, vs, keep = state.k.transpose(1, 2), state.v.transpose(1, 2), state.mask.transpose(1, 2)[:, :, None]
+    ks, keep = state.k.transpose(1, 2), state.mask.transpose(1, 2)[:, :, None]  # [B, K, M, E], [B, K, 1, M]
     K, M = ks.shape[1], ks.shape[2]
-    if cfg.memory.rotary is not None:  # key c at the slot of index (held before it), as indexed_scores
+    if cfg.memory.rotary is not None:
         cos, sin = slot_tables(cfg.memory.rotary, cfg.num_sinks, M, ks)
         idx = (keep[:, :, 0].long().cumsum(-1) - 1).clamp(0, M - 1)  # [B, K, M]
         ks = rotate(ks, cos[idx], sin[idx])
+    s = torch.matmul(q_t.view(B, K, H // K, E), ks.transpose(-1, -2)) * cfg.scale
+    if cfg.softcap is not None:
+        s = torch.tanh(s / cfg.softcap) * cfg.softcap
+    return torch.where(keep, s, float("-inf"))
+
+
+def _read_step(q_t, state, cfg):
+    """attend() for one query q_t [B, H, E] over the held tokens, in O(M):
+    (y [B, H, D], lse [B, H]); y = 0 and lse = -inf while no slot is held."""
+    B, H = q_t.shape[:2]
     with no_autocast(q_t.device.type):
-        s = torch.matmul(q_t.view(B, K, H // K, E), ks.transpose(-1, -2)) * cfg.scale  # [B, K, G, M]
-        if cfg.softcap is not None:
-            s = torch.tanh(s / cfg.softcap) * cfg.softcap
-        s = s.masked_fill(~keep, float("-inf"))
-        some = keep.any(-1)  # [B, K, 1]
-        m = torch.where(some, s.detach().amax(-1), 0.0).unsqueeze(-1)
-        p = exp_floored(s - m) * keep
-        total = p.sum(-1) + ~some
-        y = torch.matmul(p, vs) / total.unsqueeze(-1)  # [B, K, G, D]
-        lse = torch.where(some, m.squeeze(-1) + total.log(), float("-inf"))
+        s = _slot_scores(q_t, state, cfg)  # [B, K, G, M]
+        lse = torch.logsumexp(s, -1, keepdim=True)
+        p = torch.exp(s - lse.clamp(min=torch.finfo(s.dtype).min))  # 0 where nothing is held
+        y = torch.matmul(p, state.v.transpose(1, 2))  # [B, K, G, D]
+    return y.reshape(B, H, -1), lse.reshape(B, H)
+
+
+def _read_merge_step(q_t, state, cfg, local):
+    """The local branch's (y [B, H, D], lse [B, H]) (the window and the
+    sinks, lse finite) joined by the held tokens under one softmax, the
+    local branch a column of its own: the read and sinks.merge in one."""
+    B, H = q_t.shape[:2]
+    y_l, lse_l = local
+    with no_autocast(q_t.device.type):
+        s = _slot_scores(q_t, state, cfg)  # [B, K, G, M]
+        s = torch.cat([lse_l.to(s.dtype).view(*s.shape[:3], 1), s], -1)
+        lse = torch.logsumexp(s, -1, keepdim=True)
+        p = torch.exp(s - lse)  # 1 + M weights: few, so no exp floor
+        y = torch.matmul(p[..., 1:], state.v.transpose(1, 2)) + p[..., :1] * y_l.view(*s.shape[:3], -1)
     return y.reshape(B, H, -1), lse.reshape(B, H)
 
 
