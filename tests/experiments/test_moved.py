@@ -52,3 +52,27 @@ def test_a_moved_command_keeps_its_arguments_and_is_annotated_once(tmp_path):
     now = json.loads((folder / "run.json").read_text())["command_now"]
     assert now.startswith("python -m experiments.pilots runs/pilot-base/step-00000010 ")
     assert (folder / "results.md").read_text().count(f"Run today as `{now}`") == 1
+
+
+def test_each_conversion_study_runs_as_python_m_and_refuses_bad_input_with_exit_2():
+    """Its folder's __main__ gives the exit codes of every latte command
+    (a bad value: 2, naming the command), never the retired verb's name."""
+    import os
+    import subprocess
+    import sys
+
+    bad = {
+        "experiments.convert": ["--stages", "nope"],
+        "experiments.sinks": ["--sinks", "x"],
+        "experiments.data": ["--stages", "nope"],
+        "experiments.pilots": ["--threads", "0", "runs/none"],
+    }
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = {
+        m: subprocess.Popen([sys.executable, "-m", m, *a], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+        for m, a in bad.items()
+    }
+    for m, p in procs.items():
+        err = p.communicate(timeout=300)[1]
+        assert p.returncode == 2, (m, err[-500:])
+        assert f"python -m {m}" in err and "latte experiment" not in err and "Traceback" not in err, (m, err)
