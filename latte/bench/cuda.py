@@ -23,6 +23,10 @@ Providers:
   macchiato      macchiato on the torch kernels
   macchiato-fla  macchiato with backend "fla": latents on fla, window on flex_attention
                  (compiled once per shape, ~30 s each: only at `--macchiato-seqs`, 4K and 64K)
+  macchiato-window-mix, macchiato-fla-window-mix
+                 Macchiato's window and mix phases alone on the latent phase's output
+                 (providers.macchiato_window_mix; the fla one's window on flex_attention,
+                 at `--macchiato-seqs` only): a Macchiato layer's cost beyond latte's
   sdpa           torch's causal scaled_dot_product_attention over the whole
                  context, restricted to the FlashAttention kernel in bfloat16/float16
                  (float32 has no flash kernel: torch's default choice, recorded)
@@ -50,7 +54,7 @@ from latte.ops.backend import using_fla_construction
 from . import common
 from .cuda_report import markdown_ops, ops_ratios, plot_ops
 from .device import DTYPES, cuda_peak_mb, device_info, synced
-from .providers import as_call
+from .providers import as_call, macchiato_window_mix
 
 PROVIDERS = (
     "latte",
@@ -61,8 +65,11 @@ PROVIDERS = (
     "fla-gate",
     "macchiato",
     "macchiato-fla",
+    "macchiato-window-mix",
+    "macchiato-fla-window-mix",
     "sdpa",
 )
+FLEX = ("macchiato-fla", "macchiato-fla-window-mix")  # one flex_attention compile per shape: --macchiato-seqs only
 LATTE_FLA = {"latte-fla": "eager", "latte-fla-compiled": "compiled", "latte-fla-fused": "fused"}
 DEVICE = "cuda"  # the tests run this module's plumbing on "cpu"
 FULL_T = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
@@ -125,7 +132,7 @@ def plan(args) -> list[dict]:
     for T in args.seqs:
         for mode in MODES:
             for p in args.providers:
-                if p != "macchiato-fla" or T in args.macchiato_seqs:
+                if p not in FLEX or T in args.macchiato_seqs:
                     points.append({"T": T, "B": max(1, args.tokens // T), "mode": mode, "provider": p})
     return points
 
@@ -175,6 +182,12 @@ def make_inputs(provider: str, T: int, dtype, B: int = 1, shape=(HEADS, LATENTS,
         return ins, lambda a, b, v, q, k: macchiato(
             a, b, v, q, k, window_size=WINDOW, chunk_size=CHUNK, backend=backend
         )[0]
+    if provider in ("macchiato-window-mix", "macchiato-fla-window-mix"):
+        backend = "fla" if provider == "macchiato-fla-window-mix" else "torch"
+        ins = [r(B, T, H, L), r(B, T, H, D), r(B, T, H, D), r(B, T, H, D), r(B, T, H, D)]
+        return ins, lambda a, v, q, k, y: macchiato_window_mix(
+            a, v, q, k, y, window=WINDOW, chunk=CHUNK, backend=backend
+        )
     if provider == "sdpa":
 
         def sdpa(q, k, v):

@@ -23,6 +23,8 @@ RATIOS = (  # name -> (numerator, denominator): > 1 means the denominator is fas
     ("fla-gate/fla-gla", "fla-gate", "fla-gla"),
     ("sdpa/macchiato-fla", "sdpa", "macchiato-fla"),
     ("macchiato-fla/latte-fla", "macchiato-fla", "latte-fla"),
+    ("macchiato-fla-window-mix/sdpa", "macchiato-fla-window-mix", "sdpa"),
+    ("macchiato-window-mix/sdpa", "macchiato-window-mix", "sdpa"),
 )
 
 

@@ -33,7 +33,17 @@ CHUNK, WINDOW = 64, 128
 
 MODES = ("fwd", "fwdbwd")
 MODE_NAME = {"fwd": "forward", "fwdbwd": "forward+backward"}
-PROVIDERS = ("latte", "latte-recurrent", "macchiato", "sdpa", "naive-softmax", "linear", "paper-scan", "proj")
+PROVIDERS = (
+    "latte",
+    "latte-recurrent",
+    "macchiato",
+    "macchiato-window-mix",
+    "sdpa",
+    "naive-softmax",
+    "linear",
+    "paper-scan",
+    "proj",
+)
 SLOW = ("latte-recurrent", "paper-scan")  # Python loops over time: time-capped
 QUADRATIC = ("sdpa", "naive-softmax")
 
@@ -46,6 +56,7 @@ def flops_forward(provider: str, T: int, B: int = 1) -> float:
         "latte-recurrent": 5 * T * L * D,  # rescale, outer-product add, read-out
         "paper-scan": 5 * T * L * D,
         "macchiato": latte + 4 * T * (2 * W - 1) * E,  # blocked window: W queries x (2W-1) keys
+        "macchiato-window-mix": 4 * T * (2 * W - 1) * E,  # the window alone (the mix is elementwise)
         "sdpa": 2 * T * T * E,  # causal half of QK^T and PV (the kernel skips masked blocks)
         "naive-softmax": 4 * T * T * E,  # the full T x T matrix is built
         "linear": 2 * T * C * (E + D) + 4 * T * E * D,  # chunked form
@@ -60,11 +71,26 @@ FLOPS_NOTE = {
     "latte-recurrent": "H*5TLD",
     "paper-scan": "H*5TLD",
     "macchiato": "latte + H*4T(2W-1)E, W=128",
+    "macchiato-window-mix": "H*4T(2W-1)E, W=128",
     "sdpa": "H*2T^2E (causal half)",
     "naive-softmax": "H*4T^2E (full matrix)",
     "linear": "H*(2TC(E+D) + 4TED), C=64",
     "proj": "2T*512*(256+256+512)",
 }
+
+
+def macchiato_window_mix(a, v, q, k, y_lat, *, window: int = WINDOW, chunk: int = CHUNK, backend=None):
+    """Macchiato's window phase and mix phase (latte/ops/macchiato.py) on the
+    latent phase's output y_lat [B, T, H, D]: what a Macchiato layer adds to
+    latte's latent phase (provider "latte"). a [B, T, H, L]; q, k, v [B, T,
+    H, D]; the joint mix, no sinks; backend as macchiato's (its window
+    kernel: the tiles, or flex_attention under "fla")."""
+    from latte.ops.macchiato import WindowSpec, _kernels, _mix, _window_phase
+
+    spec = WindowSpec(window, scale=q.shape[-1] ** -0.5)
+    kernel = _kernels(backend, q, chunk, None)[0]
+    y_win, lse, *_ = _window_phase(kernel, spec, chunk, q, k, v, None, None, None, None, None)
+    return _mix(y_win, lse, y_lat.to(y_win.dtype), a.to(y_win.dtype), None, None, "joint").to(v.dtype)
 
 
 def naive_bytes(T: int, mode: str, B: int = 1) -> int:
@@ -125,6 +151,8 @@ def make_inputs(
             return macchiato(a, b, v, q, k, window_size=WINDOW, chunk_size=CHUNK)[0]
 
         return [r(B, T, H, L), key(B, T, H, L), r(B, T, H, D), r(B, T, H, D), key(B, T, H, D)], fn
+    if provider == "macchiato-window-mix":  # a, v, q, k and the latent phase's output
+        return [r(B, T, H, L), r(B, T, H, D), r(B, T, H, D), key(B, T, H, D), r(B, T, H, D)], macchiato_window_mix
     if provider in ("sdpa", "naive-softmax"):
         fn = (
             _naive

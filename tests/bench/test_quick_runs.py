@@ -31,6 +31,13 @@ def test_ops_quick(tmp_path, capsys):
     assert not got[("naive-softmax", 32, "fwd")].get("skipped")
     assert not got[("paper-scan", 32, "fwdbwd")].get("skipped")
     assert "32" in res["ratios"]["sdpa/latte fwdbwd"]
+    # Macchiato's window and mix phases, their own provider, over softmax attention
+    first = {(r["provider"], r["T"], r["mode"]): r for r in res["results"] if r["dist"] == "std1"}
+    for mode in ops.MODES:
+        ratio = res["ratios"][f"macchiato-window-mix/sdpa {mode}"]["32"]
+        want = first[("macchiato-window-mix", 32, mode)]["median_ms"] / first[("sdpa", 32, mode)]["median_ms"]
+        assert ratio == pytest.approx(want)
+    assert "macchiato-window-mix/sdpa" in (tmp_path / "ops.md").read_text()
     assert res["rglru"]["loop_over_chunked_fwd"] > 0
     # the key-logit distributions side by side, and the tables by distribution
     assert res["config"]["dists"] == ["std1", "std10"]
@@ -133,11 +140,14 @@ def test_cuda_ops_plumbing_runs_on_cpu(tmp_path, monkeypatch):
     res = cuda.main_ops(args)
     got = {(r["provider"], r["T"], r["mode"]): r for r in res["results"]}
     want = {(p, T, m) for p in cuda.PROVIDERS for T in (32, 64) for m in cuda.MODES}
-    assert set(got) == want - {("macchiato-fla", 32, m) for m in cuda.MODES}
+    assert set(got) == want - {(p, 32, m) for p in cuda.FLEX for m in cuda.MODES}
     assert {(r["T"], r["B"]) for r in res["results"]} == {(32, 4), (64, 2)}
-    for p in ("latte", "macchiato", "sdpa"):
+    for p in ("latte", "macchiato", "macchiato-window-mix", "sdpa"):
         _check_point(got[(p, 64, "fwdbwd")])
-    for p in ("latte-fla", "latte-fla-compiled", "latte-fla-fused", "fla-gla", "fla-gate", "macchiato-fla"):
+    want = got[("macchiato-window-mix", 64, "fwdbwd")]["median_ms"] / got[("sdpa", 64, "fwdbwd")]["median_ms"]
+    assert res["ratios"]["fwdbwd"]["64"]["macchiato-window-mix/sdpa"] == pytest.approx(want)
+    flas = ("latte-fla", "latte-fla-compiled", "latte-fla-fused", "fla-gla", "fla-gate", "macchiato-fla")
+    for p in (*flas, "macchiato-fla-window-mix"):
         assert got[(p, 64, "fwd")]["skipped"] and "unavailable" in got[(p, 64, "fwd")]["reason"]
     from latte.ops import backend
 
@@ -184,3 +194,15 @@ def test_cuda_ops_options_are_checked():
     pts = cuda.plan(args)
     assert {p["T"] * p["B"] for p in pts} == {131072} and max(p["T"] for p in pts) == 131072
     assert {p["T"] for p in pts if p["provider"] == "macchiato-fla"} == set(cuda.MACCHIATO_T)
+
+
+def test_the_window_mix_provider_is_macchiato_beyond_its_latent_phase():
+    # providers.macchiato_window_mix on latte's output is the whole Macchiato call
+    from latte.ops import latte_causal, macchiato
+
+    g = torch.Generator().manual_seed(0)
+    a, b, v, q, k = (torch.randn(2, 40, 3, n, generator=g, dtype=torch.float64) for n in (4, 4, 5, 5, 5))
+    y_lat = latte_causal(a, b, v, chunk_size=8)[0]
+    got = providers.macchiato_window_mix(a, v, q, k, y_lat, window=6, chunk=8)
+    want = macchiato(a, b, v, q, k, window_size=6, chunk_size=8)[0]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
