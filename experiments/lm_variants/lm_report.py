@@ -9,6 +9,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from latte.eval import per_head
 from latte.reporting import pyplot, save_figure
 
 from .lm_plans import PLANS
@@ -257,10 +258,10 @@ def _flatten_latents(records: list[dict]) -> list[dict]:
                     "layer": layer["layer"],
                     "head": h["head"],
                     "tokens": r["report"]["tokens"],
+                    "latents_per_head": per_head(h),  # cells written before the name: num_latents
                     **{
                         k: h[k]
                         for k in (
-                            "num_latents",
                             "entropy",
                             "max_entropy",
                             "effective_latents",
@@ -320,7 +321,7 @@ def latents_report(records: list[dict], out: Path, *, runs: Path, **kw) -> tuple
             f"{k[len('p_window_pos_') :].replace('_', '-')}: {statistics.mean(r[k] for r in rs):.2f}" for k in pos_keys
         )
         lines.append(
-            f"| {v} | {len(rs)} | {rs[0]['num_latents']} | {statistics.mean(eff):.1f} ({min(eff):.1f}) | "
+            f"| {v} | {len(rs)} | {rs[0]['latents_per_head']} | {statistics.mean(eff):.1f} ({min(eff):.1f}) | "
             f"{statistics.mean(used):.2f} ({min(used):.2f}) | {max(r['top_latent_mass'] for r in rs):.3f} | "
             + (f"{statistics.mean(pw):.3f} | {by_pos} |" if pw else "- | - |")
         )

@@ -44,7 +44,7 @@ def utilisation(pbar: torch.Tensor) -> dict:
     L = p.numel()
     entropy = float(-(p[p > 0] * p[p > 0].log()).sum())
     return {
-        "num_latents": L,
+        "latents_per_head": L,
         "entropy": entropy,
         "max_entropy": math.log(L),
         "effective_latents": math.exp(entropy),
@@ -174,7 +174,7 @@ def latents_table(report: dict) -> str:
     for layer in report["layers"]:
         for h in layer["heads"]:
             row = (
-                f"| {layer['layer']} | {h['head']} | {h['num_latents']} | {h['entropy']:.2f} / {h['max_entropy']:.2f} "
+                f"| {layer['layer']} | {h['head']} | {per_head(h)} | {h['entropy']:.2f} / {h['max_entropy']:.2f} "
                 f"| {h['effective_latents']:.1f} | {h['used_fraction']:.2f} | {h['top_latent_mass']:.3f} |"
             )
             if "p_window_mean" in h:
@@ -220,6 +220,12 @@ def plot_latents(report: dict, path, title: str = "") -> bool:
     return True
 
 
+def per_head(head: dict) -> int:
+    """The latents of one head's record (utilisation's), also from a record
+    written before the key was named latents_per_head (then num_latents)."""
+    return head["latents_per_head"] if "latents_per_head" in head else head["num_latents"]
+
+
 def latents_summary(groups) -> tuple[list[dict], str]:
     """(records, markdown) of `latte eval`'s latents cells (field "report":
     latent_utilisation's): one flat record per (model, layer, head), one
@@ -231,6 +237,6 @@ def latents_summary(groups) -> tuple[list[dict], str]:
         tables.append(f"{name} ({report['tokens']:,} tokens):\n\n{latents_table(report)}")
         for layer in report["layers"]:
             for h in layer["heads"]:
-                flat = {k: v for k, v in h.items() if not isinstance(v, list)}
-                records.append({**fields, "layer": layer["layer"], **flat})
+                flat = {k: v for k, v in h.items() if not isinstance(v, list) and k != "num_latents"}
+                records.append({**fields, "layer": layer["layer"], **flat, "latents_per_head": per_head(h)})
     return records, "\n\n".join(tables)

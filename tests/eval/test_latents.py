@@ -33,8 +33,22 @@ def test_metrics_of_known_distributions(pbar, entropy, effective, used):
     m = utilisation(pbar)
     assert m["entropy"] == pytest.approx(entropy, abs=1e-9)
     assert m["effective_latents"] == pytest.approx(math.exp(entropy) if effective is None else effective)
-    assert m["used_fraction"] == used and m["num_latents"] == pbar.numel()
+    assert m["used_fraction"] == used and m["latents_per_head"] == pbar.numel() and "num_latents" not in m
     assert m["max_entropy"] == pytest.approx(math.log(pbar.numel()))
+
+
+def test_a_record_written_under_the_old_key_still_reads():
+    """Cells written before the per-head count was named latents_per_head
+    hold it as num_latents: the table and the records read either."""
+    from latte.eval.latents import latents_summary
+
+    new = utilisation(torch.tensor([0.5, 0.5, 0.0]))
+    old = {("num_latents" if k == "latents_per_head" else k): v for k, v in new.items()}
+    for h in (new, old):
+        report = {"tokens": 8, "layers": [{"layer": 0, "kind": "latte", "heads": [{"head": 0, **h}]}]}
+        records, table = latents_summary([({"model": "m"}, "m", [{"report": report}])])
+        assert records[0]["latents_per_head"] == 3 and "num_latents" not in records[0]
+        assert "| 0 | 0 | 3 | 0.69 / 1.10 |" in table
 
 
 def test_metrics_reject_a_non_distribution():
