@@ -38,7 +38,8 @@ VARIANTS = {
     "macchiato": ("mixers/macchiato", "macchiato", "conv_rglru"),
 }
 # What a variant changes in its shipped config besides the plan's overrides.
-VARIANT_SETS = {"latte-conv_rglru-L256": ("model.num_latents=256",)}
+# (L256: 256 latents in all, 64 per head x the config's 4 heads)
+VARIANT_SETS = {"latte-conv_rglru-L256": ("model.latents_per_head=64",)}
 
 # Whole-split validations of the long runs; the final one (step 3,000) is always whole.
 LONG_EVALS = ("train.steps=3000", "train.eval_whole_at=[300,1000,2000]")

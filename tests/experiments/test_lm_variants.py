@@ -92,7 +92,9 @@ def test_long_plan_defaults_and_its_result_folders(tmp_path):
     a = LV.parse_args(["--plan", "long"])
     assert a.seeds == "0" and a.runs == "runs/lm_variants_long" and a.eval_tokens == 65536
     assert "latte-conv_rglru-L256" in a.variants.split(",") and "train.steps=3000" in a.plan_.sets
-    assert LV.train_args("latte-conv_rglru-L256", 0, tmp_path, 1, list(a.plan_.sets))[-1] == "--model.num_latents=256"
+    assert (
+        LV.train_args("latte-conv_rglru-L256", 0, tmp_path, 1, list(a.plan_.sets))[-1] == "--model.latents_per_head=64"
+    )
     outs = stage_outputs(tmp_path, "lm_variants_long")
     assert outs["latents"] == (tmp_path / "lm_variants_long" / "latents", "lm_variants_long-latents")
     assert stage_outputs(tmp_path, None)["train"] == (tmp_path / "lm_variants", "lm_variants")

@@ -140,7 +140,7 @@ def test_lra_protocol_runs_quick_and_tests_the_checkpoint_chosen_on_validation(t
         assert r["val_accuracy"] == best and float(curve[str(r["selected_examples"])]) == best
         assert r["selected_step"] * 4 == r["selected_examples"] and 0 <= r["test_accuracy"] <= 1
         assert r["final_test_accuracy"] >= 0 and r["threads"] >= 1 and r["run_wall_s"] > 0
-    assert "--model.dim=128 --model.num_layers=6 --model.num_latents=40" in records["latte-paper"]["command"]
+    assert "--model.dim=128 --model.num_layers=6 --model.latents_per_head=10" in records["latte-paper"]["command"]
     md = (out / "results.md").read_text()
     assert "The LRA protocol" in md and "checkpoint chosen on validation" in md and "| 16 |" in md
     assert "old" not in readme.read_text() and "| listops | latte-paper |" in readme.read_text()
