@@ -1,7 +1,7 @@
 """Tables, plots and statements of `python -m experiments.convert`, written from
 the sweep records by `experiments.common.results.write_results`: recipes,
-perplexity (convert_ppl_report), zero-shot tasks (convert_tasks_report),
-needle (convert_needle), the masked-sinks diagnostic and the sample."""
+perplexity (ppl_report.py), zero-shot tasks (tasks_report.py),
+needle (needle.py), the masked-sinks diagnostic and the sample."""
 
 from __future__ import annotations
 

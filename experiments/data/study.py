@@ -219,7 +219,7 @@ def pilots_stage(a) -> list[dict]:
 def _scored_on(a) -> dict:
     """What a cell's scores depend on besides the cell: the held-out windows
     (pilots add the config and --set overrides they trained with, through
-    convert_stages.checks; cells.py's one rule)."""
+    experiments/convert/stages.py: checks; cells.py's one rule)."""
     return {"eval_len": a.eval_len, "eval_windows": a.eval_windows, "quick": a.quick}
 
 
