@@ -386,7 +386,9 @@ def retrieval_summary(groups, window: int, fmt: str) -> tuple[list[dict], str]:
     """(records, markdown table) of retrieval cells. `groups`: per model,
     (the fields naming it in records, its label, its cells). One record per
     (model, task, context): prompts, those whose nearest needle lies beyond
-    the window (all of them when window is 0), found among them, mean recall."""
+    the window (all of them when window is 0), found among them, mean recall,
+    and `gap`: the mean of decoy_nll - answer_nll over them (nats per token;
+    passkey and multikey, None for multivalue: answer_prompt)."""
     records, rows = [], []
     for fields, name, cells in groups:
         for task, context in dict.fromkeys((c["task"], c["context"]) for c in cells):
@@ -394,8 +396,18 @@ def retrieval_summary(groups, window: int, fmt: str) -> tuple[list[dict], str]:
             far = [c for c in cs if c["distance"] >= window]
             k = sum(c["correct"] for c in far)
             recall = sum(c["recall"] for c in far) / len(far) if far else None
+            graded = [c["decoy_nll"] - c["answer_nll"] for c in far if "answer_nll" in c]
+            gap = sum(graded) / len(graded) if graded else None
             r = {**fields, "task": task, "context": context, "prompts": len(cs), "beyond_window": len(far)}
-            records.append({**r, "found_beyond": k, "recall": recall})
-            rows.append([name, task, f"{context:,}", f"{k}/{len(far)}", "-" if recall is None else f"{recall:.2f}"])
-    head = ["model", "task", "context", "found (needle beyond the window)", "mean recall"]
-    return records, f"Format {fmt}; window {window} tokens.\n\n" + md_table(head, rows)
+            records.append({**r, "found_beyond": k, "recall": recall, "gap": gap})
+            rows.append([name, task, f"{context:,}", f"{k}/{len(far)}", _fmt(recall, "{:.2f}"), _fmt(gap, "{:+.3f}")])
+    head = ["model", "task", "context", "found (needle beyond the window)", "mean recall", "mean gap (nats)"]
+    note = (
+        f"Format {fmt}; window {window} tokens. Gap: the decoy's minus the asked value's mean negative "
+        "log-likelihood per token, teacher-forced after the prompt (about 0 for a model that cannot see the needle)."
+    )
+    return records, note + "\n\n" + md_table(head, rows)
+
+
+def _fmt(x, form: str) -> str:
+    return "-" if x is None else form.format(x)

@@ -223,6 +223,32 @@ def test_the_oracle_keeps_the_needles_a_prompt_marks(hay, shared):
     assert abs(_reference_nll(model, p.ids, p.target) - want) > 1e-3
 
 
+def test_summary_counts_and_grades_only_prompts_beyond_the_window():
+    def cell(task, distance, correct, nlls=None):
+        graded = {} if nlls is None else {"answer_nll": nlls[0], "decoy_nll": nlls[1]}
+        return {
+            "task": task,
+            "context": 1024,
+            "distance": distance,
+            "correct": correct,
+            "recall": float(correct),
+            **graded,
+        }
+
+    cells = [
+        cell("passkey", 300, 1, (0.5, 3.0)),
+        cell("passkey", 200, 0, (2.0, 2.5)),
+        cell("passkey", 50, 1, (0.0, 9.0)),
+    ]
+    cells += [cell("multivalue", 300, 0)]
+    records, table = R.retrieval_summary([({"model": "m"}, "m", cells)], 128, "bare")
+    key, values = records
+    assert (key["beyond_window"], key["found_beyond"], key["recall"]) == (2, 1, 0.5)
+    assert key["gap"] == pytest.approx(((3.0 - 0.5) + (2.5 - 2.0)) / 2)  # the near prompt left out
+    assert values["gap"] is None and "| m | passkey | 1,024 | 1/2 | 0.50 | +1.500 |" in table
+    assert "| m | multivalue | 1,024 | 0/1 | 0.00 | - |" in table
+
+
 def test_length_summary():
     s = R.length_summary([100, 200, 400], 128)
     assert s["prompts"] == 3 and (s["tokens_min"], s["tokens_median"], s["tokens_max"]) == (100, 200, 400)
