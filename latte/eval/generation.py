@@ -45,6 +45,24 @@ def stream_tokens(
     return (int(tok[0]) for tok in tokens)
 
 
+def hf_view(model):
+    """A native LatteForCausalLM seen through the transformers API that the
+    decoding evaluations call (latte.models.hf.LatteHFForCausalLM: forward
+    with a LatteHFCache, logits_to_keep, `config`), on the model's own
+    modules: no copy of the weights, the same numbers. Any other model is
+    returned as it is."""
+    if not isinstance(model, LatteForCausalLM):
+        return model
+    from latte.models.hf import LatteHFConfig, LatteHFForCausalLM  # optional dependency: transformers
+
+    if not model.config.causal:
+        raise ValueError("a bidirectional model (causal=False) has no next-token distribution to decode with")
+    with torch.device("meta"):  # the view's own modules are replaced by the model's below
+        view = LatteHFForCausalLM(LatteHFConfig.from_latte_config(model.config))
+    view.model, view.lm_head = model.model, model.lm_head
+    return view.train(model.training)
+
+
 class IncrementalDecoder:
     """Decodes a growing id list and returns only the new text; holds back a
     trailing incomplete UTF-8 sequence (byte-level BPE splits characters)."""

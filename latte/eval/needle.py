@@ -106,13 +106,17 @@ def first_number(text: str) -> int | None:
 
 
 def new_cache(model):
-    """The cache a model decodes with: a converted model's MacchiatoCache, or
+    """The cache a model decodes with: a converted model's MacchiatoCache, a
+    native model's LatteHFCache (seen through generation.hf_view), or
     transformers' DynamicCache for any other causal LM."""
     # optional dependency: latte.convert imports transformers (extra "hf")
     from latte.convert import ConvertedForCausalLM, MacchiatoCache
+    from latte.models.hf import LatteHFCache, LatteHFForCausalLM
 
     if isinstance(model, ConvertedForCausalLM):
         return MacchiatoCache(model.num_layers)
+    if isinstance(model, LatteHFForCausalLM):
+        return LatteHFCache()
     from transformers import DynamicCache
 
     return DynamicCache(config=model.config)

@@ -185,8 +185,25 @@ class Evaluated:
                 yield model
 
 
+def kernel_choice(req: Request) -> tuple[tuple[str, ...], Request]:
+    """(the --set values that only choose the kernels, `model.backend=` or a
+    conversion's `conversion.backend=`, and `req` without them). Such a set
+    makes no model of its own: every model is opened with it, so a model
+    saved with a backend this machine cannot run ("fla" without CUDA) is
+    evaluated on the kernels it names (latte.ops.backend.saved_backend)."""
+    kernels, rest = [], []
+    for text in req.sets:
+        name, sets = split_name(text)[0], split_set(text)
+        if not name and all(s.partition("=")[0] in ("model.backend", "conversion.backend") for s in sets):
+            kernels += sets
+        else:
+            rest.append(text)
+    return tuple(kernels), dataclasses.replace(req, sets=tuple(rest))
+
+
 def subjects(base: Subject, req: Request) -> list[Evaluated]:
-    """The model, one more per override set, then `--against`'s models."""
+    """The model, one more per override set, then `--against`'s models
+    (each opened with the base's own overrides: kernel_choice)."""
     if req.against and base.kind != "converted":
         raise ValueError(
             f"--against {','.join(req.against)}: only for converted models (a latte convert run or its export); "
@@ -204,7 +221,7 @@ def subjects(base: Subject, req: Request) -> list[Evaluated]:
     for text, title in zip(req.sets, names):
         sets = split_set(text)
         memory = memory_only(base, sets)
-        opened = base if memory is not None else open_model(req.model, sets)
+        opened = base if memory is not None else open_model(req.model, (*base.sets, *sets))
         out.append(Evaluated(main, opened, main, set=",".join(sets), title=title, memory=memory))
     sinks = sinks_of(base, None) if base.kind == "converted" else 0
     for name in req.against:
@@ -350,7 +367,8 @@ def evaluate(req: Request) -> Path:
 def _evaluate(req: Request) -> Path:
     check_out(req)
     t0, load0 = time.time(), _load()
-    base = open_model(req.model)
+    kernels, req = kernel_choice(req)
+    base = open_model(req.model, kernels)
     evaluated = subjects(base, req)
     for suite in req.suites:  # a model a suite cannot take: refused before any compute
         suites.SUITES[suite].check(base, req)

@@ -26,11 +26,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from latte.config_io import load_yaml
+from latte.config_io import load_yaml, merge, parse_overrides
 from latte.data import load_tokenizer
 from latte.data.tokenizer import Tokenizer
-from latte.models import from_pretrained
-from latte.models.pretrained import transformers_tokenizer
+from latte.models import LatteConfig, from_pretrained
+from latte.models.pretrained import ARCHITECTURES, CONFIG_NAME, load_config, transformers_tokenizer
+from latte.models.weights import WEIGHTS_NAME, load_weights
 from latte.train.manifest import MANIFEST
 from latte.train.runs import open_run
 
@@ -114,10 +115,11 @@ class Subject:
         return transformers_tokenizer(self.tokenizer)
 
 
-def open_subject(path: str | Path, flag: str = "--converted") -> Subject:
+def open_subject(path: str | Path, flag: str = "--converted", sets: tuple[str, ...] = ()) -> Subject:
     """A `latte convert` run folder (its newest checkpoint), one of its
     step-N checkpoint folders (a point of the learning curve) or a converted
-    model folder (config.json of model_type latte_converted + tokenizer)."""
+    model folder (config.json of model_type latte_converted + tokenizer;
+    `sets`: overrides of its conversion fields, as `model.FIELD=VALUE`)."""
     p = Path(path)
     config = p / "config.json"
     if config.is_file() and json.loads(config.read_text()).get("model_type") == "latte_converted":
@@ -126,7 +128,8 @@ def open_subject(path: str | Path, flag: str = "--converted") -> Subject:
         if not (p / "tokenizer.json").is_file():
             raise ValueError(f"{flag} {p}: a converted model folder needs its tokenizer.json beside config.json")
         hf = p if (p / "tokenizer_config.json").is_file() else None
-        return Subject(load_converted(p), load_tokenizer(p / "tokenizer.json"), p, None, hf)
+        model = load_converted(p, overrides=_export_overrides(p, sets))
+        return Subject(model, load_tokenizer(p / "tokenizer.json"), p, None, hf, sets=sets)
     if not p.exists():
         raise ValueError(
             f"{flag} {p}: no such folder (expected a latte convert run, one of its step-N folders or its model/ folder)"
@@ -156,25 +159,26 @@ def _aliases() -> tuple[str, ...]:
 
 def open_model(path: str | Path, sets: tuple[str, ...] = ()) -> Subject:
     """The model `latte eval MODEL` names, whatever its kind (KINDS), with
-    the config overrides `sets` ("section.field=value"; runs only: a run's
-    config rebuilds its model; `model.` names a conversion's `conversion`
-    section). A path that is none of these is a ValueError naming them."""
+    the config overrides `sets` ("section.field=value"): a run's config
+    rebuilds its model (`model.` names a conversion's `conversion`
+    section); an exported folder's model config takes `model.` ones. A
+    path that is none of these is a ValueError naming them."""
     p = Path(path).expanduser()
     is_run = (p / MANIFEST).is_file() or any(p.glob(f"step-*/{MANIFEST}")) if p.is_dir() else False
-    if sets and not is_run:
-        raise ValueError(
-            f"--set {' '.join(sets)}: only a run or step folder's config can be overridden (its checkpoint is "
-            f"rebuilt from it); {p} is not one"
-        )
     if is_run:
         return _open_run_model(p, sets)
     config = p / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    if sets and model_type not in ("latte", "latte_converted"):
+        raise ValueError(
+            f"--set {' '.join(sets)}: only a run or step folder's config, or a folder written by latte export, "
+            f"can be overridden (its model is rebuilt from it); {p} is neither"
+        )
+    if model_type == "latte_converted":
+        return open_subject(p, flag="MODEL", sets=sets)
+    if model_type == "latte":
+        return _open_native_export(p, sets)
     if config.is_file():
-        model_type = json.loads(config.read_text()).get("model_type")
-        if model_type == "latte_converted":
-            return open_subject(p, flag="MODEL")
-        if model_type == "latte":
-            return Subject(from_pretrained(p).eval(), load_tokenizer(p), p, kind="native")
         return _open_hf(p, None, p)
     if p.is_file() and p.suffix == ".gguf":
         return _open_hf(p.parent, p.name, p)
@@ -186,6 +190,34 @@ def open_model(path: str | Path, sets: tuple[str, ...] = ()) -> Subject:
     raise ValueError(
         f"MODEL {path}: not a model latte eval can open; expected {KINDS.format(aliases=', '.join(_aliases()))}"
     )
+
+
+def _export_overrides(p: Path, sets: tuple[str, ...]) -> dict:
+    """--set overrides of an exported folder, {field: value}: its model's
+    config is all it holds, so only `model.FIELD=VALUE` (for a converted
+    model, a field of its conversion section)."""
+    data = parse_overrides(list(sets)) if sets else {}
+    other = sorted(set(data) - {"model"})
+    if other:
+        raise ValueError(
+            f"--set {' '.join(sets)}: {p} is an exported model, whose config is its model's alone; expected "
+            f"model.FIELD=VALUE overrides, got {', '.join(repr(o) for o in other)}"
+        )
+    return data.get("model", {})
+
+
+def _open_native_export(p: Path, sets: tuple[str, ...]) -> Subject:
+    """A native model folder written by latte export, with `model.` overrides
+    of its config.json applied before the model is built."""
+    overrides = _export_overrides(p, sets)
+    if not overrides:
+        return Subject(from_pretrained(p).eval(), load_tokenizer(p), p, kind="native")
+    config, arch = load_config(p)
+    where = f"{p / CONFIG_NAME} + --set {' '.join(sets)}"
+    config = LatteConfig.from_dict(merge(config.to_dict(), overrides), where=where)
+    model = ARCHITECTURES[arch or "LatteForCausalLM"](config)
+    load_weights(model, p / WEIGHTS_NAME)
+    return Subject(model.eval(), load_tokenizer(p), p, kind="native", sets=sets)
 
 
 def _open_run_model(p: Path, sets: tuple[str, ...]) -> Subject:

@@ -15,6 +15,7 @@ compared models as resumable cells, its records and its table.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -32,6 +33,7 @@ from latte.eval.fewshot import (
     mc_examples,
     score_example,
 )
+from latte.eval.generation import hf_view
 from latte.eval.latents import latent_utilisation, latents_summary, plot_latents
 from latte.eval.long_context import converted_nll, original_nll, perplexity_summary
 from latte.eval.needle import (
@@ -255,7 +257,7 @@ def _needle_run(ctx, evaluated):
     def cell_fn(cell: dict) -> dict:
         e, load0 = model_of(evaluated, cell), os.getloadavg()[0]
         prompt = prompts[(cell["context"], cell["depth"], cell["trial"])]
-        with e.use() as model:
+        with _decoding(e) as model:
             feeder = None
             if e.subject.kind == "converted" and e.mode != "original":  # constant-size states: copies are cheap
                 key = (id(e), cell["trial"])
@@ -336,7 +338,7 @@ def _retrieval_run(ctx, evaluated):
 
     def cell_fn(cell: dict) -> dict:
         e, load0 = model_of(evaluated, cell), os.getloadavg()[0]
-        with e.use() as model:
+        with _decoding(e) as model:
             if id(e) not in shared:
                 shared.clear()
                 shared[id(e)] = SharedPrefix(model)
@@ -365,14 +367,38 @@ def _asked(req, known, suite: str) -> list[str]:
 
 
 def _decoding_check(suite: str):
+    """A native model decodes through the transformers API on its own
+    modules (generation.hf_view) unless it cannot: a bidirectional model
+    has no next-token distribution; learned positions end at
+    max_position_embeddings."""
+
     def check(base, req) -> None:
-        if base.kind == "native":
+        if base.kind != "native":
+            return
+        cfg = base.model.config
+        if not cfg.causal:
             raise ValueError(
-                f"--suite {suite}: for converted and Hugging Face models (decoding through a transformers cache); "
-                f"{req.model} is a native latte model, which decodes through its own state"
+                f"--suite {suite}: {req.model} is a bidirectional model (causal=False), with no next-token "
+                "distribution to decode or score answers with"
             )
+        longest = max(req.lengths or DOCUMENT_LENGTHS)
+        if suite in ("needle", "retrieval") and cfg.position_embedding == "learned":
+            if longest > cfg.max_position_embeddings:
+                raise ValueError(
+                    f"--suite {suite}: {req.model} has learned positions up to max_position_embeddings="
+                    f"{cfg.max_position_embeddings}, so it cannot read a {longest:,}-token prompt; give --lengths "
+                    f"at most {cfg.max_position_embeddings}"
+                )
 
     return check
+
+
+@contextlib.contextmanager
+def _decoding(e):
+    """The model `e` names, as the decoding evaluations call it (a native
+    model through generation.hf_view, on its own weights)."""
+    with e.use() as model:
+        yield hf_view(model)
 
 
 # --------------------------------------------------------------------------- fewshot
@@ -398,7 +424,7 @@ def _fewshot_run(ctx, evaluated):
     def cell_fn(cell: dict) -> dict:
         ex, load0 = examples[(cell["task"], cell["doc"])], os.getloadavg()[0]
         ids = bos + hf.encode(ex.context, add_special_tokens=False)
-        with model_of(evaluated, cell).use() as model:
+        with _decoding(model_of(evaluated, cell)) as model:
             rec = score_example(model, hf, ids, ex, cell["task"], GEN_MAX_TOKENS)
         return {**rec, "tokens": len(ids), "load": round(load0, 2)}
 
@@ -433,7 +459,7 @@ def _tasks_run(ctx, evaluated):
         if t not in built:
             samples = subsample(t, task_sizes(t), cell["examples"])
             built[t] = samples, list(manager.load(sorted(samples))["tasks"].values())
-        with model_of(evaluated, cell).use() as model:
+        with _decoding(model_of(evaluated, cell)) as model:
             rec = score_tasks(model, base.hf_tokenizer, built[t][1], built[t][0], manager)
         return {**rec, "wall_s": round(time.perf_counter() - t0, 1), "load": round(load0, 2)}
 

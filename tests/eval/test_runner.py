@@ -168,6 +168,50 @@ def test_an_override_set_is_a_subject_of_its_own(converted, tmp_path):
     assert sum("set=model.window_size=4" in k for k in keys) == 2 and len(keys) == 4
 
 
+def test_an_export_takes_the_overrides_its_run_takes(converted, native, tmp_path):
+    """--set on a folder written by latte export (converted and native)
+    rebuilds its model with the override: the records equal those of the
+    run it came from under the same --set, and differ from no override."""
+    _, run, exported = converted
+    native_export = tmp_path / "native-export"
+    assert main(["export", str(native), str(native_export)]) == 0
+    native_ppl = ["--suite", "ppl", "--lengths", "16,32", "--data", "plays", "--threads", "1"]
+    slots = "model.memory_slots=2"
+    for source, export, args in ((run, exported, PPL), (native, native_export, native_ppl)):
+        got = {}
+        for folder in (source, export):
+            out = tmp_path / f"{folder.parent.name}-{folder.name}"
+            assert main(["eval", str(folder), *args, "--set", slots, "--out", str(out)]) == 0
+            for r in _results(out)["records"]:
+                if r["suite"] == "ppl" and r.get("context", r.get("seq_len")) == 32 and r["model"] != "original":
+                    got[folder == export, r.get("set", "")] = r["ppl"]
+        assert len(got) == 4, got
+        assert got[True, slots] == pytest.approx(got[False, slots], rel=1e-6), source
+        assert got[True, ""] == pytest.approx(got[False, ""], rel=1e-6), source
+        assert got[True, slots] != pytest.approx(got[True, ""], rel=1e-6), source
+
+
+def test_an_export_saved_with_fla_names_the_override_that_runs_it(converted, native, tmp_path, monkeypatch, capsys):
+    """A folder whose saved backend is "fla", on a machine without CUDA:
+    latte eval exits 2 naming --set model.backend=auto, which then runs it."""
+    import shutil
+
+    _, _, exported = converted
+    assert main(["export", str(native), str(tmp_path / "native")]) == 0
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # the same on a GPU machine
+    ppl = ["--suite", "ppl", "--lengths", "16", "--data", "plays", "--threads", "1"]
+    for folder, section in ((tmp_path / "native", None), (tmp_path / "converted", "conversion")):
+        if section:
+            shutil.copytree(exported, folder)
+        config = json.loads((folder / "config.json").read_text())
+        (section and config[section] or config)["backend"] = "fla"
+        (folder / "config.json").write_text(json.dumps(config))
+        assert main(["eval", str(folder), *ppl, "--out", str(tmp_path / "e")]) == 2
+        err = capsys.readouterr().err
+        assert "backend: got 'fla'" in err and "no CUDA device" in err and "--set model.backend=auto" in err
+        assert main(["eval", str(folder), *ppl, "--set", "model.backend=auto", "--out", str(tmp_path / "e")]) == 0
+
+
 def test_several_named_override_sets_in_one_command(converted, tmp_path, capsys):
     """Each --set is a model of its own (own cells, own row); "NAME:" names it
     in the tables and records, not in the cells: renamed, the cells are reused."""
@@ -251,7 +295,7 @@ def test_native_run_through_the_front_door_matches_the_old_form(native, capsys):
         (mine,) = [x for x in new if x["suite"] == "ppl" and x["seq_len"] == r["seq_len"]]
         assert mine["ppl"] == pytest.approx(r["ppl"], rel=1e-12) and mine["tokens"] == r["tokens"]
     heads = [x for x in new if x["suite"] == "latents"]
-    assert heads and all(1 <= h["effective_latents"] <= h["num_latents"] for h in heads)
+    assert heads and all(1 <= h["effective_latents"] <= h["latents_per_head"] for h in heads)
     assert list((run / "eval").glob("latents-*.png")) or "matplotlib" in capsys.readouterr().err
 
 
@@ -264,7 +308,6 @@ def test_native_run_through_the_front_door_matches_the_old_form(native, capsys):
         ),
         (["--lengths", "1x"], "--lengths '1x'"),
         (["--against", "original"], "only for converted models"),
-        (["--suite", "needle"], "--suite needle: for converted and Hugging Face models"),
     ],
 )
 def test_refusals_exit_2_naming_the_flag(args, message, native, capsys):
@@ -276,8 +319,12 @@ def test_models_a_suite_cannot_take_exit_2(converted, tmp_path, capsys):
     base, run, exported = converted
     assert main(["eval", str(run), "--suite", "latents"]) == 2
     assert "--suite latents: for native Latte / Macchiato models" in capsys.readouterr().err
-    assert main(["eval", str(exported), "--set", "model.window_size=4"]) == 2
-    assert "only a run or step folder's config can be overridden" in capsys.readouterr().err
+    assert main(["eval", str(base), "--set", "model.window_size=4"]) == 2
+    assert "or a folder written by latte export, can be overridden" in capsys.readouterr().err
+    assert main(["eval", str(exported), "--set", "train.steps=3"]) == 2
+    assert "expected model.FIELD=VALUE overrides, got 'train'" in capsys.readouterr().err
+    assert main(["eval", str(exported), "--set", "model.memory_slots=-1"]) == 2
+    assert "memory_slots" in capsys.readouterr().err
     assert main(["eval", str(base), "--against", "window"]) == 2
     assert "only for converted models" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "nothing")]) == 2
