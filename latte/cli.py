@@ -366,7 +366,8 @@ def _eval_model_parser() -> argparse.ArgumentParser:
         metavar="[NAME:]SECTION.FIELD=VALUE[,...]",
         dest="sets",
         help="repeatable: each --set is one more model, MODEL's config with these overrides, its own cells and "
-        "row (e.g. --set oracle:model.memory_slots=64,model.memory_rule=oracle); NAME names it in the tables",
+        "row (e.g. --set oracle:model.memory_slots=64,model.memory_rule=oracle); NAME names it in the tables; "
+        "a run, step or exported folder; model.backend=... alone picks every model's kernels instead",
     )
     p.add_argument("--out", default=None, help="results folder (default MODEL/eval)")
     p.add_argument("--documents", type=int_at_least(1), default=2, help="documents read per corpus (ppl)")
