@@ -89,6 +89,12 @@ class ConvertDataConfig(DataConfig):
             self.val_windows,
             "an integer >= 0 (0 = the whole validation split)",
         )
+        e.check(
+            not self.document_boundaries,
+            "document_boundaries",
+            self.document_boundaries,
+            "false: the converted model reads whole windows (packed documents are a native model's)",
+        )
         e.raise_if_any()
 
 

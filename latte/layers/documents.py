@@ -9,8 +9,8 @@ each document, exactly as if each document were its own row.
 
 Two ways down to the ops:
   - LatteAttention and MacchiatoAttention pass `cu_seqlens` to their op
-    (latte_causal, macchiato), which runs the documents without copies on
-    the fla path; only their qk mixer runs on the padded copy below.
+    (latte_causal, macchiato: latte_causal's fla path runs the documents
+    without copies); their qk mixer runs on the padded copy below.
   - the other layers (softmax, linear, swa) and the qk mixers run on a
     right-padded copy [N, max_len] with the padding masked (`run_padded`),
     then are packed back. Right padding is invisible to a causal layer.

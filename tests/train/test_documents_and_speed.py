@@ -147,3 +147,10 @@ def test_resume_follows_optim_fused_of_the_new_start(make_config, tmp_path, monk
 def test_bad_speed_options_are_refused_naming_the_field(make_config, override, message):
     with pytest.raises(ConfigError, match=message):
         make_config(**override)
+
+
+def test_convert_refuses_document_boundaries():
+    from latte.convert.task import ConvertDataConfig
+
+    with pytest.raises(ConfigError, match=r"document_boundaries: got True \(bool\), expected false: the converted"):
+        ConvertDataConfig(document_boundaries=True)

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from latte.train.checkpoint import find_latest_checkpoint, load_checkpoint
+from latte.train.config import LMRunConfig
 from latte.train.distributed import DistEnv
 from latte.train.lm import LanguageModelingTask, summed_loss
 from latte.train.loop import train
@@ -197,7 +198,8 @@ def test_resume_from_explicit_checkpoint_into_a_new_run(make_config, tmp_path):
 
 # --------------------------------------------------------------------------- one step, directly
 
-LM = LanguageModelingTask.__new__(LanguageModelingTask)  # loss and count need no config
+LM = LanguageModelingTask.__new__(LanguageModelingTask)  # loss and count read one config field:
+LM.cfg = LMRunConfig()  # data.document_boundaries (off)
 
 
 def _no_decay_names(model):
@@ -413,7 +415,7 @@ def _budgeted_job(monkeypatch, *, train_rate: float, eval_rate: float, final_tok
         env=NS(rank=0, world_size=1, is_main=False, is_distributed=False),
         run_dir=None,
         task=Task(),
-        weights=NS(model=None, optimizer=None, raw_model=None),
+        weights=NS(model=None, optimizer=None, raw_model=None, step_model=None),
         data=NS(batches=Batches()),
         progress=Progress(unit="tokens"),
         guard=NS(update=lambda *a: None, total=0),
