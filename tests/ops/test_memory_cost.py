@@ -71,7 +71,7 @@ def test_step_reads_fixed_position_slots_in_linear_size():
     assert large <= 2 * small
 
 
-@pytest.mark.parametrize("rule, bound", [("key_norm", 85), ("recall", 90), ("random", 115)])
+@pytest.mark.parametrize("rule, bound", [("key_norm", 92), ("recall", 97), ("random", 122)])
 def test_step_op_count_is_bounded(rule, bound):
     """A step is a fixed number of tensor ops whatever M; the bound (the
     first step took 139, 144 and 180 here, the second 108, 113 and 137)

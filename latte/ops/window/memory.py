@@ -215,40 +215,44 @@ def attend(q, ks, vs, keep, scale, softcap, tables=None, local=None):
     slot_tables; ks unrotated) or None. local: None, or the (y, lse) of the
     window and the sinks (lse finite), joined under the same softmax as one
     more key (sinks.merge in the same pass). Work dtype; no exp below the
-    floor."""
+    floor. Scores are laid out [B, K, T, G, C]: a block of queries is a
+    contiguous [T * G] rows per KV head, one product with the keys."""
     B, T, H, E = q.shape
-    K, G = ks.shape[1], H // ks.shape[1]
+    K, C = ks.shape[1:3]
+    G = H // K
     with no_autocast(q.device.type):
-        q5 = q.reshape(B, T, K, G, E)
         if tables is None:
-            s = torch.einsum("btkge,bkce->bkgtc", q5 * scale, ks)
+            qk = q.view(B, T, K, G, E).transpose(1, 2).reshape(B, K, T * G, E)
+            s = torch.matmul(qk, ks.transpose(-1, -2)).view(B, K, T, G, C)
         else:
-            s = indexed_scores(q5, ks, keep, tables) * scale
+            s = indexed_scores(q.view(B, T, K, G, E), ks, keep, tables).transpose(2, 3)
+        if scale != 1.0:
+            s = s * scale
         if softcap is not None:
             s = torch.tanh(s / softcap) * softcap
         # masks by arithmetic on a float copy of keep: where() with a scalar and exp(-inf) are slow lanes on CPU
-        kf = keep[:, :, None].to(s.dtype)  # [B, K, 1, T, C]
-        m = (s.detach() + (kf - 1) * torch.finfo(s.dtype).max).amax(-1)  # [B, K, G, T]: the kept keys' max
+        kf = keep[:, :, :, None].to(s.dtype)  # [B, K, T, 1, C]
+        m = (s.detach() + (kf - 1) * torch.finfo(s.dtype).max).amax(-1)  # [B, K, T, G]: the kept keys' max
         if local is None:
-            some = keep[:, :, None].any(-1)
+            some = keep[:, :, :, None].any(-1)
             m = torch.where(some, m, 0.0)
         else:
-            lse_l = local[1].view(B, T, K, G).permute(0, 2, 3, 1)
+            lse_l = local[1].view(B, T, K, G).transpose(1, 2)
             m = torch.maximum(m, lse_l.detach())
         p = exp_floored(s - m.unsqueeze(-1)) * kf
         total = p.sum(-1)
-        y = torch.einsum("bkgtc,bkcd->btkgd", p, vs)
+        y = torch.matmul(p.reshape(B, K, T * G, C), vs).view(B, K, T, G, -1)
         if local is None:
             total = total + ~some
         else:
             w = exp_floored(lse_l - m)  # the local branch's weight
             total = total + w
-            y = y + w.permute(0, 3, 1, 2).unsqueeze(-1) * local[0].view(B, T, K, G, -1)
-        y = y / total.permute(0, 3, 1, 2).unsqueeze(-1)
-        lse = m + total.log()  # [B, K, G, T]
+            y = y + w.unsqueeze(-1) * local[0].view(B, T, K, G, -1).transpose(1, 2)
+        y = (y / total.unsqueeze(-1)).transpose(1, 2)  # [B, T, K, G, D]
+        lse = m + total.log()  # [B, K, T, G]
         if local is None:
             lse = torch.where(some, lse, float("-inf"))
-    return y.reshape(B, T, H, -1), lse.permute(0, 3, 1, 2).reshape(B, T, H)
+    return y.reshape(B, T, H, -1), lse.transpose(1, 2).reshape(B, T, H)
 
 
 def coarse(score: torch.Tensor) -> torch.Tensor:
@@ -270,9 +274,10 @@ def _better(score, pos):
 
 def _select(cand_k, cand_v, score, pos, slots: int, better=None):
     """The M best of C keys per row and KV head, in position order: cand_k
-    [B, K, C, E], cand_v [B, K, C, D], score [B, K, C] (-inf: none), pos [B,
-    K, C] -> (k [B, M, K, E], v, score, pos, mask [B, M, K]). better: the
-    held keys' _better [B, K, C, C] when the caller has it."""
+    [B, K, C, E], cand_v [B, K, C, D], score [B, K, C] (coarse; -inf: none),
+    pos [B, K, C] -> (k [B, M, K, E], v, score, pos, mask [B, M, K]); a free
+    slot's key, value and position are any candidate's. better: the held
+    keys' _better [B, K, C, C] when the caller has it."""
     held = score > float("-inf")
     better = _better(score, pos) & held[..., :, None] if better is None else better
     rank = better.sum(-2)  # better held keys than c
@@ -284,9 +289,13 @@ def _select(cand_k, cand_v, score, pos, slots: int, better=None):
         idx = order.view(*order.shape, *([1] * (x.dim() - 3))).expand(*order.shape, *x.shape[3:])
         return x.gather(2, idx).transpose(1, 2)
 
-    mask = take(keep)  # empty slots hold zeros (-inf scores): one canonical state
-    k, v = take(cand_k) * mask[..., None], take(cand_v) * mask[..., None]
-    return k, v, coarse(take(score)).masked_fill(~mask, float("-inf")), take(pos) * mask, mask
+    mask = take(keep)  # a free slot scores -inf (its key, value and position: _canonical)
+    return take(cand_k), take(cand_v), take(score).masked_fill(~mask, float("-inf")), take(pos), mask
+
+
+def _canonical(k, v, score, pos, mask):
+    """Held tokens with zeros in the free slots: one state for one selection."""
+    return k * mask[..., None], v * mask[..., None], score, pos * mask, mask
 
 
 def _insert(state, k_c, v_c, r_c, p_c):
@@ -297,19 +306,23 @@ def _insert(state, k_c, v_c, r_c, p_c):
     higher, the later slots moving down one and the candidate taking the
     last, so that the held tokens stay last in arrival order. The held
     scores are kept as ranked (`coarse`): only the candidate's is rounded.
-    Keys, values and scores move in one gather, positions in another; a slot
-    holds a token exactly when its score is above -inf."""
+    Keys, values and scores move in one row gather, positions in another
+    (index_select of flat rows: a gather with an expanded index is several
+    times slower on CPU); a slot holds a token exactly when its score is
+    above -inf."""
     score = state.score  # [B, M, K]
-    M, E = score.shape[1], state.k.shape[-1]
-    i = torch.arange(M, device=score.device)[None, :, None]  # [1, M, 1]
+    B, M, K = score.shape
+    E, dev = state.k.shape[-1], score.device
+    i = torch.arange(M, device=dev)[None, :, None]  # [1, M, 1]
     r_c = coarse(r_c)  # [B, K]
     low = score.amin(1, keepdim=True)
     worst = torch.where(score == low, i, -1).amax(1, keepdim=True)
     src = i + ((i >= worst) & (r_c[:, None] > low))  # from [held, c]: a non-candidate (-inf) displaces none
+    row = ((torch.arange(B, device=dev)[:, None, None] * (M + 1) + src) * K + torch.arange(K, device=dev)).view(-1)
     c = torch.cat([k_c, v_c, r_c[..., None]], -1)[:, None]  # [B, 1, K, E + D + 1]
     both = torch.cat([torch.cat([state.k, state.v, score[..., None]], -1), c], 1)
-    moved = both.gather(1, src[..., None].expand(*src.shape, both.shape[-1]))
-    pos = torch.cat([state.pos, p_c[:, None, None].expand(-1, 1, score.shape[2])], 1).gather(1, src)
+    moved = both.view(B * (M + 1) * K, -1).index_select(0, row).view(B, M, K, -1)
+    pos = torch.cat([state.pos, p_c[:, None, None].expand(-1, 1, K)], 1).view(-1).index_select(0, row).view(B, M, K)
     new_score = moved[..., -1]
     return moved[..., :E], moved[..., E:-1], new_score, pos, new_score > float("-inf")
 
@@ -423,6 +436,7 @@ def _scan(state, kx, vx, rx, px, memory_q, end, cfg, real, local=None):
     late = (j[None, :] >= end[:, None])[..., None]  # enters after the row's end (packed rows)
     mem, ys, lses, rs = tuple(state[:4]), [], [], coarse(rx.masked_fill(late, float("-inf")))
     tables = None if cfg.memory.rotary is None else slot_tables(cfg.memory.rotary, cfg.num_sinks, cfg.memory.slots, kx)
+    cfg, memory_q = cfg._replace(scale=1.0), memory_q * cfg.scale  # scaled once, not per block
     for t0 in range(0, T, cfg.block):
         t1 = min(T, t0 + cfg.block)
         y, lse, mem = _block(mem, kx, vx, rs, px, t0, t1, memory_q, cfg, tables, local)
@@ -430,7 +444,7 @@ def _scan(state, kx, vx, rx, px, memory_q, end, cfg, real, local=None):
         lses.append(lse)
     idx = end[:, None] + torch.arange(P, device=dev)[None]  # [B, P]: the buffer at each row's end
     pending = rx.gather(1, idx[..., None].expand(B, P, rx.shape[-1]))
-    new = MemoryState(*mem, pending, px.gather(1, idx), state.count + real.sum(1))
+    new = MemoryState(*_canonical(*mem), pending, px.gather(1, idx), state.count + real.sum(1))
     return torch.cat(ys, 1), torch.cat(lses, 1), new
 
 
