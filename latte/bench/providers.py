@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from latte.ops import distributions as dists
 from latte.ops import latte_causal, latte_causal_step, linear_attention, macchiato
+from latte.ops.macchiato import WindowSpec, _kernels, _mix, _window_phase
 
 from .paper_scan import paper_scan
 
@@ -85,8 +86,6 @@ def macchiato_window_mix(a, v, q, k, y_lat, *, window: int = WINDOW, chunk: int 
     latte's latent phase (provider "latte"). a [B, T, H, L]; q, k, v [B, T,
     H, D]; the joint mix, no sinks; backend as macchiato's (its window
     kernel: the tiles, or flex_attention under "fla")."""
-    from latte.ops.macchiato import WindowSpec, _kernels, _mix, _window_phase
-
     spec = WindowSpec(window, scale=q.shape[-1] ** -0.5)
     kernel = _kernels(backend, q, chunk, None)[0]
     y_win, lse, *_ = _window_phase(kernel, spec, chunk, q, k, v, None, None, None, None, None)
