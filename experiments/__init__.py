@@ -17,8 +17,8 @@ machine info, tables, plots and README sections in `latte.reporting`.
 # in the order `python -m experiments --help` lists them
 MODULES: dict[str, str] = {
     "mqar": "experiments.mqar.mqar",
-    "lm-variants": "experiments.lm_variants.lm_variants",
-    "lra": "experiments.lra.lra",
+    "lm-variants": "experiments.lm_variants.study",
+    "lra": "experiments.lra.study",
     "convert": "experiments.convert.study",
     "convert-sinks": "experiments.sinks.study",
     "convert-data": "experiments.data.study",

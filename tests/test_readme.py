@@ -69,7 +69,7 @@ def test_an_empty_section_holds_a_place_and_a_filled_one_needs_its_files(tmp_pat
 
 
 def test_a_plans_stage_folder_is_the_section_plan_dash_stage(tmp_path):
-    """results/PLAN/STAGE/ (lm_plans.stage_outputs) fills section PLAN-STAGE,
+    """results/PLAN/STAGE/ (experiments/lm_variants/plans.py: stage_outputs) fills section PLAN-STAGE,
     and the index links into the subfolder."""
     tool = load_tool()
     shutil.copy(ROOT / "README.md", tmp_path / "README.md")

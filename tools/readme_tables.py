@@ -301,7 +301,7 @@ def _sections(text: str, kind: str) -> list[str]:
 def results_folders(root: Path) -> dict[str, str]:
     """Section name -> folder under results/: results/NAME, and a stage of a
     plan written inside its plan's folder, results/PLAN/STAGE, as section
-    PLAN-STAGE (experiments/lm_variants/lm_plans.py stage_outputs)."""
+    PLAN-STAGE (experiments/lm_variants/plans.py stage_outputs)."""
     found = {p.parent.name: p.parent.name for p in (root / "results").glob("*/results.md")}
     for p in (root / "results").glob("*/*/results.md"):
         found[f"{p.parent.parent.name}-{p.parent.name}"] = f"{p.parent.parent.name}/{p.parent.name}"

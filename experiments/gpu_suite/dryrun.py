@@ -104,7 +104,7 @@ def _check_bench(name: str, rest: list[str]) -> tuple[list[str], str]:
 
 def _check_lra(rest: list[str]) -> tuple[list[str], str]:
     # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
-    from experiments.lra import lra
+    from experiments.lra import study as lra
     from latte.train import load_run_config
 
     args, err = _parse(lra.parse_args, rest)
@@ -128,7 +128,7 @@ def _check_lra(rest: list[str]) -> tuple[list[str], str]:
 
 def _check_lm(rest: list[str]) -> tuple[list[str], str]:
     # on use: the suite starts with the standard library and installs the rest first (docs/gpu.md §5)
-    from experiments.lm_variants import lm_variants as lm
+    from experiments.lm_variants import study as lm
     from latte.train import load_run_config
 
     args, err = _parse(lm.parse_args, rest)

@@ -4,6 +4,6 @@ import sys
 
 from latte.cli import run_command
 
-from .lm_variants import main
+from .study import main
 
 sys.exit(run_command("python -m experiments.lm_variants", main, sys.argv[1:]))

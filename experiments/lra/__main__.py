@@ -4,6 +4,6 @@ import sys
 
 from latte.cli import run_command
 
-from .lra import main
+from .study import main
 
 sys.exit(run_command("python -m experiments.lra", main, sys.argv[1:]))

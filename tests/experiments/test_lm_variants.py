@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from experiments.lm_variants import lm_variants as LV
-from experiments.lm_variants.lm_report import spread
+from experiments.lm_variants import study as LV
+from experiments.lm_variants.report import spread
 
 
 def test_spread_formats_mean_std_and_range():
@@ -72,7 +72,7 @@ def test_quick_run_all_stages_and_resume(tmp_path, capsys):
 
 
 def test_latents_by_layer_shows_where_a_collapse_sits():
-    from experiments.lm_variants.lm_report import _latents_by_layer
+    from experiments.lm_variants.report import _latents_by_layer
 
     flat = [
         {"variant": "latte-none", "layer": layer, "head": h, "effective_latents": eff}
@@ -87,7 +87,7 @@ def test_latents_by_layer_shows_where_a_collapse_sits():
 
 
 def test_long_plan_defaults_and_its_result_folders(tmp_path):
-    from experiments.lm_variants.lm_plans import stage_outputs
+    from experiments.lm_variants.plans import stage_outputs
 
     a = LV.parse_args(["--plan", "long"])
     assert a.seeds == "0" and a.runs == "runs/lm_variants_long" and a.eval_tokens == 65536
@@ -103,7 +103,7 @@ def test_long_plan_defaults_and_its_result_folders(tmp_path):
 
 
 def test_curve_table_at_chosen_steps_relative_to_softmax_with_epochs(tmp_path):
-    from experiments.lm_variants.lm_curves import curve_table
+    from experiments.lm_variants.curves import curve_table
 
     def run(variant: str, rows: list[tuple[int, float, int]], finished: bool) -> None:
         d = tmp_path / variant / "seed-0"

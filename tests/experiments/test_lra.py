@@ -9,7 +9,7 @@ import pytest
 
 from experiments.common.cells import run_protocol
 from experiments.common.results import cell_key
-from experiments.lra import lra
+from experiments.lra import study as lra
 
 
 @pytest.mark.slow

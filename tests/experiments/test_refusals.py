@@ -14,8 +14,8 @@ import pytest
 
 from experiments.common.cells import run_protocol
 from experiments.common.results import cell_key
-from experiments.lm_variants import lm_variants as LV
-from experiments.lra import lra
+from experiments.lm_variants import study as LV
+from experiments.lra import study as lra
 from experiments.mqar import mqar as M
 from tests.experiments.studies import study
 

@@ -20,7 +20,7 @@ from experiments.common.results import write_results, writer_of
 from experiments.convert.stages import checks
 from experiments.convert.study import check_same_base
 from experiments.gpu_suite import runner, stages
-from experiments.lm_variants import lm_variants as LV
+from experiments.lm_variants import study as LV
 from latte.cli import main
 from latte.config_io import save_yaml
 from latte.guard import MARKER, WriteRefused, claim_folder
@@ -443,7 +443,7 @@ def test_lra_sweep_killed_at_any_point_gives_the_uninterrupted_results(tmp_path,
     through a cell file's write, before the report. The same command then
     publishes the results of an uninterrupted run (every field but time
     measurements), and no finished run is resumed for 0 steps."""
-    from experiments.lra import lra
+    from experiments.lra import study as lra
 
     def argv(name: str) -> list[str]:
         where = ["--work", str(tmp_path / name / "work"), "--out", str(tmp_path / name / "out")]

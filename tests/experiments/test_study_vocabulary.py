@@ -19,7 +19,7 @@ def _resolve(config: str, sets: list[str]):
 
 @pytest.mark.parametrize("quick", [False, True])
 def test_lra_cells_resolve_without_the_deprecated_name(quick):
-    from experiments.lra import lra
+    from experiments.lra import study as lra
 
     extra = lra.QUICK if quick else []
     for task in lra.TASKS:
@@ -34,8 +34,8 @@ def test_lra_cells_resolve_without_the_deprecated_name(quick):
 
 @pytest.mark.parametrize("quick", [False, True])
 def test_lm_variants_cells_resolve_without_the_deprecated_name(quick):
-    from experiments.lm_variants import lm_variants as LV
-    from experiments.lm_variants.lm_plans import PLANS, VARIANT_SETS, VARIANTS
+    from experiments.lm_variants import study as LV
+    from experiments.lm_variants.plans import PLANS, VARIANT_SETS, VARIANTS
 
     sets = LV.QUICK_SET if quick else []
     for plan in PLANS.values():

@@ -16,8 +16,8 @@ from experiments.common.results import claim_work
 from experiments.gpu_suite import dryrun
 from experiments.gpu_suite import stages as suite
 from experiments.gpu_suite.stages import Stage
-from experiments.lm_variants import lm_variants as LV
-from experiments.lra import lra
+from experiments.lm_variants import study as LV
+from experiments.lra import study as lra
 from experiments.mqar import mqar as M
 from latte.guard import MARKER, WriteRefused
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from latte.eval import per_head
 from latte.reporting import pyplot, save_figure
 
-from .lm_plans import PLANS
+from .plans import PLANS
 
 ORDER = (
     "softmax",

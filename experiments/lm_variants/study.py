@@ -18,7 +18,7 @@ differing only in the token mixer (and Latte's qk mixer), each trained with
 
 A killed sweep continues where it stopped: finished stages are not redone,
 and an interrupted `latte train` resumes from its last checkpoint. `--plan`
-picks what runs (experiments/lm_variants/lm_plans.py): `table1` (the above, the
+picks what runs (experiments/lm_variants/plans.py): `table1` (the above, the
 default), `long` (ten times the tokens, one seed, whole-split validation at
 steps 300, 1,000, 2,000, 3,000, plus latte with 256 latents) and
 `macchiato-vs-swa` (training length 1,024 with window 64).
@@ -59,9 +59,9 @@ from experiments.common.results import (
 from latte.arguments import checked, int_at_least, int_list, name_list
 from latte.train import load_run_config, run_wall_time
 
-from .lm_curves import curve_table
-from .lm_plans import PLANS, VARIANT_SETS, VARIANTS, stage_outputs
-from .lm_report import extrapolation_report, latents_report, variants_report
+from .curves import curve_table
+from .plans import PLANS, VARIANT_SETS, VARIANTS, stage_outputs
+from .report import extrapolation_report, latents_report, variants_report
 
 STAGES = ("train", "extrapolation", "latents")
 # --quick: every stage on a model of a few thousand parameters, in seconds.
@@ -173,7 +173,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         allow_abbrev=False, prog="python -m experiments.lm_variants", description=__doc__.split("\n\n")[0]
     )
     p.add_argument(
-        "--plan", default="table1", choices=list(PLANS), help="what to run (experiments/lm_variants/lm_plans.py)"
+        "--plan", default="table1", choices=list(PLANS), help="what to run (experiments/lm_variants/plans.py)"
     )
     p.add_argument("--quick", action="store_true", help="tiny models, 2 steps: the end-to-end test")
     p.add_argument(

@@ -10,7 +10,7 @@ from pathlib import Path
 from latte.reporting import save_figure
 from latte.train import load_yaml
 
-from .lm_report import ORDER, _figure
+from .report import ORDER, _figure
 
 
 def _val_curve(path: Path) -> dict[int, tuple[float, int]]:
