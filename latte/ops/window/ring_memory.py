@@ -10,8 +10,9 @@ place, before `ring_push` writes its key and value: no buffer is shifted.
 
 A ring of fewer than W - 1 slots belongs to a generation too short for any
 token to leave the window (R = prompt + max_new_tokens - 1 < W - 1): the
-slots keep what they held and pending is not read. Same interface and
-result as memory_step (docs/math.md §4.2).
+slots keep what they held and pending is not read. memory_step's
+arguments (without `local`: the caller merges the read with the window and
+the sinks) and result (docs/math.md §4.2; tests/ops/test_ring_window.py).
 """
 
 from __future__ import annotations
