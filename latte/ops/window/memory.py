@@ -3,7 +3,7 @@ window, chosen by a fixed score (docs/math.md §4.2).
 
 Legend: B batch, T time, H query heads, K key/value heads (H = K * G), G
 queries per KV head, E query/key width, D value width, M slots, w the window
-size, P = w - 1 window-buffer tokens, C = M + Q keys of one query block.
+size, P = w - 1 window-buffer tokens, C <= M + Q keys of one query block.
 
 A token is a candidate when it is real, not a sink, and (rule "oracle")
 marked; a non-candidate scores -inf. Candidates are ranked per KV head by
@@ -16,7 +16,10 @@ when it leaves the window and depends on no selection, so:
   the M held tokens and the block's new candidates, each visible to a query
   from its entry until M better ones have entered (`_block`);
 - a decoding step attends to the M held tokens, then lets the token that
-  leaves the window compete for a slot (`_select`, shared with the scan).
+  leaves the window compete for a slot (`_insert`, in O(M)).
+
+Given the window and sinks' (y, lse) (`local`), both paths join them under
+the slots' softmax as one more column and return the merged pair.
 
 The window phase works on the "extended" sequence: the P tokens of the
 window buffer (their scores waiting in MemoryState.pending) followed by the
@@ -68,8 +71,10 @@ class MemoryArgs(NamedTuple):
 
 
 class MemoryState(NamedTuple):
-    """The M held tokens per row and KV head, in position order (keys as the
-    op received them), and the scores of the window buffer's tokens."""
+    """The M held tokens per row and KV head, last and in position order
+    (free slots first: zeros, score -inf; keys as the op received them),
+    their scores as ranked (`coarse`), and the scores of the window buffer's
+    tokens."""
 
     k: torch.Tensor  # [B, M, K, E] (work dtype)
     v: torch.Tensor  # [B, M, K, D]
