@@ -226,7 +226,8 @@ def pooled(results: dict, n_samples: dict) -> dict:
         else:  # the pooled proportion, with lm-eval's sample standard error
             p = sum(results[k][f"{metric},none"] * n[k] for k in names) / total
             se = (p * (1 - p) / max(total - 1, 1)) ** 0.5
-        rec[metric], rec[f"{metric}_stderr"] = float(p), float(se)
+        # one example: lm-eval writes its stderr "N/A" (no spread to estimate)
+        rec[metric], rec[f"{metric}_stderr"] = float(p), float(se) if isinstance(se, (int, float)) else None
     if len(names) == 1 and "perplexity,none" in results[names[0]]:
         rec["perplexity"] = float(results[names[0]]["perplexity,none"])
         se = results[names[0]].get("perplexity_stderr,none")

@@ -74,3 +74,12 @@ def test_a_model_a_decoding_suite_cannot_take_exits_2(native, tmp_path, capsys):
     assert main(["eval", str(folder), "--suite", "needle", "--lengths", "128", "--data", "plays"]) == 2
     err = capsys.readouterr().err
     assert "learned positions up to max_position_embeddings=64" in err and "--lengths at most 64" in err
+
+
+def test_a_task_cell_of_one_example_has_no_stderr():
+    """lm-eval writes the standard error of one example as "N/A": the cell
+    records None (a tasks suite run with --examples 1 stopped on it)."""
+    from latte.eval.tasks import pooled
+
+    rec = pooled({"t": {"acc,none": 1.0, "acc_stderr,none": "N/A"}}, {"t": {"effective": 1}})
+    assert rec == {"examples_scored": 1, "acc": 1.0, "acc_stderr": None}
