@@ -23,7 +23,7 @@ def test_dry_run_checks_every_stage(capsys):
     out = capsys.readouterr().out
     for s in suite.stages():
         assert f"] {s.name}" in out
-    assert "132 points, T 1024..131072, batch x T 131072" in out  # the bf16 CUDA sweep
+    assert "152 points, T 1024..131072, batch x T 131072" in out  # the bf16 CUDA sweep, window+mix included
     assert "64 points, T 1024..131072, batch x T 131072" in out  # fp32: no macchiato
     assert "3 runs, 5000 steps x 32" in out  # ListOps at the LRA budget
     assert "seq 512, 300 steps x 16" in out
