@@ -36,3 +36,29 @@ def test_memory_rules_flag_refuses_unknown_rule(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--rules" in err and "nearest" in err and all(r in err for r in MEMORY_RULES)
+
+
+def test_memory_quick_times_the_model_and_cpu_ratios(tmp_path, capsys):
+    """--model-rules adds the whole model's rows (scope "model"); every row
+    carries the thread's CPU time beside the wall time, and each pair its
+    CPU-time ratio, which the table reports."""
+    memory.main(FAST + ["--out", str(tmp_path), "--rules", "random", "--model-rules", "key_norm"])
+    res = check_files(tmp_path, "memory", capsys)
+    c = res["config"]
+    assert c["model_rules"] == ["key_norm"] and c["model"] == memory.QUICK_MODEL
+    timed = {(r["scope"], r["rule"], r["memory"], r["phase"]): r for r in res["results"] if "memory" in r}
+    ratios = {(r["scope"], r["rule"], r["phase"]): r for r in res["results"] if "cpu_ratio" in r}
+    want = {(scope, rule) for scope, rule in (("layer", "random"), ("model", "key_norm"))}
+    assert set(ratios) == {(scope, rule, phase) for scope, rule in want for phase in memory.PHASES}
+    for (scope, rule, phase), r in ratios.items():
+        got = timed[(scope, rule, rule, phase)]["cpu_median_ms"] / timed[(scope, rule, "none", phase)]["cpu_median_ms"]
+        assert r["cpu_ratio"] == pytest.approx(got)
+    assert all(r["cpu_median_ms"] >= r["cpu_min_ms"] > 0 for r in timed.values())
+    assert "| model | key_norm |" in (tmp_path / "memory.md").read_text()
+
+
+def test_memory_model_rules_flag_refuses_the_oracle(capsys):
+    with pytest.raises(SystemExit) as e:
+        memory.parse_args(["--quick", "--model-rules", "oracle"])
+    assert e.value.code == 2
+    assert "--model-rules" in capsys.readouterr().err
