@@ -148,7 +148,7 @@ def _row(cell: dict, r: dict | None) -> list[str]:
     if r is None:
         return [name, slots, state, "not run", "", "", "", "", ""]
     cut = f" (stopped at step {r['steps']:,} of {r['planned_steps']:,})" if r.get("incomplete") else ""
-    curve = " ".join(f"{s}:{acc:.2f}" for s, acc in r.get("accuracy_curve") or [])
+    curve = " ".join(f"{s}:{acc:.3f}" for s, acc in r.get("accuracy_curve") or [])
     return [
         name, slots, state, f"{r['accuracy']:.3f}{cut}", f"{r['best_accuracy']:.3f}", f"{r['steps']:,}",
         f"{r['seconds']:,.0f}", f"{r['loadavg_start']:.1f}", curve,
