@@ -103,7 +103,7 @@ class ConvertedAttention(MacchiatoCore):
     position_embeddings, attention_mask, cache (or past_key_values), **kw) -> (y, None).
     The decoding state lives in a `MacchiatoCache`."""
 
-    memory_positions = "absolute"  # "cache": memory slots at fixed positions after the sinks (_slot_memory)
+    memory_positions = "absolute"  # "cache": memory slots at fixed positions after the sinks (_window_inputs)
 
     def __init__(
         self,
@@ -229,19 +229,23 @@ class ConvertedAttention(MacchiatoCore):
 
     def _queries_at(self, q: torch.Tensor, like: torch.Tensor, at: int) -> torch.Tensor:
         """The queries q [B, T, H, E] (before RoPE) rotated to one position."""
-        cos, sin = self._rotary_at(like, torch.tensor([at]))
+        # made on the device (no host-to-device copy: a captured decoding step replays it)
+        cos, sin = self._rotary_at(like, torch.full((1,), at, dtype=torch.long, device=like.device))
         B, T = q.shape[:2]
         return self._rope(q, q[:, :, :1], (cos.expand(B, T, -1), sin.expand(B, T, -1)))[0]
 
-    def _slot_memory(self, q: torch.Tensor, like: torch.Tensor) -> dict:
-        """With memory_positions "cache", macchiato's memory (slot i at
-        position num_sinks + i) and memory_q (the queries at num_sinks + M +
-        window_size - 1: docs/math.md §4.2); else nothing (the layer's own)."""
+    def _window_inputs(self, q: torch.Tensor, like: torch.Tensor):
+        """(window_spec(), memory_q) with the original's scale and softcap:
+        with memory_positions "cache", the spec's memory puts slot i at
+        position num_sinks + i and memory_q holds the queries q (before
+        RoPE) at num_sinks + M + window_size - 1 (docs/math.md §4.2); else
+        the slots keep their own positions and memory_q is None."""
+        scores = dict(scale=self.spec.scale, softcap=self.spec.softcap)
         if not self._fixed_slots():
-            return {}
+            return self.window_spec(**scores), None
         rotary = functools.partial(self._rotary_at, like)
         at = self.num_sinks + self.memory.slots + self.window_size - 1
-        return {"memory": self.memory._replace(rotary=rotary), "memory_q": self._queries_at(q, like, at)}
+        return self.window_spec(rotary=rotary, **scores), self._queries_at(q, like, at)
 
     @torch.no_grad()
     def log_masses(self, x: torch.Tensor, position_embeddings) -> LogMasses:
@@ -275,6 +279,7 @@ class ConvertedAttention(MacchiatoCore):
         prev = None if cache is None else cache.states[self.layer_idx]
         q0, k0, v = self._unrotated_qkv(x)
         q, k = self._rope(q0, k0, position_embeddings)
+        window, memory_q = self._window_inputs(q0, x)
         y, attn, conv, h = self.latent_mix(
             x,
             q,
@@ -284,10 +289,9 @@ class ConvertedAttention(MacchiatoCore):
             state=prev,
             keep_state=cache is not None,
             sink_q=self._sink_queries(q0, x),
-            scale=self.spec.scale,
-            softcap=self.spec.softcap,
+            memory_q=memory_q,
+            window=window,
             backend=self.backend,
-            **self._slot_memory(q0, x),
         )
         if cache is not None:
             cache.states[self.layer_idx] = ConvertedLayerState(attn, conv, h)

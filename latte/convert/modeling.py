@@ -29,9 +29,11 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from latte.config_io import merge
 from latte.files import sha256_file
 from latte.models.causal_lm import check_eos, check_sampling_args, next_token, token_stream
 from latte.models.hf_cache import CACHE_NAME, cache_kwargs, one_cache, output_cache
+from latte.models.hf_generate import static_generate
 from latte.models.modeling import check_input_ids
 from latte.models.static_decode import EOS_CHECK_EVERY, check_eos_every, layer_windows, static_tokens
 from latte.models.weights import check_state, load_weights, read_weights
@@ -82,6 +84,14 @@ class ConvertedOutput(CausalLMOutputWithPast):
         return output_cache(self)
 
 
+# What a saved conversion.backend "fla" that this machine cannot run names (latte eval reads a
+# converted model's `model.` overrides as its conversion's fields; latte convert its own section).
+CONVERTED_BACKEND_OVERRIDE = (
+    "--set model.backend=auto (the kernels this machine has) or --set model.backend=torch (latte eval), "
+    "--conversion.backend=auto (latte convert)"
+)
+
+
 def patch_attention(model: nn.Module, conversion: ConversionConfig) -> list[ConvertedAttention]:
     """Replace every attention module of a supported model by a
     ConvertedAttention (in place); returns the new modules."""
@@ -108,7 +118,7 @@ def patch_attention(model: nn.Module, conversion: ConversionConfig) -> list[Conv
             chunk_size=conversion.chunk_size,
             lora_rank=conversion.lora_rank,
             lora_alpha=conversion.lora_alpha,
-            backend=saved_backend(conversion.backend, "conversion.backend", "--set conversion.backend=torch"),
+            backend=saved_backend(conversion.backend, "conversion.backend", CONVERTED_BACKEND_OVERRIDE),
         )
         layer.self_attn.use_memory(conversion.memory_slots, conversion.memory_rule, layer_index=i)
         layer.self_attn.memory_positions = conversion.memory_positions
@@ -266,9 +276,10 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
         """latte's streaming generation (as `LatteForCausalLM.stream`): the new
         tokens [B], one step at a time, from the constant-size cache. Prompts
         of different lengths are LEFT-padded (attention_mask 0 on the left).
-        static, eos_check_every: as `LatteForCausalLM.stream`; the static
-        step runs eagerly here (not captured in a CUDA graph: transformers'
-        forward around the layers is not checked for host reads)."""
+        static, eos_check_every: as `LatteForCausalLM.stream`: the same
+        static step, captured in a CUDA graph on CUDA (the step reads no
+        value: tests/convert/test_static_step.py compiles it without a
+        graph break)."""
         greedy = check_sampling_args(max_new_tokens, temperature, top_k, top_p, do_sample)
         check_eos_every(eos_check_every)
         if attention_mask is not None and not bool(attention_mask[:, -1].all()):
@@ -310,9 +321,12 @@ class ConvertedForCausalLM(PreTrainedModel, GenerationMixin):
             return logits, cache.states, pos + 1
 
         windows, T = layer_windows(self.converted), input_ids.shape[1]
-        return static_tokens(
-            self, prefill_static, feed, windows, T, max_new_tokens, eos, chooser, use_graph=False, **every
-        )
+        return static_tokens(self, prefill_static, feed, windows, T, max_new_tokens, eos, chooser, **every)
+
+    def generate(self, inputs=None, generation_config=None, **kwargs: Any):
+        """transformers' generate; a plain greedy or sampled decode runs
+        through `stream`'s static decoding step instead (latte/models/hf_generate.py)."""
+        return static_generate(self, self.stream, super().generate, inputs, generation_config, **kwargs)
 
     def forward(
         self,
@@ -402,12 +416,24 @@ def convert_pretrained(path: str | os.PathLike, conversion=None, *, gguf_file: s
     return convert(load_base(ref, dtype=dtype, verify=False), conversion, base_weights=ref)
 
 
-def load_converted(directory: str | os.PathLike, *, base_path: str | os.PathLike | None = None, dtype=torch.float32):
-    """The converted model saved in `directory` (either layout)."""
+def load_converted(
+    directory: str | os.PathLike,
+    *,
+    base_path: str | os.PathLike | None = None,
+    dtype=torch.float32,
+    overrides: dict | None = None,
+):
+    """The converted model saved in `directory` (either layout); overrides:
+    ConversionConfig fields replacing the saved ones (e.g. {"memory_slots":
+    64}, `latte eval --set model.memory_slots=64`), checked as the saved
+    ones are; the weights must still fit the model they build."""
     d = Path(directory)
     if not (d / CONFIG_NAME).is_file():
         raise FileNotFoundError(f"{d / CONFIG_NAME}: no such file (expected a folder written by save_converted)")
     config = ConvertedConfig.from_pretrained(str(d))
+    if overrides:
+        where = f"{d / CONFIG_NAME} conversion + overrides {sorted(overrides)}"
+        config.conversion = ConversionConfig.from_dict(merge(config.conversion, overrides), where=where).to_dict()
     digest = getattr(config, "weights_sha256", None)
     if digest is not None and (got := sha256_file(d / WEIGHTS_NAME)) != digest:
         raise IntegrityError(

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from latte._checks import check_positive_int
-from latte.ops import MacchiatoState, latte_causal, macchiato, macchiato_step
+from latte.ops import MacchiatoState, WindowSpec, latte_causal, macchiato, macchiato_step
 from latte.ops.macchiato import MIXES
 from latte.ops.window.memory import Memory, check_memory, layer_seed
 from latte.ops.window.sinks import check_num_sinks
@@ -48,6 +48,7 @@ from ._checks import (
     check_rope_theta,
     check_state,
 )
+from .documents import check_packed, document_positions, packed_qk_mixer
 from .llama_projections import add_qkvo, project_qkv
 from .mixers import QKMixer
 from .rope import layer_positions
@@ -76,7 +77,7 @@ class MacchiatoCore(nn.Module):
     layer: state dicts, checkpoints and converted folders are unchanged. A
     subclass sets window_size, num_sinks and chunk_size, calls
     add_latent_branch() in its __init__, and in its forward hands its window
-    q, k, v to latent_mix().
+    q, k, v and its window_spec() to latent_mix().
 
     latent_only (False; switched by `latent_branch_only`): the layer's
     output is its latent branch alone, the attention it would compute with
@@ -98,6 +99,16 @@ class MacchiatoCore(nn.Module):
         memory = Memory(slots, rule, layer_seed(seed, layer_index))
         check_memory(memory)
         self.memory = memory if slots else None
+
+    def window_spec(self, *, scale=None, softcap=None, rotary=None) -> WindowSpec:
+        """The layer's local branch as the op takes it: its window_size,
+        num_sinks and memory, the window scores' scale (None: 1/sqrt(E)) and
+        softcap; rotary (memory_positions "cache"): the rotary tables that
+        put memory slot i at position num_sinks + i (Memory.rotary)."""
+        memory = self.memory
+        if memory is not None and rotary is not None:
+            memory = memory._replace(rotary=rotary)
+        return WindowSpec(self.window_size, self.num_sinks, scale, softcap, memory)
 
     def add_latent_branch(
         self,
@@ -123,14 +134,18 @@ class MacchiatoCore(nn.Module):
         self.gate_proj = nn.Linear(dim, H, bias=gate_bias) if mix == "gate" else None
         self.beta = nn.Parameter(torch.full((H,), float(beta_init)))
 
-    def latents(self, x: torch.Tensor, *, mask: torch.Tensor | None = None, state=None):
+    def latents(self, x: torch.Tensor, *, mask: torch.Tensor | None = None, state=None, cu_seqlens=None):
         """x [B, T, F] -> (a, b [B, T, H, L], gate [B, T, H] or None, conv, h):
         the latent logits and the qk-mixer's state after the last token;
-        `state`: the layer's state so far (its .conv and .h) or None."""
+        `state`: the layer's state so far (its .conv and .h) or None;
+        cu_seqlens: packed documents (the mixer restarts at each; no state)."""
         B, T, _ = x.shape
         H = self.beta.shape[0]
         conv_state, h = (None, None) if state is None else (state.conv, state.h)
-        u, conv, h = self.mixer(x, mask=mask, conv_state=conv_state, h=h)
+        if cu_seqlens is not None:
+            u, conv, h = packed_qk_mixer(self.mixer, x, cu_seqlens), None, None
+        else:
+            u, conv, h = self.mixer(x, mask=mask, conv_state=conv_state, h=h)
         a = self.a_proj(u).view(B, T, H, -1)
         b = self.b_proj(u).view(B, T, H, -1)
         gate = None if self.gate_proj is None else self.gate_proj(x)
@@ -148,37 +163,29 @@ class MacchiatoCore(nn.Module):
         keep_state: bool = True,
         sink_q: torch.Tensor | None = None,
         memory_q: torch.Tensor | None = None,
-        **window,
+        cu_seqlens: torch.Tensor | None = None,
+        window: WindowSpec,
+        backend: str | None = None,
     ) -> tuple[torch.Tensor, MacchiatoState | None, torch.Tensor | None, torch.Tensor | None]:
         """x [B, T, F] the layer input; q [B, T, H, E], k, v [B, T, K, E] the
         window's (RoPE applied); mask [B, T] bool (False = padding) or None;
         state: the layer's state so far (.attn, .conv, .h) or None;
         keep_state: return the Macchiato state (a single token is then one
-        constant-time decoding step); sink_q, memory_q: macchiato's; window:
-        the window's scale, softcap and the op's backend (and `memory`, in
-        place of the layer's own), as macchiato takes them.
+        constant-time decoding step); sink_q, memory_q, backend: macchiato's;
+        window: the layer's window_spec(), handed to the op unchanged;
+        cu_seqlens: the documents of a packed row (B == 1, no state kept).
         -> (y [B, T, H, E], MacchiatoState or None, conv, h)."""
-        a, b, gate, conv, h = self.latents(x, mask=mask, state=state)
+        a, b, gate, conv, h = self.latents(x, mask=mask, state=state, cu_seqlens=cu_seqlens)
         if self.latent_only:
-            return self.latents_alone(a, b, v, mask=mask, state=state, backend=window.get("backend")), None, conv, h
+            y = self.latents_alone(a, b, v, mask=mask, state=state, backend=backend, cu_seqlens=cu_seqlens)
+            return y, None, conv, h
+        keep_state = keep_state and cu_seqlens is None  # a packed row keeps no state
         prev = None if state is None else state.attn
-        window.update(window_size=self.window_size, num_sinks=self.num_sinks, mix=self.mix, beta=self.beta)
-        mark = self._memory_inputs(window, a.shape[:2])
+        mark = self._oracle_mark(window, a.shape[:2])
+        settings = dict(window=window, mix=self.mix, beta=self.beta, backend=backend)
         if x.shape[1] == 1 and keep_state:  # decoding: one constant-time step
-            y, attn = macchiato_step(
-                a[:, 0],
-                b[:, 0],
-                v[:, 0],
-                q[:, 0],
-                k[:, 0],
-                gate_t=None if gate is None else gate[:, 0],
-                mask_t=None if mask is None else mask[:, 0],
-                state=prev,
-                sink_q_t=None if sink_q is None else sink_q[:, 0],
-                memory_q_t=None if memory_q is None else memory_q[:, 0],
-                **window,
-            )
-            return y.unsqueeze(1), attn, conv, h
+            y, attn = _one_step(a, b, v, q, k, gate, mask, sink_q, memory_q, prev, settings)
+            return y, attn, conv, h
         y, attn = macchiato(
             a,
             b,
@@ -190,24 +197,23 @@ class MacchiatoCore(nn.Module):
             chunk_size=self.chunk_size,
             initial_state=prev,
             output_final_state=keep_state,
+            cu_seqlens=cu_seqlens,
             sink_q=sink_q,
             memory_mark=mark,
             memory_q=memory_q,
-            **window,
+            **settings,
         )
         return y, attn, conv, h
 
-    def _memory_inputs(self, window: dict, shape) -> torch.Tensor | None:
-        """Puts the layer's memory in the op's arguments `window` (unless the
-        caller passed one); returns the marks rule "oracle" keeps for a call
-        of `shape` [B, T] (memory_mark, when it has that shape), else None."""
-        if self.memory is None:
+    def _oracle_mark(self, window: WindowSpec, shape) -> torch.Tensor | None:
+        """The marks memory rule "oracle" keeps for a call of `shape` [B, T]
+        (memory_mark, when it has that shape), else None."""
+        if window.memory is None or window.memory.rule != "oracle":
             return None
-        window.setdefault("memory", self.memory)
-        mark = self.memory_mark if self.memory.rule == "oracle" else None
+        mark = self.memory_mark
         return mark if mark is not None and tuple(mark.shape) == tuple(shape) else None
 
-    def latents_alone(self, a, b, v, *, mask, state=None, backend=None) -> torch.Tensor:
+    def latents_alone(self, a, b, v, *, mask, state=None, backend=None, cu_seqlens=None) -> torch.Tensor:
         """The latent branch's output alone, y [B, T, H, E]: causal Latte over
         a, b [B, T, H, L] and the window's values v [B, T, K, E] (KV heads
         repeated), as the mix would give it with no window key."""
@@ -215,8 +221,27 @@ class MacchiatoCore(nn.Module):
             raise ValueError("latent_only: a full-sequence forward without a decoding state (got a state)")
         H = a.shape[2]
         v = v if v.shape[2] == H else v.repeat_interleave(H // v.shape[2], dim=2)
-        y, _ = latte_causal(a, b, v, chunk_size=self.chunk_size, mask=mask, backend=backend)
+        y, _ = latte_causal(a, b, v, chunk_size=self.chunk_size, mask=mask, cu_seqlens=cu_seqlens, backend=backend)
         return y
+
+
+def _one_step(a, b, v, q, k, gate, mask, sink_q, memory_q, state, settings: dict):
+    """macchiato_step on the one token of [B, 1, ...] inputs (None stays
+    None) -> (y [B, 1, H, E], MacchiatoState); settings: its keywords."""
+
+    def first(t):
+        return None if t is None else t[:, 0]
+
+    y, attn = macchiato_step(
+        *map(first, (a, b, v, q, k)),
+        gate_t=first(gate),
+        mask_t=first(mask),
+        state=state,
+        sink_q_t=first(sink_q),
+        memory_q_t=first(memory_q),
+        **settings,
+    )
+    return y.unsqueeze(1), attn
 
 
 @contextlib.contextmanager
@@ -336,30 +361,50 @@ class MacchiatoAttention(MacchiatoCore):
         state: MacchiatoLayerState | None = None,
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, MacchiatoLayerState]:
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, MacchiatoLayerState | None]:
         """x [B, T, dim], mask [B, T] bool (False = padding), positions [B, T]
         (RoPE positions of the window branch; default: real tokens counted
-        from state.pos) -> (y [B, T, dim], MacchiatoLayerState after the last token)."""
+        from state.pos) -> (y [B, T, dim], MacchiatoLayerState after the last token).
+        cu_seqlens: the documents of a packed row (B == 1; layers/documents.py):
+        positions default to each document's own, the state returned is None."""
         B, T = check_input(x, self.dim, mask, positions)
+        if cu_seqlens is not None:
+            return self._packed(x, cu_seqlens, positions, state, mask)
         state = check_state(state, MacchiatoLayerState, B)
         pos_BT, pos = layer_positions(positions, state, mask, B, T, x.device)
         q, k, v = project_qkv(self, x, pos_BT)
-        slots = self._slot_memory(q, pos_BT)
-        y, attn, conv, h = self.latent_mix(x, q, k, v, mask=mask, state=state, backend=self.backend, **slots)
+        window, memory_q = self._window_inputs(q, pos_BT)
+        y, attn, conv, h = self.latent_mix(
+            x, q, k, v, mask=mask, state=state, memory_q=memory_q, window=window, backend=self.backend
+        )
         y = self.dropout(self.o_proj(y.flatten(2)))  # [B, T, H, E] -> [B, T, dim]
         return y, MacchiatoLayerState(attn, conv, h, pos)
 
-    def _slot_memory(self, q: torch.Tensor, pos_BT: torch.Tensor) -> dict:
-        """With memory_positions "cache", macchiato's memory (slot i at
-        position num_sinks + i) and memory_q (q [B, T, H, E] turned from
-        its position to num_sinks + M + window_size - 1: docs/math.md §4.2);
-        else nothing (the layer's own memory)."""
+    def _packed(self, x, cu_seqlens, positions, state, mask) -> tuple[torch.Tensor, None]:
+        """Packed documents: the op with cu_seqlens (window, sinks, memory
+        slots and latents per document), the qk mixer per document."""
+        check_packed(x, cu_seqlens, state=state, mask=mask)
+        pos_BT = document_positions(cu_seqlens, x.shape[1]) if positions is None else positions
+        q, k, v = project_qkv(self, x, pos_BT)
+        window, memory_q = self._window_inputs(q, pos_BT)
+        y, _, _, _ = self.latent_mix(
+            x, q, k, v, mask=None, memory_q=memory_q, cu_seqlens=cu_seqlens, window=window, backend=self.backend
+        )
+        return self.dropout(self.o_proj(y.flatten(2))), None
+
+    def _window_inputs(self, q: torch.Tensor, pos_BT: torch.Tensor) -> tuple[WindowSpec, torch.Tensor | None]:
+        """(window_spec(), memory_q): with memory_positions "cache", the
+        spec's memory puts slot i at position num_sinks + i and memory_q is
+        q [B, T, H, E] turned from its position to num_sinks + M +
+        window_size - 1 (docs/math.md §4.2); else the slots keep their own
+        positions and memory_q is None (the queries)."""
         if self.memory is None or self.memory_positions != "cache":
-            return {}
+            return self.window_spec(), None
         if self.rope is None:
             raise ValueError('memory_positions="cache" needs RoPE on the window branch (rope_theta is None)')
         at = self.num_sinks + self.memory.slots + self.window_size - 1
-        return {"memory": self.memory._replace(rotary=self.rope.tables), "memory_q": self.rope(q, at - pos_BT)}
+        return self.window_spec(rotary=self.rope.tables), self.rope(q, at - pos_BT)
 
     def extra_repr(self) -> str:
         return (

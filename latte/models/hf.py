@@ -24,7 +24,9 @@ Decoding state: transformers builds a DynamicCache (a growing key/value store)
 unless a model opts out; these models opt out (`_supports_default_dynamic_cache`
 is False, like Mamba) and carry their own `LatteHFCache`, a `Cache` subclass
 holding the native `LatteCache`, in `cache` (`past_key_values` before
-transformers 5.24; both names are accepted, see `hf_cache`). `generate` prefills
+transformers 5.24; both names are accepted, see `hf_cache`). A plain greedy or
+sampled `generate` runs through the native static decoding step
+(`hf_generate`); any other request runs transformers' loop, which prefills
 with one chunked forward, then feeds one token per step with the full
 attention mask, of which the forward keeps the last columns.
 
@@ -55,6 +57,7 @@ from .causal_lm import LatteForCausalLM, head_and_loss, next_token_targets
 from .classification import LatteForSequenceClassification, check_class_labels, pool
 from .config import LatteConfig
 from .hf_cache import CACHE_NAME, cache_kwargs, one_cache
+from .hf_generate import static_generate
 from .modeling import MLP, LatteCache, LatteModel, init_module, value_checks
 from .pretrained import DEPRECATED_FIELDS, HF_ATTRIBUTE_MAP, NATIVE_FIELDS
 
@@ -226,8 +229,15 @@ class LatteHFForCausalLM(LatteHFPreTrainedModel, GenerationMixin):
             attention_mask = attention_mask[:, -input_ids.shape[1] :]  # generate passes the whole sequence's mask
         mask = self._checked_inputs(input_ids, attention_mask)
         state = None if past_key_values is None else past_key_values.latte
+        cu_seqlens = packed_documents(kwargs.get("position_ids"), input_ids, mask, state)
+        use_cache = use_cache and cu_seqlens is None  # a packed row keeps no decoding state
         hidden, state = self.model(
-            input_ids, state=state, attention_mask=mask, use_cache=use_cache, inputs_checked=True
+            input_ids,
+            state=state,
+            attention_mask=mask,
+            use_cache=use_cache,
+            inputs_checked=True,
+            cu_seqlens=cu_seqlens,
         )
         shift_labels = kwargs.get("shift_labels")
         loss = None
@@ -241,6 +251,7 @@ class LatteHFForCausalLM(LatteHFPreTrainedModel, GenerationMixin):
                 tuple(input_ids.shape),
                 self.model.embed.num_embeddings,
                 values=value_checks(self.model.validate_inputs, input_ids),
+                cu_seqlens=cu_seqlens,
             )
             logits, loss = head_and_loss(hidden, self.lm_head, targets, None, self.training)
         cache = None
@@ -251,11 +262,52 @@ class LatteHFForCausalLM(LatteHFPreTrainedModel, GenerationMixin):
             return tuple(v for v in (loss, logits, cache) if v is not None)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **cache_kwargs(cache))
 
+    def generate(self, inputs=None, generation_config=None, **kwargs: Any):
+        """transformers' generate; a plain greedy or sampled decode runs
+        through latte's static decoding step instead (hf_generate.py)."""
+        return static_generate(self, self._stream, super().generate, inputs, generation_config, **kwargs)
+
+    def _stream(self, *args: Any, **kwargs: Any):
+        """The native `stream` on this model's own modules (no copy of the weights)."""
+        native = LatteForCausalLM.__new__(LatteForCausalLM)
+        nn.Module.__init__(native)
+        native.config, native.model, native.lm_head = self.config.to_latte_config(), self.model, self.lm_head
+        return native.stream(*args, **kwargs)
+
     def to_native(self) -> LatteForCausalLM:
         """A native LatteForCausalLM with the same weights."""
         native = LatteForCausalLM(self.config.to_latte_config())
         native.load_state_dict(self.state_dict())
         return native
+
+
+def packed_documents(position_ids, input_ids, mask, state) -> torch.Tensor | None:
+    """cu_seqlens of a packed row, read from position_ids as transformers'
+    flash-attention path reads them: one row (B == 1) of T > 1 tokens with
+    no padding whose position_ids are not one increasing run; each position
+    equal to the row's smallest starts a document (index 0 must be one).
+    None otherwise (then position_ids are not used: positions are counted
+    from the tokens), also while values cannot be read (torch.compile)."""
+    if position_ids is None:
+        return None
+    if not isinstance(position_ids, torch.Tensor) or tuple(position_ids.shape) != tuple(input_ids.shape):
+        got = tuple(position_ids.shape) if isinstance(position_ids, torch.Tensor) else type(position_ids).__name__
+        raise ValueError(f"position_ids: expected shape {tuple(input_ids.shape)} like input_ids, got {got}")
+    B, T = input_ids.shape
+    if B != 1 or T == 1 or mask is not None or not value_checks(True, position_ids):
+        return None
+    first = position_ids.min()
+    if bool((position_ids[0] == first + torch.arange(T, device=position_ids.device)).all()):
+        return None  # one document
+    if state is not None:
+        raise ValueError("position_ids: restart at 0 (packed documents), which a forward with a cache cannot take")
+    if bool(position_ids[0, 0] != first):
+        raise ValueError(
+            f"position_ids: restart at {int(first)} (packed documents), so the row must start with one, "
+            f"got {int(position_ids[0, 0])} at index 0"
+        )
+    starts = (position_ids[0] == first).nonzero().view(-1)
+    return torch.cat([starts, starts.new_tensor([T])])
 
 
 class LatteHFForSequenceClassification(LatteHFPreTrainedModel):

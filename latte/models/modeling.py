@@ -183,8 +183,8 @@ def layer_backend(config: LatteConfig) -> str | None:
     """The layers' `backend=` for config.backend (None for "auto": the
     process default); a "fla" this machine cannot run is refused here."""
     override = (
-        "--set model.backend=torch (latte eval, latte generate), "
-        "--model.backend=torch (latte train) or LatteConfig(backend='torch')"
+        "--set model.backend=auto (the kernels this machine has) or --set model.backend=torch (latte eval, "
+        "latte generate), --model.backend=auto (latte train) or LatteConfig(backend='auto')"
     )
     return saved_backend(config.backend, "model.backend", override)
 
@@ -375,14 +375,8 @@ class LatteModel(nn.Module):
         if cu_seqlens is not None:
             _check_packed(cu_seqlens, input_ids, mask, state, use_cache)
             pos = document_positions(cu_seqlens, T)
-        if cfg.position_embedding != "none" and not decoding_step and value_checks(self.validate_inputs, pos):
-            n = int(pos.max()) + 1
-            if n > cfg.max_position_embeddings:
-                raise ValueError(
-                    f"sequence of {n} positions exceeds max_position_embeddings="
-                    f"{cfg.max_position_embeddings} (position_embedding={cfg.position_embedding!r}); "
-                    "shorten the input or build the model with a larger limit"
-                )
+        if not decoding_step:
+            self._check_positions(pos)
 
         if input_ids.dtype not in (torch.int64, torch.int32):
             input_ids = input_ids.long()  # the embedding takes int32/int64 only
@@ -406,6 +400,19 @@ class LatteModel(nn.Module):
             return x, None
         seen = T + (0 if state is None else state.seen_tokens)
         return x, LatteCache(states, seen, pos0 + m.sum(1))
+
+    def _check_positions(self, pos: torch.Tensor) -> None:
+        """Absolute positions pos [B, T] within max_position_embeddings (a
+        value check: skipped where values cannot be read)."""
+        cfg = self.config
+        if cfg.position_embedding != "none" and value_checks(self.validate_inputs, pos):
+            n = int(pos.max()) + 1
+            if n > cfg.max_position_embeddings:
+                raise ValueError(
+                    f"sequence of {n} positions exceeds max_position_embeddings="
+                    f"{cfg.max_position_embeddings} (position_embedding={cfg.position_embedding!r}); "
+                    "shorten the input or build the model with a larger limit"
+                )
 
     def _checkpoint(self, block: nn.Module, x: torch.Tensor, **kwargs):
         # transformers sets _gradient_checkpointing_func (its own options);

@@ -17,7 +17,7 @@ from .latte.bidirectional import latte_bidirectional
 from .latte.causal import LatteState, latte_causal, latte_causal_step
 from .latte.recurrence import linear_recurrence
 from .linear_attention import LinearAttentionState, linear_attention, linear_attention_step
-from .macchiato import MacchiatoState, macchiato, macchiato_step
+from .macchiato import MacchiatoState, WindowSpec, macchiato, macchiato_step
 from .window.sliding_window import (
     WindowState,
     sliding_window_attention,
@@ -30,6 +30,7 @@ __all__ = [
     "LatteState",
     "LinearAttentionState",
     "MacchiatoState",
+    "WindowSpec",
     "WindowState",
     "get_backend",
     "latte_bidirectional",

@@ -32,6 +32,7 @@ unchecked cores of the two families (ops/window/, ops/latte/).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -60,12 +61,15 @@ from .window.memory import (
     memory_sequence,
     memory_step,
 )
+from .window.ring_memory import ring_memory_step
 from .window.sinks import SinkState, check_num_sinks, check_sink_state, merge, sink_sequence, sink_step
 from .window.sliding_window import (
+    RingWindowState,
     WindowState,
     check_window,
     check_window_state,
     full_window_state,
+    ring_push,
     window_blocked,
     window_step,
 )
@@ -80,15 +84,25 @@ class MacchiatoState(NamedTuple):
     memory: MemoryState | None = None  # the memory slots (None without them)
 
 
-class _Local(NamedTuple):
-    """The settings of the window phase: the window and its sinks."""
+@dataclasses.dataclass(frozen=True)
+class WindowSpec:
+    """The local branch of Macchiato, one value from the layer's config to the
+    op's window phase: the window, its sinks and its memory slots.
 
-    window_size: int
-    scale: float
-    num_sinks: int
-    softcap: float | None
-    memory: Memory | None = None  # memory slots (None or 0 slots: none)
-    chunk_size: int = 64  # queries per block of the slots' scan
+    size: tokens each query sees in the window (itself included); num_sinks:
+    the first real tokens every query also sees (docs/math.md §4.1); scale:
+    the window scores' scale (None: 1/sqrt(E)); softcap: None, or c > 0 for
+    scores c * tanh(e / c); memory: the memory slots (docs/math.md §4.2;
+    None or 0 slots: none), their positions policy carried as
+    Memory.rotary. A layer builds it from its settings (MacchiatoCore.
+    window_spec) and the op passes it down unchanged; the queries that score
+    the sinks and the slots (sink_q, memory_q) are tensors of the call."""
+
+    size: int
+    num_sinks: int = 0
+    scale: float | None = None
+    softcap: float | None = None
+    memory: Memory | None = None
 
 
 def _repeat_kv(v: torch.Tensor, heads: int) -> torch.Tensor:
@@ -186,51 +200,70 @@ class _MemoryIn(NamedTuple):
     state: MemoryState | None
 
 
-def _memory_args(local: _Local) -> MemoryArgs:
-    return MemoryArgs(local.memory, local.window_size, local.num_sinks, local.scale, local.softcap, local.chunk_size)
+def _memory_args(spec: WindowSpec, block: int) -> MemoryArgs:
+    """The slot branch's settings; block: queries per block of its scan."""
+    return MemoryArgs(spec.memory, spec.size, spec.num_sinks, spec.scale, spec.softcap, block)
 
 
-def _window_phase(window, local: _Local, q, k, v, sink_q, mask, win_state, sink_state, lengths, mem=None):
-    """The local branch over a sequence, one softmax over the window, the
-    sinks outside it and the memory slots (mem: _MemoryIn, None without
-    slots): (y, lse, WindowState, SinkState or None, MemoryState or None),
+def _window_phase(window, spec: WindowSpec, block, q, k, v, sink_q, mask, win_state, sink_state, lengths, mem=None):
+    """The local branch over a sequence (spec: its scale resolved), one
+    softmax over the window, the sinks outside it and the memory slots
+    (mem: _MemoryIn, None without slots; block: queries per block of their
+    scan): (y, lse, WindowState, SinkState or None, MemoryState or None),
     work dtype."""
-    y, lse, new_win = window(q, k, v, local.window_size, local.scale, mask, win_state, lengths)
+    y, lse, new_win = window(q, k, v, spec.size, spec.scale, mask, win_state, lengths)
     lse_window, mem_state = lse, None  # the window alone: rule "attention" reads its normaliser
-    if local.num_sinks:
-        S, W = local.num_sinks, local.window_size
+    if spec.num_sinks:
+        S, W = spec.num_sinks, spec.size
         y_s, lse_s, sink_state = sink_sequence(
-            q, k, v, S, W, local.scale, mask, sink_state, lengths, local.softcap, sink_q
+            q, k, v, S, W, spec.scale, mask, sink_state, lengths, spec.softcap, sink_q
         )
         y, lse = merge(y, lse, y_s, lse_s)
     if mem is not None:
-        full = full_window_state(win_state, local.window_size)  # the slots align with W - 1 window slots
-        y_m, lse_m, mem_state = memory_sequence(
-            q, k, v, mem.q, lse_window, mem.recall_y, mem.mark, mask, full, mem.state, lengths, _memory_args(local)
+        full = full_window_state(win_state, spec.size)  # the slots align with W - 1 window slots
+        y, lse, mem_state = memory_sequence(
+            q,
+            k,
+            v,
+            mem.q,
+            lse_window,
+            mem.recall_y,
+            mem.mark,
+            mask,
+            full,
+            mem.state,
+            lengths,
+            _memory_args(spec, block),
+            (y, lse),  # joined under one softmax: the merge happens in the slots' pass
         )
-        y, lse = merge(y, lse, y_m, lse_m)
     return y, lse, new_win, sink_state, mem_state
 
 
-def _window_step_phase(local: _Local, q_t, k_t, v_t, sink_q_t, mask_t, win_state, sink_state, mem=None):
+def _window_step_phase(spec: WindowSpec, q_t, k_t, v_t, sink_q_t, mask_t, win_state, sink_state, mem=None):
     """The local branch for one token: (y_t, lse_t, WindowState, SinkState or
-    None, MemoryState or None); mem: as _window_phase's, for one token."""
-    W, scale, softcap = local.window_size, local.scale, local.softcap
+    None, MemoryState or None); spec, mem: as _window_phase's, for one token."""
+    W, scale, softcap = spec.size, spec.scale, spec.softcap
     y, lse, new_win = window_step(
         q_t, k_t, v_t, window_size=W, scale=scale, mask_t=mask_t, state=win_state, softcap=softcap
     )
     lse_window, mem_state = lse, None
-    if local.num_sinks:
+    if spec.num_sinks:
         y_s, lse_s, sink_state = sink_step(
-            q_t, k_t, v_t, local.num_sinks, W, scale, mask_t, sink_state, softcap, sink_q_t
+            q_t, k_t, v_t, spec.num_sinks, W, scale, mask_t, sink_state, softcap, sink_q_t
         )
         y, lse = merge(y, lse, y_s, lse_s)
+    ring = isinstance(win_state, RingWindowState)  # a static decoding state (latte/models/static_decode.py)
     if mem is not None:
-        full = full_window_state(win_state, W)  # the slots align with W - 1 window slots
-        y_m, lse_m, mem_state = memory_step(
-            q_t, k_t, v_t, mem.q, lse_window, mem.recall_y, mem.mark, mask_t, full, mem.state, _memory_args(local)
-        )
-        y, lse = merge(y, lse, y_m, lse_m)
+        full = win_state if ring else full_window_state(win_state, W)  # the slots align with W - 1 window slots
+        args = (q_t, k_t, v_t, mem.q, lse_window, mem.recall_y, mem.mark, mask_t, full, mem.state)
+        args = (*args, _memory_args(spec, 64))
+        if ring:
+            y_m, lse_m, mem_state = ring_memory_step(*args)
+            y, lse = merge(y, lse, y_m, lse_m)
+        else:  # the read joins the window and the sinks under one softmax
+            y, lse, mem_state = memory_step(*args, (y, lse))
+    if ring:  # every branch has read the slot the token overwrites
+        ring_push(new_win, k_t, v_t, mask_t)
     return y, lse, new_win, sink_state, mem_state
 
 
@@ -246,22 +279,48 @@ def _mix(y_win, lse_win, y_lat, a, gate, beta, mix):
     return w * y_win + (1 - w) * y_lat
 
 
-def _sequence(kernels, local: _Local, lengths, beta, mix, a, b, v, q, k, gate, sink_q, mem_q, mark, mask, state):
+def _sequence(
+    kernels, spec: WindowSpec, block, lengths, beta, mix, a, b, v, q, k, gate, sink_q, mem_q, mark, mask, state
+):
     """The three phases over one sequence, or the padded documents of a packed
-    one (run_packed): (y [B, T, H, D], MacchiatoState), work dtype."""
+    one (run_packed): (y [B, T, H, D], MacchiatoState), work dtype; block:
+    queries per block of the memory slots' scan."""
     window, latents = kernels
     lat_state, win_state, sink_state, mem_state = state if state is not None else (None,) * 4
     v_lat = _repeat_kv(v, q.shape[-2])
     mem = None
-    if local.memory is not None and local.memory.slots:
-        recall = latents(b, b, v_lat, lat_state, mask)[0] if local.memory.rule == "recall" else None
+    if spec.memory is not None and spec.memory.slots:
+        recall = latents(b, b, v_lat, lat_state, mask)[0] if spec.memory.rule == "recall" else None
         mem = _MemoryIn(q if mem_q is None else mem_q, recall, mark, mem_state)
     y_win, lse, win_state, sink_state, mem_state = _window_phase(
-        window, local, q, k, v, sink_q, mask, win_state, sink_state, lengths, mem
+        window, spec, block, q, k, v, sink_q, mask, win_state, sink_state, lengths, mem
     )
     y_lat, lat_state = latents(a, b, v_lat, lat_state, mask)  # latent phase
     y = _mix(y_win, lse, y_lat, a.to(y_lat.dtype), gate, beta, mix)  # mix phase
     return y, MacchiatoState(lat_state, win_state, sink_state, mem_state)
+
+
+def _window_spec(window, window_size, num_sinks, scale, softcap, memory) -> WindowSpec:
+    """The call's WindowSpec: `window` itself, or the one the loose keywords
+    (window_size=, num_sinks=, scale=, softcap=, memory=) spell; never both."""
+    loose = window_size is not None or num_sinks or scale is not None or softcap is not None or memory is not None
+    if window is None:
+        if window_size is None:
+            raise ValueError("window: give the local branch as window=WindowSpec(size, ...) or window_size=W")
+        return WindowSpec(window_size, num_sinks, scale, softcap, memory)
+    if not isinstance(window, WindowSpec):
+        raise ValueError(f"window: expected a WindowSpec, got {type(window).__name__}")
+    if loose:
+        raise ValueError(
+            "window: a WindowSpec already holds the window's size, sinks, scale, softcap and memory; "
+            "pass either window=WindowSpec(...) or those keywords, not both"
+        )
+    return window
+
+
+def _resolved(spec: WindowSpec, q: torch.Tensor) -> WindowSpec:
+    """spec with its scale set (None: 1/sqrt(E) of the queries q)."""
+    return spec if spec.scale is not None else dataclasses.replace(spec, scale=q.shape[-1] ** -0.5)
 
 
 def _run(run, tensors, cu_seqlens, mask, initial_state):
@@ -278,7 +337,8 @@ def macchiato(
     q: torch.Tensor,
     k: torch.Tensor,
     *,
-    window_size: int,
+    window: WindowSpec | None = None,
+    window_size: int | None = None,
     mix: str = "joint",
     gate: torch.Tensor | None = None,
     beta: torch.Tensor | None = None,
@@ -302,6 +362,9 @@ def macchiato(
         a, b: [B, T, H, Lh] latent logits; v: [B, T, K, D] values shared by
             both branches; q: [B, T, H, E], k: [B, T, K, E] window queries and
             keys (RoPE already applied); K divides H (grouped KV heads).
+        window: the local branch (WindowSpec: size, num_sinks, scale,
+            softcap, memory), as a layer builds it; or, in its place, the
+            keywords window_size, num_sinks, scale, softcap, memory below.
         window_size: local window, current token included.
         mix: "joint" (one normaliser) or "gate" (needs gate [B, T, H]).
         beta: [H] bias of the latents' mass (very negative = start as pure
@@ -322,13 +385,14 @@ def macchiato(
             runs the latents on fla-core and the window on flex_attention.
     Returns (y [B, T, H, D] in v's dtype, MacchiatoState or None).
     """
-    _check(a, b, v, q, k, gate, beta, mix, window_size, chunk_size, mask, False, softcap, num_sinks, sink_q)
-    check_finite("scale", scale, low=0.0)
+    spec = _window_spec(window, window_size, num_sinks, scale, softcap, memory)
+    W, S, softcap, memory = spec.size, spec.num_sinks, spec.softcap, spec.memory
+    _check(a, b, v, q, k, gate, beta, mix, W, chunk_size, mask, False, softcap, S, sink_q)
+    check_finite("scale", spec.scale, low=0.0)
     _check_memory(memory, memory_q, memory_mark, q, "")
-    lengths = _check_packing(a, k, v, cu_seqlens, initial_state, window_size, num_sinks, memory)
-    local = _Local(window_size, q.shape[-1] ** -0.5 if scale is None else scale, num_sinks, softcap, memory, chunk_size)
+    lengths = _check_packing(a, k, v, cu_seqlens, initial_state, W, S, memory)
     kernels = _kernels(backend, q, chunk_size, softcap, cached=initial_state is not None)
-    run = functools.partial(_sequence, kernels, local, lengths, beta, mix)
+    run = functools.partial(_sequence, kernels, _resolved(spec, q), chunk_size, lengths, beta, mix)
     y, state = _run(run, (a, b, v, q, k, gate, sink_q, memory_q, memory_mark), cu_seqlens, mask, initial_state)
     return y.to(v.dtype), (state if output_final_state else None)
 
@@ -341,7 +405,8 @@ def macchiato_step(
     k_t: torch.Tensor,
     state: MacchiatoState | None = None,
     *,
-    window_size: int,
+    window: WindowSpec | None = None,
+    window_size: int | None = None,
     mix: str = "joint",
     gate_t: torch.Tensor | None = None,
     beta: torch.Tensor | None = None,
@@ -357,19 +422,20 @@ def macchiato_step(
 ) -> tuple[torch.Tensor, MacchiatoState]:
     """One decoding step: a_t, b_t [B, H, Lh], v_t [B, K, D], q_t [B, H, E],
     k_t [B, K, E], gate_t [B, H], sink_q_t [B, H, E] (see macchiato's
-    sink_q), memory, memory_q_t [B, H, E], memory_mark_t [B] (see
-    macchiato's); state: the MacchiatoState so far (None: empty). Returns
+    sink_q), memory_q_t [B, H, E], memory_mark_t [B], window or its
+    keywords (see macchiato's); state: the MacchiatoState so far (None:
+    empty). Returns
     (y_t [B, H, D], MacchiatoState); constant time and memory in the context
     (the window is a W - 1 buffer, the sinks num_sinks slots, the memory its
     slots)."""
-    _check(a_t, b_t, v_t, q_t, k_t, gate_t, beta, mix, window_size, 1, mask_t, True, softcap, num_sinks, sink_q_t)
-    check_finite("scale", scale, low=0.0)
+    spec = _window_spec(window, window_size, num_sinks, scale, softcap, memory)
+    W, S, memory = spec.size, spec.num_sinks, spec.memory
+    _check(a_t, b_t, v_t, q_t, k_t, gate_t, beta, mix, W, 1, mask_t, True, spec.softcap, S, sink_q_t)
+    check_finite("scale", spec.scale, low=0.0)
     _check_memory(memory, memory_q_t, memory_mark_t, q_t, "_t")
     if state is not None:
-        _check_state(state, q_t.shape[0], a_t, k_t, v_t, window_size, num_sinks, "state", memory)
+        _check_state(state, q_t.shape[0], a_t, k_t, v_t, W, S, "state", memory)
     lat_state, win_state, sink_state, mem_state = state if state is not None else (None,) * 4
-    scale = q_t.shape[-1] ** -0.5 if scale is None else scale
-    local = _Local(window_size, scale, num_sinks, softcap, memory)
     work = state_dtype(a_t.dtype)
     v_lat = _repeat_kv(v_t, q_t.shape[1]).to(work)
     y_lat, lat_state = causal_step(a_t.to(work), b_t.to(work), v_lat, lat_state, mask_t, backend)
@@ -380,7 +446,7 @@ def macchiato_step(
             recall = torch.einsum("bhl,bhld->bhd", torch.softmax(b_t.to(work), -1), lat_state.S)
         mem = _MemoryIn(q_t if memory_q_t is None else memory_q_t, recall, memory_mark_t, mem_state)
     y_win, lse, win_state, sink_state, mem_state = _window_step_phase(
-        local, q_t, k_t, v_t, sink_q_t, mask_t, win_state, sink_state, mem
+        _resolved(spec, q_t), q_t, k_t, v_t, sink_q_t, mask_t, win_state, sink_state, mem
     )
     y = _mix(y_win, lse, y_lat, a_t.to(work), gate_t, beta, mix)
     return y.to(v_t.dtype), MacchiatoState(lat_state, win_state, sink_state, mem_state)

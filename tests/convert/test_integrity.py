@@ -115,7 +115,9 @@ def test_the_backend_is_saved_and_a_saved_fla_names_its_override(saved, monkeypa
         json.dumps({**config, "conversion": {**config["conversion"], "backend": "fla"}})
     )
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # the same on a GPU machine
-    with pytest.raises(ValueError, match=r"conversion.backend: got 'fla'.*no CUDA.*--set conversion.backend=torch"):
+    with pytest.raises(ValueError, match=r"conversion.backend: got 'fla'.*no CUDA.*--set model.backend=auto"):
         load_converted(converted)
+    model = load_converted(converted, overrides={"backend": "auto"})  # latte eval --set model.backend=auto
+    assert all(m.backend is None for m in model.modules() if isinstance(m, ConvertedAttention))
     with pytest.raises(ValueError, match="backend"):
         ConversionConfig(backend="cuda")

@@ -237,5 +237,5 @@ def test_backend_is_saved_with_the_model_and_reaches_the_layers(tmp_path, monkey
     saved = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**saved, "backend": "fla"}))
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # the same on a GPU machine
-    with pytest.raises(ValueError, match=r"model.backend: got 'fla'.*no CUDA.*--set model.backend=torch"):
+    with pytest.raises(ValueError, match=r"model.backend: got 'fla'.*no CUDA.*--set model.backend=auto"):
         LatteForCausalLM.from_pretrained(tmp_path)
