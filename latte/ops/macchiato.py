@@ -330,6 +330,17 @@ def _run(run, tensors, cu_seqlens, mask, initial_state):
     return run(*tensors, mask, initial_state)
 
 
+def _checked_sequence(inputs, spec: WindowSpec, mix, chunk_size, mask, cu_seqlens, initial_state):
+    """Every input of a `macchiato` call checked once; the packed documents'
+    lengths (None if not packed)."""
+    a, b, v, q, k, gate, beta, sink_q, memory_q, memory_mark = inputs
+    W, S, memory = spec.size, spec.num_sinks, spec.memory
+    _check(a, b, v, q, k, gate, beta, mix, W, chunk_size, mask, False, spec.softcap, S, sink_q)
+    check_finite("scale", spec.scale, low=0.0)
+    _check_memory(memory, memory_q, memory_mark, q, "")
+    return _check_packing(a, k, v, cu_seqlens, initial_state, W, S, memory)
+
+
 def macchiato(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -365,12 +376,12 @@ def macchiato(
         window: the local branch (WindowSpec: size, num_sinks, scale,
             softcap, memory), as a layer builds it; or, in its place, the
             keywords window_size, num_sinks, scale, softcap, memory below.
-        window_size: local window, current token included.
-        mix: "joint" (one normaliser) or "gate" (needs gate [B, T, H]).
-        beta: [H] bias of the latents' mass (very negative = start as pure
+        window_size: local window, current token included; scale: window
+            score scale, default 1/sqrt(E); softcap: None, or c > 0 for
+            window scores c * tanh(e / c) (Gemma 2).
+        mix: "joint" (one normaliser) or "gate" (needs gate [B, T, H]); beta:
+            [H] bias of the latents' mass (very negative = start as pure
             sliding-window attention), default 0.
-        scale: window score scale, default 1/sqrt(E).
-        softcap: None, or c > 0 for window scores c * tanh(e / c) (Gemma 2).
         num_sinks: the first num_sinks real tokens of each row (of each
             document with cu_seqlens) stay visible to every query next to
             its window, under the same normaliser (docs/math.md §4.1).
@@ -378,20 +389,15 @@ def macchiato(
             converted model's queries rotated to one fixed position.
         memory (Memory or None), memory_q [B, T, H, E] (default q), memory_mark
             [B, T] bool (rule "oracle"): the memory slots (docs/math.md §4.2).
-        mask: [B, T] bool, False for padding.
-        chunk_size, initial_state (MacchiatoState), output_final_state,
-            cu_seqlens (packed documents, B == 1): as in latte_causal.
-        backend: "torch" | "fla" | "auto" | None (latte.ops.backend): "fla"
-            runs the latents on fla-core and the window on flex_attention.
+        mask ([B, T] bool, False for padding), chunk_size, initial_state
+            (MacchiatoState), output_final_state, cu_seqlens: as latte_causal.
+        backend: "torch" | "fla" (latents on fla-core, window on flex) | "auto" | None.
     Returns (y [B, T, H, D] in v's dtype, MacchiatoState or None).
     """
     spec = _window_spec(window, window_size, num_sinks, scale, softcap, memory)
-    W, S, softcap, memory = spec.size, spec.num_sinks, spec.softcap, spec.memory
-    _check(a, b, v, q, k, gate, beta, mix, W, chunk_size, mask, False, softcap, S, sink_q)
-    check_finite("scale", spec.scale, low=0.0)
-    _check_memory(memory, memory_q, memory_mark, q, "")
-    lengths = _check_packing(a, k, v, cu_seqlens, initial_state, W, S, memory)
-    kernels = _kernels(backend, q, chunk_size, softcap, cached=initial_state is not None)
+    inputs = (a, b, v, q, k, gate, beta, sink_q, memory_q, memory_mark)
+    lengths = _checked_sequence(inputs, spec, mix, chunk_size, mask, cu_seqlens, initial_state)
+    kernels = _kernels(backend, q, chunk_size, spec.softcap, cached=initial_state is not None)
     run = functools.partial(_sequence, kernels, _resolved(spec, q), chunk_size, lengths, beta, mix)
     y, state = _run(run, (a, b, v, q, k, gate, sink_q, memory_q, memory_mark), cu_seqlens, mask, initial_state)
     return y.to(v.dtype), (state if output_final_state else None)
