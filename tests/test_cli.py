@@ -331,7 +331,7 @@ def test_eval_latents_writes_json_png_and_table(trained_run, capsys):
     report = json.loads((trained_run / "latents.json").read_text())
     assert report["mixer"] == "macchiato" and report["tokens"] == 256
     heads = [h for layer in report["layers"] for h in layer["heads"]]
-    assert len(heads) == 4 and all(1.0 <= h["effective_latents"] <= h["num_latents"] for h in heads)
+    assert len(heads) == 4 and all(1.0 <= h["effective_latents"] <= h["latents_per_head"] for h in heads)
     assert all(0.0 < h["p_window_mean"] < 1.0 and len(h["p_window_by_position"]) == 32 for h in heads)
     assert (trained_run / "latents.png").stat().st_size > 0
 
