@@ -16,7 +16,7 @@ machine info, tables, plots and README sections in `latte.reporting`.
 # name (as `python -m experiments NAME` takes it) -> the module whose main(argv) runs it,
 # in the order `python -m experiments --help` lists them
 MODULES: dict[str, str] = {
-    "mqar": "experiments.mqar.mqar",
+    "mqar": "experiments.mqar.study",
     "lm-variants": "experiments.lm_variants.study",
     "lra": "experiments.lra.study",
     "convert": "experiments.convert.study",

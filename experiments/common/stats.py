@@ -1,7 +1,7 @@
 """Student's t distribution for the experiments' confidence intervals: the
 central probability in closed form and its quantiles by bisection, exact
 to floating point for any integer degrees of freedom (no scipy needed).
-Used by the MQAR seed comparison (experiments/mqar/mqar_report.py) and the
+Used by the MQAR seed comparison (experiments/mqar/report.py) and the
 conversion recipes' curve (experiments/pilots/study.py)."""
 
 from __future__ import annotations

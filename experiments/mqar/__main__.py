@@ -1,9 +1,9 @@
-"""`python -m experiments.mqar [args...]`: runs mqar.main (see README.md beside it)."""
+"""`python -m experiments.mqar [args...]`: runs study.main (see README.md beside it)."""
 
 import sys
 
 from latte.cli import run_command
 
-from .mqar import main
+from .study import main
 
 sys.exit(run_command("python -m experiments.mqar", main, sys.argv[1:]))

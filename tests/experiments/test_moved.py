@@ -80,13 +80,11 @@ def test_each_conversion_study_runs_as_python_m_and_refuses_bad_input_with_exit_
 
 def test_a_study_folder_names_its_files_for_their_role_not_for_itself():
     """experiments/README.md: a study's files do not repeat its folder's name
-    (convert/convert_stages.py is convert/stages.py). mqar's files are renamed
-    once its memory work lands (issue 58)."""
-    pending = {"mqar"}
+    (convert/convert_stages.py is convert/stages.py)."""
     repeated = [
         str(p.relative_to(ROOT))
         for folder in sorted((ROOT / "experiments").iterdir())
-        if (folder / "__main__.py").is_file() and folder.name not in pending
+        if (folder / "__main__.py").is_file()
         for p in sorted(folder.glob("*.py"))
         if p.stem == folder.name or p.stem.startswith(folder.name.split("_")[0] + "_")  # lm_variants: lm_*
     ]

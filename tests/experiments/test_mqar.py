@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from experiments.common.results import write_results
-from experiments.mqar import mqar as M
-from experiments.mqar.mqar_report import best_lr, flat_records
+from experiments.mqar import study as MS
+from experiments.mqar import sweep as M
+from experiments.mqar.report import best_lr, flat_records
 from latte.data import mqar_splits
 from latte.models import LatteForCausalLM
 
@@ -62,7 +63,7 @@ def test_cells_cover_every_family_and_trace_latte_over_latents():
 
 
 def test_equal_state_table_pairs_like_with_like():
-    from experiments.mqar.mqar_report import equal_state_table
+    from experiments.mqar.report import equal_state_table
 
     def rec(model, acc, L=None):
         r = {"seq_len": 64, "num_kv_pairs": 4, "dim": 64, "model": model, "num_latents": L, "accuracy": acc}
@@ -97,7 +98,7 @@ def test_best_lr_keeps_the_most_accurate_run():
 
 
 def test_lr_table_shows_every_lr_where_more_than_one_ran():
-    from experiments.mqar.mqar_report import lr_table
+    from experiments.mqar.report import lr_table
 
     base = {
         "seq_len": 256,
@@ -123,7 +124,7 @@ def test_lr_table_shows_every_lr_where_more_than_one_ran():
 
 
 def test_unfinished_cells_are_grouped_by_width_lr_and_setting():
-    from experiments.mqar.mqar_report import _unfinished
+    from experiments.mqar.report import _unfinished
 
     cells = M.cells_for(((64, 4), (128, 8)), (64, 128), ("linear", "latte-conv"), (1.0, 0.25), (3e-3,))
     dim64 = [c for c in cells if c["dim"] == 64]
@@ -153,7 +154,7 @@ def test_harness_learns_recall_with_softmax_attention():
 def test_quick_run_writes_results_and_resumes(tmp_path, capsys):
     out, work = tmp_path / "res", tmp_path / "work"
     argv = ["--quick", "--out", str(out), "--work", str(work), "--mixers", "softmax,latte-conv_rglru,macchiato"]
-    assert M.main(argv) == 0
+    assert MS.main(argv) == 0
     recs = json.loads((out / "results.json").read_text())
     assert {r["model"] for r in recs} == {"softmax", "latte-conv_rglru", "macchiato"}
     for r in recs:
@@ -169,12 +170,12 @@ def test_quick_run_writes_results_and_resumes(tmp_path, capsys):
     assert "reduced CPU budget" not in md
     # a second run finds every cell done and trains nothing
     capsys.readouterr()
-    assert M.main(argv) == 0
+    assert MS.main(argv) == 0
     assert "3 of 3 cells already done" in capsys.readouterr().err
     # another seed of one cell, run by a narrower command into the same work folder, is
     # reported by the standard command beside the seed-0 runs
-    assert M.main([*argv[:-2], "--mixers", "softmax", "--seeds", "1"]) == 0
-    assert M.main([*argv, "--report-only"]) == 0
+    assert MS.main([*argv[:-2], "--mixers", "softmax", "--seeds", "1"]) == 0
+    assert MS.main([*argv, "--report-only"]) == 0
     md = (out / "results.md").read_text()
     assert "## Seeds and longer training" in md and "| 16, 2 | 16 | softmax | 0.003 | 1 | 0, 1 |" in md
     assert "| softmax seed 1 | 16, 2 |" in md  # its step-time row
@@ -219,7 +220,7 @@ def test_restored_cells_reproduce_the_published_report(tmp_path):
         i = argv.index("--readme")
         argv = argv[:i] + argv[i + 2 :]
     work, out = tmp_path / "work", tmp_path / "out"
-    assert M.main([*argv, "--restore-from", str(published), "--work", str(work), "--out", str(out)]) == 0
+    assert MS.main([*argv, "--restore-from", str(published), "--work", str(work), "--out", str(out)]) == 0
     body = lambda p: (p / "results.md").read_text().split("\n\n")[3:]  # noqa: E731 (after command and machine)
     assert body(out) == body(published)
 
@@ -235,7 +236,7 @@ def test_restored_cells_reproduce_the_published_report(tmp_path):
 
 
 def test_cells_carry_seed_and_epochs_keeping_the_old_file_names():
-    from experiments.mqar.mqar_cells import LEGACY, cell_file_key, with_protocol
+    from experiments.mqar.cells import LEGACY, cell_file_key, with_protocol
 
     assert LEGACY["max_epochs"] == M.FULL.epochs
     cells = M.cells_for(((256, 16),), (64,), ("linear-conv",), (1.0,), (3e-3,), seeds=(0, 1, 2))
@@ -251,7 +252,7 @@ def test_cells_carry_seed_and_epochs_keeping_the_old_file_names():
 
 
 def test_other_seeds_and_epochs_get_their_own_table():
-    from experiments.mqar.mqar_report import headline, seed_table
+    from experiments.mqar.report import headline, seed_table
 
     def rec(model, seed, acc, epochs=3):
         base = {"seq_len": 256, "num_kv_pairs": 16, "dim": 64, "lr": 3e-3, "mixer": "latte", "num_latents": 64}
@@ -285,7 +286,7 @@ def test_t_distribution_matches_published_tables():
 
 
 def test_paired_comparison_over_seeds():
-    from experiments.mqar.mqar_report import paired_stats, paired_table
+    from experiments.mqar.report import paired_stats, paired_table
 
     st = paired_stats([0.1, 0.2, -0.05])
     assert st["mean"] == pytest.approx(0.25 / 3) and st["p_sign_flip"] == 0.5  # 4 of the 8 sign patterns
@@ -313,7 +314,7 @@ def test_paired_comparison_over_seeds():
 
 
 def test_seeds_for_power_matches_the_normal_approximation_for_large_n():
-    from experiments.mqar.mqar_report import seeds_for_power
+    from experiments.mqar.report import seeds_for_power
 
     # normal approximation: ((1.95996 + 0.84162) * 1 / 0.2)^2 = 196.2; t adds about 2 seeds
     assert 197 <= seeds_for_power(0.2, 1.0) <= 200

@@ -6,8 +6,9 @@ import json
 import pytest
 import torch
 
-from experiments.mqar import mqar as M
-from experiments.mqar import mqar_memory as X
+from experiments.mqar import memory as X
+from experiments.mqar import study as MS
+from experiments.mqar import sweep as M
 from latte.models import LatteConfig, LatteForCausalLM
 
 
@@ -95,7 +96,7 @@ def test_memory_refuses_the_sweeps_plan_options():
 def test_quick_memory_run_reports_every_cell_and_resumes(tmp_path, capsys):
     out, work = tmp_path / "res", tmp_path / "work"
     argv = ["--memory", "--quick", "--out", str(out), "--work", str(work)]
-    assert M.main(argv) == 0
+    assert MS.main(argv) == 0
     recs = json.loads((out / "results.json").read_text())
     rules = sorted(r.get("memory_rule", "") for r in recs if r["model"] == "macchiato")
     assert rules == ["", "attention", "key_norm", "random", "recall"]
@@ -108,5 +109,5 @@ def test_quick_memory_run_reports_every_cell_and_resumes(tmp_path, capsys):
     assert "python -m experiments.mqar --memory --quick" in md and "| 4, recall |" in md
     assert md.count("| macchiato L=16 w=16 |") == 5 and "not run" not in md
     capsys.readouterr()
-    assert M.main(argv) == 0
+    assert MS.main(argv) == 0
     assert "6 of 6 cells already done" in capsys.readouterr().err

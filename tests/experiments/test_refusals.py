@@ -16,7 +16,7 @@ from experiments.common.cells import run_protocol
 from experiments.common.results import cell_key
 from experiments.lm_variants import study as LV
 from experiments.lra import study as lra
-from experiments.mqar import mqar as M
+from experiments.mqar import sweep as M
 from tests.experiments.studies import study
 
 README = "# r\n\n<!-- results:NAME:start -->\npublished\n<!-- results:NAME:end -->\n"

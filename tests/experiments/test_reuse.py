@@ -388,13 +388,14 @@ def test_mqar_sweep_killed_at_any_point_gives_the_uninterrupted_results(tmp_path
     through a cell file's atomic write (a partial temp file left) and one
     after the last cell before the report: the same command then publishes
     the results of an uninterrupted run (every field but time measurements)."""
-    from experiments.mqar import mqar as M
+    from experiments.mqar import study as MS
+    from experiments.mqar import sweep as M
 
     def argv(name: str) -> list[str]:
         where = ["--work", str(tmp_path / name / "work"), "--out", str(tmp_path / name / "out")]
         return ["--quick", "--mixers", "softmax,linear,swa-16", *where]
 
-    assert M.main(argv("ref")) == 0
+    assert MS.main(argv("ref")) == 0
     reference = _mqar_results(tmp_path / "ref" / "out")
     real, calls = M.train_cell, []
 
@@ -406,17 +407,17 @@ def test_mqar_sweep_killed_at_any_point_gives_the_uninterrupted_results(tmp_path
 
     monkeypatch.setattr(M, "train_cell", dies_in_second)
     with pytest.raises(_Killed):
-        M.main(argv("run"))
+        MS.main(argv("run"))
     monkeypatch.setattr(M, "train_cell", real)
     cells = tmp_path / "run" / "work" / "cells"
     assert len(list(cells.glob("*.json"))) == 1 and not (tmp_path / "run" / "out" / "results.json").exists()
     (cells / ".half-written.json.tmp-4242").write_text('{"seq_len": 16, "accur')  # a write cut by the kill
     monkeypatch.setattr(M, "report", lambda *a, **k: (_ for _ in ()).throw(_Killed()))  # killed before the report
     with pytest.raises(_Killed):
-        M.main(argv("run"))
+        MS.main(argv("run"))
     monkeypatch.undo()
     assert len(list(cells.glob("*.json"))) == 3
-    assert M.main(argv("run")) == 0
+    assert MS.main(argv("run")) == 0
     assert _mqar_results(tmp_path / "run" / "out") == reference
 
 

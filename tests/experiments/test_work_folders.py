@@ -18,7 +18,8 @@ from experiments.gpu_suite import stages as suite
 from experiments.gpu_suite.stages import Stage
 from experiments.lm_variants import study as LV
 from experiments.lra import study as lra
-from experiments.mqar import mqar as M
+from experiments.mqar import study as MS
+from experiments.mqar import sweep as M
 from latte.guard import MARKER, WriteRefused
 
 
@@ -61,7 +62,7 @@ def test_10_mqar_work_is_checked_like_out_before_any_work(tmp_path, monkeypatch,
     for extra in ([], ["--report-only"]):
         argv = ["--quick", "--mixers", "softmax", "--work", str(folder), "--out", str(tmp_path / "out"), *extra]
         with pytest.raises(WriteRefused, match=f"--work {re.escape(str(folder))}.*{re.escape(said)}"):
-            M.main(argv)
+            MS.main(argv)
     assert _files(tmp_path) == before and not (tmp_path / "out").exists() and not (tmp_path / "run" / "work").exists()
 
 

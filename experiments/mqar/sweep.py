@@ -55,9 +55,9 @@ from latte.data import MQARData, check_mqar_args, mqar_splits
 from latte.models import LatteConfig, LatteForCausalLM
 from latte.train import lr_at
 
-from .mqar_cells import cell_file_key, other_protocol_records, restore_cells, with_protocol
-from .mqar_report import flat_records, report
-from .mqar_train import accuracy, adamw, batches, load_progress, save_progress, scored_logits
+from .cells import cell_file_key, other_protocol_records, restore_cells, with_protocol
+from .report import flat_records, report
+from .train import accuracy, adamw, batches, load_progress, save_progress, scored_logits
 
 NAME = "mqar"
 VOCAB_SIZE = 8192
@@ -149,7 +149,7 @@ def cells_for(settings, dims, families, latent_multiples, lrs, seeds=(0,), max_e
     dim 64 before 128, Latte at num_latents = dim (linear attention's state)
     before its other sizes, then setting and family; so a sweep cut short has
     the most comparable cells first. Every cell carries its protocol fields
-    (seed, max_epochs; see mqar_cells)."""
+    (seed, max_epochs; see cells.py)."""
     cells = []
     for seq_len, pairs in settings:
         for dim in dims:
@@ -190,7 +190,7 @@ def cells_for(settings, dims, families, latent_multiples, lrs, seeds=(0,), max_e
 def model_config(cell: dict, vocab_size: int = VOCAB_SIZE) -> LatteConfig:
     mixer, qk, window, _ = FAMILIES[cell["model"]]
     extra = {("linear_qk_mixer" if mixer == "linear" else "qk_mixer"): qk} if qk else {}
-    extra.update({k: cell[k] for k in ("memory_slots", "memory_rule") if k in cell})  # mqar_memory's cells
+    extra.update({k: cell[k] for k in ("memory_slots", "memory_rule") if k in cell})  # memory.py's cells
     return LatteConfig(
         vocab_size=vocab_size,
         dim=cell["dim"],
@@ -223,7 +223,7 @@ def train_cell(
     and max_epochs, when it has them, replace `seed` and budget.epochs.
     With `progress` (a file), the run saves itself there at every
     evaluation and where the deadline stops it, and continues from what it
-    finds there for this cell and `protocol` (mqar_train.load_progress)."""
+    finds there for this cell and `protocol` (train.load_progress)."""
     seed = cell.get("seed", seed)
     budget = dataclasses.replace(budget, epochs=cell.get("max_epochs", budget.epochs))
     torch.manual_seed(seed)
@@ -461,6 +461,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="UTC wall clock at which a cell stops where it is and is recorded as incomplete "
         "(rerun by the next sweep); no new cell starts after it",
     )
+    _report_options(p)
+    _memory_options(p)
+    return p.parse_args(argv)
+
+
+def _report_options(p: argparse.ArgumentParser) -> None:
+    """The options of the results' text and the README section they fill."""
     p.add_argument(
         "--readme",
         default=None,
@@ -468,16 +475,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "(the repository's: results/README.md)",
     )
     p.add_argument("--note", default=None, help="a sentence for the results' text (how or where the cells ran)")
+
+
+def _memory_options(p: argparse.ArgumentParser) -> None:
+    """The options of the memory-slot variant (memory.py; study.main runs it)."""
     p.add_argument(
         "--memory",
         action="store_true",
-        help="the memory-slot variant (mqar_memory.py): Macchiato at T=256 with and without memory slots "
+        help="the memory-slot variant (memory.py): Macchiato at T=256 with and without memory slots "
         "beside Latte with the same state bytes (default out results/mqar-memory)",
     )
     p.add_argument(
         "--memory-slots", type=int_at_least(1), default=None, help="with --memory: slots per layer and KV head"
     )
-    return p.parse_args(argv)
 
 
 def _plan(a: argparse.Namespace):
@@ -555,7 +565,7 @@ def protocol(budget: Budget, random_fillers: bool):
 
 def _restored(sweep: Sweep, restore_from: str | None) -> Sweep:
     """The sweep, its missing cell files first written back from the
-    published results when --restore-from is given (mqar_cells.restore_cells)."""
+    published results when --restore-from is given (cells.restore_cells)."""
     if restore_from:
         n = restore_cells(restore_from, sweep.work, published_protocol(Path(restore_from)))
         print(f"mqar: restored {n} cell files from {restore_from} into {sweep.work}", file=sys.stderr)
@@ -564,7 +574,7 @@ def _restored(sweep: Sweep, restore_from: str | None) -> Sweep:
 
 def published_protocol(results_dir: Path):
     """The protocol of the command that wrote results_dir (its run.json):
-    what cells restored from its results ran under (mqar_cells.restore_cells)."""
+    what cells restored from its results ran under (cells.restore_cells)."""
     run = results_dir / "run.json"
     if not run.is_file():
         raise ValueError(f"--restore-from {results_dir}: no run.json there (the command that wrote the results)")
@@ -583,7 +593,7 @@ def published_protocol(results_dir: Path):
 
 
 def _progress_file(sweep: Sweep, cell: dict) -> Path:
-    """Where a cell's run saves its progress (mqar_train.save_progress)."""
+    """Where a cell's run saves its progress (train.save_progress)."""
     return sweep.work / "progress" / f"{cell_file_key(cell)}.pt"
 
 
@@ -633,13 +643,9 @@ def run_pending(sweep: Sweep, sweep_args: dict, run, shard: tuple[int, int], dea
             _progress_file(sweep, cell).unlink(missing_ok=True)
 
 
-def main(argv: list[str]) -> int:
-    a = parse_args(argv)
-    started = time.time()
-    if a.memory or a.memory_slots:
-        from .mqar_memory import memory_main  # it builds on this module
-
-        return memory_main(a, argv, started)
+def sweep_main(a: argparse.Namespace, argv: list[str], started: float) -> int:
+    """`python -m experiments.mqar` without --memory (study.main): the sweep
+    of `a`'s plan, then its report."""
     budget, settings, dims, families, multiples, seeds = _plan(a)
     deadline = utc_deadline(a.deadline, "--deadline")
     out = Path(a.out or ("results/mqar-quick" if a.quick else "results/mqar"))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from experiments.common.stats import t_central, t_quantile
 
-from .mqar_cells import LEGACY, SERIES
-from .mqar_plot import _bytes, plot
+from .cells import LEGACY, SERIES
+from .plot import _bytes, plot
 
 MODEL_KEY = ("model", "dim", "num_latents")
 

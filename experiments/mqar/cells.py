@@ -31,7 +31,7 @@ SETTING_FIELDS = ("seq_len", "num_kv_pairs", "model", "dim", "num_latents", "lr"
 # Protocol fields with the value every cell had before the field existed.
 LEGACY = {"seed": 0, "max_epochs": 3}
 CELL_FIELDS = SETTING_FIELDS + tuple(LEGACY)
-# results.json summarises these per-run series (mqar_report.flat_records); step_times.json holds them whole.
+# results.json summarises these per-run series (report.flat_records); step_times.json holds them whole.
 SERIES = ("interval_ms_per_step", "interval_cpu_ms_per_step", "epoch_train_seconds", "accuracy_curve")
 DERIVED = (
     "ms_per_step_first_interval",

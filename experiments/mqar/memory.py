@@ -3,12 +3,12 @@ without memory slots (docs/math.md §4.2), trained with the slots in place,
 beside Latte with the same state bytes (issue 57, item 5).
 
 The plan, one setting (T = 256, 16 pairs), width 64, lr 3e-3, seed 0: the
-`macchiato` family of mqar.py (window 16, 64 latents, conv + RG-LRU latent
+`macchiato` family of sweep.py (window 16, 64 latents, conv + RG-LRU latent
 logits) without memory and with M slots per layer and KV head under each
 selection rule but the oracle (which needs marked positions); and
 `latte-conv_rglru` (the same latent branch without the window) with the
 num_latents whose float32 state comes nearest the Macchiato's with the
-slots (mqar.state_bytes gives every formula). The selection is not
+slots (sweep.state_bytes gives every formula). The selection is not
 differentiable (a score only ranks the tokens); the gradient reaches the
 held keys and values, so the model learns with its slots in place.
 
@@ -42,12 +42,12 @@ from experiments.common.results import (
 )
 from latte.reporting import md_table
 
-from . import mqar as M
-from .mqar_cells import cell_file_key
-from .mqar_plot import _bytes
-from .mqar_report import flat_records
+from . import sweep as M
+from .cells import cell_file_key
+from .plot import _bytes
+from .report import flat_records
 
-MACCHIATO, LATTE = "macchiato", "latte-conv_rglru"  # the families compared (mqar.FAMILIES)
+MACCHIATO, LATTE = "macchiato", "latte-conv_rglru"  # the families compared (sweep.FAMILIES)
 RULES = ("recall", "key_norm", "attention", "random")  # every rule but the oracle
 MEMORY = M.Budget({256: 6400}, 500, 1, 32, (3e-3,), eval_every=50)
 MEMORY_SETTING, MEMORY_DIM, MEMORY_SLOTS = (256, 16), 64, 32
@@ -109,7 +109,7 @@ def _plan(a: argparse.Namespace):
 
 
 def memory_main(a: argparse.Namespace, argv: list[str], started: float) -> int:
-    """`python -m experiments.mqar --memory`: mqar.main's steps on this plan."""
+    """`python -m experiments.mqar --memory`: the sweep's steps (sweep.sweep_main) on this plan."""
     budget, cells = _plan(a)
     deadline = utc_deadline(a.deadline, "--deadline")
     out = Path(a.out or ("results/mqar-memory-quick" if a.quick else "results/mqar-memory"))
@@ -166,7 +166,7 @@ def memory_report(records: list[dict], cells: list[dict], budget: M.Budget, note
         f"examples, batch {budget.batch_size}, at most {cells[0]['max_epochs']} epoch(s), lr {cells[0]['lr']:g}, "
         f"test accuracy every {budget.eval_every} steps (curve: step:accuracy), early stop at {M.TARGET}; "
         f"{len(cells)} cells. The memory slots are in place during training (selection is not differentiable; "
-        "the held keys and values get the gradient). State bytes per layer in float32 (mqar.state_bytes): "
+        "the held keys and values get the gradient). State bytes per layer in float32 (sweep.state_bytes): "
         "Macchiato L (dv + 1) + 2 (w - 1) dim + qk mixer, plus with M slots K (M (dk + dv + 1) + w - 1) "
         "(K = 2 KV heads, dk = dv = dim / 2); the slots' positions, flags and counters, 9 M K + 8 (w - 1) + 8 "
         "bytes, are not counted (as the window's mask is not); Latte L (dv + 1) + qk mixer, L chosen nearest "
