@@ -330,7 +330,7 @@ def _run(run, tensors, cu_seqlens, mask, initial_state):
     return run(*tensors, mask, initial_state)
 
 
-def _checked_sequence(inputs, spec: WindowSpec, mix, chunk_size, mask, cu_seqlens, initial_state):
+def _check_sequence(inputs, spec: WindowSpec, mix, chunk_size, mask, cu_seqlens, initial_state):
     """Every input of a `macchiato` call checked once; the packed documents'
     lengths (None if not packed)."""
     a, b, v, q, k, gate, beta, sink_q, memory_q, memory_mark = inputs
@@ -396,7 +396,7 @@ def macchiato(
     """
     spec = _window_spec(window, window_size, num_sinks, scale, softcap, memory)
     inputs = (a, b, v, q, k, gate, beta, sink_q, memory_q, memory_mark)
-    lengths = _checked_sequence(inputs, spec, mix, chunk_size, mask, cu_seqlens, initial_state)
+    lengths = _check_sequence(inputs, spec, mix, chunk_size, mask, cu_seqlens, initial_state)
     kernels = _kernels(backend, q, chunk_size, spec.softcap, cached=initial_state is not None)
     run = functools.partial(_sequence, kernels, _resolved(spec, q), chunk_size, lengths, beta, mix)
     y, state = _run(run, (a, b, v, q, k, gate, sink_q, memory_q, memory_mark), cu_seqlens, mask, initial_state)
