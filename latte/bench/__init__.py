@@ -15,8 +15,7 @@ checkout's benchmarks/ folder; they import this package, never the reverse.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from latte._lazy import lazy_getattr
 
 # The front door for the checkout's benchmarks/ and experiments/: public name
 # -> "module" (or "module:attribute"), imported on first use. They import
@@ -45,10 +44,4 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        module, _, attr = _EXPORTS[name].partition(":")
-        value = getattr(importlib.import_module(module), attr or name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module 'latte.bench' has no attribute {name!r}")
+__getattr__ = lazy_getattr("latte.bench", _EXPORTS, globals())

@@ -18,8 +18,7 @@ train, never the reverse).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from latte._lazy import lazy_getattr
 
 # The evaluations' front door for code outside the package (experiments/,
 # benchmarks/): public name -> the module that defines it, imported on first
@@ -59,9 +58,4 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module 'latte.eval' has no attribute {name!r}")
+__getattr__ = lazy_getattr("latte.eval", _EXPORTS, globals())

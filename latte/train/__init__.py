@@ -20,8 +20,7 @@ schedule.py, rng.py, faults.py (the test hooks: no-ops unless LATTE_FAULTS is se
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from latte._lazy import lazy_getattr
 
 # The trainer's front door for code outside the package (experiments/,
 # benchmarks/, tests of them): public name -> the module that defines it,
@@ -43,9 +42,4 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module 'latte.train' has no attribute {name!r}")
+__getattr__ = lazy_getattr("latte.train", _EXPORTS, globals())
