@@ -261,3 +261,37 @@ def test_captured_decode_step_gives_the_value_loops_tokens(mixer):
         return model.generate(ids, 16, do_sample=True, top_k=50, generator=gen, static=static)
 
     assert torch.equal(sampled(True), sampled(False))
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("rule", ["key_norm", "random"])
+def test_macchiato_memory_slots_on_cuda_match_float64(backend, rule):
+    """Macchiato with memory slots (docs/math.md §4.2) on CUDA, latents on
+    fla ("auto") or the torch kernels, against the float64 reference: rules
+    whose scores do not depend on the latents, so float32 cannot change
+    which tokens are held."""
+    from latte.ops.window.memory import Memory
+
+    if backend == "auto" and fla_missing() is not None:
+        pytest.skip(f"fla-core's kernels are not usable: {fla_missing()}")
+    torch.manual_seed(11)
+    B, T, H, K, L, E, W, M = 2, 300, 4, 2, 16, 32, 32, 8
+    a, b = torch.randn(B, T, H, L, dtype=f64), torch.randn(B, T, H, L, dtype=f64) * 5
+    q, k, v = torch.randn(B, T, H, E, dtype=f64), torch.randn(B, T, K, E, dtype=f64), torch.randn(B, T, K, E, dtype=f64)
+    want = R.macchiato_memory(a, b, v, q, k, W, slots=M, rule=rule, seed=7, num_sinks=2)
+    got, _ = macchiato(*on_cuda(a, b, v, q, k), window_size=W, memory=Memory(M, rule, 7), num_sinks=2, backend=backend)
+    assert rel_err(got.cpu(), want) < FWD
+
+
+def test_captured_decode_step_with_memory_slots_gives_the_value_loops_tokens():
+    """The captured static step of a Macchiato model whose slots fill and
+    evict during decoding (the ring window's memory block) gives the value
+    loop's greedy tokens."""
+    from latte.models import LatteConfig, LatteForCausalLM
+
+    torch.manual_seed(12)
+    cfg = LatteConfig.tiny(mixer="macchiato", memory_slots=4, memory_rule="key_norm")
+    model = LatteForCausalLM(cfg).to(CUDA).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 20), device=CUDA)
+    want = model.generate(ids, 40, do_sample=False, static=False)
+    assert torch.equal(model.generate(ids, 40, do_sample=False), want)
