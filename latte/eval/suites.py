@@ -11,6 +11,8 @@ compared models as resumable cells, its records and its table.
     needle     pass-key retrieval in the held-out essays (needle.py)
     retrieval  passkey, multikey, multivalue beyond the window (retrieval.py)
     latents    latent utilisation of a native Latte / Macchiato run (latents.py)
+    mass       the shares of Macchiato's normaliser on window, sinks, memory
+               slots and latents, on the retrieval prompts (mass.py)
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from latte.eval.fewshot import (
 from latte.eval.generation import hf_view
 from latte.eval.latents import latent_utilisation, latents_summary, plot_latents
 from latte.eval.long_context import converted_nll, original_nll, perplexity_summary
+from latte.eval.mass import mass_summary, prompt_shares
 from latte.eval.needle import (
     PrefixFeeder,
     haystack_text,
@@ -49,6 +52,7 @@ from latte.eval.perplexity import extrapolation, extrapolation_summary
 from latte.eval.retrieval import TASKS as RETRIEVAL_TASKS
 from latte.eval.retrieval import Reader, SharedPrefix, answer_prompt, retrieval_summary
 from latte.eval.tasks import SEED, score_tasks, subsample, task_sizes, write_task_dir
+from latte.layers.macchiato_attention import MacchiatoCore
 from latte.reporting import md_table
 from latte.train.lm import pack_split, split_corpus
 from latte.train.validation import subset
@@ -351,6 +355,49 @@ def _retrieval_run(ctx, evaluated):
     return retrieval_summary(_groups(evaluated, done), _window(base), RETRIEVAL_FORMAT)
 
 
+# --------------------------------------------------------------------------- mass
+
+
+def _mass_check(base, req) -> None:
+    if not any(isinstance(m, MacchiatoCore) for m in base.model.modules()):
+        raise ValueError(
+            f"--suite mass: {req.model} has no Macchiato layer (a converted model, or a native one with mixer "
+            "macchiato): the shares are those of Macchiato's joint normaliser"
+        )
+    _decoding_check("mass")(base, req)
+
+
+def _mass_run(ctx, evaluated):
+    """The shares of the joint normaliser on window, sinks, memory slots and
+    latents (mass.py), per layer, on the retrieval suite's prompts (the same
+    tasks, depths and trials; the oracle's marks the needles), each prompt
+    read in one forward; every compared model but the original (no
+    Macchiato layer)."""
+    req, base = ctx.req, ctx.base
+    reader = Reader(base)
+    contexts = req.lengths or DOCUMENT_LENGTHS
+    tasks = _asked(req, RETRIEVAL_TASKS, "mass")
+    measured = [e for e in evaluated if e.mode != "original"]
+    keys = [(t, c, d, i) for t in tasks for c in contexts for d in RETRIEVAL_DEPTHS for i in range(req.trials)]
+    cells = [
+        {**e.cell(), "task": t, "format": RETRIEVAL_FORMAT, "context": c, "depth": d, "trial": i}
+        for t, c, d, i in keys
+        for e in measured
+    ]
+
+    def cell_fn(cell: dict) -> dict:
+        e, load0, t0 = model_of(measured, cell), os.getloadavg()[0], time.perf_counter()
+        prompt = reader.prompt(cell)
+        with e.use() as model:
+            layers = prompt_shares(model, prompt.ids, prompt.marks)
+        wall = round(time.perf_counter() - t0, 1)
+        return {"layers": layers, "distance": prompt.distance, "wall_s": wall, "load": round(load0, 2)}
+
+    options = {"depths": list(RETRIEVAL_DEPTHS), "trials": req.trials, "bos": len(base.bos)}
+    done = ctx.sweep("mass", cells, options, fields=("layers",)).run(cell_fn, desc="mass")
+    return mass_summary(_groups(measured, done))
+
+
 def _window(base) -> int:
     """The converted model's window (0 for other models: every needle counts)."""
     return base.model.converted[0].window_size if base.kind == "converted" else 0
@@ -482,4 +529,5 @@ SUITES = {
     "retrieval": Suite(_decoding_check("retrieval"), _retrieval_run),
     "fewshot": Suite(_decoding_check("fewshot"), _fewshot_run),
     "latents": Suite(_latents_check, _latents_run),
+    "mass": Suite(_mass_check, _mass_run),
 }

@@ -197,13 +197,14 @@ def memory_held(r, window_size, slots):
     t, one by one."""
     B, T, K = r.shape
     held = torch.zeros(B, K, T, T, dtype=torch.bool)
-    for i in range(B):
+    for i in range(B if slots else 0):  # no slots: nothing held
         for h in range(K):
+            finite = (r[i, :, h] > NEG_INF).tolist()
+            rank = r[i, :, h].detach().to(torch.bfloat16).to(f64).tolist()  # scores as ranked: bfloat16
             for t in range(T):
-                cands = [s for s in range(t - window_size + 1) if r[i, s, h] > NEG_INF]
-                rank = r[i, :, h].detach().to(torch.bfloat16).to(f64)  # scores as ranked: bfloat16
-                for s in sorted(cands, key=lambda s: (-float(rank[s]), s))[:slots]:
-                    held[i, h, t, s] = True
+                cands = [s for s in range(t - window_size + 1) if finite[s]]
+                best = sorted(cands, key=lambda s: (-rank[s], s))[:slots]
+                held[i, h, t, best] = True
     return held
 
 
@@ -216,15 +217,67 @@ def _rope(x, cos, sin):
 def _slot_logits(mq, k, held, rotary, num_sinks, scale, softcap):
     """memory_q_t . (key s rotated back from its position, then to the
     position num_sinks + i of its slot i at query t): [B, H, T, T]."""
-    B, T, H, E = mq.shape
+    B, _, H, E = mq.shape  # the queries may be a block of rows (held: the same rows)
     kk = k.to(f64).repeat_interleave(H // k.shape[2], 2)  # [B, T(s), H, E]
-    c, s_ = (x.to(f64) for x in rotary(torch.arange(T)))  # position p_s = s for every row (no padding here)
+    c, s_ = (x.to(f64) for x in rotary(torch.arange(k.shape[1])))  # position p_s = s for every row (no padding)
     raw = _rope(kk, c[None, :, None], -s_[None, :, None])  # rotated back by its own position
     slot = held.long().cumsum(-1) - 1 + num_sinks  # [B, H, T, T(s)]: n + its index among the held
     cs, ss = (x.to(f64) for x in rotary(slot.clamp(min=0).reshape(-1)))
     keys = _rope(raw.permute(0, 2, 1, 3)[:, :, None], cs.view(*slot.shape, E), ss.view(*slot.shape, E))
     e = torch.einsum("bthe,bhtse->bhts", mq.to(f64), keys) * (E**-0.5 if scale is None else scale)
     return e if softcap is None else softcap * torch.tanh(e / softcap)
+
+
+def memory_local_logits(b, v, q, k, window_size, *, slots, rule, seed=0, mark=None, memory_q=None, rotary=None, **kw):
+    """(e, held) [B, H, T, T]: the local branch's scores of macchiato_memory
+    (window, sinks and, where held, the slots'; -inf elsewhere) and the
+    tokens the slots hold at each query; its arguments as
+    macchiato_memory's (kw: macchiato_matrix's keywords, a and the mix's
+    aside). With rotary the slots' scores are built a block of query rows
+    at a time (O(block x T x E) memory, not O(T^2 x E))."""
+    mask, scale, softcap = kw.get("mask"), kw.get("scale"), kw.get("softcap")
+    r = memory_scores(rule, q, k, v, b, window_size, scale, mask, softcap, kw.get("num_sinks", 0), seed, mark)
+    held = memory_held(r, window_size, slots).repeat_interleave(q.shape[2] // k.shape[2], 1)  # [B, H, T, T]
+    e = window_matrix_logits(q, k, window_size, scale, mask, softcap, kw.get("num_sinks", 0), kw.get("sink_q"))
+    mq = q if memory_q is None else memory_q
+    if rotary is None:
+        e_mem = window_matrix_logits(mq, k, q.shape[1], scale, None, softcap)
+    else:
+        n, block = kw.get("num_sinks", 0), 32
+        e_mem = torch.cat(
+            [
+                _slot_logits(mq[:, i : i + block], k, held[:, :, i : i + block], rotary, n, scale, softcap)
+                for i in range(0, q.shape[1], block)
+            ],
+            2,
+        )
+    return torch.where(held, e_mem, e), held  # held tokens are outside the window and the sinks: disjoint
+
+
+SHARES = ("window", "sinks", "slots", "latents")  # the parts of macchiato_memory_shares, in its order
+
+
+def macchiato_memory_shares(a, b, v, q, k, window_size, *, slots, rule, **kw):
+    """[B, H, T, 4]: the share of query t's joint normaliser Z_t (docs/math.md
+    §4, §4.1, §4.2) on its window W(t), on the sinks outside it, on the
+    tokens the slots hold and on the latents (SHARES), each row summing to
+    1; under mix "gate" the local part's mass is the gate's. Arguments as
+    macchiato_memory's (slots = 0: no slots, the model without memory)."""
+    e, held = memory_local_logits(b, v, q, k, window_size, slots=slots, rule=rule, **kw)
+    mix, gate, beta = kw.get("mix", "joint"), kw.get("gate"), kw.get("beta")
+    log_lat = torch.logsumexp(a.to(f64) + (0 if beta is None else beta.to(f64)[None, None, :, None]), -1)
+    log_lat = log_lat.permute(0, 2, 1)  # [B, H, T]
+    log_loc = torch.logsumexp(e, -1) if mix == "joint" else gate.to(f64).permute(0, 2, 1)
+    log_z = torch.logaddexp(log_loc, log_lat)
+    T = q.shape[1]
+    t = torch.arange(T, device=q.device)[:, None]
+    s = torch.arange(T, device=q.device)[None, :]
+    in_window = ((s <= t) & (s > t - window_size)) | (s == t)  # [T, T]: W(t), the query's own key included
+    p_loc = torch.softmax(e, -1) * torch.exp(log_loc - log_z)[..., None]  # [B, H, T, T]
+    window = (p_loc * in_window).sum(-1)
+    slot = (p_loc * held).sum(-1)
+    sinks = (p_loc * (~in_window & ~held)).sum(-1)  # seen outside the window and not held: a sink
+    return torch.stack([window, sinks, slot, torch.exp(log_lat - log_z)], -1)
 
 
 def macchiato_memory(a, b, v, q, k, window_size, *, slots, rule, seed=0, mark=None, memory_q=None, rotary=None, **kw):
@@ -234,17 +287,10 @@ def macchiato_memory(a, b, v, q, k, window_size, *, slots, rule, seed=0, mark=No
     one softmax; with rotary (positions -> (cos, sin)), each held key rotated
     back from its position and to its slot's, num_sinks + its index among the
     held (no padding: positions are the time indices)."""
-    mask, scale, softcap = kw.get("mask"), kw.get("scale"), kw.get("softcap")
-    r = memory_scores(rule, q, k, v, b, window_size, scale, mask, softcap, kw.get("num_sinks", 0), seed, mark)
-    held = memory_held(r, window_size, slots).repeat_interleave(q.shape[2] // k.shape[2], 1)  # [B, H, T, T]
-    e = window_matrix_logits(q, k, window_size, scale, mask, softcap, kw.get("num_sinks", 0), kw.get("sink_q"))
-    mq = q if memory_q is None else memory_q
-    if rotary is None:
-        e_mem = window_matrix_logits(mq, k, q.shape[1], scale, None, softcap)
-    else:
-        e_mem = _slot_logits(mq, k, held, rotary, kw.get("num_sinks", 0), scale, softcap)
-    e = torch.where(held, e_mem, e)  # held tokens are outside the window and the sinks: disjoint
-    A = _macchiato_from_logits(e, a, b, kw.get("mix", "joint"), kw.get("gate"), kw.get("beta"), mask)
+    e, _ = memory_local_logits(
+        b, v, q, k, window_size, slots=slots, rule=rule, seed=seed, mark=mark, memory_q=memory_q, rotary=rotary, **kw
+    )
+    A = _macchiato_from_logits(e, a, b, kw.get("mix", "joint"), kw.get("gate"), kw.get("beta"), kw.get("mask"))
     vv = v.to(f64).repeat_interleave(q.shape[2] // v.shape[2], 2)
     return torch.einsum("bhts,bshd->bthd", A, vv)
 

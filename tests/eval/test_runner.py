@@ -304,7 +304,7 @@ def test_native_run_through_the_front_door_matches_the_old_form(native, capsys):
     [
         (
             ["--suite", "bleu"],
-            "--suite 'bleu': expected a comma-separated subset of ppl,tasks,fewshot,needle,retrieval,latents",
+            "--suite 'bleu': expected a comma-separated subset of ppl,tasks,fewshot,needle,retrieval,latents,mass",
         ),
         (["--lengths", "1x"], "--lengths '1x'"),
         (["--against", "original"], "only for converted models"),
