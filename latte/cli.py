@@ -6,7 +6,7 @@
                                       (a pretrained decoder converted into Macchiato and up-trained)
     latte generate --run RUN_DIR --prompt "..." [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
                    [--set section.field=value ...]   (e.g. model.memory_slots=64)
-    latte eval MODEL [--suite ppl,tasks,fewshot,needle,retrieval,latents,mass] [--against original,window]
+    latte eval MODEL [--suite ppl,tasks,fewshot,needle,retrieval,latents,mass,slots] [--against original,window]
                [--lengths 1k,...] [--multiples 1,2,...] [--data CORPUS] [--set [NAME:]section.field=value,... ...]
                [--out DIR]
                                       (any model: run, step, export, HF folder, .gguf, base alias)
@@ -355,7 +355,9 @@ def _eval_model_parser() -> argparse.ArgumentParser:
         "results.md (docs/evaluation.md §8).",
     )
     p.add_argument("model", metavar="MODEL")
-    p.add_argument("--suite", default="ppl", help="comma-separated: ppl,tasks,fewshot,needle,retrieval,latents,mass")
+    p.add_argument(
+        "--suite", default="ppl", help="comma-separated: ppl,tasks,fewshot,needle,retrieval,latents,mass,slots"
+    )
     p.add_argument("--against", default="", help="converted models only: original,window (window + sinks)")
     p.add_argument("--lengths", default=None, help="context lengths in tokens, e.g. 1k,2k,4k")
     p.add_argument("--multiples", default=None, help="native runs: multiples of the training length, e.g. 1,2,4,8")

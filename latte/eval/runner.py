@@ -6,7 +6,7 @@ into one results folder (docs/evaluation.md §8).
     subjects   the model as opened (latte/eval/subjects.py: open_model), one
                more per override set, and for a converted model `original`
                and `window` (window + sinks at its sink positions)
-    suites     ppl, tasks, fewshot, needle, retrieval, latents, mass (suites.py);
+    suites     ppl, tasks, fewshot, needle, retrieval, latents, mass, slots (suites.py);
                each one's cells are a Sweep under OUT/cells-SUITE
                (latte/eval/cells.py: the one reuse rule), its records and
                table beside its metric
@@ -41,7 +41,7 @@ from latte.files import atomic_write
 from latte.guard import check_folder, claim_folder
 from latte.reporting import machine_info
 
-SUITES = ("ppl", "tasks", "fewshot", "needle", "retrieval", "latents", "mass")
+SUITES = ("ppl", "tasks", "fewshot", "needle", "retrieval", "latents", "mass", "slots")
 AGAINST = ("original", "window")
 EVAL_WRITER = "latte eval"  # the writer an --out folder's marker names (latte/guard.py)
 

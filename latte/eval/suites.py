@@ -13,6 +13,8 @@ compared models as resumable cells, its records and its table.
     latents    latent utilisation of a native Latte / Macchiato run (latents.py)
     mass       the shares of Macchiato's normaliser on window, sinks, memory
                slots and latents, on the retrieval prompts (mass.py)
+    slots      the share of each retrieval prompt's needle that the memory
+               slots hold, and its rank under the rule (memory_coverage.py)
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from latte.eval.generation import hf_view
 from latte.eval.latents import latent_utilisation, latents_summary, plot_latents
 from latte.eval.long_context import converted_nll, original_nll, perplexity_summary
 from latte.eval.mass import mass_summary, prompt_shares
+from latte.eval.memory_coverage import prompt_coverage, slots_summary
 from latte.eval.needle import (
     PrefixFeeder,
     haystack_text,
@@ -398,6 +401,57 @@ def _mass_run(ctx, evaluated):
     return mass_summary(_groups(measured, done))
 
 
+# --------------------------------------------------------------------------- slots
+
+
+def _slots_check(base, req) -> None:
+    if base.kind != "converted":
+        raise ValueError(f"--suite slots: {req.model} is not a converted model (the memory slots of docs/math.md §4.2)")
+    _decoding_check("slots")(base, req)
+
+
+def _slots_run(ctx, evaluated):
+    """Which tokens the memory slots hold (memory_coverage.py) after one
+    prefill of each of the retrieval suite's prompts (the same tasks,
+    depths and trials; the oracle's marks the needles); every compared
+    model with memory slots (--set ...memory_slots=M, M > 0)."""
+    req, base = ctx.req, ctx.base
+    reader = Reader(base)
+    contexts = req.lengths or DOCUMENT_LENGTHS
+    tasks = _asked(req, RETRIEVAL_TASKS, "slots")
+    measured = [e for e in evaluated if _keeps_slots(e)]
+    if not measured:
+        raise ValueError(
+            "--suite slots: no compared model keeps memory slots (give --set NAME:model.memory_slots=M,...)"
+        )
+    keys = [(t, c, d, i) for t in tasks for c in contexts for d in RETRIEVAL_DEPTHS for i in range(req.trials)]
+    cells = [
+        {**e.cell(), "task": t, "format": RETRIEVAL_FORMAT, "context": c, "depth": d, "trial": i}
+        for t, c, d, i in keys
+        for e in measured
+    ]
+
+    def cell_fn(cell: dict) -> dict:
+        e, load0, t0 = model_of(measured, cell), os.getloadavg()[0], time.perf_counter()
+        prompt = reader.prompt(cell)
+        with e.use() as model:
+            rec = prompt_coverage(model, prompt, reader.decode)
+        wall = round(time.perf_counter() - t0, 1)
+        return {**rec, "distance": prompt.distance, "wall_s": wall, "load": round(load0, 2)}
+
+    options = {"depths": list(RETRIEVAL_DEPTHS), "trials": req.trials, "bos": len(base.bos)}
+    done = ctx.sweep("slots", cells, options, fields=("summary",)).run(cell_fn, desc="slots")
+    return slots_summary(_groups(measured, done))
+
+
+def _keeps_slots(e) -> bool:
+    """A compared model with memory slots: set on the open model (memory_only)
+    or rebuilt with them."""
+    if e.memory is not None:
+        return e.memory[0] > 0
+    return e.mode == "converted" and any(a.memory is not None for a in e.subject.model.converted)
+
+
 def _window(base) -> int:
     """The converted model's window (0 for other models: every needle counts)."""
     return base.model.converted[0].window_size if base.kind == "converted" else 0
@@ -530,4 +584,5 @@ SUITES = {
     "fewshot": Suite(_decoding_check("fewshot"), _fewshot_run),
     "latents": Suite(_latents_check, _latents_run),
     "mass": Suite(_mass_check, _mass_run),
+    "slots": Suite(_slots_check, _slots_run),
 }

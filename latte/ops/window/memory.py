@@ -29,6 +29,7 @@ that is it is visible to new query t from t = j + 1 on.
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -43,6 +44,7 @@ MAX_MEMORY_SLOTS = 4096
 _COMPACT = ("cpu",)  # devices where a prefill block drops the tokens that cannot be held (_new_tokens)
 _MASK32 = 0xFFFFFFFF
 _HASH_MUL = 0x45D9F3B
+_SCORE_TAPS: list = []  # diagnostics (score_tap): each called with every sequence's ranked scores
 
 
 class Memory(NamedTuple):
@@ -135,6 +137,20 @@ def check_memory_state(state, B: int, k, v, memory, window_size: int, name: str)
         if not isinstance(x, torch.Tensor) or x.dtype != torch.int64 or tuple(x.shape) != shape:
             got = (x.dtype, tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"{name}.{field}: expected an int64 tensor of shape {shape}, got {got}")
+
+
+@contextlib.contextmanager
+def score_tap(fn):
+    """Inside the block, every memory_sequence calls fn(r, pos) with the
+    scores of its extended tokens as ranked (coarse; -inf: no candidate, or
+    after the row's end) r [B, P + T, K] and their positions pos [B, P + T]
+    (the window buffer's P tokens first): what a diagnostic ranks a token
+    by (latte/eval/memory_coverage.py). Nothing else changes."""
+    _SCORE_TAPS.append(fn)
+    try:
+        yield fn
+    finally:
+        _SCORE_TAPS.remove(fn)
 
 
 def hash32(x: torch.Tensor) -> torch.Tensor:
@@ -440,6 +456,8 @@ def _scan(state, kx, vx, rx, px, memory_q, end, cfg, real, local=None):
     j = torch.arange(P + T, device=dev)
     late = (j[None, :] >= end[:, None])[..., None]  # enters after the row's end (packed rows)
     mem, ys, lses, rs = tuple(state[:4]), [], [], coarse(rx.masked_fill(late, float("-inf")))
+    for tap in _SCORE_TAPS:
+        tap(rs, px)
     tables = None if cfg.memory.rotary is None else slot_tables(cfg.memory.rotary, cfg.num_sinks, cfg.memory.slots, kx)
     cfg, memory_q = cfg._replace(scale=1.0), memory_q * cfg.scale  # scaled once, not per block
     for t0 in range(0, T, cfg.block):
