@@ -407,6 +407,10 @@ def _mass_run(ctx, evaluated):
 def _slots_check(base, req) -> None:
     if base.kind != "converted":
         raise ValueError(f"--suite slots: {req.model} is not a converted model (the memory slots of docs/math.md §4.2)")
+    if not any("memory_slots" in s for s in req.sets) and not any(a.memory for a in base.model.converted):
+        raise ValueError(
+            "--suite slots: no compared model keeps memory slots (give --set NAME:model.memory_slots=M,...)"
+        )
     _decoding_check("slots")(base, req)
 
 
