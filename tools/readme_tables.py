@@ -34,7 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout's latte, also when run from elsewhere
 
 from experiments.common.results import readme_body  # noqa: E402
-from experiments.convert.tasks import HEADLINE as TASK_METRIC  # noqa: E402
 from latte.reporting import update_readme  # noqa: E402
 
 HEADLINE = ("<!-- headline:start -->", "<!-- headline:end -->")
@@ -98,7 +97,9 @@ class Row:
 BENCH_RESULTS = "benchmarks/results"  # the benchmarks' committed files (benchmarks/README.md indexes them)
 OPS, DECODE = (f"{BENCH_RESULTS}/{n}.json" for n in ("ops", "decode"))
 OPS_CUDA = "benchmarks/cuda/ops-cuda-bfloat16.json"
-LM, EXTRA, MQAR, CONV = (f"results/{n}/results.json" for n in ("lm_variants", "extrapolation", "mqar", "convert"))
+LM, EXTRA, MQAR, CONV = (
+    f"results/{n}/results.json" for n in ("lm_variants", "lm_variants/extrapolation", "mqar", "convert")
+)
 # the shipped recipe's 1M-token model (results/convert: the first recipe's, whose decoding row is kept: same shapes)
 SHIPPED, SHIPPED_TASKS, SHIPPED_RETRIEVAL = (
     f"results/{n}/results.json" for n in ("convert-smollm2", "convert-smollm2-tasks", "convert-smollm2-retrieval")
@@ -205,7 +206,8 @@ def conversion_decode(f: Files) -> str:
 def conversion_tasks_retrieval(f: Files) -> str:
     def average(model: str) -> float:
         rows = f.where(SHIPPED_TASKS, model=model)
-        return 100 * statistics.mean(r[TASK_METRIC.get(r["task"], "acc")] for r in rows)
+        # acc_norm where lm-eval defines one for the task, else acc (the metric latte eval's tasks suite reports)
+        return 100 * statistics.mean(r["acc_norm" if "acc_norm" in r else "acc"] for r in rows)
 
     def beyond(model: str) -> str:
         rows = f.where(SHIPPED_RETRIEVAL, model=model)

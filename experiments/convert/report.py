@@ -1,7 +1,7 @@
 """Tables, plots and statements of `python -m experiments.convert`, written from
 the sweep records by `experiments.common.results.write_results`: recipes,
-perplexity (ppl_report.py), zero-shot tasks (tasks_report.py),
-needle (needle.py), the masked-sinks diagnostic and the sample."""
+perplexity (ppl_report.py), the masked-sinks diagnostic and the sample (the
+suites' folders are latte eval's: suites.py)."""
 
 from __future__ import annotations
 
@@ -10,26 +10,19 @@ import sys
 from pathlib import Path
 
 from experiments.common.results import claim_results, provenance, readme_body, write_results
-from latte.eval import ANSWER_TOKENS, NEEDLE, QUESTION, TRAINED, original_context, perplexities
-from latte.files import atomic_write
+from latte.eval import TRAINED, original_context, perplexities
 from latte.reporting import update_readme
 from latte.train import TRAINER, run_wall_time
 
-from .needle import needle_records, needle_tables, plot_heatmaps
 from .ppl_report import _fmt, _get, corpus_tables, decode_table, eval_records, plot
 from .stages import (
     CONTEXTS,
     DEFAULT_RECIPE,
     DOCUMENTS,
     FULL_DOCUMENTS,
-    NEEDLE_CONTEXTS,
-    NEEDLE_DEPTHS,
-    NEEDLE_TRIALS,
     SHORT,
-    TASK_EXAMPLES,
     nll_of,
 )
-from .tasks_report import plot_tasks, task_records, task_table
 
 
 def sink_records(cells: list[dict], contexts) -> list[dict]:
@@ -192,50 +185,32 @@ def budget_md(a, argv, trained: dict | None, cells_s: float = 0.0, wall_s: float
     return " ".join(parts)
 
 
-def stage_budget(a, stage: str) -> str:
-    """The budget a stage ran at, and whether it is below the protocol's
+def stage_budget(a) -> str:
+    """The eval stage's budget, and whether it is below the protocol's
     defaults (docs/evaluation.md §7.4)."""
-    if stage == "eval":
-        full = "all" if a.full_documents == 0 else a.full_documents
-        text = (
-            f"Budget: corpora {', '.join(a.corpora)}; {a.documents} document(s) each, {full} read to "
-            f"{a.max_context:,} tokens by the window models and {a.original_full_documents} by the original"
-            + (f", the others to {min(SHORT, a.max_context):,}." if a.max_context > SHORT else ".")
-        )
-        reduced = a.documents < DOCUMENTS or (0 < a.full_documents < FULL_DOCUMENTS)
-    elif stage == "tasks":
-        n = "every" if a.task_examples == 0 else f"{a.task_examples:,}"
-        text = (
-            f"Budget: {n} examples per task (all when a task has fewer; MMLU: over its 57 subjects), drawn "
-            "with a fixed seed, the same examples for every model."
-        )
-        reduced = 0 < a.task_examples < TASK_EXAMPLES
-    else:
-        text = (
-            f"Budget: contexts {', '.join(f'{c:,}' for c in a.needle_contexts)}; depths "
-            f"{', '.join(f'{100 * d:.0f}%' for d in a.needle_depths)}; {a.needle_trials} trial(s) per cell."
-        )
-        reduced = (
-            set(NEEDLE_CONTEXTS) - set(a.needle_contexts)
-            or set(NEEDLE_DEPTHS) - set(a.needle_depths)
-            or a.needle_trials < NEEDLE_TRIALS
-        )
+    full = "all" if a.full_documents == 0 else a.full_documents
+    text = (
+        f"Budget: corpora {', '.join(a.corpora)}; {a.documents} document(s) each, {full} read to "
+        f"{a.max_context:,} tokens by the window models and {a.original_full_documents} by the original"
+        + (f", the others to {min(SHORT, a.max_context):,}." if a.max_context > SHORT else ".")
+    )
+    reduced = a.documents < DOCUMENTS or (0 < a.full_documents < FULL_DOCUMENTS)
     return text + (" **Below the protocol's default budget.**" if reduced else "")
 
 
-def report(a, argv, started, recipe_rows, cells, sample, sinks=None, tasks=None, needle=None, subject=None) -> None:
+def report(a, argv, started, recipe_rows, cells, sample, sinks=None, subject=None) -> None:
     out = Path(a.out)
     trained = next((r for r in recipe_rows or [] if r["recipe"] == DEFAULT_RECIPE), None)
     trained = training_of(subject, a.models) or trained
     run = provenance("convert", argv, started, threads=a.threads)
-    every = [*(cells or []), *(sinks or []), *(tasks or []), *(needle or [])]
+    every = [*(cells or []), *(sinks or [])]
     run["cells_wall_s"] = round(cells_wall_s(recipe_rows, every, sample), 1)
     run["budget"] = budget = budget_md(a, argv, trained, run["cells_wall_s"], run["wall_s"])
     head = budget + "\n\n" if budget else ""
     if recipe_rows:
         write_results(
             out / f"{a.name}-recipes",
-            f"{a.name}-recipes",
+            f"{a.section}-recipes",
             recipe_rows,
             recipe_table(recipe_rows) + ("\n\n" + budget if budget else ""),
             run,
@@ -249,7 +224,7 @@ def report(a, argv, started, recipe_rows, cells, sample, sinks=None, tasks=None,
                 {**r, "train_tokens": trained["train_tokens"], "train_wall_s": trained["train_wall_s"]} for r in records
             ]
         corpora = list(dict.fromkeys(r["corpus"] for r in records))
-        md = head + stage_budget(a, "eval") + "\n\n"
+        md = head + stage_budget(a) + "\n\n"
         md += "\n\n".join(corpus_tables(records, c, contexts, original_context(subject)) for c in corpora)
         md += "\n\n" + decode_table(records, contexts)
         if sinks:
@@ -259,74 +234,20 @@ def report(a, argv, started, recipe_rows, cells, sample, sinks=None, tasks=None,
         md += "\n\n" + sample_md(sample) if sample else ""
         claim_results(out / a.name, "convert")
         plot(records, out / a.name / "convert.png")
-        _write(a, out / a.name, a.name, records, md, run, ["convert.png"])
-    if tasks:
-        md = head + stage_budget(a, "tasks") + "\n\n" + task_table(tasks, _sinks_in(tasks))
-        folder = claim_results(out / f"{a.name}-tasks", "convert")
-        pngs = ["tasks.png"] if plot_tasks(tasks, folder / "tasks.png", _sinks_in(tasks)) else []
-        _write(a, folder, f"{a.name}-tasks", task_records(tasks), md, run, pngs)
-    if needle:
-        records = needle_records(needle)
-        md = head + stage_budget(a, "needle") + " " + needle_format() + "\n\n"
-        md += needle_tables(records, _sinks_in(needle))
-        pngs = plot_heatmaps(records, claim_results(out / f"{a.name}-needle", "convert"), _sinks_in(needle))
-        _write(a, out / f"{a.name}-needle", f"{a.name}-needle", records, md, run, pngs)
-
-
-def _sinks_in(cells) -> int | None:
-    return next((c["sinks"] for c in cells if "sinks" in c), None)
-
-
-# sections the first run adds to a --readme that lacks them (results/README.md
-# can only hold a section once its results files exist: tools/readme_tables.py),
-# by suffix after --name: convert-tasks, convert-gemma3-270m-needle, ...
-NEW_SECTIONS = {
-    "-tasks": "Zero-shot tasks after conversion: original, window, window + sinks, converted",
-    "-needle": "Needle retrieval after conversion: original, window, window + sinks, converted",
-}
-
-
-def _add_section(readme: Path, prefix: str, name: str) -> bool:
-    """Adds the empty section `results:NAME` (NAME = prefix + a suffix of
-    NEW_SECTIONS) under its heading after the sections of the same prefix
-    already there (or at the end); False when NAME has no heading to add."""
-    text = readme.read_text()
-    suffix = name.removeprefix(prefix)
-    if not name.startswith(prefix) or suffix not in NEW_SECTIONS:
-        return False
-    title = NEW_SECTIONS[suffix] + ("" if prefix == "convert" else f" ({prefix})")
-    block = f"\n### {title}\n\n<!-- results:{name}:start -->\n<!-- results:{name}:end -->\n"
-    order = ["", *NEW_SECTIONS]
-    for prev in reversed(order[: order.index(suffix)]):
-        end = f"<!-- results:{prefix}{prev}:end -->\n"
-        if end in text:
-            head, tail = text.split(end, 1)
-            atomic_write(readme, head + end + block + tail)
-            return True
-    atomic_write(readme, text.rstrip("\n") + "\n" + block)
-    return True
+        _write(a, out / a.name, a.section, records, md, run, ["convert.png"])
 
 
 def _write(a, folder: Path, name: str, records, md: str, run: dict, images: list[str]) -> None:
     """results.json/md/run.json, and the README section `results:NAME` when
-    --readme is given (the same text, links made relative); the tasks and
-    needle sections are added when missing."""
+    --readme is given (the same text, links made relative)."""
     write_results(folder, name, records, md, run, images=images)
     if a.readme:
         text = Path(a.readme).read_text()
-        if f"<!-- results:{name}:start -->" not in text and not _add_section(Path(a.readme), a.name, name):
+        if f"<!-- results:{name}:start -->" not in text:
             print(f"note: {a.readme} has no results:{name} markers; section not written", file=sys.stderr)
             return
         body = readme_body((folder / "results.md").read_text(), folder, Path(a.readme))
         update_readme(Path(a.readme), name, body, kind="results")
-
-
-def needle_format() -> str:
-    return (
-        f"Format: the needle `{NEEDLE.strip()}` (a random 5-digit key) inserted after the sentence end nearest "
-        f"below the depth in a haystack of held-out essays, the question `{QUESTION.strip()}` at the end, "
-        f"{ANSWER_TOKENS} tokens decoded greedily; found = the first number in the answer is the key."
-    )
 
 
 def training_of(subject, models=TRAINED) -> dict | None:

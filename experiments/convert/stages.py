@@ -49,7 +49,6 @@ DOCUMENTS = 2  # per corpus
 FULL_DOCUMENTS = 1  # read to 32K by every model; the others to 8K
 TASK_EXAMPLES = 100
 NEEDLE_CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
-NEEDLE_DEPTHS = (0.0, 0.5, 1.0)
 NEEDLE_TRIALS = 1
 
 SHORT = 8192  # the original reads its other documents this far (its training context)

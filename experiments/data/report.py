@@ -58,8 +58,8 @@ def _curve_table(rows: list[dict], sinks: int) -> str:
         f"Learning curve of `{rows[0]['run']}`: held-out perplexity of each kept checkpoint "
         f'("none (swa)": the converted model before up-training, {before})'
         + (
-            "; zero-shot task average (%): the tasks stage of `python -m experiments.convert` (the "
-            "results/convert-tasks protocol) at the checkpoints it was run on"
+            "; zero-shot task average (%): `latte eval --suite tasks` at the checkpoints it was run on (the "
+            "untrained row: window + sinks, `--against window`)"
             if tasks
             else ""
         )

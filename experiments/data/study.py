@@ -11,9 +11,8 @@ budget buys. Two stages, each a resumable sweep:
   curve    the held-out perplexity of every kept checkpoint of one long run
            (--curve-run) against the training tokens it had seen; with
            --curve-tasks-runs also the zero-shot task average of the
-           untrained model, the last checkpoint and --curve-tasks-steps (the
-           tasks stage of `python -m experiments.convert`, its cells shared with
-           that command's --runs)
+           untrained model, the last checkpoint and --curve-tasks-steps
+           (`latte eval --suite tasks`, its cells in that folder)
 
 Held-out text (never in any training source; tests/data/test_heldout.py):
 latte.data.heldout's eval_essays() and eval_plays(), read as windows
@@ -41,13 +40,10 @@ import torch
 
 from experiments.common.cells import INPUTS, digest_or_missing, finished_summary, set_aside_changed_run
 from experiments.common.results import Sweep, claim_results, claim_work, provenance, run_latte, write_results
-from experiments.convert.stages import checks
-from experiments.convert.study import check_args, check_same_base, experiment_base, quick_setup
-from experiments.convert.study import parse_args as convert_args
-from experiments.convert.tasks import tasks_stage
-from experiments.convert.tasks_report import metric_of
+from experiments.convert.stages import TASK_EXAMPLES, checks
+from experiments.convert.study import experiment_base, quick_setup
 from latte.data import eval_essays, eval_plays, load_documents, split_documents
-from latte.eval import open_subject, sinks_of
+from latte.eval import Request, evaluate, open_subject
 from latte.train import run_wall_time, step_dirs
 
 from .report import report
@@ -78,8 +74,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--curve-tasks-runs",
         default=None,
-        help="also score the zero-shot tasks of the curve's checkpoints: the tasks stage of python -m "
-        "experiments.convert, its cells in this folder (that command's --runs: cells done there are reused)",
+        help="also score the zero-shot tasks of the curve's checkpoints (latte eval --suite tasks), each one's "
+        "results and cells in FOLDER/tasks-STEP (done cells are reused)",
     )
     p.add_argument(
         "--curve-tasks-steps",
@@ -298,21 +294,19 @@ def _steps(text: str) -> list[int]:
 
 
 def curve_task_average(a, step: Path, untrained: bool) -> float:
-    """The zero-shot task average (headline metric, the tasks stage's
-    defaults) of the converted model at checkpoint `step`, or, `untrained`,
-    of the training-free window + sinks model with the run's sinks (its
-    window alone when it has none: the curve's "none (swa)" row, which is
-    exactly the converted model before up-training). Computed by `python -m experiments.convert`'s tasks stage
-    with --runs --curve-tasks-runs, so its finished cells are reused."""
-    subject = open_subject(step)
-    own_sinks = getattr(subject.model.conversion, "num_sinks", 0)
-    model = "converted" if not untrained else "window+sinks" if own_sinks else "window"
-    argv = ["--stages", "tasks", "--models", model, "--runs", a.curve_tasks_runs, "--threads", str(a.threads)]
-    ca = convert_args([*argv, *(["--quick"] if a.quick else [])])
-    check_args(ca)
-    if a.quick:  # the protocol the quick tasks stage records (its stand-in's overrides)
-        quick_setup(ca)
-    ca.inputs = {"base": experiment_base(ca)}
-    ca.inputs["converted"] = check_same_base(ca, subject)
-    cells = tasks_stage(ca, subject, sinks_of(subject, None))
-    return sum(c[metric_of(c["task"])] for c in cells) / len(cells)
+    """The zero-shot task average (latte eval --suite tasks: every task's
+    score, 100 examples each, 4 with --quick) of the converted model at
+    checkpoint `step`, or, `untrained`, of the training-free window + sinks
+    model (`--against window`: the run's own sinks, else 4), into
+    --curve-tasks-runs/tasks-STEP, whose finished cells are reused."""
+    request = Request(
+        model=str(step),
+        suites=("tasks",),
+        against=("window",) if untrained else (),
+        examples=4 if a.quick else TASK_EXAMPLES,
+        out=str(Path(a.curve_tasks_runs) / f"tasks-{step.name}"),  # not step-N: that names a run's checkpoint
+        command=f"python -m experiments.data --curve-tasks-runs {a.curve_tasks_runs} (curve of {step.parent})",
+    )
+    records = json.loads((evaluate(request) / "results.json").read_text())["records"]
+    scores = [r["score"] for r in records if r["model"] == ("window" if untrained else "converted")]
+    return sum(scores) / len(scores)

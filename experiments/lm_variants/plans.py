@@ -4,7 +4,7 @@ runs, so the command that made a result folder is short and exact.
 
   table1            the paper's Table 1 at CPU scale: 7 variants x 3 seeds of
                     the shipped mixers/* recipe (300 steps, 1.2M tokens);
-                    results/lm_variants, results/extrapolation, results/latents
+                    results/lm_variants/ (+ extrapolation/, latents/)
   long              ten times the tokens (3,000 steps, 12.3M tokens), one seed:
                     does Latte close its gap to softmax with training? The
                     whole validation split at steps 300, 1,000, 2,000 and 3,000
@@ -53,7 +53,7 @@ class Plan:
     lengths: str
     eval_tokens: int  # validation tokens per `latte eval` (0: the whole split)
     runs: str
-    name: str | None  # None: the table1 layout (results/lm_variants, results/extrapolation, ...)
+    name: str  # results/NAME/, its later stages results/NAME/STAGE/ (stage_outputs)
     curve_steps: tuple[int, ...] = ()  # () = every evaluation in val.csv
 
 
@@ -65,7 +65,7 @@ PLANS = {
         lengths="1,2,4,8,16",
         eval_tokens=65536,
         runs="runs/lm_variants",
-        name=None,
+        name="lm_variants",
     ),
     "long": Plan(
         variants=("softmax", "swa", "macchiato", "latte-conv_rglru", "latte-none", "linear", "latte-conv_rglru-L256"),
@@ -90,12 +90,10 @@ PLANS = {
 }
 
 
-def stage_outputs(results: Path, name: str | None) -> dict[str, tuple[Path, str]]:
-    """stage -> (result folder, README section name). Without a plan name the
-    table1 layout: one top-level folder per stage."""
-    if name is None:
-        names = {"train": "lm_variants", "extrapolation": "extrapolation", "latents": "latents"}
-        return {stage: (results / n, n) for stage, n in names.items()}
+def stage_outputs(results: Path, name: str) -> dict[str, tuple[Path, str]]:
+    """stage -> (result folder, README section name): the plan's folder
+    results/NAME, its later stages inside it as results/NAME/STAGE, section
+    NAME-STAGE (the layout tools/readme_tables.py indexes)."""
     return {
         "train": (results / name, name),
         "extrapolation": (results / name / "extrapolation", f"{name}-extrapolation"),

@@ -12,9 +12,9 @@ differing only in the token mixer (and Latte's qk mixer), each trained with
   train          python -m latte train --config mixers/NAME --train.seed=S --train.run_dir=RUNS/NAME/seed-S
                  -> results/lm_variants: val_ppl, tokens_per_s, wall time
   extrapolation  python -m latte eval --run RUN --lengths 1,2,4,8,16
-                 -> results/extrapolation: ppl at 1x..16x the training length, by position bucket
+                 -> results/lm_variants/extrapolation: ppl at 1x..16x the training length, by position bucket
   latents        python -m latte eval --run RUN --latents (latte and macchiato only)
-                 -> results/latents: entropy, effective latents, used fraction, p(window|t)
+                 -> results/lm_variants/latents: entropy, effective latents, used fraction, p(window|t)
 
 A killed sweep continues where it stopped: finished stages are not redone,
 and an interrupted `latte train` resumes from its last checkpoint. `--plan`
@@ -218,8 +218,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--readme",
         default=None,
-        help="replace the sections of the plan's results (e.g. results:lm_variants, results:extrapolation, "
-        "results:latents) in this markdown file (the repository's: results/README.md)",
+        help="replace the sections of the plan's results (e.g. results:lm_variants, results:lm_variants-extrapolation, "
+        "results:lm_variants-latents) in this markdown file (the repository's: results/README.md)",
     )
     return _with_plan_defaults(p.parse_args(argv))
 

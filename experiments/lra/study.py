@@ -115,7 +115,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--out",
         default=None,
-        help="where results.json/md and the PNGs go (results/lra; with --budget lra: results/lra-protocol)",
+        help="where results.json/md and the PNGs go (results/lra; with --budget lra: results/lra/protocol)",
     )
     p.add_argument("--work", default="runs/lra", help="run folders and finished sweep cells (resumable)")
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
@@ -163,7 +163,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     lra = args.budget == "lra"
-    args.out = args.out or ("results/lra-protocol" if lra else "results/lra")
+    args.out = args.out or ("results/lra/protocol" if lra else "results/lra")
     args.mixers = args.mixers or (["latte", "linear", "softmax", "latte-paper"] if lra else list(MIXERS))
     return args
 

@@ -10,11 +10,10 @@ folders) it records
              goes left out, experiments/common/cells.py: NOT_PROTOCOL)
   budget     the optimizer steps and tokens the checkpoint had trained, and
              the run's wall time when the checkpoint is its last one
-  retrieval  the retrieval stage of `python -m experiments.convert`
-             (experiments/convert/retrieval.py): passkey and
-             multikey at 1K and 2K tokens by default, found / prompts whose
-             needle lies beyond the window, for the original, the window +
-             sinks model (both training-free) and the converted pilot
+  retrieval  RULER-style retrieval in held-out essays (cells.py): passkey
+             and multikey at 1K and 2K tokens by default, found / prompts
+             whose needle lies beyond the window, for the original, the
+             window + sinks model (both training-free) and the converted pilot
 
 The cells follow the one reuse rule (cells.Sweep): the training-free
 models' cells are computed once in WORK/baselines and shared by every pilot
@@ -43,15 +42,14 @@ import torch
 from experiments.common.cells import NOT_PROTOCOL, protocol_difference, resolved_config
 from experiments.common.results import check_readme, claim_results, claim_work, provenance, write_results
 from experiments.common.stats import t_quantile
-from experiments.convert.retrieval import DEFAULT_FORMAT, _beyond, length_table, retrieval_records, retrieval_stage
-from experiments.convert.study import check_args, check_same_base, experiment_base, quick_setup
-from experiments.convert.study import parse_args as convert_args
+from experiments.convert.study import check_same_base, experiment_base, quick_setup
 from latte.eval import label, open_subject, sinks_of
 from latte.train import MANIFEST, run_wall_time
 
+from .cells import DEFAULT_FORMAT, beyond, length_table, retrieval_records, retrieval_stage, stage_args
+
 EXPERIMENT = "convert-recipes-v3"
 TASKS = "passkey,multikey"
-CONTEXTS = "1024,2048"
 BASELINES = ("original", "window+sinks")
 # what makes the training-free models of a pilot (they share cells when these agree)
 BASELINE_FIELDS = ("conversion.window_size", "conversion.num_sinks", "conversion.sink_positions")
@@ -76,9 +74,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="replace the section results:NAME of this markdown file (NAME: --out's folder name)",
     )
     p.add_argument("--retrieval-tasks", default=TASKS, help=f"of the retrieval stage ({TASKS})")
-    p.add_argument("--retrieval-contexts", default=None, help=f"tokens ({CONTEXTS}; --quick: the stage's own)")
-    p.add_argument("--retrieval-depths", default=None, help="depths of the asked needle (the stage's)")
-    p.add_argument("--retrieval-trials", default=None, help="haystack orders per cell (the stage's: 3)")
+    p.add_argument("--retrieval-contexts", default=None, help="tokens (1024,2048; --quick: 400,512)")
+    p.add_argument("--retrieval-depths", default=None, help="depths of the asked needle (0.1,0.5,0.8)")
+    p.add_argument("--retrieval-trials", default=None, help="haystack orders per cell (3)")
     p.add_argument("--retrieval-format", default=None, help=f"prompt format ({DEFAULT_FORMAT}, the calibrated one)")
     p.add_argument("--quick", action="store_true", help="the stand-in model of `python -m experiments.convert --quick`")
     return p.parse_args(argv)
@@ -128,22 +126,6 @@ def pilot_name(path: str) -> str:
     return p.resolve().name.removeprefix("pilot-")
 
 
-def stage_args(a, models: str, runs: Path, pins: list[str]) -> argparse.Namespace:
-    """The options of `python -m experiments.convert --stages retrieval` for
-    these models and cells folder: the same config, overrides and prompts
-    (so cells written by that command with them are reused)."""
-    argv = ["--stages", "retrieval", "--models", models, "--runs", str(runs), "--config", a.config]
-    argv += [f"--set={s}" for s in a.set] + ["--threads", str(a.threads), "--retrieval-tasks", a.retrieval_tasks]
-    for option in ("retrieval_contexts", "retrieval_depths", "retrieval_trials", "retrieval_format"):
-        value = getattr(a, option) or (CONTEXTS if option == "retrieval_contexts" and not a.quick else None)
-        argv += [f"--{option.replace('_', '-')}", str(value)] if value is not None else []
-    ca = convert_args([*argv, *(["--quick"] if a.quick else [])])
-    check_args(ca)
-    ca.set += pins
-    ca.inputs = {"base": experiment_base(ca)}
-    return ca
-
-
 def evaluate_pilot(a, path: Path, name: str) -> tuple[dict, list[dict], list[dict]]:
     """(the pilot's recipe and budget, its converted model's retrieval
     cells, the training-free models' cells of its window and sinks)."""
@@ -160,8 +142,10 @@ def evaluate_pilot(a, path: Path, name: str) -> tuple[dict, list[dict], list[dic
     flat = _saved_config(run)
     pins = [f"{k}={flat[k]}" for k in BASELINE_FIELDS if k in flat]
     base = stage_args(a, ",".join(BASELINES), Path(a.work) / "baselines", pins)
+    base.inputs = {"base": experiment_base(base)}
     base_cells = retrieval_stage(base, subject, sinks)
     own = stage_args(a, "converted", Path(a.work) / name / Path(trained.checkpoint).name, pins)
+    own.inputs = {"base": base.inputs["base"]}
     own.inputs["converted"] = check_same_base(own, subject)
     pilot_cells = retrieval_stage(own, subject, sinks)
     last = _last_step(run)
@@ -262,7 +246,7 @@ def pooled_gap(cells: list[dict]) -> dict | None:
     pooled: its mean, the standard error of that mean over prompts, the
     prompts where the asked value is the likelier, and how many there are.
     None when none of them recorded the gap."""
-    far = [c for c in _beyond(cells) if "decoy_nll" in c]
+    far = [c for c in beyond(cells) if "decoy_nll" in c]
     if not far:
         return None
     gaps = [c["decoy_nll"] - c["answer_nll"] for c in far]

@@ -87,7 +87,7 @@ def test_lm_eval_scores_the_chosen_examples_as_a_direct_computation(tmp_path, mo
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    from experiments.convert.tasks import pooled, subsample
+    from latte.eval import pooled, subsample
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -116,7 +116,7 @@ def test_lm_eval_scores_the_chosen_examples_as_a_direct_computation(tmp_path, mo
 
 
 def test_subsample_is_fixed_per_task_and_pools_mmlu():
-    from experiments.convert.tasks import subsample
+    from latte.eval import subsample
 
     a = subsample("piqa", {"piqa": 1838}, 50)
     assert a == subsample("piqa", {"piqa": 1838}, 50) and len(a["latte_piqa"]) == 50

