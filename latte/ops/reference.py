@@ -216,16 +216,20 @@ def _rope(x, cos, sin):
 
 def _slot_logits(mq, k, held, rotary, num_sinks, scale, softcap):
     """memory_q_t . (key s rotated back from its position, then to the
-    position num_sinks + i of its slot i at query t): [B, H, T, T]."""
-    B, _, H, E = mq.shape  # the queries may be a block of rows (held: the same rows)
+    position num_sinks + i of its slot i at query t) where held [B, H, T, T]
+    is True, -inf elsewhere: [B, H, T, T]. Built at the held (t, s) only:
+    at most M per query, not T x T rotated keys."""
+    B, T, H, E = mq.shape
     kk = k.to(f64).repeat_interleave(H // k.shape[2], 2)  # [B, T(s), H, E]
-    c, s_ = (x.to(f64) for x in rotary(torch.arange(k.shape[1])))  # position p_s = s for every row (no padding)
+    c, s_ = (x.to(f64) for x in rotary(torch.arange(T)))  # position p_s = s for every row (no padding here)
     raw = _rope(kk, c[None, :, None], -s_[None, :, None])  # rotated back by its own position
     slot = held.long().cumsum(-1) - 1 + num_sinks  # [B, H, T, T(s)]: n + its index among the held
-    cs, ss = (x.to(f64) for x in rotary(slot.clamp(min=0).reshape(-1)))
-    keys = _rope(raw.permute(0, 2, 1, 3)[:, :, None], cs.view(*slot.shape, E), ss.view(*slot.shape, E))
-    e = torch.einsum("bthe,bhtse->bhts", mq.to(f64), keys) * (E**-0.5 if scale is None else scale)
-    return e if softcap is None else softcap * torch.tanh(e / softcap)
+    bi, hi, ti, si = held.nonzero(as_tuple=True)
+    cs, ss = (x.to(f64) for x in rotary(slot[bi, hi, ti, si]))  # [N, E]
+    keys = _rope(raw[bi, si, hi], cs, ss)  # [N, E]
+    e = (mq.to(f64)[bi, ti, hi] * keys).sum(-1) * (E**-0.5 if scale is None else scale)
+    e = e if softcap is None else softcap * torch.tanh(e / softcap)
+    return torch.full(held.shape, NEG_INF, dtype=f64, device=mq.device).index_put((bi, hi, ti, si), e)
 
 
 def memory_local_logits(b, v, q, k, window_size, *, slots, rule, seed=0, mark=None, memory_q=None, rotary=None, **kw):
@@ -233,8 +237,7 @@ def memory_local_logits(b, v, q, k, window_size, *, slots, rule, seed=0, mark=No
     (window, sinks and, where held, the slots'; -inf elsewhere) and the
     tokens the slots hold at each query; its arguments as
     macchiato_memory's (kw: macchiato_matrix's keywords, a and the mix's
-    aside). With rotary the slots' scores are built a block of query rows
-    at a time (O(block x T x E) memory, not O(T^2 x E))."""
+    aside)."""
     mask, scale, softcap = kw.get("mask"), kw.get("scale"), kw.get("softcap")
     r = memory_scores(rule, q, k, v, b, window_size, scale, mask, softcap, kw.get("num_sinks", 0), seed, mark)
     held = memory_held(r, window_size, slots).repeat_interleave(q.shape[2] // k.shape[2], 1)  # [B, H, T, T]
@@ -243,14 +246,7 @@ def memory_local_logits(b, v, q, k, window_size, *, slots, rule, seed=0, mark=No
     if rotary is None:
         e_mem = window_matrix_logits(mq, k, q.shape[1], scale, None, softcap)
     else:
-        n, block = kw.get("num_sinks", 0), 32
-        e_mem = torch.cat(
-            [
-                _slot_logits(mq[:, i : i + block], k, held[:, :, i : i + block], rotary, n, scale, softcap)
-                for i in range(0, q.shape[1], block)
-            ],
-            2,
-        )
+        e_mem = _slot_logits(mq, k, held, rotary, kw.get("num_sinks", 0), scale, softcap)
     return torch.where(held, e_mem, e), held  # held tokens are outside the window and the sinks: disjoint
 
 
