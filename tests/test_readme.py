@@ -75,8 +75,9 @@ def test_a_plans_stage_folder_is_the_section_plan_dash_stage(tmp_path):
     shutil.copy(ROOT / "README.md", tmp_path / "README.md")
     for name in ("results", "benchmarks"):
         shutil.copytree(ROOT / name, tmp_path / name)
-    shutil.copytree(ROOT / "results" / "lm_variants", tmp_path / "results" / "plan" / "stage")
-    shutil.copytree(ROOT / "results" / "lm_variants", tmp_path / "results" / "plan", dirs_exist_ok=True)
+    top = shutil.ignore_patterns("extrapolation")  # lm_variants' own files, not its stages' folders
+    shutil.copytree(ROOT / "results" / "lm_variants", tmp_path / "results" / "plan" / "stage", ignore=top)
+    shutil.copytree(ROOT / "results" / "lm_variants", tmp_path / "results" / "plan", dirs_exist_ok=True, ignore=top)
     assert tool.results_folders(tmp_path)["plan-stage"] == "plan/stage"
     found = tool.run(tmp_path, write=False)
     assert any("results/plan-stage: no section" in p for p in found), found
