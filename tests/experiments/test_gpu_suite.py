@@ -198,8 +198,8 @@ def test_targets_met_and_missed_with_their_figures(tmp_path):
     got = {name.split(":")[0]: (r["status"], r["figure"]) for name, r in rows.items()}
     assert got["tests/gpu all pass, kernel cache cold"] == ("met", "140 s, 4 passed, 0 failed")
     assert got["tests/gpu all pass, kernel cache warm"][0] == "not measured"
-    assert got["latte (fla) / chunk_gla, forward+backward, bfloat16"] == ("met", "1.10 / 1.10 / 1.10")
-    assert got["FlashAttention / latte (fla), forward+backward"] == ("missed", "3.00 / 3.00")
+    assert got["latte (fla) / chunk_gla, forward+backward, bfloat16"] == ("met", "1.10 at 4K, 1.10 at 16K, 1.10 at 64K")
+    assert got["FlashAttention / latte (fla), forward+backward"] == ("missed", "3.00 at 16K, 3.00 at 64K")
     assert (
         got["peak extra memory, forward+backward"][0] == "missed"
         and "1.50 at T=4,096" in rows[next(n for n in rows if n.startswith("peak"))]["figure"]
@@ -211,6 +211,25 @@ def test_targets_met_and_missed_with_their_figures(tmp_path):
     assert eager == [("met", "0.95"), ("missed", "0.71")]
     (tmp_path / "decode-cuda.json").write_text(json.dumps(_decode_json(0.8, 1.2)))  # not flat, over 1 ms
     assert {r["status"] for r in targets._decode_targets(_decode_json(0.8, 1.2))} == {"missed"}
+
+
+def test_targets_from_part_of_the_lengths():
+    """A loan that measured only some T: a measured miss is a miss, a
+    measured pass with T left is not measured; the figure names the T left."""
+    ops = _ops_json(1.1, 3.0, 1.0)
+    short = {"results": [r for r in ops["results"] if r["T"] == 4096]}
+    fig, met = targets._partial({4096: 1.1, 16384: None, 65536: None}, lambda T, v: v <= 1.15)
+    assert (fig, met) == ("1.10 at 4K (16K, 64K: -)", None)
+    assert targets._partial({4096: 2.4, 16384: None}, lambda T, v: v <= 1.15) == ("2.40 at 4K (16K: -)", False)
+    rows = {r["target"].split(":")[0]: r for r in targets._gla_targets(short)}
+    assert rows["latte (fla) / chunk_gla, forward+backward, bfloat16"]["status"] == "not measured"
+    slow = {"results": [dict(r, median_ms=3.0) if r["provider"] == "latte-fla" else r for r in short["results"]]}
+    rows = {r["target"].split(":")[0]: r for r in targets._gla_targets(slow)}
+    assert rows["latte (fla) / chunk_gla, forward, bfloat16"] == {
+        "target": rows["latte (fla) / chunk_gla, forward, bfloat16"]["target"],
+        "figure": "3.30 at 4K (16K, 64K: -)",
+        "status": "missed",
+    }
 
 
 def test_check_and_report_regenerate_from_json(tmp_path, monkeypatch):
