@@ -190,6 +190,12 @@ def capture(step: Callable[[torch.Tensor], torch.Tensor], tok: torch.Tensor, gen
         graph.replay()
         return static_out.clone()
 
+    # The graph reads and writes the step's tensors (its static state) at the
+    # addresses they had when it was captured: the replay keeps the step, and
+    # so its state, alive. A caller that kept only the replay (bench decode,
+    # one graph per context) otherwise freed the state, and the next
+    # context's allocation reused its memory under the first graph.
+    replay.step = step
     return first, replay
 
 

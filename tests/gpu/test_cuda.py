@@ -295,3 +295,40 @@ def test_captured_decode_step_with_memory_slots_gives_the_value_loops_tokens():
     ids = torch.randint(0, model.config.vocab_size, (2, 20), device=CUDA)
     want = model.generate(ids, 40, do_sample=False, static=False)
     assert torch.equal(model.generate(ids, 40, do_sample=False), want)
+
+
+def test_captured_steps_keep_their_state_alive():
+    """Two captured steps whose callers keep only the replays (as `bench
+    decode` does, one graph per context): after more allocations, each
+    replay still reads its own state and gives the value loop's tokens."""
+    from latte.models import LatteConfig, LatteForCausalLM
+    from latte.models.modeling import LatteCache
+    from latte.models.static_decode import allocate, capture, decode_step, layer_windows
+
+    torch.manual_seed(13)
+    model = LatteForCausalLM(LatteConfig.tiny(mixer="macchiato")).to(CUDA).eval()
+
+    def feed(t, layers, pos):
+        out = model(t[:, None], state=LatteCache(layers, 0, pos), use_cache=True)
+        return out.logits[:, -1], out.state.layers, out.state.pos
+
+    def pick(x):
+        return x.argmax(-1)
+
+    windows = layer_windows([block.mixer for block in model.model.blocks])
+    replays, want = [], []
+    with torch.no_grad():
+        for n in (20, 37):
+            ids = torch.randint(0, model.config.vocab_size, (1, n), device=CUDA)
+            want.append(model.generate(ids, 6, do_sample=False, static=False)[:, n:])
+            st = model(ids, use_cache=True).state
+            state = allocate(st.layers, windows, st.pos, st.seen_tokens, 8)
+            replays.append(capture(lambda t, s=state: decode_step(feed, s, t, pick, None), want[-1][:, 0]))
+            del state, st
+        junk = [torch.randn(4096, device=CUDA) for _ in range(64)]  # takes what a freed state would free
+        for (first, replay), w in zip(replays, want):
+            got = [first]
+            for _ in range(4):
+                got.append(replay(got[-1]))
+            assert torch.equal(torch.stack(got, 1), w[:, 1:])
+        del junk
