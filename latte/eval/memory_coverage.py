@@ -103,18 +103,23 @@ def coverage_summary(records: list[dict]) -> dict:
     held, the share of (layer, head) pairs that hold every digit, and the
     median over pairs of the best and median rank of a needle token, as a
     fraction of the candidates (0: the top; None where no needle token is a
-    candidate)."""
+    candidate), and the median over pairs of the share of the candidates
+    the slots would need to hold every needle token (the worst needle
+    token's rank + 1, as a fraction of the candidates; 1 where a needle
+    token is no candidate)."""
 
     def share(held, total):
         pairs = [r for r in records if r[total]]
         return statistics.mean(r[held] / r[total] for r in pairs) if pairs else None
 
-    best, mid = [], []
+    best, mid, whole = [], [], []
     for r in records:
         ranks = [x / r["candidates"] for x in r["ranks"] if x is not None]
         if ranks:
             best.append(min(ranks))
             mid.append(statistics.median(ranks))
+        if r["ranks"]:
+            whole.append(1.0 if None in r["ranks"] else (max(r["ranks"]) + 1) / r["candidates"])
     every = [r["held_digits"] == r["digits"] for r in records if r["digits"]]
     return {
         "needle_held": share("held_needle", "needle"),
@@ -122,6 +127,7 @@ def coverage_summary(records: list[dict]) -> dict:
         "heads_with_every_digit": statistics.mean(every) if every else None,
         "best_rank": statistics.median(best) if best else None,
         "median_rank": statistics.median(mid) if mid else None,
+        "whole_needle": statistics.median(whole) if whole else None,
         "agrees": all(r["agrees"] for r in records),
     }
 
@@ -142,19 +148,19 @@ def prompt_coverage(model, prompt, decode) -> dict:
     return {"summary": coverage_summary(records), "digits_held_per_layer": per_layer, "heads": records}
 
 
-SUMMARY_FIELDS = ("needle_held", "digits_held", "heads_with_every_digit", "best_rank", "median_rank")
+SUMMARY_FIELDS = ("needle_held", "digits_held", "heads_with_every_digit", "best_rank", "median_rank", "whole_needle")
 
 
 def slots_summary(groups) -> tuple[list[dict], str]:
     """(records, markdown) of `latte eval`'s slots cells. `groups`: per
     model, (the fields naming it in records, its label, its cells). One
-    record per (model, task, context): the prompt summaries averaged (None
-    where no prompt has the value), and whether the held sets agreed with
-    the ranks in every prompt."""
+    record per (model, task, context): the prompt summaries (coverage_summary
+    of each cell's heads) averaged (None where no prompt has the value), and
+    whether the held sets agreed with the ranks in every prompt."""
     records, rows = [], []
     for fields, name, cells in groups:
         for task, context in dict.fromkeys((c["task"], c["context"]) for c in cells):
-            cs = [c["summary"] for c in cells if (c["task"], c["context"]) == (task, context)]
+            cs = [coverage_summary(c["heads"]) for c in cells if (c["task"], c["context"]) == (task, context)]
             r = {**fields, "task": task, "context": context, "prompts": len(cs)}
             for f in SUMMARY_FIELDS:
                 xs = [s[f] for s in cs if s[f] is not None]
@@ -163,13 +169,13 @@ def slots_summary(groups) -> tuple[list[dict], str]:
             records.append(r)
             rows.append([name, task, f"{context:,}", str(len(cs))] + [_pct(r[f]) for f in SUMMARY_FIELDS])
     head = ["model", "task", "context", "prompts", "needle held %", "digits held %", "heads with every digit %"]
-    head += ["best needle rank %", "median needle rank %"]
+    head += ["best needle rank %", "median needle rank %", "slots for the whole needle %"]
     note = (
         "Memory slots after one prefill of each prompt (docs/math.md §4.2): the share of the needle's tokens beyond "
         "the window, and of its digit tokens, that the slots hold when the answer's first token is read, averaged "
         "over layers, key/value heads and prompts; a needle token's rank under the rule's score among every token "
         "beyond the window, as a % of them (0: the first; median over heads of the best and the median needle "
-        "token)."
+        "token), and the share of those tokens the slots would need to hold the whole needle (median over heads)."
     )
     return records, note + "\n\n" + md_table(head, rows)
 

@@ -46,6 +46,7 @@ def test_the_oracle_holds_the_whole_needle_and_nothing_it_was_not_handed(prompt)
         assert r["held_digits"] == r["digits"] > 0
     s = C.coverage_summary(recs)
     assert (s["needle_held"], s["digits_held"], s["heads_with_every_digit"], s["best_rank"]) == (1.0, 1.0, 1.0, 0.0)
+    assert s["whole_needle"] == 1.0  # the needle is every candidate the oracle has
     # the haystack's own digits are no needle: the oracle holds none of them
     hay_digits = C.digit_marks(prompt.ids, ~prompt.marks, TOK.decode)
     if hay_digits[: len(prompt.ids) - W + 1].any():
@@ -78,6 +79,27 @@ def test_ranks_and_held_tokens_follow_the_reference_scores(prompt, slots):
         assert r["ranks"] == want and r["agrees"]
         assert r["held_needle"] == sum(x < slots for x in want)
     assert any(r["held_needle"] < r["needle"] for r in recs)
+
+
+def test_summary_over_heads():
+    def head(ranks, held, digits=2, held_digits=1):
+        return {"candidates": 100, "needle": len(ranks), "held_needle": held, "digits": digits}, ranks, held_digits
+
+    recs = []
+    for r, ranks, hd in (head([0, 9, 49], 2), head([19, 99, None], 1, held_digits=2), head([3, 4, 5], 3)):
+        recs.append({**r, "ranks": ranks, "held_digits": hd, "agrees": True})
+    s = C.coverage_summary(recs)
+    assert s["needle_held"] == pytest.approx((2 / 3 + 1 / 3 + 1) / 3)
+    assert s["digits_held"] == pytest.approx((0.5 + 1 + 0.5) / 3) and s["heads_with_every_digit"] == pytest.approx(
+        1 / 3
+    )
+    assert (s["best_rank"], s["median_rank"]) == (
+        pytest.approx(0.03),
+        pytest.approx(0.09),
+    )  # medians of 0/.19/.03, .09/.59/.04
+    assert (
+        s["whole_needle"] == pytest.approx(0.5) and s["agrees"]
+    )  # median of 0.5, 1 (a needle token no candidate), 0.06
 
 
 def test_a_model_without_slots_is_refused(prompt):
