@@ -73,6 +73,28 @@ def test_the_oracle_slots_take_mass_and_the_recorder_refuses_a_state():
             pass
 
 
+def test_a_native_model_window_share_is_its_p_window():
+    """A native Macchiato model without sinks: the window's share is
+    latents.py's p(window|t) (another path, from the layer's weights); with
+    memory slots the shares still sum to 1 and the slots take some mass."""
+    from latte.data import TokenWindows
+    from latte.eval.latents import latent_utilisation
+    from latte.models import LatteConfig, LatteForCausalLM
+
+    torch.manual_seed(0)
+    model = LatteForCausalLM(LatteConfig.tiny(mixer="macchiato")).eval()
+    x = torch.randint(0, 64, (33,), generator=torch.Generator().manual_seed(1))
+    layers = M.prompt_shares(model, x[:32])
+    report = latent_utilisation(model, TokenWindows(x, 32))
+    for got, want in zip(layers, report["layers"]):
+        p_window = sum(h["p_window_mean"] for h in want["heads"]) / len(want["heads"])
+        assert got["mean"][0] == pytest.approx(p_window, abs=1e-5) and got["mean"][1:3] == [0.0, 0.0]
+    torch.manual_seed(0)
+    slots = LatteForCausalLM(LatteConfig.tiny(mixer="macchiato", memory_slots=4, memory_rule="key_norm")).eval()
+    for lay in M.prompt_shares(slots, x[:32]):
+        assert sum(lay["mean"]) == pytest.approx(1.0, abs=1e-12) and lay["mean"][2] > 1e-3
+
+
 def test_summary_averages_prompts_then_layers():
     cell = {"task": "passkey", "context": 1024}
     a = {**cell, "layers": [{"mean": [0.5, 0.1, 0.2, 0.2], "last": [0.4, 0.1, 0.3, 0.2]}] * 2}
