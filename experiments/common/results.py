@@ -262,3 +262,20 @@ def run_latte(args: list[str], log: Path, threads: int) -> None:
         ).returncode
     if rc != 0:
         raise RuntimeError(f"latte {' '.join(args[:3])} ... exited {rc}; end of {log}:\n{log.read_text()[-2000:]}")
+
+
+def convert_run(config: str, run: Path, sets: list[str], threads: int) -> dict:
+    """summary.json of the `latte convert --config CONFIG` run in `run` with
+    `sets` (section.field=value): a run of another configuration or other
+    inputs is set aside first, never resumed (cells.set_aside_changed_run);
+    a finished one (its cell lost to a kill) is read, not rerun; any other
+    is trained, or resumed, now."""
+    from .cells import finished_summary, resolved_config, set_aside_changed_run
+
+    set_aside_changed_run(run, config, sets)
+    if finished_summary(run, resolved_config(config, sets)["train.steps"]) is None:
+        args = [f"--train.run_dir={run}", f"--train.num_threads={threads}", "--train.tensorboard=false"]
+        run_latte(
+            ["convert", "--config", config, *args, *[f"--{s}" for s in sets]], run.parent / f"{run.name}.log", threads
+        )
+    return json.loads((run / "summary.json").read_text())

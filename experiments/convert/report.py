@@ -1,84 +1,24 @@
 """Tables, plots and statements of `python -m experiments.convert`, written from
-the sweep records by `experiments.common.results.write_results`: recipes,
-perplexity (ppl_report.py), the masked-sinks diagnostic and the sample (the
-suites' folders are latte eval's: suites.py)."""
+the sweep records by `experiments.common.results.write_results`: recipes and
+perplexity (ppl_report.py; the suites' folders are latte eval's: suites.py)."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-from experiments.common.results import claim_results, provenance, readme_body, write_results
-from latte.eval import TRAINED, original_context, perplexities
-from latte.reporting import update_readme
+from experiments.common.results import claim_results, provenance, write_results
+from latte.eval import TRAINED, original_context
 from latte.train import TRAINER, run_wall_time
 
-from .ppl_report import _fmt, _get, corpus_tables, decode_table, eval_records, plot
+from .ppl_report import _fmt, corpus_tables, decode_table, eval_records, plot
 from .stages import (
     CONTEXTS,
     DEFAULT_RECIPE,
     DOCUMENTS,
     FULL_DOCUMENTS,
     SHORT,
-    nll_of,
 )
-
-
-def sink_records(cells: list[dict], contexts) -> list[dict]:
-    """One record per (sinks, context) of the sinks stage: perplexity of the
-    original under the window mask with the first `sinks` tokens visible."""
-    out = []
-    for k in sorted({c["sinks"] for c in cells}):
-        mine = [c for c in cells if c["sinks"] == k]
-        wall, load = sum(c["wall_s"] for c in mine), max(c["load"] for c in mine)
-        for row in perplexities([nll_of(c) for c in mine], contexts):
-            out.append(
-                {
-                    "model": f"swa-mask-sinks{k}",
-                    "sinks": k,
-                    "window": mine[0]["window"],
-                    **row,
-                    "wall_s": round(wall, 1),
-                    "max_load": load,
-                }
-            )
-    return out
-
-
-def sink_table(records: list[dict], sinks: list[dict], contexts) -> str:
-    """The window's loss with and without the first tokens, next to the
-    original, the cached sliding-window model and the converted model."""
-    ks = sorted({r["sinks"] for r in sinks})
-    if not ks:
-        return ""
-    window = sinks[0]["window"]
-    shown = [c for c in contexts if any(r["context"] == c for r in sinks)]
-    head = " | ".join(f"window + {k} first token{'s' if k != 1 else ''}" if k else "window (mask)" for k in ks)
-    lines = [
-        f"Where the sliding window loses: the original's weights with every token seeing only the last "
-        f"{window} tokens, and the document's first k tokens kept visible as attention sinks (an explicit "
-        f'mask, `latte.eval.long_context.original_window_nll`; "window (mask)" is the window model computed '
-        "another way). Perplexity over the first C tokens of the same held-out plays:",
-        "",
-        f"| context C | original | {head} | window (cache) | converted |",
-        "|---|---|" + "---|" * len(ks) + "---|---|",
-    ]
-    for c in shown:
-        cols = [_fmt(_get(sinks, f"swa-mask-sinks{k}", c, "ppl")) for k in ks]
-        lines.append(
-            f"| {c:,} | {_fmt(_get(records, 'original', c, 'ppl', 'plays'))} | {' | '.join(cols)} | "
-            f"{_fmt(_get(records, 'window', c, 'ppl', 'plays'))} | "
-            f"{_fmt(_get(records, 'converted', c, 'ppl', 'plays'))} |"
-        )
-    c0, orig = shown[0], _get(records, "original", shown[0], "ppl", "plays")
-    if orig and 0 in ks and max(ks) > 0:
-        ratio = {k: _get(sinks, f"swa-mask-sinks{k}", c0, "ppl") / orig for k in ks}
-        kept = ", ".join(
-            f"{ratio[k]:.2f}x with the first {k} token{'s' if k != 1 else ''} kept visible" for k in ks if k
-        )
-        lines += ["", f"At {c0:,} tokens the window alone is {ratio[0]:.2f}x the original's perplexity; {kept}."]
-    return "\n".join(lines)
 
 
 def recipe_table(rows: list[dict]) -> str:
@@ -121,18 +61,6 @@ def recipe_statement(rows: list[dict]) -> str:
     return f"Lowest validation perplexity: {verdict}. {same}"
 
 
-def sample_md(sample: dict) -> str:
-    def quote(text: str) -> str:
-        return "\n".join("> " + line for line in text.strip().splitlines()) or "> (empty)"
-
-    return (
-        f"Sample: the converted model continues `{sample['document']}` after its first "
-        f"{sample['prompt_tokens']:,} tokens (temperature 0.7, top-k 50, 60 tokens, {sample['wall_s']:.0f} s). "
-        f"The prompt ends with:\n\n{quote(sample['prompt_tail'])}\n\nGenerated:\n\n{quote(sample['generated'])}\n\n"
-        f"The play's actual continuation:\n\n{quote(sample['reference'])}\n"
-    )
-
-
 FULL_COMMAND = "python -m experiments.convert --readme results/README.md"
 
 
@@ -145,12 +73,11 @@ def full_command(a) -> str:
     )
 
 
-def cells_wall_s(recipe_rows, cells, sample) -> float:
+def cells_wall_s(recipe_rows, cells) -> float:
     """Seconds the sweep cells themselves took (training, baselines,
-    evaluation, sample), whichever invocation computed them."""
+    evaluation), whichever invocation computed them."""
     total = sum(r.get("cell_wall_s", 0.0) for r in recipe_rows or [])
-    total += sum(c.get("wall_s", 0.0) for c in cells or [])
-    return total + (sample or {}).get("wall_s", 0.0)
+    return total + sum(c.get("wall_s", 0.0) for c in cells or [])
 
 
 def budget_md(a, argv, trained: dict | None, cells_s: float = 0.0, wall_s: float = 0.0) -> str:
@@ -198,13 +125,12 @@ def stage_budget(a) -> str:
     return text + (" **Below the protocol's default budget.**" if reduced else "")
 
 
-def report(a, argv, started, recipe_rows, cells, sample, sinks=None, subject=None) -> None:
+def report(a, argv, started, recipe_rows, cells, subject=None) -> None:
     out = Path(a.out)
     trained = next((r for r in recipe_rows or [] if r["recipe"] == DEFAULT_RECIPE), None)
     trained = training_of(subject, a.models) or trained
     run = provenance("convert", argv, started, threads=a.threads)
-    every = [*(cells or []), *(sinks or [])]
-    run["cells_wall_s"] = round(cells_wall_s(recipe_rows, every, sample), 1)
+    run["cells_wall_s"] = round(cells_wall_s(recipe_rows, cells), 1)
     run["budget"] = budget = budget_md(a, argv, trained, run["cells_wall_s"], run["wall_s"])
     head = budget + "\n\n" if budget else ""
     if recipe_rows:
@@ -227,27 +153,9 @@ def report(a, argv, started, recipe_rows, cells, sample, sinks=None, subject=Non
         md = head + stage_budget(a) + "\n\n"
         md += "\n\n".join(corpus_tables(records, c, contexts, original_context(subject)) for c in corpora)
         md += "\n\n" + decode_table(records, contexts)
-        if sinks:
-            extra = sink_records(sinks, contexts)
-            md += "\n\n" + sink_table(records, extra, contexts)
-            records = records + extra
-        md += "\n\n" + sample_md(sample) if sample else ""
         claim_results(out / a.name, "convert")
         plot(records, out / a.name / "convert.png")
-        _write(a, out / a.name, a.section, records, md, run, ["convert.png"])
-
-
-def _write(a, folder: Path, name: str, records, md: str, run: dict, images: list[str]) -> None:
-    """results.json/md/run.json, and the README section `results:NAME` when
-    --readme is given (the same text, links made relative)."""
-    write_results(folder, name, records, md, run, images=images)
-    if a.readme:
-        text = Path(a.readme).read_text()
-        if f"<!-- results:{name}:start -->" not in text:
-            print(f"note: {a.readme} has no results:{name} markers; section not written", file=sys.stderr)
-            return
-        body = readme_body((folder / "results.md").read_text(), folder, Path(a.readme))
-        update_readme(Path(a.readme), name, body, kind="results")
+        write_results(out / a.name, a.section, records, md, run, readme=a.readme, images=["convert.png"])
 
 
 def training_of(subject, models=TRAINED) -> dict | None:

@@ -1,37 +1,19 @@
 """The stages of `python -m experiments.convert` (see experiments/convert/study.py):
-training runs per recipe, long-context evaluation cells, the long sample."""
+training runs per recipe, long-context evaluation cells."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
 import torch
 
-from experiments.common.cells import (
-    INPUTS,
-    digest_or_missing,
-    finished_summary,
-    resolved_config,
-    run_protocol,
-    set_aside_changed_run,
-)
-from experiments.common.results import Sweep, run_latte
-from latte.data import TokenWindows, eval_essays, eval_plays
-from latte.eval import (
-    TRAINED,
-    as_model,
-    bos_cell,
-    converted_nll,
-    haystack_text,
-    original_decode,
-    original_nll,
-    original_window_nll,
-    sinks_cell,
-)
-from latte.train import nll_sums, open_run, pack_split, run_wall_time, split_corpus, subset, summarize
+from experiments.common.cells import INPUTS, digest_or_missing, run_protocol
+from experiments.common.results import Sweep, convert_run
+from latte.data import TokenWindows
+from latte.eval import TRAINED, as_model, bos_cell, converted_nll, documents, original_decode, original_nll, sinks_cell
+from latte.train import nll_sums, open_run, pack_split, run_wall_time, subset, summarize
 
 RECIPES = {  # name -> latte convert overrides of the shipped config, each one spelled out in full
     "end_to_end+lora8": ["conversion.lora_rank=8"],
@@ -102,29 +84,8 @@ def _recipe_cell(cell: dict, a) -> dict:
         return _baseline_ppl(run_dir(a, DEFAULT_RECIPE), original="original" in recipe)
     run = run_dir(a, recipe)
     load0, t0 = os.getloadavg()[0], time.time()
-    sets = [*RECIPES[recipe], *a.set]
-    set_aside_changed_run(run, a.config, sets)  # never resumed under another configuration (cells.py)
-    steps = resolved_config(a.config, sets)["train.steps"]
-    if finished_summary(run, steps) is None:  # one finished before a kill lost its cell is read, not rerun
-        _convert(a, run, sets)
-    s = json.loads((run / "summary.json").read_text())
+    s = convert_run(a.config, run, [*RECIPES[recipe], *a.set], a.threads)
     return _recipe_record(s, run, recipe, load0, t0)
-
-
-def _convert(a, run: Path, sets: list[str]) -> None:
-    run_latte(
-        [
-            "convert",
-            "--config",
-            a.config,
-            f"--train.run_dir={run}",
-            f"--train.num_threads={a.threads}",
-            "--train.tensorboard=false",
-            *[f"--{s}" for s in sets],
-        ],
-        run.parent / f"{run.name}.log",
-        a.threads,
-    )
 
 
 def _recipe_record(s: dict, run: Path, recipe: str, load0: float, t0: float) -> dict:
@@ -180,26 +141,14 @@ CORPORA = ("plays", "essays")
 
 
 def held_out_documents(a, subject, corpus: str, n: int, max_context: int) -> list[tuple[str, torch.Tensor]]:
-    """n held-out documents of a corpus, tokenized, cut at max_context + 1
-    tokens plus the few that decode timing feeds after the last context.
-    plays: the longest held-out plays (latte.data.heldout.eval_plays; with
-    --quick the stand-in run's own validation documents). essays: the
-    held-out essays joined in n seeded orders (the needle's haystacks),
-    the longest document they make."""
-    if corpus == "plays":
-        if a.quick:
-            docs = split_corpus(subject.run.config)[1]
-        else:
-            docs = eval_plays()
-        texts = [(d.name, d.text) for d in sorted(docs, key=lambda d: -len(d.text))[:n]]
-    elif corpus == "essays":
-        essays = eval_essays()
-        texts = [(f"essays-order-{i}", haystack_text(essays, seed=i)) for i in range(n)]
-    else:
-        raise ValueError(f"--corpora: unknown corpus {corpus!r}; expected some of {CORPORA}")
+    """n held-out documents of a corpus (`latte eval --data`'s: the longest
+    held-out plays, with --quick the stand-in run's own validation
+    documents; the held-out essays joined in n seeded orders), tokenized
+    after the model's first token, cut at max_context + 1 tokens plus the
+    few that decode timing feeds after the last context."""
+    texts = documents(subject, "validation" if a.quick and corpus == "plays" else corpus, n)
     limit = max_context + 1 + DECODE_STEPS
-    bos = subject.bos  # the model's first token, counted in the context
-    return [(name, torch.tensor((bos + subject.tokenizer.encode(text))[:limit])) for name, text in texts]
+    return [(name, torch.tensor((subject.bos + subject.tokenizer.encode(text))[:limit])) for name, text in texts]
 
 
 def eval_stage(a, subject, sinks: int) -> list[dict]:
@@ -269,65 +218,3 @@ def _eval_cell(cell, subject, docs, contexts) -> dict:
 
 def nll_of(record: dict) -> torch.Tensor:
     return torch.tensor([float(x) for x in record["nll"].split(",")], dtype=torch.float64)
-
-
-# --------------------------------------------------------------------------- attention sinks
-
-SINKS = (0, 1, 4)  # first tokens kept visible next to the window
-
-
-def sinks_stage(a, subject) -> list[dict]:
-    """Per held-out play and number of sinks: the original's per-token loss
-    under the window mask (docs/conversion.md §6)."""
-    docs = dict(held_out_documents(a, subject, "plays", a.documents, a.sink_context))
-    cells = [
-        {"model": "swa-mask", "sinks": k, "document": name, "max_context": a.sink_context, **bos_cell(subject)}
-        for k in SINKS
-        for name in docs
-    ]
-
-    def cell_fn(cell):
-        model, load0 = subject.model, os.getloadavg()[0]
-        window = model.converted[0].window_size
-        res = original_window_nll(
-            model, docs[cell["document"]][: a.sink_context + 1], window=window, sinks=cell["sinks"]
-        )
-        return {
-            "window": window,
-            "tokens": int(res.nll.shape[0]),
-            "wall_s": round(res.wall_s, 1),
-            "load": round(load0, 2),
-            "nll": ",".join(f"{x:.5f}" for x in res.nll.tolist()),
-        }
-
-    sweep = Sweep(Path(a.runs) / "cells-sinks", cells, **checks(a, ("nll", "tokens", "wall_s", "load")))
-    sweep.run(cell_fn, desc="sinks")
-    return sweep.records()
-
-
-# --------------------------------------------------------------------------- sample
-
-
-def sample_stage(a, subject) -> dict:
-    cells = [{"sample": "long-context", "context": a.sample_context, "source": subject.identity}]
-    sweep = Sweep(Path(a.runs) / "cells-sample", cells, **checks(a, ("generated", "prompt_tokens")))
-    return sweep.run(lambda c: _sample_cell(c, a, subject), desc="sample")[0]
-
-
-@torch.no_grad()
-def _sample_cell(cell, a, subject) -> dict:
-    name, ids = held_out_documents(a, subject, "plays", 1, cell["context"] + 64)[0]
-    prompt = ids[: cell["context"]]
-    model = subject.model
-    t0 = time.perf_counter()
-    g = torch.Generator().manual_seed(0)
-    new = [int(t[0]) for t in model.stream(prompt[None], 60, temperature=0.7, top_k=50, generator=g)]
-    tok = subject.tokenizer
-    return {
-        "document": name,
-        "prompt_tokens": int(prompt.shape[0]),
-        "prompt_tail": tok.decode(prompt[-120:].tolist()),
-        "generated": tok.decode(new),
-        "reference": tok.decode(ids[cell["context"] : cell["context"] + 60].tolist()),
-        "wall_s": round(time.perf_counter() - t0, 1),
-    }

@@ -12,13 +12,15 @@ resumable sweep:
              converted, the sinks' ablations); decode ms/token and state
              bytes at each context -> NAME: perplexity by context and
              position bucket, PNG (stages.py, report.py, ppl_report.py)
-  sinks      the original under a sliding-window mask keeping the first 0,
-             1 or 4 tokens visible, to --sink-context tokens (in NAME)
-  sample     a continuation of a long held-out prompt (in NAME)
   tasks, needle, retrieval, fewshot
              `latte eval`'s suites of those names on the converted model,
              against the original and window + sinks -> NAME-STAGE
              (suites.py: the budget each option gives)
+
+Stages sinks (the original under a window mask keeping its first k tokens)
+and sample (a long continuation) are retired: no live result holds them, and
+what the first k tokens are worth is experiments/sinks's question
+(`git show b6f0b68:experiments/convert/stages.py`).
 
 The converted model (--converted: a `latte convert` run folder, one of its
 step-N folders or its model/ folder; by default the recipes stage's
@@ -61,19 +63,15 @@ from .stages import (
     eval_stage,
     recipes_stage,
     run_dir,
-    sample_stage,
-    sinks_stage,
 )
 from .suites import FEWSHOT_TASKS, RETRIEVAL_TASKS, SUITE_STAGES, check_tasks, suite_stage
 
-STAGES = ("recipes", "eval", "sinks", "sample", *SUITE_STAGES)
-DEFAULT_STAGES = STAGES[:6]  # retrieval and fewshot on request
+STAGES = ("recipes", "eval", *SUITE_STAGES)
+DEFAULT_STAGES = STAGES[:4]  # retrieval and fewshot on request
 # The defaults of the options --quick changes; an option given explicitly wins over either.
 FULL = {
     "contexts": ",".join(map(str, CONTEXTS)),
     "documents": DOCUMENTS,
-    "sample_context": 16384,
-    "sink_context": 4096,
     "threads": 2,
     "needle_contexts": ",".join(map(str, NEEDLE_CONTEXTS)),
     "task_examples": TASK_EXAMPLES,
@@ -85,8 +83,6 @@ FULL = {
 QUICK = {
     "contexts": "64,128",
     "documents": 2,
-    "sample_context": 64,
-    "sink_context": 64,
     "threads": 1,
     "needle_contexts": "96,160",
     "task_examples": 4,
@@ -98,7 +94,7 @@ QUICK = {
 
 
 def _add_context_args(p: argparse.ArgumentParser) -> None:
-    """How far and how much of the held-out text the eval, sinks and sample stages read."""
+    """How far and how much of the held-out text the eval stage reads."""
     p.add_argument(
         "--contexts",
         default=None,
@@ -119,13 +115,6 @@ def _add_context_args(p: argparse.ArgumentParser) -> None:
         type=int_at_least(0),
         default=FULL_DOCUMENTS,
         help="documents the other models read to --max-context (0 = all); the others stop at 8K",
-    )
-    p.add_argument("--sample-context", type=int_at_least(1), default=None, help="prompt tokens of the sample (16384)")
-    p.add_argument(
-        "--sink-context",
-        type=int_at_least(2),
-        default=None,
-        help="tokens per document of the sinks stage (quadratic mask; 4096)",
     )
     p.add_argument("--corpora", default="plays,essays", help="held-out corpora of the eval stage")
 
@@ -148,7 +137,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--task-examples", type=int_at_least(0), default=None, help=f"examples per task (0 = all; {TASK_EXAMPLES})"
     )
-    p.add_argument("--needle-contexts", default=None, help=f"tokens ({FULL['needle_contexts']})")
+    needle = checked(int_list(64, distinct=False))
+    p.add_argument("--needle-contexts", default=None, type=needle, help=f"tokens ({FULL['needle_contexts']})")
     p.add_argument("--needle-trials", type=int_at_least(1), default=NEEDLE_TRIALS, help="prompts per (context, depth)")
     p.add_argument("--retrieval-tasks", default=",".join(RETRIEVAL_TASKS), help="tasks of the retrieval stage")
     p.add_argument("--retrieval-contexts", default=None, type=checked(int_list(64)), help="retrieval contexts")
@@ -225,15 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     a.inputs = {"base": experiment_base(a)}  # every cell records the original's sha256 (cells.py)
     recipe_rows = recipes_stage(a) if "recipes" in stages else None
     model = Path(a.converted or run_dir(a, DEFAULT_RECIPE))
-    subject, k = None, None
-    if set(stages) & {"eval", "sinks", "sample"}:
+    subject, rows = None, None
+    if "eval" in stages:
         subject = open_subject(model)
         a.inputs["converted"] = check_same_base(a, subject)
-        k = sinks_of(subject, a.sinks)
-    rows = eval_stage(a, subject, k) if "eval" in stages else None
-    sinks = sinks_stage(a, subject) if "sinks" in stages else None
-    sample = sample_stage(a, subject) if "sample" in stages else None
-    report(a, argv, started, recipe_rows, rows, sample, sinks, subject)
+        rows = eval_stage(a, subject, sinks_of(subject, a.sinks))
+    report(a, argv, started, recipe_rows, rows, subject)
     for stage in (s for s in SUITE_STAGES if s in stages):
         suite_stage(a, argv, stage, model)
     return 0
@@ -298,15 +285,10 @@ def check_args(a: argparse.Namespace) -> list[str]:
     a.retrieval_tasks = check_tasks(a.retrieval_tasks, RETRIEVAL_TASKS, "--retrieval-tasks")
     a.fewshot_tasks = check_tasks(a.fewshot_tasks, FEWSHOT_TASKS, "--fewshot-tasks")
     a.retrieval_contexts = sorted({int(x) for x in a.retrieval_contexts.split(",")})
+    a.needle_contexts = sorted({int(x) for x in a.needle_contexts.split(",")})
     a.corpora = [c for c in a.corpora.split(",") if c]
     if not a.corpora or set(a.corpora) - set(CORPORA):
         raise ValueError(f"--corpora {','.join(a.corpora)!r}: expected a comma-separated subset of plays,essays")
-    try:
-        a.needle_contexts = sorted({int(x) for x in a.needle_contexts.split(",") if x.strip()})
-    except ValueError:
-        raise ValueError(f"--needle-contexts {a.needle_contexts!r}: expected comma-separated integers") from None
-    if not a.needle_contexts or a.needle_contexts[0] < 64:
-        raise ValueError(f"--needle-contexts {a.needle_contexts}: expected integers >= 64")
     return a.stages.split(",")
 
 

@@ -38,10 +38,11 @@ from pathlib import Path
 
 import torch
 
-from experiments.common.cells import INPUTS, digest_or_missing, finished_summary, set_aside_changed_run
-from experiments.common.results import Sweep, claim_results, claim_work, provenance, run_latte, write_results
+from experiments.common.cells import INPUTS, digest_or_missing
+from experiments.common.results import Sweep, claim_results, claim_work, convert_run, provenance, write_results
 from experiments.convert.stages import TASK_EXAMPLES, checks
 from experiments.convert.study import experiment_base, quick_setup
+from latte.arguments import int_at_least
 from latte.data import eval_essays, eval_plays, load_documents, split_documents
 from latte.eval import Request, evaluate, open_subject
 from latte.train import run_wall_time, step_dirs
@@ -61,7 +62,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--mixes", default=",".join(MIXES), help="data.source of each pilot, comma-separated")
     p.add_argument("--config", default="convert/pilot-smollm2", help="latte convert config of every pilot")
     p.add_argument("--set", action="append", default=[], help="extra override for every pilot (section.field=value)")
-    p.add_argument("--pilot-steps", type=_positive, default=24, help="optimizer steps of every pilot")
+    p.add_argument("--pilot-steps", type=int_at_least(1), default=24, help="optimizer steps of every pilot")
     p.add_argument(
         "--no-baselines",
         action="store_true",
@@ -69,7 +70,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--curve-run", default=None, help="run folder whose checkpoints the curve stage scores")
     p.add_argument(
-        "--curve-every", type=_positive, default=1, help="score every Nth kept checkpoint (and always the last)"
+        "--curve-every", type=int_at_least(1), default=1, help="score every Nth kept checkpoint (and always the last)"
     )
     p.add_argument(
         "--curve-tasks-runs",
@@ -83,24 +84,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="comma-separated steps of the checkpoints the curve scores whose tasks are scored too, besides "
         "the untrained model and the last checkpoint (always)",
     )
-    p.add_argument("--eval-len", type=_positive, default=1024)
-    p.add_argument("--eval-windows", type=_positive, default=1, help="windows per held-out document")
+    p.add_argument("--eval-len", type=int_at_least(1), default=1024)
+    p.add_argument("--eval-windows", type=int_at_least(1), default=1, help="windows per held-out document")
     p.add_argument("--runs", default="runs/convert-data")
     p.add_argument("--out", default="results/convert-data")
-    p.add_argument("--threads", type=_positive, default=1)
+    p.add_argument("--threads", type=int_at_least(1), default=1)
     p.add_argument("--readme", default=None)
     p.add_argument("--quick", action="store_true", help="a tiny stand-in model and corpus, seconds")
     return p.parse_args(argv)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,15 +217,7 @@ def _pilot_cell(cell: dict, a, first_mix: str) -> dict:
         return {**_score(_run_dir(a, first_mix), a, which), "load_start": round(load0, 2)}
     run = _run_dir(a, cell["mix"])
     sets = [f"data.source={cell['mix']}", f"train.steps={cell['steps']}", "train.time_budget_minutes=null", *a.set]
-    set_aside_changed_run(run, a.config, sets)  # never resumed under another configuration (cells.py)
-    if finished_summary(run, cell["steps"]) is None:  # a finished run whose cell a kill lost is read, not rerun
-        args = [f"--train.run_dir={run}", f"--train.num_threads={a.threads}", "--train.tensorboard=false"]
-        run_latte(
-            ["convert", "--config", a.config, *args, *[f"--{s}" for s in sets]],
-            run.parent / f"{run.name}.log",
-            a.threads,
-        )
-    s = json.loads((run / "summary.json").read_text())
+    s = convert_run(a.config, run, sets, a.threads)
     return {
         **_score(run, a),
         "val_ppl": s["val_ppl"],

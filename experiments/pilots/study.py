@@ -306,16 +306,8 @@ def curve(rows: list[dict], cells: list[dict]) -> list[dict]:
             for m in BASELINES:
                 g = pooled_gap([c for c in cells if c.get("baselines") == group and c["model"] == m])
                 if g is not None:
-                    out.append(
-                        {
-                            "recipe": f"none ({m})",
-                            "baselines": group,
-                            "train_tokens": 0,
-                            "model": m,
-                            "task": "pooled",
-                            **g,
-                        }
-                    )
+                    floor = {"recipe": f"none ({m})", "baselines": group, "train_tokens": 0, "model": m}
+                    out.append({**floor, "task": "pooled", **g})
     return out
 
 

@@ -43,7 +43,7 @@ _EXPORTS = {
         "latte.eval.needle",
     ),
     **dict.fromkeys("FORMATS Reader SharedPrefix answer_prompt length_summary".split(), "latte.eval.retrieval"),
-    **dict.fromkeys("RETRIEVAL_TASKS ZERO_SHOT_TASKS".split(), "latte.eval.suites"),
+    **dict.fromkeys("RETRIEVAL_TASKS ZERO_SHOT_TASKS documents".split(), "latte.eval.suites"),
     **dict.fromkeys("GEN_TASKS MC_TASKS MMLU gen_examples mc_examples score_example".split(), "latte.eval.fewshot"),
     **dict.fromkeys("SEED pooled score_tasks subsample task_sizes write_task_dir".split(), "latte.eval.tasks"),
     "per_head": "latte.eval.latents",

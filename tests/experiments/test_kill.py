@@ -113,12 +113,9 @@ def converted(tmp_path_factory) -> Path:
     return runs
 
 
-# each stage cut to a few cells: the kill points are the same code for every
-# cell. sinks and sample are published with the eval stage's results only.
-EVAL = ["--corpora", "plays", "--documents", "1", "--models", "original,converted"]
+# each stage cut to a few cells: the kill points are the same code for every cell.
 STAGES = {
-    "sinks": ["--stages", "eval,sinks", *EVAL],
-    "sample": ["--stages", "eval,sample", *EVAL],
+    "eval": ["--stages", "eval", "--corpora", "plays", "--documents", "1", "--models", "original,converted"],
     "tasks": ["--stages", "tasks", "--tasks", "arc_easy", "--task-examples", "2", "--models", "original,converted"],
     "needle": ["--stages", "needle", "--needle-contexts", "96", "--models", "original,converted"],
     "retrieval": [

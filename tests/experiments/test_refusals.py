@@ -227,7 +227,7 @@ def test_quick_keeps_options_given_explicitly():
     from experiments.sinks import study as convert_sinks
 
     a = convert.parse_args(["--quick", "--contexts", "32,96", "--documents", "3", "--threads", "2"])
-    assert (a.contexts, a.documents, a.threads, a.sample_context) == ("32,96", 3, 2, 64)
+    assert (a.contexts, a.documents, a.threads, a.needle_contexts) == ("32,96", 3, 2, "96,160")
     assert convert.parse_args([]).contexts == ",".join(map(str, convert.CONTEXTS))
     s = convert_sinks.parse_args(["--quick", "--sinks", "0,1", "--window", "16"])
     assert (s.sinks, s.window, s.contexts) == ("0,1", 16, "32,64")
