@@ -11,7 +11,6 @@ reused. Trial i reads the essays in order i; the planted numbers come from
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 from pathlib import Path
@@ -124,7 +123,8 @@ def _likelihood(far: list[dict]) -> dict:
 
 
 def retrieval_records(cells: list[dict]) -> list[dict]:
-    """One record per (task, model, context): found and recall beyond the window."""
+    """One record per (task, model, context): found / prompts beyond the
+    window, and what the state holds about the asked value (_likelihood)."""
     out = []
     order = sorted(
         {(c["task"], c["model"], c["context"]) for c in cells},
@@ -134,24 +134,10 @@ def retrieval_records(cells: list[dict]) -> list[dict]:
         cs = [c for c in cells if (c["task"], c["model"], c["context"]) == (t, m, ctx)]
         far = beyond(cs)
         k, n = sum(c["correct"] for c in far), len(far)
-        out.append(
-            {
-                "task": t,
-                "model": m,
-                "context": ctx,
-                "format": cs[0]["format"],
-                "trials": len(cs),
-                "beyond_window": n,
-                "found_beyond": k,
-                "accuracy": k / n if n else float("nan"),
-                "accuracy_stderr": math.sqrt(k / n * (1 - k / n) / n) if n else float("nan"),
-                "recall": sum(c["recall"] for c in far) / n if n else float("nan"),
-                **_likelihood(far),
-                "wall_s": round(sum(c["wall_s"] for c in cs), 1),
-                "max_load": max(c["load"] for c in cs),
-                **({"sinks": cs[0]["sinks"]} if "sinks" in cs[0] else {}),
-            }
-        )
+        r = {"model": m, "task": t, "context": ctx, "format": cs[0]["format"], "trials": len(cs)}
+        r.update(beyond_window=n, found_beyond=k, accuracy=k / n if n else float("nan"))
+        r.update(wall_s=round(sum(c["wall_s"] for c in cs), 1), eval_max_load=max(c["load"] for c in cs))
+        out.append({**r, **_likelihood(far)})
     return out
 
 

@@ -207,20 +207,11 @@ def gather(rows: list[dict], cells: list[dict]) -> list[dict]:
     for group in dict.fromkeys(c["baselines"] for c in cells if "baselines" in c):
         base = [c for c in cells if c.get("baselines") == group]
         for r in retrieval_records(base):
-            out.append({"recipe": f"none ({r['model']})", "baselines": group, "train_tokens": 0, **_cell(r)})
+            out.append({"recipe": f"none ({r['model']})", "baselines": group, "train_tokens": 0, **r})
     for row in rows:
         own = [c for c in cells if c.get("recipe") == row["recipe"]]
-        out += [{**row, **_cell(r)} for r in retrieval_records(own)]
+        out += [{**row, **r} for r in retrieval_records(own)]
     return out
-
-
-def _cell(r: dict) -> dict:
-    keep = ("model", "task", "context", "format", "trials", "beyond_window", "found_beyond", "accuracy", "wall_s")
-    return {k: r[k] for k in keep} | {"eval_max_load": r["max_load"]} | _nll(r)
-
-
-def _nll(r: dict) -> dict:
-    return {k: r[k] for k in ("answer_nll", "decoy_nll", "nll_gap", "answer_likelier") if k in r}
 
 
 def _hits(recs: list[dict], task: str, context: int) -> str:
