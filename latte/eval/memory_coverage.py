@@ -155,8 +155,10 @@ def slots_summary(groups) -> tuple[list[dict], str]:
     """(records, markdown) of `latte eval`'s slots cells. `groups`: per
     model, (the fields naming it in records, its label, its cells). One
     record per (model, task, context): the prompt summaries (coverage_summary
-    of each cell's heads) averaged (None where no prompt has the value), and
-    whether the held sets agreed with the ranks in every prompt."""
+    of each cell's heads) averaged (None where no prompt has the value),
+    whether the held sets agreed with the ranks in every prompt, and the
+    share of the digits held per layer (`digits_held_by_layer`, averaged
+    over the prompts; the table: its means over each half of the layers)."""
     records, rows = [], []
     for fields, name, cells in groups:
         for task, context in dict.fromkeys((c["task"], c["context"]) for c in cells):
@@ -166,18 +168,39 @@ def slots_summary(groups) -> tuple[list[dict], str]:
                 xs = [s[f] for s in cs if s[f] is not None]
                 r[f] = statistics.mean(xs) if xs else None
             r["agrees"] = all(s["agrees"] for s in cs)
+            r["digits_held_by_layer"] = _by_layer([c for c in cells if (c["task"], c["context"]) == (task, context)])
             records.append(r)
-            rows.append([name, task, f"{context:,}", str(len(cs))] + [_pct(r[f]) for f in SUMMARY_FIELDS])
+            half = _halves(r["digits_held_by_layer"])
+            rows.append([name, task, f"{context:,}", str(len(cs))] + [_pct(r[f]) for f in SUMMARY_FIELDS] + half)
     head = ["model", "task", "context", "prompts", "needle held %", "digits held %", "heads with every digit %"]
     head += ["best needle rank %", "median needle rank %", "slots for the whole needle %"]
+    head += ["digits held %, first half of the layers", "second half"]
     note = (
         "Memory slots after one prefill of each prompt (docs/math.md §4.2): the share of the needle's tokens beyond "
         "the window, and of its digit tokens, that the slots hold when the answer's first token is read, averaged "
         "over layers, key/value heads and prompts; a needle token's rank under the rule's score among every token "
         "beyond the window, as a % of them (0: the first; median over heads of the best and the median needle "
-        "token), and the share of those tokens the slots would need to hold the whole needle (median over heads)."
+        "token), and the share of those tokens the slots would need to hold the whole needle (median over heads); "
+        "the digits held in the first and the second half of the layers (per layer in results.json)."
     )
     return records, note + "\n\n" + md_table(head, rows)
+
+
+def _by_layer(cells: list[dict]) -> list:
+    """The share of the digits held per layer, averaged over the cells
+    (None for a layer where no cell has one beyond the window)."""
+    out = []
+    for shares in zip(*(c["digits_held_per_layer"] for c in cells)):
+        xs = [x for x in shares if x is not None]
+        out.append(statistics.mean(xs) if xs else None)
+    return out
+
+
+def _halves(by_layer: list) -> list[str]:
+    """by_layer's mean over the first and the second half of the layers, as %."""
+    n = len(by_layer) // 2
+    parts = [[x for x in by_layer[:n] if x is not None], [x for x in by_layer[n:] if x is not None]]
+    return [_pct(statistics.mean(p)) if p else "-" for p in parts]
 
 
 def _pct(x) -> str:

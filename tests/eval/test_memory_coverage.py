@@ -102,6 +102,20 @@ def test_summary_over_heads():
     )  # median of 0.5, 1 (a needle token no candidate), 0.06
 
 
+def test_slots_summary_averages_prompts_and_splits_the_layers():
+    def cell(held, per_layer):
+        heads = [{"candidates": 10, "needle": 2, "held_needle": held, "digits": 1, "held_digits": 1, "ranks": [0, 9]}]
+        return {"task": "passkey", "context": 1024, "heads": [{**h, "agrees": True} for h in heads], **per_layer}
+
+    a = cell(2, {"digits_held_per_layer": [0.0, 0.5, 1.0, None]})
+    b = cell(1, {"digits_held_per_layer": [0.5, None, 0.0, 1.0]})
+    records, table = C.slots_summary([({"model": "m"}, "m [x]", [a, b])])
+    (r,) = records
+    assert r["prompts"] == 2 and r["needle_held"] == pytest.approx(0.75) and r["whole_needle"] == 1.0
+    assert r["digits_held_by_layer"] == [0.25, 0.5, 0.5, 1.0]
+    assert "| m [x] | passkey | 1,024 | 2 | 75.0 | 100.0 | 100.0 | 0.0 | 45.0 | 100.0 | 37.5 | 75.0 |" in table
+
+
 def test_a_model_without_slots_is_refused(prompt):
     with pytest.raises(ValueError, match="memory_slots = 0"):
         C.slot_coverage(trained_like("llama"), prompt.ids, prompt.marks)
