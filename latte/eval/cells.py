@@ -52,10 +52,18 @@ NOT_PROTOCOL = (
 NOT_RECORDED = "<not recorded>"
 
 
+MAX_KEY = 224  # a cell file's name, with ".json" and atomic_write's temporary suffix, stays within 255 bytes
+
+
 def cell_key(cell: dict) -> str:
-    """A stable file-name-safe key for a cell: its items in a fixed order."""
+    """A stable file-name-safe key for a cell: its items in a fixed order;
+    past MAX_KEY characters (long --set overrides), its head and the sha256
+    of the whole, so the file name stays within what file systems take."""
     parts = [f"{k}={cell[k]}" for k in sorted(cell)]
-    return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", ",".join(parts))
+    key = re.sub(r"[^A-Za-z0-9_.=,-]+", "_", ",".join(parts))
+    if len(key) <= MAX_KEY:
+        return key
+    return key[: MAX_KEY - 17] + "~" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def protocol_sets(sets) -> str:

@@ -397,3 +397,18 @@ def test_a_missing_optional_package_exits_2_with_its_pip_line(converted):
     )
     assert proc.returncode == 2, proc.stderr
     assert "needs the package 'transformers': pip install 'latte[convert]'" in proc.stderr
+
+
+def test_long_cell_keys_stay_within_a_file_name():
+    """A cell whose key would pass MAX_KEY (long --set overrides) is named by
+    its head and the sha256 of the whole: stable, distinct, writable; short
+    keys keep their names, so earlier cells stay readable."""
+    from latte.eval.cells import MAX_KEY, cell_key
+
+    short = {"model": "converted", "context": 1024}
+    assert cell_key(short) == "context=1024,model=converted"
+    long_a = {"model": "converted [" + "x" * 300 + "]", "set": "model.memory_slots=64"}
+    long_b = dict(long_a, set="model.memory_slots=32")
+    ka, kb = cell_key(long_a), cell_key(long_b)
+    assert len(ka) == MAX_KEY and ka == cell_key(dict(long_a)) and ka != kb
+    assert ka[: MAX_KEY - 17] == kb[: MAX_KEY - 17]  # told apart by the digest alone
