@@ -381,12 +381,7 @@ def _mass_run(ctx, evaluated):
     contexts = req.lengths or DOCUMENT_LENGTHS
     tasks = _asked(req, RETRIEVAL_TASKS, "mass")
     measured = [e for e in evaluated if e.mode != "original"]
-    keys = [(t, c, d, i) for t in tasks for c in contexts for d in RETRIEVAL_DEPTHS for i in range(req.trials)]
-    cells = [
-        {**e.cell(), "task": t, "format": RETRIEVAL_FORMAT, "context": c, "depth": d, "trial": i}
-        for t, c, d, i in keys
-        for e in measured
-    ]
+    cells = _prompt_cells(req, measured, tasks, contexts)
 
     def cell_fn(cell: dict) -> dict:
         e, load0, t0 = model_of(measured, cell), os.getloadavg()[0], time.perf_counter()
@@ -399,6 +394,17 @@ def _mass_run(ctx, evaluated):
     options = {"depths": list(RETRIEVAL_DEPTHS), "trials": req.trials, "bos": len(base.bos)}
     done = ctx.sweep("mass", cells, options, fields=("layers",)).run(cell_fn, desc="mass")
     return mass_summary(_groups(measured, done))
+
+
+def _prompt_cells(req, measured: list, tasks, contexts) -> list[dict]:
+    """One cell per retrieval prompt (task, context, depth, trial) and measured
+    model, in the retrieval suite's format: the cells of `mass` and `slots`."""
+    keys = [(t, c, d, i) for t in tasks for c in contexts for d in RETRIEVAL_DEPTHS for i in range(req.trials)]
+    return [
+        {**e.cell(), "task": t, "format": RETRIEVAL_FORMAT, "context": c, "depth": d, "trial": i}
+        for t, c, d, i in keys
+        for e in measured
+    ]
 
 
 # --------------------------------------------------------------------------- slots
@@ -428,12 +434,7 @@ def _slots_run(ctx, evaluated):
         raise ValueError(
             "--suite slots: no compared model keeps memory slots (give --set NAME:model.memory_slots=M,...)"
         )
-    keys = [(t, c, d, i) for t in tasks for c in contexts for d in RETRIEVAL_DEPTHS for i in range(req.trials)]
-    cells = [
-        {**e.cell(), "task": t, "format": RETRIEVAL_FORMAT, "context": c, "depth": d, "trial": i}
-        for t, c, d, i in keys
-        for e in measured
-    ]
+    cells = _prompt_cells(req, measured, tasks, contexts)
 
     def cell_fn(cell: dict) -> dict:
         e, load0, t0 = model_of(measured, cell), os.getloadavg()[0], time.perf_counter()
