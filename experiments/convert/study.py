@@ -20,7 +20,7 @@ resumable sweep:
 Stages sinks (the original under a window mask keeping its first k tokens)
 and sample (a long continuation) are retired: no live result holds them, and
 what the first k tokens are worth is experiments/sinks's question
-(`git show b6f0b68:experiments/convert/stages.py`).
+(`git show 77f872f:experiments/convert/stages.py`).
 
 The converted model (--converted: a `latte convert` run folder, one of its
 step-N folders or its model/ folder; by default the recipes stage's
