@@ -111,17 +111,9 @@ def test_suite_mass(tmp_path, capsys):
     without memory and above 0 with the oracle; the original is not
     measured; a second command reuses the cells."""
     from latte.cli import main
-    from latte.data import load_documents, train_bpe
-    from latte.models.pretrained import transformers_tokenizer
-    from tests.eval.test_runner import CONVERT
-    from tests.helpers import tiny_llama
+    from tests.eval.test_runner import convert_tiny_llama
 
-    tok = train_bpe((d.text for d in load_documents("pydoc")[:40]), vocab_size=300)
-    tiny_llama(300, 512).save_pretrained(tmp_path / "base")
-    transformers_tokenizer(tok).save_pretrained(tmp_path / "base")
-    run = tmp_path / "run"
-    args = [f"--base.path={tmp_path / 'base'}", f"--train.run_dir={run}", f"--data.cache_dir={tmp_path / 'cache'}"]
-    assert main(["convert", *CONVERT, *args]) == 0
+    run = convert_tiny_llama(tmp_path)
     out = tmp_path / "eval"
     cmd = ["eval", str(run), "--suite", "mass", "--tasks", "passkey", "--lengths", "256", "--threads", "1"]
     cmd += ["--against", "original", "--out", str(out)]

@@ -127,17 +127,9 @@ def test_suite_slots(tmp_path):
     every needle token, a random rule fewer; a model without any set is
     refused with exit 2."""
     from latte.cli import main
-    from latte.data import load_documents, train_bpe
-    from latte.models.pretrained import transformers_tokenizer
-    from tests.eval.test_runner import CONVERT
-    from tests.helpers import tiny_llama
+    from tests.eval.test_runner import convert_tiny_llama
 
-    tok = train_bpe((d.text for d in load_documents("pydoc")[:40]), vocab_size=300)
-    tiny_llama(300, 512).save_pretrained(tmp_path / "base")
-    transformers_tokenizer(tok).save_pretrained(tmp_path / "base")
-    run = tmp_path / "run"
-    args = [f"--base.path={tmp_path / 'base'}", f"--train.run_dir={run}", f"--data.cache_dir={tmp_path / 'cache'}"]
-    assert main(["convert", *CONVERT, *args]) == 0
+    run = convert_tiny_llama(tmp_path)
     out = tmp_path / "eval"
     cmd = ["eval", str(run), "--suite", "slots", "--tasks", "passkey", "--lengths", "256", "--threads", "1"]
     assert main([*cmd, "--out", str(tmp_path / "none")]) == 2

@@ -43,21 +43,26 @@ CONVERT = [
 PPL = ["--suite", "ppl", "--lengths", "32,64", "--data", "pydoc", "--threads", "1"]
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    """(base HF folder, converted run, its export) of a tiny random Llama
+def convert_tiny_llama(root):
+    """ROOT/run: `latte convert` (CONVERT) of a tiny random Llama in ROOT/base
     whose tokenizer is a 300-token BPE of Python's help text."""
-
     from latte.data import load_documents, train_bpe
     from latte.models.pretrained import transformers_tokenizer
 
-    root = tmp_path_factory.mktemp("eval-runner")
     tok = train_bpe((d.text for d in load_documents("pydoc")[:40]), vocab_size=300)
     tiny_llama(300, 512).save_pretrained(root / "base")
     transformers_tokenizer(tok).save_pretrained(root / "base")
-    run, exported = root / "run", root / "exported"
+    run = root / "run"
     args = [f"--base.path={root / 'base'}", f"--train.run_dir={run}", f"--data.cache_dir={root / 'cache'}"]
     assert main(["convert", *CONVERT, *args]) == 0
+    return run
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """(base HF folder, converted run, its export): convert_tiny_llama."""
+    root = tmp_path_factory.mktemp("eval-runner")
+    run, exported = convert_tiny_llama(root), root / "exported"
     assert main(["export", str(run), str(exported)]) == 0
     return root / "base", run, exported
 
