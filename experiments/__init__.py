@@ -21,7 +21,6 @@ MODULES: dict[str, str] = {
     "lra": "experiments.lra.study",
     "convert": "experiments.convert.study",
     "convert-sinks": "experiments.sinks.study",
-    "convert-data": "experiments.data.study",
     "convert-recipes-v3": "experiments.pilots.study",
 }
 EXPERIMENTS: tuple[str, ...] = tuple(MODULES)
@@ -32,13 +31,11 @@ COMMANDS: dict[str, str] = {
     "lra": "experiments.lra",
     "convert": "experiments.convert",
     "convert-sinks": "experiments.sinks",
-    "convert-data": "experiments.data",
     "convert-recipes-v3": "experiments.pilots",
 }
 # the modules that ran a study before it moved to a folder of its own, as
 # results/*/run.json records them -> its name (experiments/README.md, "Moved")
 MOVED: dict[str, str] = {
     "experiments.convert.convert_sinks": "convert-sinks",
-    "experiments.convert.convert_data": "convert-data",
     "experiments.convert.convert_recipes_v3": "convert-recipes-v3",
 }

@@ -57,7 +57,6 @@ STUDIES = {
     "lra": "experiments.lra",
     "convert": "experiments.convert",
     "convert-sinks": "experiments.sinks",
-    "convert-data": "experiments.data",
     "convert-recipes-v3": "experiments.pilots",
 }
 

@@ -198,7 +198,7 @@ def test_experiments_and_benchmarks_depend_on_latte_one_way():
                 "experiments": ("experiments.common", "experiments.COMMANDS", "experiments.MOVED"),
                 "benchmarks": (),
             }[folder]
-            if own in ("experiments.data", "experiments.pilots"):
+            if own == "experiments.pilots":
                 allowed += ("experiments.convert",)
             if module.startswith("experiments.gpu_suite"):
                 allowed += ("experiments", "benchmarks")

@@ -1,5 +1,5 @@
 """The one reuse rule of every sweep (docs/reliability.md §8): mqar,
-lm-variants, lra, convert and its stages, convert-data, convert-sinks,
+lm-variants, lra, convert and its stages, convert-sinks,
 convert-recipes-v3 (the retrieval stage's cells, per pilot), the
 GPU suite's stages (experiments/gpu_suite/runner.py) and any future one.
 The rule itself (cells, protocols, inputs' sha256, field rules, `Sweep`) is

@@ -163,28 +163,6 @@ def test_a_convert_stage_killed_at_every_write_publishes_the_uninterrupted_resul
 
 @pytest.mark.slow
 @needs_data
-def test_convert_data_curve_killed_at_every_write_publishes_the_uninterrupted_results(converted, tmp_path):
-    """convert-data's curve over the checkpoints of a converted run."""
-    from experiments.data import study as CD
-
-    run_dir = converted / "recipes" / "end_to_end+lora8"
-
-    def argv(name: str) -> list[str]:
-        where = ["--runs", str(tmp_path / name / "runs"), "--out", str(tmp_path / name / "out")]
-        return ["--quick", "--stages", "curve", "--curve-run", str(run_dir), *where]
-
-    assert CD.main(argv("ref")) == 0
-    reference = published(tmp_path / "ref")
-    assert reference and all(reference.values())
-    with pytest.MonkeyPatch.context() as m:
-        kills = kill_at_every_write(m, tmp_path / "run", lambda: CD.main(argv("run")))
-    assert kills >= 1 + 4  # the curve's cells; the results folder's marker and 3 files
-    assert published(tmp_path / "run") == reference
-    no_temp_files_published(tmp_path / "run" / "out")
-
-
-@pytest.mark.slow
-@needs_data
 def test_convert_sinks_killed_at_every_write_publishes_the_uninterrupted_results(tmp_path):
     from experiments.sinks import study as CS
 

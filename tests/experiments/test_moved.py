@@ -64,7 +64,6 @@ def test_each_conversion_study_runs_as_python_m_and_refuses_bad_input_with_exit_
     bad = {
         "experiments.convert": ["--stages", "nope"],
         "experiments.sinks": ["--sinks", "x"],
-        "experiments.data": ["--stages", "nope"],
         "experiments.pilots": ["--threads", "0", "runs/none"],
     }
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

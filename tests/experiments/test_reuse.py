@@ -494,60 +494,6 @@ def test_lra_sweep_killed_at_any_point_gives_the_uninterrupted_results(tmp_path,
 CONVERT_TIMES = ("eval_wall_s", "train_wall_s", "cell_wall_s", "load_start", "load_end")
 
 
-def _convert_results(path: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in CONVERT_TIMES} for r in json.loads(path.read_text())]
-
-
-@pytest.mark.slow
-def test_convert_data_sweep_killed_at_any_point_gives_the_uninterrupted_results(tmp_path, monkeypatch):
-    """convert-data's pilot: its `latte convert` process killed with SIGKILL
-    right after the step-1 checkpoint (LATTE_FAULTS); then, in process, a
-    kill after the pilot's run ended but before its cell file was written,
-    and one halfway through a cell file's write and before the report. The
-    same command then publishes the results of an uninterrupted run."""
-    from experiments.data import study as CD
-
-    def argv(name: str) -> list[str]:
-        return ["--quick", "--runs", str(tmp_path / name / "runs"), "--out", str(tmp_path / name / "out")]
-
-    tiny = ["--set", "train.save_every=1"]
-    assert CD.main([*argv("ref"), *tiny]) == 0
-    reference = _convert_results(tmp_path / "ref" / "out" / "results.json")
-    runs, out = tmp_path / "run" / "runs", tmp_path / "run" / "out"
-    monkeypatch.setenv("LATTE_FAULTS", "kill_after_save=1")
-    with pytest.raises(RuntimeError, match="exited -9"):
-        CD.main([*argv("run"), *tiny])
-    monkeypatch.delenv("LATTE_FAULTS")
-    pilot = runs / "pilots" / "pydoc"
-    assert (pilot / "step-00000001").is_dir() and not (pilot / "step-00000002").exists()
-    assert not list((runs / "cells-pilots").rglob("*.json")) and not out.exists()
-    real = CD._pilot_cell
-
-    def dies_after_the_pilot(cell, *args, **kwargs):
-        record = real(cell, *args, **kwargs)
-        if not cell["mix"].startswith("none"):
-            raise _Killed  # the run ended and was scored, its cell file is never written
-        return record
-
-    monkeypatch.setattr(CD, "_pilot_cell", dies_after_the_pilot)
-    with pytest.raises(_Killed):
-        CD.main([*argv("run"), *tiny])
-    monkeypatch.setattr(CD, "_pilot_cell", real)
-    cells = runs / "cells-pilots" / "cells"
-    summary = (pilot / "summary.json").read_text()
-    assert not list(cells.glob("*.json")) and json.loads(summary)["step"] == 2
-    cells.mkdir(parents=True, exist_ok=True)
-    (cells / ".half-written.json.tmp-4242").write_text('{"stage": "pilot", "essays_p')  # a cut write
-    monkeypatch.setattr(CD, "write_results", lambda *a, **k: (_ for _ in ()).throw(_Killed()))
-    with pytest.raises(_Killed):
-        CD.main([*argv("run"), *tiny])
-    monkeypatch.undo()
-    assert len(list(cells.glob("*.json"))) == 3 and not (out / "results.json").exists()
-    assert (pilot / "summary.json").read_text() == summary  # the finished run was read, not trained again
-    assert CD.main([*argv("run"), *tiny]) == 0
-    assert _convert_results(out / "results.json") == reference
-
-
 CONVERT_MEASURED = (*CONVERT_TIMES, "wall_s", "max_load", "decode_ms_per_token")
 
 
