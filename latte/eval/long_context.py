@@ -210,8 +210,28 @@ def perplexity_summary(groups, contexts) -> tuple[list[dict], str]:
     for fields, name, cells in groups:
         nlls = [torch.tensor([float(x) for x in c["nll"].split(",")], dtype=torch.float64) for c in cells]
         for r in perplexities(nlls, contexts=contexts):
-            records.append({**fields, **r})
+            records.append({**fields, **r, **decode_cost(cells, r["context"])})
             rows.append([name, f"{r['context']:,}", str(r["documents"]), f"{r['tokens']:,}"])
             rows[-1] += [f"{r['ppl']:.2f}", f"{r['bucket_ppl']:.2f}"]
     head = ["model", "context", "documents", "tokens", "ppl (first C tokens)", "ppl of [C/2, C)"]
+    if any("state_bytes" in r for r in records):  # a converted model's evaluation: what decoding costs
+        head += ["decode ms/token", "state MB"]
+        for row, r in zip(rows, records):
+            row += (
+                [f"{r['decode_ms_per_token']:.1f}", f"{r['state_bytes'] / 2**20:.2f}"]
+                if "state_bytes" in r
+                else ["-"] * 2
+            )
     return records, md_table(head, rows)
+
+
+def decode_cost(cells: list[dict], context: int) -> dict:
+    """decode_ms_per_token (the median over the cells) and state_bytes
+    (the decoding state's size) at `context`, from the cells' fields
+    ms_per_token_C and state_bytes_C; {} where no cell timed it (cells
+    written before the ppl suite timed decoding are read as they are)."""
+    timed = [c for c in cells if f"ms_per_token_{context}" in c]
+    if not timed:
+        return {}
+    ms = statistics.median(c[f"ms_per_token_{context}"] for c in timed)
+    return {"decode_ms_per_token": round(ms, 2), "state_bytes": int(timed[0][f"state_bytes_{context}"])}

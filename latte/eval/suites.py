@@ -5,7 +5,8 @@ compared models as resumable cells, its records and its table.
     ppl        perplexity: a native run on its validation split at lengths or
                multiples of its training length, by position bucket
                (perplexity.py: extrapolation); any other model per token over
-               held-out documents, at each context length (long_context.py)
+               held-out documents, at each context length (long_context.py),
+               with a converted model's decode ms/token and state bytes
     tasks      zero-shot tasks through lm-evaluation-harness (tasks.py)
     fewshot    5-shot multiple choice and generative tasks (fewshot.py)
     needle     pass-key retrieval in the held-out essays (needle.py)
@@ -39,7 +40,7 @@ from latte.eval.fewshot import (
 )
 from latte.eval.generation import hf_view
 from latte.eval.latents import latent_utilisation, latents_summary, plot_latents
-from latte.eval.long_context import converted_nll, original_nll, perplexity_summary
+from latte.eval.long_context import converted_nll, original_decode, original_nll, perplexity_summary
 from latte.eval.mass import mass_summary, prompt_shares
 from latte.eval.memory_coverage import prompt_coverage, slots_summary
 from latte.eval.needle import (
@@ -81,6 +82,7 @@ ZERO_SHOT_TASKS = (
     "mmlu",
 )
 DATA = ("validation", "plays", "essays")  # named corpora of --data; any other value is a data.source
+DECODE_STEPS = 9  # decode steps timed after each length by the ppl suite of a converted model (one warm-up)
 
 
 @dataclass
@@ -188,19 +190,22 @@ def _native_ppl(ctx, evaluated):
 
 def _document_ppl(ctx, evaluated):
     """Per-token loss of every model over each document, read to the
-    longest length; perplexity over the first C tokens at each length C."""
+    longest length; perplexity over the first C tokens at each length C.
+    A converted model and the models compared with it also record what
+    decoding one token after C tokens costs (document_decode)."""
     req, base = ctx.req, ctx.base
     lengths = req.lengths or DOCUMENT_LENGTHS
     data = req.data or _default_data(base)
+    timed = base.kind == "converted"  # the tokens after the longest length feed the timed decode steps
     docs = {name: base.bos + base.tokenizer.encode(text) for name, text in documents(base, data, req.documents)}
-    docs = {name: torch.tensor(ids[: max(lengths) + 1]) for name, ids in docs.items()}
+    docs = {name: torch.tensor(ids[: max(lengths) + 1 + DECODE_STEPS * timed]) for name, ids in docs.items()}
     cells = [{**e.cell(), "document": name, "max_context": max(lengths)} for e in evaluated for name in docs]
     options = {"data": data, "documents": req.documents, "bos": len(base.bos)}
 
     def cell_fn(cell: dict) -> dict:
-        e = model_of(evaluated, cell)
-        nll = document_nll(e, docs[cell["document"]])
-        return {"tokens": int(nll.shape[0]), "nll": ",".join(f"{x:.5f}" for x in nll.tolist())}
+        e, ids = model_of(evaluated, cell), docs[cell["document"]]
+        nll, decode = document_decode(e, ids, lengths) if timed else (document_nll(e, ids), {})
+        return {"tokens": int(nll.shape[0]), "nll": ",".join(f"{x:.5f}" for x in nll.tolist()), **decode}
 
     done = ctx.sweep("ppl", cells, options, fields=("nll",)).run(cell_fn, desc="ppl")
     records, table = perplexity_summary(_groups(evaluated, done), lengths)
@@ -240,6 +245,29 @@ def document_nll(e, ids: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.cross_entropy(logits[0].double(), ids[1:], reduction="none")
     with e.use() as model:
         return converted_nll(model, ids, contexts=()).nll
+
+
+@torch.no_grad()
+def document_decode(e, ids: torch.Tensor, lengths) -> tuple[torch.Tensor, dict]:
+    """(document_nll over ids[: max(lengths) + 1], the cost of decoding one
+    token after each length C) of a converted model or a model compared
+    with it: fields ms_per_token_C (the median of DECODE_STEPS - 1 timed
+    steps) and state_bytes_C (the decoding state: the original's KV cache
+    of C random keys and values, long_context.original_decode; the others'
+    constant-size cache after reading the document to C, converted_nll)."""
+    longest = max(lengths)
+    if e.mode == "original":
+        nll = original_nll(e.subject.model, ids[: longest + 1]).nll
+        costs = {c: original_decode(e.subject.model, c, steps=DECODE_STEPS) for c in lengths}
+    else:
+        with e.use() as model:
+            res = converted_nll(model, ids, contexts=lengths, decode_steps=DECODE_STEPS)
+        nll, costs = res.nll[:longest], res.decode
+    fields = {}
+    for c, cost in costs.items():
+        fields[f"ms_per_token_{c}"] = round(cost["ms_per_token"], 2)
+        fields[f"state_bytes_{c}"] = int(cost["state_bytes"])
+    return nll, fields
 
 
 # --------------------------------------------------------------------------- needle

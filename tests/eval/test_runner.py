@@ -163,6 +163,45 @@ def test_cells_written_by_the_laboratory_before_the_move_are_reused(tmp_path):
     assert again == [{"model": "converted", "document": "a", "ppl": 3.5}]
 
 
+def test_ppl_of_a_converted_model_records_the_decode_cost_long_context_measures(converted, tmp_path, capsys):
+    """Per model and length, the ppl suite of a converted run records decode
+    ms/token and the decoding state's bytes, as the long-context metrics
+    measure them for the same model: the original's float32 KV cache of C
+    tokens, the window and converted models' constant-size cache after C
+    tokens. Cells written before the suite timed decoding are reused as
+    they are, their lengths without a cost."""
+    from latte.eval import as_model, converted_nll, open_subject, original_decode, sinks_of
+
+    _, run, _ = converted
+    out = tmp_path / "ev"
+    assert main(["eval", str(run), *PPL, "--against", "original,window", "--out", str(out)]) == 0
+    recs = {(r["model"], r["context"]): r for r in _results(out)["records"]}
+    assert set(recs) == {(m, c) for m in ("converted", "original", "window") for c in (32, 64)}
+    assert all(r["decode_ms_per_token"] > 0 for r in recs.values())
+    subject = open_subject(run)
+    cfg, ids = (
+        subject.model.base.config,
+        torch.randint(0, 300, (64 + 1 + 9,), generator=torch.Generator().manual_seed(0)),
+    )
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    for c in (32, 64):
+        kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * c * head_dim * 4
+        assert recs["original", c]["state_bytes"] == kv == original_decode(subject.model, c)["state_bytes"]
+    for name, mode, sinks in (("converted", "converted", 0), ("window", "window+sinks", sinks_of(subject, None))):
+        with as_model(subject, mode, sinks) as model:
+            direct = converted_nll(model, ids, contexts=(32, 64), decode_steps=9).decode
+        assert [recs[name, c]["state_bytes"] for c in (32, 64)] == [int(direct[c]["state_bytes"])] * 2
+    assert "| decode ms/token | state MB |" in (out / "results.md").read_text()
+    for path in (out / "cells-ppl" / "cells").glob("*.json"):  # as the suite wrote them before it timed decoding
+        cell = json.loads(path.read_text())
+        path.write_text(json.dumps({k: v for k, v in cell.items() if not k.startswith(("ms_per", "state_"))}))
+    capsys.readouterr()
+    assert main(["eval", str(run), *PPL, "--against", "original,window", "--out", str(out)]) == 0
+    assert "6 of 6 cells already done" in capsys.readouterr().err
+    again = {(r["model"], r["context"]): r for r in _results(out)["records"]}
+    assert all("state_bytes" not in r and r["ppl"] == recs[k]["ppl"] for k, r in again.items())
+
+
 def test_an_override_set_is_a_subject_of_its_own(converted, tmp_path):
     _, run, _ = converted
     out = tmp_path / "sets"
