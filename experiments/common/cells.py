@@ -114,10 +114,11 @@ def set_aside_changed_run(run_dir: str | Path, config: str, sets: Iterable[str])
         return None
     if saved.is_file():
         # optional at import: the GPU suite reads cells before yaml exists
-        from latte.train import flatten, load_yaml
+        from latte.train import build_run_config, flatten, load_yaml, to_dict
 
-        try:
-            then = {k: v for k, v in flatten(load_yaml(saved)).items() if k not in NOT_PROTOCOL}
+        try:  # built as the trainer reads it, so older keys map to today's (model.num_latents)
+            built = to_dict(build_run_config(load_yaml(saved), where=str(saved)))
+            then = {k: v for k, v in flatten(built).items() if k not in NOT_PROTOCOL}
         except ValueError:
             then = {}
         diff = protocol_difference(then, resolved_config(config, sets)) or run_input_changes(run_dir, config, sets)

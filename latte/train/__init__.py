@@ -27,7 +27,7 @@ from latte._lazy import lazy_getattr
 # imported on first use. The laboratory imports these names from
 # `latte.train`, never the modules themselves (tests/test_lab_imports.py).
 _EXPORTS = {
-    **dict.fromkeys(("load_run_config", "task_class"), "latte.train.task"),
+    **dict.fromkeys(("build_run_config", "load_run_config", "task_class"), "latte.train.task"),
     "train": "latte.train.loop",
     "open_run": "latte.train.runs",
     "find_latest_checkpoint": "latte.train.checkpoint",

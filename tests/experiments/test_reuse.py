@@ -592,3 +592,25 @@ def test_a_suite_record_with_a_bad_wall_time_is_refused_naming_the_file(tmp_path
     err = _err(capsys)
     assert str(tmp_path / "suite.json") in err and "field 'wall_s'" in err
     assert (tmp_path / "suite.json").read_text() == text and not (tmp_path / "README.md").exists()
+
+
+def test_a_run_saved_with_the_deprecated_num_latents_is_the_same_run_not_set_aside(tmp_path):
+    """A config.yaml written before `latents_per_head` (model.num_latents,
+    the total over heads) is read as the trainer reads it: the same run,
+    resumed; a different total is still another run."""
+    import warnings
+
+    import yaml
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_yaml(load_run_config("tiny", ["--train.num_threads=2"]), run / "config.yaml")
+    data = yaml.safe_load((run / "config.yaml").read_text())
+    per_head = data["model"].pop("latents_per_head")
+    data["model"]["num_latents"] = per_head * data["model"]["num_heads"]
+    (run / "config.yaml").write_text(yaml.safe_dump(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        assert C.set_aside_changed_run(run, "tiny", []) is None and (run / "config.yaml").is_file()
+        moved = C.set_aside_changed_run(run, "tiny", [f"model.latents_per_head={per_head * 2}"])
+    assert moved is not None and not run.exists()
