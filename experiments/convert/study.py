@@ -1,35 +1,34 @@
-"""`python -m experiments.convert`: SmolLM2-135M converted into Latte-Macchiato,
-up-trained with each objective, and evaluated at long context against the
-original (docs/evaluation.md §7, docs/conversion.md). Each stage is a
-resumable sweep:
+"""`python -m experiments.convert`: a model converted into Latte-Macchiato
+by `latte convert` (by default the shipped SmolLM2-135M run,
+runs/convert-smollm2: --converted), evaluated against the original and its
+window + sinks twin (docs/evaluation.md §7, docs/conversion.md). Each stage
+is a suite of `latte eval` run with the study's budget (suites.py) into its
+own results folder, resumable cell by cell there:
 
-  recipes    python -m latte convert --distill.objective=... (one run per
-             recipe, the same steps and data) -> NAME-recipes: validation
-             perplexity at the training length, tokens, wall time
-  eval       per-token loss over held-out plays and essays up to the largest
-             --contexts for the compared models (--models, of
-             latte/eval/subjects.py: original, window, window + sinks,
-             converted, the sinks' ablations); decode ms/token and state
-             bytes at each context -> NAME: perplexity by context and
-             position bucket, PNG (stages.py, report.py, ppl_report.py)
+  eval       the ppl suite: per-token loss over --documents held-out
+             documents of --data up to the largest --contexts; perplexity by
+             context and position bucket, decode ms/token and the decoding
+             state's bytes at each context -> NAME
   tasks, needle, retrieval, fewshot
-             `latte eval`'s suites of those names on the converted model,
-             against the original and window + sinks -> NAME-STAGE
-             (suites.py: the budget each option gives)
+             the suites of those names -> NAME-STAGE
 
-Stages sinks (the original under a window mask keeping its first k tokens)
-and sample (a long continuation) are retired: no live result holds them, and
-what the first k tokens are worth is experiments/sinks's question
-(`git show 77f872f:experiments/convert/stages.py`).
+Retired, with no live result: the recipes stage (one `latte convert` run per
+up-training recipe; results/convert-recipes is in results/archive.md) and
+the eval stage's own code (per-corpus tables and statements, its plot, the
+window without sinks and the sinks' ablations, the original reading fewer
+documents to the longest context): `git show 0862f81:experiments/convert/`
+holds them; the stages sinks and sample `git show
+77f872f:experiments/convert/stages.py`. The published folders that code
+wrote say so in results/README.md.
 
-The converted model (--converted: a `latte convert` run folder, one of its
-step-N folders or its model/ folder; by default the recipes stage's
-default-recipe run) must record the experiment's original as its base.
-A killed sweep continues where it stopped.
+--converted (a `latte convert` run folder, one of its step-N folders or its
+model/ folder) must record the experiment's original (the base of --config
+with --set) as its base. --quick converts a tiny stand-in model in --runs
+itself (2 steps) and evaluates it.
 
     python -m experiments.convert --quick                 # tiny stand-in model, seconds (the test)
-    python -m experiments.convert --readme results/README.md   # what produced results/convert*
-    python -m experiments.convert --stages eval,tasks,needle --converted RUN   # evaluate another run
+    python -m experiments.convert --readme results/README.md   # the shipped run: eval, tasks, needle
+    python -m experiments.convert --stages eval --data essays --name convert/essays   # another corpus
 """
 
 from __future__ import annotations
@@ -37,41 +36,27 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from experiments.common.cells import input_digest
-from experiments.common.results import check_readme, claim_results, claim_work
+from experiments.common.results import claim_work, convert_run
 from latte.arguments import checked, int_at_least, int_list, name_list
 from latte.data import load_documents, train_bpe
-from latte.eval import DEFAULT_MODELS, MODELS, check_models, open_subject, sinks_of
+from latte.eval import check_models, open_subject
 from latte.train import load_run_config
 
-from .report import report
-from .stages import (
-    CONTEXTS,
-    CORPORA,
-    DEFAULT_RECIPE,
-    DOCUMENTS,
-    FULL_DOCUMENTS,
-    NEEDLE_CONTEXTS,
-    NEEDLE_TRIALS,
-    RECIPES,
-    TASK_EXAMPLES,
-    eval_stage,
-    recipes_stage,
-    run_dir,
-)
-from .suites import FEWSHOT_TASKS, RETRIEVAL_TASKS, SUITE_STAGES, check_tasks, suite_stage
+from .stages import CONTEXTS, DOCUMENTS, NEEDLE_CONTEXTS, NEEDLE_TRIALS, TASK_EXAMPLES
+from .suites import FEWSHOT_TASKS, RETRIEVAL_TASKS, STAGES, check_tasks, suite_stage
 
-STAGES = ("recipes", "eval", *SUITE_STAGES)
-DEFAULT_STAGES = STAGES[:4]  # retrieval and fewshot on request
+DEFAULT_STAGES = STAGES[:3]  # retrieval and fewshot on request
+DEFAULT_CONVERTED = "runs/convert-smollm2"  # the shipped run: latte convert --config convert/smollm2
 # The defaults of the options --quick changes; an option given explicitly wins over either.
 FULL = {
     "contexts": ",".join(map(str, CONTEXTS)),
     "documents": DOCUMENTS,
+    "data": "plays",
     "threads": 2,
     "needle_contexts": ",".join(map(str, NEEDLE_CONTEXTS)),
     "task_examples": TASK_EXAMPLES,
@@ -83,6 +68,7 @@ FULL = {
 QUICK = {
     "contexts": "64,128",
     "documents": 2,
+    "data": "validation",
     "threads": 1,
     "needle_contexts": "96,160",
     "task_examples": 4,
@@ -93,46 +79,23 @@ QUICK = {
 }
 
 
-def _add_context_args(p: argparse.ArgumentParser) -> None:
-    """How far and how much of the held-out text the eval stage reads."""
-    p.add_argument(
-        "--contexts",
-        default=None,
-        type=checked(int_list(low=2)),
-        help=f"contexts (tokens) reported; the largest is how far the documents are read (default {FULL['contexts']})",
-    )
-    p.add_argument(
-        "--documents", type=int_at_least(1), default=None, help=f"held-out documents per corpus ({DOCUMENTS})"
-    )
-    p.add_argument(
-        "--original-full-documents",
-        type=int_at_least(0),
-        default=1,
-        help="documents the original reads to --max-context (quadratic); the others stop at 8K",
-    )
-    p.add_argument(
-        "--full-documents",
-        type=int_at_least(0),
-        default=FULL_DOCUMENTS,
-        help="documents the other models read to --max-context (0 = all); the others stop at 8K",
-    )
-    p.add_argument("--corpora", default="plays,essays", help="held-out corpora of the eval stage")
-
-
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    """The models compared, and the budget of each `latte eval` suite (suites.py)."""
+def _add_budget_args(p: argparse.ArgumentParser) -> None:
+    """The models compared, and the budget of each stage (suites.py)."""
     p.add_argument(
         "--converted",
         default=None,
         help="the converted model evaluated: a latte convert run (its newest checkpoint), one of its "
-        "step-N folders or a model folder",
+        f"step-N folders or a model folder (default {DEFAULT_CONVERTED}; --quick: its stand-in)",
     )
     p.add_argument(
-        "--models", default=",".join(DEFAULT_MODELS), help=f"models compared by the stages, of {','.join(MODELS)}"
+        "--models",
+        default="original,window+sinks,converted",
+        help="models compared: converted, and original and window+sinks (latte eval --against)",
     )
-    p.add_argument(
-        "--sinks", type=int_at_least(0), default=None, help="k of window+sinks (default: the model's own, else 4)"
-    )
+    ints = checked(int_list(low=2))
+    p.add_argument("--contexts", default=None, type=ints, help=f"eval stage, tokens ({FULL['contexts']})")
+    p.add_argument("--documents", type=int_at_least(1), default=None, help=f"eval stage ({DOCUMENTS})")
+    p.add_argument("--data", default=None, help="eval stage: latte eval --data (plays; --quick: validation)")
     p.add_argument("--tasks", default=None, help="zero-shot tasks of the tasks stage (latte eval's)")
     p.add_argument(
         "--task-examples", type=int_at_least(0), default=None, help=f"examples per task (0 = all; {TASK_EXAMPLES})"
@@ -165,22 +128,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=checked(name_list(STAGES)),
         help=f"comma-separated, of {', '.join(STAGES)}",
     )
-    p.add_argument(
-        "--recipes", default=",".join(RECIPES), type=checked(name_list(RECIPES)), help=f"of {', '.join(RECIPES)}"
-    )
-    p.add_argument("--config", default="convert/smollm2", help="latte convert config for every recipe run")
-    p.add_argument("--set", action="append", default=[], help="extra override for every run (section.field=value)")
-    p.add_argument("--runs", default="runs/convert-experiment", help="folder of the training runs and sweep cells")
+    p.add_argument("--config", default="convert/smollm2", help="latte convert config naming the original")
+    p.add_argument("--set", action="append", default=[], help="extra override of --config (section.field=value)")
+    p.add_argument("--runs", default="runs/convert-experiment", help="folder of --quick's stand-in model")
     p.add_argument("--out", default="results", help="the results folders (--name) go here")
     p.add_argument(
         "--name",
         default="convert",
         type=results_name,
-        help="results folders NAME, NAME-recipes, NAME-STAGE and their README sections (another model's "
-        "results beside SmolLM2's: e.g. convert/gemma3-270m, section convert-gemma3-270m)",
+        help="results folders NAME, NAME-STAGE and their README sections (another model's results "
+        "beside SmolLM2's: e.g. convert/gemma3-270m, section convert-gemma3-270m)",
     )
-    _add_context_args(p)
-    _add_model_args(p)
+    _add_budget_args(p)
     p.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads (2)")
     p.add_argument("--readme", default=None, help="replace the sections of --name in this markdown file")
     p.add_argument(
@@ -200,28 +159,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
-    started = time.time()
     stages = check_args(a)
-    check_readme(a.readme, [a.section + x for s, x in (("recipes", "-recipes"), ("eval", "")) if s in stages])
     claim_work(a.runs, "convert", "--runs", create=True)  # before any work: the one write rule, as --out
     torch.set_num_threads(a.threads)
     if a.quick:
         quick_setup(a)
     check_sets(a)
-    for suffix in ("", "-recipes"):  # before any work: the one write rule (latte/guard.py)
-        claim_results(Path(a.out) / f"{a.name}{suffix}", "convert", create=False)
-    a.contexts = sorted(int(c) for c in a.contexts.split(","))
-    a.max_context = a.contexts[-1]
-    a.inputs = {"base": experiment_base(a)}  # every cell records the original's sha256 (cells.py)
-    recipe_rows = recipes_stage(a) if "recipes" in stages else None
-    model = Path(a.converted or run_dir(a, DEFAULT_RECIPE))
-    subject, rows = None, None
-    if "eval" in stages:
-        subject = open_subject(model)
-        a.inputs["converted"] = check_same_base(a, subject)
-        rows = eval_stage(a, subject, sinks_of(subject, a.sinks))
-    report(a, argv, started, recipe_rows, rows, subject)
-    for stage in (s for s in SUITE_STAGES if s in stages):
+    a.inputs = {"base": experiment_base(a)}
+    model = Path(a.converted or (quick_converted(a) if a.quick else DEFAULT_CONVERTED))
+    check_same_base(a, open_subject(model))
+    for stage in stages:
         suite_stage(a, argv, stage, model)
     return 0
 
@@ -262,18 +209,15 @@ def check_same_base(a: argparse.Namespace, subject) -> str:
 
 
 def check_sets(a: argparse.Namespace) -> None:
-    """Every --set is a valid override of --config with each recipe's, before
-    any run (a bad one would otherwise fail inside a run, or never be read
-    when the cells are already done)."""
+    """Every --set is a valid override of --config, before any work."""
     bad = [s for s in a.set if "=" not in s or not s.partition("=")[0].strip()]
     if bad:
         raise ValueError(f"--set {bad[0]!r}: expected SECTION.FIELD=VALUE, e.g. train.steps=100")
-    for recipe in a.recipes.split(","):
-        try:
-            load_run_config(a.config, [f"--{s}" for s in (*RECIPES[recipe], *a.set)])
-        except ValueError as e:
-            given = f"--config {a.config}" + "".join(f" --set {s}" for s in a.user_set)
-            raise ValueError(f"{given}: not valid for recipe {recipe} ({e})") from None
+    try:
+        load_run_config(a.config, [f"--{s}" for s in a.set])
+    except ValueError as e:
+        given = f"--config {a.config}" + "".join(f" --set {s}" for s in a.user_set)
+        raise ValueError(f"{given}: not valid ({e})") from None
 
 
 def check_args(a: argparse.Namespace) -> list[str]:
@@ -284,12 +228,18 @@ def check_args(a: argparse.Namespace) -> list[str]:
     a.tasks = check_tasks(a.tasks or ",".join(ZERO_SHOT_TASKS))
     a.retrieval_tasks = check_tasks(a.retrieval_tasks, RETRIEVAL_TASKS, "--retrieval-tasks")
     a.fewshot_tasks = check_tasks(a.fewshot_tasks, FEWSHOT_TASKS, "--fewshot-tasks")
+    a.contexts = sorted({int(x) for x in a.contexts.split(",")})
     a.retrieval_contexts = sorted({int(x) for x in a.retrieval_contexts.split(",")})
     a.needle_contexts = sorted({int(x) for x in a.needle_contexts.split(",")})
-    a.corpora = [c for c in a.corpora.split(",") if c]
-    if not a.corpora or set(a.corpora) - set(CORPORA):
-        raise ValueError(f"--corpora {','.join(a.corpora)!r}: expected a comma-separated subset of plays,essays")
     return a.stages.split(",")
+
+
+def quick_converted(a: argparse.Namespace) -> Path:
+    """--quick's converted model: quick_setup's stand-in base converted by
+    `latte convert` in RUNS/quick-run (2 steps), once; a finished run is read."""
+    run = Path(a.runs) / "quick-run"
+    convert_run(a.config, run, a.set, a.threads)
+    return run
 
 
 def quick_setup(a: argparse.Namespace) -> None:

@@ -1,15 +1,17 @@
-"""Stages tasks, needle, retrieval and fewshot of `python -m experiments.convert`:
-`latte eval`'s suites of the same names (latte/eval/suites.py, each one's
-cells, records and table beside its metric) on the converted model, against
-the original and the window + sinks model (`--against original,window`),
-into results/NAME-STAGE as `latte eval --out` writes a folder (results.json
-with the provenance and records, results.md). The study gives each suite its
-budget: the lengths, tasks, examples and trials of its options.
+"""The stages of `python -m experiments.convert`: `latte eval`'s suites
+(latte/eval/suites.py, each one's cells, records and table beside its
+metric) on the converted model, against the original and the window + sinks
+model (`--against original,window`), into results/NAME (the eval stage: the
+ppl suite) or results/NAME-STAGE as `latte eval --out` writes a folder
+(results.json with the provenance and records, results.md). The study gives
+each suite its budget: the lengths, data, tasks, examples and trials of its
+options.
 
 Before issue 58 the study ran these evaluations with code of its own; the
-published results folders it wrote then (results/convert-smollm2-tasks,
--retrieval, -long-retrieval, -fewshot) record that command, which runs at
-the commit their results/README.md note names.
+published results folders it wrote then (results/convert, convert/gemma3-270m,
+convert-smollm2 and its -tasks, -retrieval, -long-retrieval, -fewshot)
+record that command, which runs at the commit their results/README.md note
+names.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from experiments.common.results import readme_body
 from latte.eval import ZERO_SHOT_TASKS, Request, evaluate
 from latte.reporting import update_readme
 
-SUITE_STAGES = ("tasks", "needle", "retrieval", "fewshot")
+STAGES = ("eval", "tasks", "needle", "retrieval", "fewshot")
+SUITE = {"eval": "ppl"}  # a stage -> the suite it runs (the others: the suite of its name)
 AGAINST = {"original": "original", "window+sinks": "window"}  # --models -> latte eval --against
 FEWSHOT_TASKS = ("mmlu", "arc_challenge", "csqa", "hellaswag", "coqa", "naturalqs_open")
 RETRIEVAL_TASKS = ("passkey", "multikey", "multivalue")
@@ -37,6 +40,8 @@ def check_tasks(text: str, known=ZERO_SHOT_TASKS, flag: str = "--tasks") -> list
 
 def budget(a, stage: str) -> dict:
     """The Request fields a stage's options give: lengths, tasks, examples, trials."""
+    if stage == "eval":
+        return {"lengths": tuple(a.contexts), "data": a.data, "documents": a.documents}
     if stage == "tasks":
         return {"tasks": tuple(a.tasks), "examples": a.task_examples}
     if stage == "needle":
@@ -47,21 +52,21 @@ def budget(a, stage: str) -> dict:
 
 
 def suite_stage(a, argv: list[str], stage: str, model: Path) -> Path:
-    """`latte eval MODEL --suite STAGE --against ...` into OUT/NAME-STAGE,
-    resumable cell by cell there; its README section replaced (--readme).
-    The converted model is always evaluated; --models adds the original and
-    window + sinks (the other models of latte/eval/subjects.py are the eval
-    stage's)."""
+    """`latte eval MODEL --suite SUITE --against ...` into OUT/NAME (the eval
+    stage) or OUT/NAME-STAGE, resumable cell by cell there; its README
+    section replaced (--readme). The converted model is always evaluated;
+    --models adds the original and window + sinks."""
     left = [m for m in a.models if m not in (*AGAINST, "converted")]
     if left:
         note = f"latte eval compares the converted model with {', '.join(AGAINST)}"
         print(f"{stage}: --models {','.join(left)} left out ({note})", file=sys.stderr)
-    name = f"{a.section}-{stage}"
+    suffix = "" if stage == "eval" else f"-{stage}"
+    name = a.section + suffix
     req = Request(
         model=str(model),
-        suites=(stage,),
+        suites=(SUITE.get(stage, stage),),
         against=tuple(AGAINST[m] for m in a.models if m in AGAINST),
-        out=str(Path(a.out) / f"{a.name}-{stage}"),
+        out=str(Path(a.out) / f"{a.name}{suffix}"),
         command=shlex.join(["python", "-m", "experiments.convert", *argv]),
         **budget(a, stage),
     )

@@ -218,7 +218,7 @@ def perplexity_summary(groups, contexts) -> tuple[list[dict], str]:
         head += ["decode ms/token", "state MB"]
         for row, r in zip(rows, records):
             row += (
-                [f"{r['decode_ms_per_token']:.1f}", f"{r['state_bytes'] / 2**20:.2f}"]
+                [f"{r['decode_ms_per_token']:.1f}", f"{r['state_bytes'] / 2**20:.3g}"]
                 if "state_bytes" in r
                 else ["-"] * 2
             )

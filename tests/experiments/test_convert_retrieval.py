@@ -21,10 +21,10 @@ def test_quick_suite_stages_write_latte_eval_folders(tmp_path, monkeypatch, caps
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out, runs, readme = tmp_path / "out", tmp_path / "runs", tmp_path / "README.md"
-    names = ("convert-recipes", "convert-retrieval")  # the other suites' sections are left out: a note says so
+    names = ("convert-retrieval",)  # the other suites' sections are left out: a note says so
     readme.write_text("x\n" + "".join(f"<!-- results:{n}:start -->\n<!-- results:{n}:end -->\n" for n in names) + "y\n")
-    args = ["--quick", "--recipes", "end_to_end+lora8", "--runs", str(runs), "--out", str(out)]
-    stages = ["--stages", "recipes,tasks,needle,retrieval,fewshot", "--tasks", "arc_easy", "--task-examples", "2"]
+    args = ["--quick", "--models", "original,window,window+sinks,converted", "--runs", str(runs), "--out", str(out)]
+    stages = ["--stages", "tasks,needle,retrieval,fewshot", "--tasks", "arc_easy", "--task-examples", "2"]
     stages += ["--retrieval-tasks", "passkey,multikey", "--readme", str(readme)]
     assert main([*args, *stages]) == 0
     err = capsys.readouterr().err

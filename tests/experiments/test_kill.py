@@ -98,24 +98,24 @@ def no_temp_files_published(out: Path) -> None:
     assert not left, sorted(out.rglob("*"))
 
 
-# ---------------------------------------------------------------- the stages of `latte experiment convert`
+# ---------------------------------------------------------------- the stages of `python -m experiments.convert`
 
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory) -> Path:
-    """The recipes stage of `latte experiment convert --quick` once: the
-    default recipe's run every other stage evaluates."""
+    """`python -m experiments.convert --quick`'s stand-in model, converted
+    once (by a short eval stage): the run every stage evaluates."""
     from experiments.convert import study as CV
 
     runs = tmp_path_factory.mktemp("convert") / "runs"
-    argv = ["--quick", "--recipes", "end_to_end+lora8", "--stages", "recipes", "--runs", str(runs)]
+    argv = ["--quick", "--stages", "eval", "--documents", "1", "--contexts", "64", "--runs", str(runs)]
     assert CV.main([*argv, "--out", str(runs.parent / "out")]) == 0
     return runs
 
 
 # each stage cut to a few cells: the kill points are the same code for every cell.
 STAGES = {
-    "eval": ["--stages", "eval", "--corpora", "plays", "--documents", "1", "--models", "original,converted"],
+    "eval": ["--stages", "eval", "--documents", "1", "--models", "original,converted"],
     "tasks": ["--stages", "tasks", "--tasks", "arc_easy", "--task-examples", "2", "--models", "original,converted"],
     "needle": ["--stages", "needle", "--needle-contexts", "96", "--models", "original,converted"],
     "retrieval": [
@@ -148,15 +148,15 @@ def test_a_convert_stage_killed_at_every_write_publishes_the_uninterrupted_resul
         if not runs.exists():
             shutil.copytree(converted, runs)
         where = ["--runs", str(runs), "--out", str(tmp_path / name / "out")]
-        return ["--quick", "--recipes", "end_to_end+lora8", *STAGES[stage], *where]
+        return ["--quick", *STAGES[stage], *where]
 
     assert CV.main(argv("ref")) == 0
     reference = published(tmp_path / "ref")
     assert reference and all(reference.values())
     run = argv("run")
     kills = kill_at_every_write(monkeypatch, tmp_path / "run", lambda: CV.main(run))
-    sweeps = {p.parent.parent.name for p in (tmp_path / "ref" / "runs").glob("cells-*/cells/*.json")}
-    assert kills >= len(sweeps - {"cells-recipes"}) + 4  # each sweep's cells; a marker and 3 results files
+    sweeps = {p.parent.parent for p in (tmp_path / "ref" / "out").rglob("cells-*/cells/*.json")}
+    assert kills >= len(sweeps) + 3  # each sweep's cells; a marker and 2 results files
     assert published(tmp_path / "run") == reference
     no_temp_files_published(tmp_path / "run" / "out")
 

@@ -207,7 +207,7 @@ def test_a_readme_without_the_section_is_refused_before_any_work(tmp_path, capsy
         (["convert", "--documents", "0"], "argument --documents: expected an integer >= 1, got 0"),
         (["convert", "--threads", "0"], "argument --threads: expected an integer >= 1, got 0"),
         (["convert", "--stages", "eval,typo"], "argument --stages: unknown 'typo'"),
-        (["convert", "--recipes", "nope"], "argument --recipes: unknown 'nope'"),
+        (["convert", "--models", "nope"], "--models 'nope': expected a comma-separated subset of original,"),
         (["convert-sinks", "--sinks", "-1"], "argument --sinks: expected comma-separated integers >= 0"),
         (["convert-sinks", "--contexts", "abc"], "argument --contexts: expected comma-separated integers >= 2"),
         (["convert-sinks", "--window", "0"], "argument --window: expected an integer >= 1, got 0"),

@@ -499,38 +499,35 @@ CONVERT_MEASURED = (*CONVERT_TIMES, "wall_s", "max_load", "decode_ms_per_token")
 
 @pytest.mark.slow
 def test_convert_sweep_killed_at_any_point_gives_the_uninterrupted_results(tmp_path, monkeypatch):
-    """`latte experiment convert`, recipes and eval stages: the recipe's
+    """`python -m experiments.convert --quick --stages eval`: the stand-in's
     `latte convert` process killed with SIGKILL after its step-1 checkpoint;
-    then, in process, a kill inside the fourth eval cell, a cell file's write
+    then, in process, a kill inside the fourth ppl cell, a cell file's write
     cut halfway and a kill before the report. The same command then
-    publishes the results of an uninterrupted run, both folders."""
-    from experiments.convert import stages as CS
+    publishes the results of an uninterrupted run."""
     from experiments.convert import study as CV
+    from latte.eval import runner as R
+    from latte.eval import suites as S
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
     def argv(name: str) -> list[str]:
         where = ["--runs", str(tmp_path / name / "runs"), "--out", str(tmp_path / name / "out")]
-        return ["--quick", "--recipes", "end_to_end+lora8", "--stages", "recipes,eval", "--corpora", "plays", *where]
+        return ["--quick", "--stages", "eval", "--set", "train.save_every=1", *where]
 
-    def results(name: str) -> list[list[dict]]:
-        out = tmp_path / name / "out"
-        return [
-            [{k: v for k, v in r.items() if k not in CONVERT_MEASURED} for r in json.loads(p.read_text())]
-            for p in (out / "convert-recipes" / "results.json", out / "convert" / "results.json")
-        ]
+    def results(name: str) -> list[dict]:
+        records = json.loads((tmp_path / name / "out" / "convert" / "results.json").read_text())["records"]
+        return [{k: v for k, v in r.items() if k not in CONVERT_MEASURED} for r in records]
 
-    tiny = ["--set", "train.save_every=1"]
-    assert CV.main([*argv("ref"), *tiny]) == 0
+    assert CV.main(argv("ref")) == 0
     reference = results("ref")
-    runs, out = tmp_path / "run" / "runs", tmp_path / "run" / "out"
+    out = tmp_path / "run" / "out"
     monkeypatch.setenv("LATTE_FAULTS", "kill_after_save=1")
     with pytest.raises(RuntimeError, match="exited -9"):
-        CV.main([*argv("run"), *tiny])
+        CV.main(argv("run"))
     monkeypatch.delenv("LATTE_FAULTS")
-    assert not list(runs.glob("cells-*/cells/*.json")) and not out.exists()
-    real, calls = CS._eval_cell, []
+    assert not out.exists()
+    real, calls = S.document_decode, []
 
     def dies_in_the_fourth(*args, **kwargs):
         calls.append(1)
@@ -538,20 +535,19 @@ def test_convert_sweep_killed_at_any_point_gives_the_uninterrupted_results(tmp_p
             raise _Killed
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(CS, "_eval_cell", dies_in_the_fourth)
+    monkeypatch.setattr(S, "document_decode", dies_in_the_fourth)
     with pytest.raises(_Killed):
-        CV.main([*argv("run"), *tiny])
-    monkeypatch.setattr(CS, "_eval_cell", real)
-    eval_cells = runs / "cells-eval" / "cells"
-    assert len(list(eval_cells.glob("*.json"))) == 3 and len(list((runs / "cells-recipes").rglob("*.json"))) == 3
-    (eval_cells / ".half-written.json.tmp-4242").write_text('{"corpus": "plays", "nl')  # a cut write
-    report = CV.report
-    monkeypatch.setattr(CV, "report", lambda *a, **k: (_ for _ in ()).throw(_Killed()))
+        CV.main(argv("run"))
+    monkeypatch.setattr(S, "document_decode", real)
+    cells = out / "convert" / "cells-ppl" / "cells"
+    assert len(list(cells.glob("*.json"))) == 3
+    (cells / ".half-written.json.tmp-4242").write_text('{"document": "a", "nl')  # a cut write
+    monkeypatch.setattr(R, "write_report", lambda *a, **k: (_ for _ in ()).throw(_Killed()))
     with pytest.raises(_Killed):
-        CV.main([*argv("run"), *tiny])
-    monkeypatch.setattr(CV, "report", report)
+        CV.main(argv("run"))
+    monkeypatch.undo()
     assert not (out / "convert" / "results.json").exists()
-    assert CV.main([*argv("run"), *tiny]) == 0
+    assert CV.main(argv("run")) == 0
     assert results("run") == reference
 
 
