@@ -41,7 +41,8 @@ from latte.convert.distill import Distiller, calibrate_beta, freeze_base, record
 from latte.convert.io import NAMED_BASES, base_reference, load_base, resolve_base, used_files
 from latte.convert.window_drop import WindowDropDistiller
 from latte.data import load_tokenizer
-from latte.files import atomic_write
+from latte.files import atomic_write, sha256_file
+from latte.models.weights import read_weights
 from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint
 from latte.train.config import DataConfig, RunConfig
@@ -222,6 +223,48 @@ class ConversionTask(LanguageModelingTask):
 
     def checkpoint_files(self) -> dict[str, Path]:
         return {**super().checkpoint_files(), BASE_REFERENCE: self.run_dir / BASE_REFERENCE}
+
+    def check_init(self, folder: Path, checkpoint: Checkpoint | None) -> None:
+        """train.init_from must be a conversion of this run's base (the same
+        sha256 for every file loading reads): its trained tensors only make
+        sense beside the frozen weights they were trained with."""
+        super().check_init(folder, checkpoint)  # the tokenizer
+        where = f"train.init_from={self.cfg.train.init_from!r}"
+        if checkpoint is not None:
+            if not checkpoint.has(BASE_REFERENCE):
+                raise ValueError(f"{where}: {folder} records no {BASE_REFERENCE}: not a checkpoint of `latte convert`")
+            saved = json.loads(checkpoint.file(BASE_REFERENCE).read_text())
+        else:
+            saved = json.loads((folder / "config.json").read_text()).get("base_weights")
+            if saved is None:
+                raise ValueError(
+                    f"{where}: {folder} holds every tensor and no reference to its base (a self-contained "
+                    "export or not a conversion); give the run's step folder or its RUN_DIR/model export"
+                )
+        if saved["sha256"] != self.base_ref["sha256"]:
+            changed = sorted(
+                n
+                for n in saved["sha256"].keys() | self.base_ref["sha256"].keys()
+                if saved["sha256"].get(n) != self.base_ref["sha256"].get(n)
+            )
+            raise ValueError(
+                f"{where}: {folder} was converted from the base {saved['path']}, but base.path={self.cfg.base.path!r} "
+                f"is {self.base_ref['path']} (sha256 differs for {', '.join(changed)}); give the base it was "
+                "converted from"
+            )
+
+    def init_state(self, folder: Path) -> dict[str, torch.Tensor]:
+        """The new parameters of an exported converted folder (RUN_DIR/model,
+        or a portable `latte export`), checked against the sha256 its
+        config.json recorded, named as in a checkpoint."""
+        weights = folder / "model.safetensors"
+        digest = json.loads((folder / "config.json").read_text()).get("weights_sha256")
+        if digest is not None and (got := sha256_file(weights)) != digest:
+            raise ValueError(
+                f"train.init_from={self.cfg.train.init_from!r}: {weights} has sha256 {got}, not the {digest} "
+                "its config.json recorded: damaged or replaced"
+            )
+        return {f"model.{k}": v for k, v in read_weights(weights).items()}
 
     def input_files(self) -> dict[str, Path]:
         """The LM's inputs, plus the files loading the base reads and, with

@@ -144,6 +144,12 @@ class TrainConfig:
     run_dir whose step folders all fail verification), "never" (start over:
     earlier step folders and logs are moved aside to run_dir/abandoned/) or a
     checkpoint/run path (later steps of run_dir are moved aside: a branch).
+    init_from: a new run's starting weights (latte/train/init_from.py): a
+    step folder, a run folder (its newest verified step) or an exported
+    model folder, loaded strictly into the model this config builds, with
+    a fresh optimizer, schedule and data position; its weight files are
+    recorded inputs of the run (None = the task's own initialisation).
+    Read at a fresh start only: resuming never loads it again.
     checkpoint_format: "full" (one safetensors file, written by rank 0),
     "sharded" (torch.distributed.checkpoint, one file per rank; FSDP2 only) or
     "auto" (sharded under FSDP2, full otherwise).
@@ -177,6 +183,7 @@ class TrainConfig:
     max_consecutive_skips: int = 10
     run_dir: str = "runs/tiny"
     resume: str = "auto"
+    init_from: str | None = None
     log_every: int = 10
     sample_every: int = 0
     sample_tokens: int = 80
@@ -204,6 +211,12 @@ class TrainConfig:
         e.check(self.max_consecutive_skips >= 1, "max_consecutive_skips", self.max_consecutive_skips, ">= 1")
         e.check(bool(self.run_dir), "run_dir", self.run_dir, "a non-empty path")
         e.check(bool(self.resume), "resume", self.resume, "'auto', 'never' or a checkpoint path")
+        e.check(
+            self.init_from is None or (isinstance(self.init_from, str) and bool(self.init_from)),
+            "init_from",
+            self.init_from,
+            "null or a step, run or exported model folder",
+        )
         e.check(self.log_every >= 1, "log_every", self.log_every, ">= 1")
         e.check(self.sample_temperature >= 0, "sample_temperature", self.sample_temperature, ">= 0 (0 = greedy)")
         e.check(self.sample_top_k >= 0, "sample_top_k", self.sample_top_k, ">= 0 (0 = no top-k)")

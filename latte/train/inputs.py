@@ -37,6 +37,7 @@ log = logging.getLogger("latte.train")
 RECORD = "inputs.json"
 FORMAT = "latte-run-inputs"
 DERIVED = "cache:"
+INIT = "init_from:"  # train.init_from's weight files (latte/train/init_from.py): a fresh start reads them
 ACCEPT_FLAG = "--accept-changed-inputs (train.accept_changed_inputs=true)"
 
 

@@ -36,10 +36,12 @@ from latte.data import (
     unigram_perplexity,
 )
 from latte.data.corpus import source_files
+from latte.files import sha256_file
 from latte.models import IGNORE_INDEX, LatteForCausalLM, num_parameters
 from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint
 from latte.train.config import ARCHITECTURE_FIELDS, LMRunConfig
+from latte.train.init_from import init_files
 from latte.train.task import Batch, Task
 from latte.train.validation import nll_sums, packed_rows, subset, summarize
 
@@ -97,14 +99,28 @@ class LanguageModelingTask(Task):
     def architecture_fields(self) -> set[str]:
         return {f"model.{name}" for name in ARCHITECTURE_FIELDS} | {"data.tokenizer", "data.vocab_size"}
 
+    def check_init(self, folder: Path, checkpoint: Checkpoint | None) -> None:
+        """train.init_from's tokenizer (the file its checkpoint or export
+        holds, when it holds one) must be this run's, byte for byte: the
+        embedding rows it starts from are that tokenizer's ids."""
+        name = self.tokenizer_file.name
+        theirs = checkpoint.file(name) if checkpoint is not None and checkpoint.has(name) else folder / name
+        if theirs.is_file() and sha256_file(theirs) != sha256_file(self.tokenizer_file):
+            raise ValueError(
+                f"train.init_from={self.cfg.train.init_from!r}: {theirs} is not this run's tokenizer "
+                f"({self.tokenizer_file}, from data.tokenizer={self.cfg.data.tokenizer!r}): its embeddings would "
+                "read other tokens; give the tokenizer it was trained with as data.tokenizer"
+            )
+
     def input_files(self) -> dict[str, Path]:
-        """The corpus files, a tokenizer file (data.tokenizer a path) and,
-        once prepared, the packed token caches of both splits."""
+        """The corpus files, a tokenizer file (data.tokenizer a path), the
+        weight files of train.init_from and, once prepared, the packed token
+        caches of both splits."""
         files = {f"data.source:{p.resolve()}": p for p in source_files(self.cfg.data.source)}
         tok = tokenizer_path(self.cfg.data.tokenizer)
         if tok is not None:
             files["data.tokenizer"] = tok
-        return {**files, **getattr(self, "caches", {})}
+        return {**files, **init_files(self.cfg.train.init_from), **getattr(self, "caches", {})}
 
     # ------------------------------------------------------------------ training
 

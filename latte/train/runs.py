@@ -24,7 +24,7 @@ from latte.config_io import merge, parse_overrides
 from latte.train.checkpoint import Checkpoint, check_finite, check_state_against, load_checkpoint
 from latte.train.config import RunConfig
 from latte.train.distributed import DistEnv
-from latte.train.inputs import DERIVED, RECORD, InputsChanged, compare, read_record
+from latte.train.inputs import DERIVED, INIT, RECORD, InputsChanged, compare, read_record
 from latte.train.manifest import MANIFEST, MODEL, CheckpointError, step_dirs
 from latte.train.task import Task, build_run_config, task_class
 
@@ -95,8 +95,10 @@ def check_run_inputs(trained: TrainedRun, *, verify: bool = False) -> None:
             "inputs not recorded: %s predates records of a run's inputs; evaluating without checking them", run_dir
         )
         return
-    recorded = {k: v for k, v in record["inputs"].items() if not k.startswith(DERIVED)}
-    changes, _ = compare(recorded, trained.task.input_files(), verify=verify)
+    # neither the token caches nor train.init_from's weights are read by an evaluation
+    recorded = {k: v for k, v in record["inputs"].items() if not k.startswith((DERIVED, INIT))}
+    files = {k: v for k, v in trained.task.input_files().items() if not k.startswith(INIT)}
+    changes, _ = compare(recorded, files, verify=verify)
     if changes:
         lines = "\n  ".join(f"{name}: recorded {was}; now {now}" for name, (was, now) in changes.items())
         raise InputsChanged(

@@ -26,6 +26,7 @@ from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint, check_finite, check_state_against, load_checkpoint
 from latte.train.config import RunConfig, check_world_size
 from latte.train.faults import TrainerHooks, hooks_from_env
+from latte.train.init_from import init_files, load_init, resolve_init
 from latte.train.inputs import check_inputs
 from latte.train.metrics import NullLogger, RunLogger
 from latte.train.rng import restore_rng_state
@@ -89,6 +90,9 @@ def setup(cfg: RunConfig, env: D.DistEnv) -> Run:
 
 def _build(cfg: RunConfig, env: D.DistEnv, run_dir: Path, lock: RunLock | None, ckpt_path: Path | None) -> Run:
     ckpt = load_checkpoint(ckpt_path, verify="none") if ckpt_path else None  # rank 0 verified all files
+    init = cfg.train.init_from if ckpt is None else None  # a resumed run has its own weights
+    if init:  # first: a bad path fails before any data is read; a run folder's newest step, fixed now
+        init = cfg.train.init_from = str(resolve_init(init).resolve())
     task = task_class(cfg.task)(cfg, env)
     if ckpt is not None:
         _compare_configs(ckpt.config, cfg, ckpt.path, task, env)
@@ -103,6 +107,10 @@ def _build(cfg: RunConfig, env: D.DistEnv, run_dir: Path, lock: RunLock | None, 
     trainable = task.trainable_parameters(model)
     for name, p in model.named_parameters():
         p.requires_grad_(name in trainable)
+    if init:
+        folder = load_init(model, task, init)
+        if env.is_main:
+            log.info("train.init_from: the weights of %s", folder)
     no_decay = task.no_weight_decay(model)
     keys = task.checkpoint_keys(model)
     if ckpt is not None and ckpt.format == "full":
@@ -201,7 +209,7 @@ def _check_inputs(cfg: RunConfig, env: D.DistEnv, run_dir: Path, task: Task, ckp
     D.on_rank0(
         lambda: check_inputs(
             run_dir,
-            task.input_files(),
+            {**task.input_files(), **init_files(t.init_from)},
             resumed=ckpt.path if ckpt is not None else None,
             step=ckpt.step if ckpt is not None else 0,
             verify=t.verify_inputs,
@@ -268,7 +276,9 @@ def _restore_rng(ckpt: Checkpoint | None, cfg: RunConfig, env: D.DistEnv, step: 
 
 def _describe(run: Run, ckpt_path) -> str:
     c, env = run.cfg, run.env
+    init = c.train.init_from
     how = f"resuming from {ckpt_path} (step {run.progress.step})" if ckpt_path else "starting fresh"
+    how += f" from the weights of train.init_from={init}" if init and not ckpt_path else ""
     return (
         f"run {run.run_dir}: {how}; task {c.task}: {run.task.describe(run.weights.model)}; {env.world_size} rank(s) "
         f"({c.train.distributed if env.is_distributed else 'single process'}), {torch.get_num_threads()} "

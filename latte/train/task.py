@@ -56,6 +56,9 @@ Optional hooks, with their defaults:
                            checkpoint without training data (a tokenizer)
     input_files            the files the run reads, recorded and checked on
                            resume (train/inputs.py): none
+    check_init, init_state train.init_from (train/init_from.py): whether the
+                           weights it names fit this run (nothing checked), and
+                           the state of an exported model folder (refused)
     describe               one line about data and model at the start
 
 Evaluation runs on every rank: sum over ranks with `self.sum_over_ranks`.
@@ -208,6 +211,20 @@ class Task:
         resuming (train/inputs.py). Called before `prepare` too: it must
         not need the data."""
         return {}
+
+    def check_init(self, folder: Path, checkpoint: Checkpoint | None) -> None:
+        """Before train.init_from's weights are loaded (train/init_from.py):
+        a ValueError when the checkpoint (or, with `checkpoint` None, the
+        exported model folder) `folder` cannot start this run although its
+        tensors fit (e.g. a conversion of another base)."""
+
+    def init_state(self, folder: Path) -> dict[str, torch.Tensor]:
+        """The model state an exported model folder holds, named as the
+        checkpoint keys (train.init_from); the default refuses exports."""
+        raise ValueError(
+            f"train.init_from={str(folder)!r}: an exported model folder; task {self.name!r} starts only from a "
+            "checkpoint: give a step folder or a run folder"
+        )
 
     def describe(self, model: nn.Module) -> str:
         return f"task {self.name}"
