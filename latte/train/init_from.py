@@ -53,6 +53,28 @@ def resolve_init(value: str) -> Path:
     return found
 
 
+def check_resumed(saved: dict, value: str, where: Path) -> None:
+    """Resuming with init_from set: the run resumed (its checkpoint `where`
+    and saved config `saved`) must be one that started from the same
+    folder, else a ValueError; a forgotten train.run_dir would otherwise
+    resume (and write into) the run that init_from names, or another."""
+    then = (saved.get("train") or {}).get("init_from") if isinstance(saved, dict) else None
+    if then is None or _resolved(then) != _resolved(value):
+        began = f"train.init_from={then}" if then else "the task's own initialisation"
+        raise ValueError(
+            f"{FIELD}={value!r}: train.run_dir holds a run that did not start from it ({where} started from "
+            f"{began}); give the new run its own train.run_dir (a resumed run "
+            "never loads init_from again)"
+        )
+
+
+def _resolved(value: str) -> Path:
+    try:
+        return resolve_init(value).resolve()
+    except ValueError:  # gone: compared by name (the record of inputs says what changed)
+        return Path(value).expanduser().resolve()
+
+
 def init_files(value: str | None) -> dict[str, Path]:
     """{"init_from:<file>": path} of the weight files `value` names, for the
     run's record of inputs ({} when it is None). A path that does not

@@ -26,7 +26,7 @@ from latte.train import distributed as D
 from latte.train.checkpoint import Checkpoint, check_finite, check_state_against, load_checkpoint
 from latte.train.config import RunConfig, check_world_size
 from latte.train.faults import TrainerHooks, hooks_from_env
-from latte.train.init_from import init_files, load_init, resolve_init
+from latte.train.init_from import check_resumed, init_files, load_init, resolve_init
 from latte.train.inputs import check_inputs
 from latte.train.metrics import NullLogger, RunLogger
 from latte.train.rng import restore_rng_state
@@ -94,6 +94,8 @@ def _build(cfg: RunConfig, env: D.DistEnv, run_dir: Path, lock: RunLock | None, 
     if init:  # first: a bad path fails before any data is read; a run folder's newest step, fixed now
         init = cfg.train.init_from = str(resolve_init(init).resolve())
     task = task_class(cfg.task)(cfg, env)
+    if ckpt is not None and cfg.train.init_from:
+        check_resumed(ckpt.config, cfg.train.init_from, ckpt.path)
     if ckpt is not None:
         _compare_configs(ckpt.config, cfg, ckpt.path, task, env)
         _check_inputs(cfg, env, run_dir, task, ckpt, prepared=False)  # before anything is written

@@ -157,3 +157,19 @@ def test_latte_train_starts_a_language_model_from_a_run_folder(make_config, tmp_
     wider = make_config(run_dir=tmp_path / "w", **{"model.dim": 48, "train.init_from": str(tmp_path / "src")})
     with pytest.raises(ValueError, match=r"(?s)train.init_from=.*src.*: .*shape mismatch for "):
         train(wider)
+
+
+def test_a_run_dir_holding_another_run_is_never_resumed_as_the_new_one(base, source, tmp_path):  # noqa: F811
+    """A forgotten train.run_dir (the shipped config's is the source run's):
+    the run there did not start from init_from, so it is not resumed."""
+    copy = tmp_path / "copy"
+    shutil.copytree(source, copy)
+    before = losses(copy)
+    with pytest.raises(ValueError, match=r"train.run_dir holds a run that did not start from it .*task's own"):
+        train(up_config(base, copy, copy / "step-00000002", steps=3))
+    other = tmp_path / "other-init"
+    shutil.copytree(source / "step-00000002", other / "step-00000002")
+    train(up_config(base, tmp_path / "new", source / "step-00000002", time_budget_minutes=1e-9))
+    with pytest.raises(ValueError, match=r"did not start from it .*started from train.init_from=.*init-source"):
+        train(up_config(base, tmp_path / "new", other / "step-00000002"))
+    assert losses(copy) == before and [s for s, _ in losses(tmp_path / "new")] == [1]
