@@ -156,7 +156,7 @@ def test_as_sliding_window_with_sinks_is_the_masked_original_and_restores():
 
 
 def test_with_sinks_switches_off_the_sinks_alone_and_restores():
-    """The sinks ablation of `python -m experiments.convert --models converted-nosinks`:
+    """The sinks ablation `converted-nosinks` of latte/eval/subjects.py:
     with_sinks(0) on weights up-trained with sinks is the same weights
     converted without them (latents, beta and LoRA kept)."""
     model = trained_like("llama", lora_rank=2, num_sinks=2)
