@@ -40,8 +40,8 @@ def resolve_init(value: str) -> Path:
         return path
     if not path.is_dir():
         raise ValueError(
-            f"{FIELD}={value!r}: no such folder; expected a step folder, a run folder (its newest verified "
-            "checkpoint) or an exported model folder"
+            f"{FIELD}={value!r}: no such folder (or not a folder); expected a step folder, a run folder (its "
+            "newest verified checkpoint) or an exported model folder"
         )
     found, failed = scan_checkpoints(path)
     if found is None:
@@ -103,21 +103,19 @@ def load_init(model: nn.Module, task, value: str) -> Path:
     same starting point (`Task.check_init`: a conversion's base)."""
     folder = resolve_init(value)
     keys = task.checkpoint_keys(model)
-    if (folder / MANIFEST).is_file():
+    expected = {k: v for k, v in model.state_dict().items() if keys is None or k in keys}
+    if not (folder / MANIFEST).is_file():
+        task.check_init(folder, None)
+        state, where = task.init_state(folder), f"{FIELD}={value!r}: {folder / EXPORT_FILES[1]}"
+    else:
         ckpt = load_checkpoint(folder, verify="read")  # every file it reads is checked against the manifest
         _same_task(ckpt, task, value)
         task.check_init(folder, ckpt)
-        try:
-            load_weights(model, ckpt, keys)
-        except CheckpointError:
-            raise
-        except ValueError as e:
-            raise ValueError(f"{FIELD}={value!r}: {e}\n{_HINT}") from None
-        return folder
-    task.check_init(folder, None)
-    state = task.init_state(folder)
-    expected = {k: v for k, v in model.state_dict().items() if keys is None or k in keys}
-    _load_state(model, expected, state, where=f"{FIELD}={value!r}: {folder / EXPORT_FILES[1]}", strict=keys is None)
+        if ckpt.format != "full":
+            load_weights(model, ckpt, keys)  # DCP shards, checked there as `latte generate` checks them
+            return folder
+        state, where = ckpt.model_state, f"{FIELD}={value!r}: {folder / MODEL}"
+    _load_state(model, expected, state, where=where, strict=keys is None)
     return folder
 
 

@@ -114,7 +114,7 @@ def test_bad_init_from_exits_2_naming_the_field_the_path_and_the_tensor(base, so
     step = source / "step-00000002"
     path = write_config(up_config(base, tmp_path / "run", step), tmp_path / "up.yaml")
     code, err = cli(["convert", "--config", str(path), f"--train.init_from={tmp_path / 'nowhere'}"], capsys)
-    assert code == 2 and f"train.init_from='{tmp_path / 'nowhere'}': no such folder" in err
+    assert code == 2 and f"train.init_from='{tmp_path / 'nowhere'}': no such folder (or not a folder)" in err
     code, err = cli(["convert", "--config", str(path), "--conversion.latents_per_head=2"], capsys)
     assert code == 2 and f"train.init_from='{step}'" in err and str(step / "model.safetensors") in err
     assert "shape mismatch for model.base.model.layers.0.self_attn." in err
@@ -157,6 +157,12 @@ def test_latte_train_starts_a_language_model_from_a_run_folder(make_config, tmp_
     wider = make_config(run_dir=tmp_path / "w", **{"model.dim": 48, "train.init_from": str(tmp_path / "src")})
     with pytest.raises(ValueError, match=r"(?s)train.init_from=.*src.*: .*shape mismatch for "):
         train(wider)
+    export = tmp_path / "export"  # what `latte export` of a language model writes: not a start of `latte train`
+    export.mkdir()
+    save_file({k: v.clone() for k, v in saved.items()}, export / "model.safetensors")
+    (export / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"an exported model folder; task 'lm' starts only from a checkpoint"):
+        train(make_config(run_dir=tmp_path / "e", **{"train.init_from": str(export)}))
 
 
 def test_a_run_dir_holding_another_run_is_never_resumed_as_the_new_one(base, source, tmp_path):  # noqa: F811
