@@ -213,7 +213,14 @@ def perplexity_summary(groups, contexts) -> tuple[list[dict], str]:
             records.append({**fields, **r, **decode_cost(cells, r["context"])})
             rows.append([name, f"{r['context']:,}", str(r["documents"]), f"{r['tokens']:,}"])
             rows[-1] += [f"{r['ppl']:.2f}", f"{r['bucket_ppl']:.2f}"]
-    head = ["model", "context", "documents", "tokens", "ppl (first C tokens)", "ppl of [C/2, C)"]
+    head = [
+        "model",
+        "context",
+        "documents",
+        "tokens",
+        "ppl (first C tokens)",
+        "ppl of [C/2, C) ([0, C) at the first C)",
+    ]
     if any("state_bytes" in r for r in records):  # a converted model's evaluation: what decoding costs
         head += ["decode ms/token", "state MB"]
         for row, r in zip(rows, records):
