@@ -1,6 +1,6 @@
 """The budget of `python -m experiments.convert`'s stages (study.py), and
 the protocol the conversion studies' own sweeps record (`checks`: the
-pilots' and the data study's cells)."""
+pilots' cells)."""
 
 from __future__ import annotations
 
