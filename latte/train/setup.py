@@ -92,7 +92,7 @@ def _build(cfg: RunConfig, env: D.DistEnv, run_dir: Path, lock: RunLock | None, 
     ckpt = load_checkpoint(ckpt_path, verify="none") if ckpt_path else None  # rank 0 verified all files
     init = cfg.train.init_from if ckpt is None else None  # a resumed run has its own weights
     if init:  # first: a bad path fails before any data is read; a run folder's newest step, fixed now
-        init = cfg.train.init_from = str(resolve_init(init).resolve())
+        init = cfg.train.init_from = str(resolve_init(init))
     task = task_class(cfg.task)(cfg, env)
     if ckpt is not None and cfg.train.init_from:
         check_resumed(ckpt.config, cfg.train.init_from, ckpt.path)
