@@ -95,11 +95,17 @@ def shutdown(env: DistEnv, *, synchronize: bool = False) -> None:
     first, so that no rank tears down while a collective's last work object
     is still being released by gloo's worker thread (that release needs the
     GIL, which the process-group destructor holds while joining the thread:
-    a deadlock at exit)."""
+    a deadlock at exit). The barrier's own work object is held here until
+    the group is gone, so its last reference is dropped by this thread, never
+    by the worker: a rank whose worker had not yet dropped it when the
+    interpreter began to exit hung for good (the DDP reducer still held the
+    group, destroyed by the exit's garbage collection)."""
     if env.is_distributed and dist.is_initialized():
-        if synchronize:
-            dist.barrier()
+        work = dist.barrier(async_op=True) if synchronize else None
+        if work is not None:
+            work.wait()
         dist.destroy_process_group()
+        del work  # released with the GIL, by this thread
 
 
 def barrier(env: DistEnv) -> None:
