@@ -31,7 +31,7 @@ _EXPORTS = {
     "train": "latte.train.loop",
     "open_run": "latte.train.runs",
     "find_latest_checkpoint": "latte.train.checkpoint",
-    **dict.fromkeys(("MANIFEST", "TRAINER", "step_dirs", "step_dir_name"), "latte.train.manifest"),
+    **dict.fromkeys(("MANIFEST", "step_dirs", "step_dir_name"), "latte.train.manifest"),
     **dict.fromkeys(("read_csv", "run_wall_time"), "latte.train.metrics"),
     **dict.fromkeys(("pack_split", "split_corpus"), "latte.train.lm"),
     **dict.fromkeys(("nll_sums", "subset", "summarize"), "latte.train.validation"),
