@@ -378,6 +378,9 @@ def _eval_model_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int_at_least(1), default=1, help="needle, retrieval: haystack orders")
     p.add_argument("--tasks", default="", help="tasks, fewshot, retrieval: which of their tasks (default: all)")
     p.add_argument("--examples", type=int_at_least(1), default=20, help="tasks, fewshot: examples per task")
+    p.add_argument(
+        "--haystack", default="essays", help="retrieval, mass, slots: essays (held out) or noise (one filler repeated)"
+    )
     p.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads (default: torch's)")
     p.add_argument(
         "--deadline",
@@ -412,6 +415,7 @@ def _eval_model(args: list[str]) -> int:
         trials=a.trials,
         tasks=tuple(s for s in a.tasks.split(",") if s),
         examples=a.examples,
+        haystack=a.haystack,
         deadline=parse_deadline(a.deadline) if a.deadline else None,
         command=shlex.join(["latte", "eval", *args]),
     )

