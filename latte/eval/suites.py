@@ -66,6 +66,7 @@ NATIVE_MULTIPLES = (1, 2, 4, 8)  # of a native run's training length
 NEEDLE_DEPTHS = (0.0, 0.5, 1.0)
 RETRIEVAL_DEPTHS = (0.1, 0.5, 0.8)
 RETRIEVAL_FORMAT = "plain-qfirst-colon"  # the calibrated one (docs/evaluation.md §7.2.1)
+HAYSTACK_SUITES = ("retrieval", "mass", "slots")  # the suites that read retrieval prompts (--haystack)
 FEWSHOT_TASKS = ("mmlu", "arc_challenge", "csqa", "hellaswag")  # multiple choice, 5-shot
 GENERATIVE_TASKS = ("coqa", "naturalqs_open")
 GEN_MAX_TOKENS = 32
@@ -345,7 +346,7 @@ def _latents_run(ctx, evaluated):
 
 def _retrieval_run(ctx, evaluated):
     """RULER-style retrieval (passkey, multikey, multivalue) in the held-out
-    essays at each length, the calibrated format, only prompts whose nearest
+    essays (or --haystack noise) at each length, the calibrated format, only prompts whose nearest
     needle lies beyond the window counted for converted models. Cells run
     task by task (in --tasks order), then trial by trial, every model within
     a trial: a command cut short (--deadline) leaves each model the same
@@ -354,8 +355,7 @@ def _retrieval_run(ctx, evaluated):
     reader = Reader(base)
     contexts = req.lengths or DOCUMENT_LENGTHS
     tasks = _asked(req, RETRIEVAL_TASKS, "retrieval")
-    keys = [(t, c, d, i) for t in tasks for c in contexts for d in RETRIEVAL_DEPTHS for i in range(req.trials)]
-    cells = [{**e.cell(), **_prompt_key(req, t, c, d, i)} for e in evaluated for t, c, d, i in keys]
+    cells = _prompt_cells(req, evaluated, tasks, contexts)
     prompts = {id(c): reader.prompt(c) for c in cells}
     cells.sort(
         key=lambda c: (
@@ -422,7 +422,8 @@ def _mass_run(ctx, evaluated):
 
 def _prompt_cells(req, measured: list, tasks, contexts) -> list[dict]:
     """One cell per retrieval prompt (task, context, depth, trial) and measured
-    model, in the retrieval suite's format: the cells of `mass` and `slots`."""
+    model, in the retrieval suite's format: the cells of `retrieval`, `mass`
+    and `slots` (HAYSTACK_SUITES)."""
     keys = [(t, c, d, i) for t in tasks for c in contexts for d in RETRIEVAL_DEPTHS for i in range(req.trials)]
     return [{**e.cell(), **_prompt_key(req, t, c, d, i)} for t, c, d, i in keys for e in measured]
 
