@@ -83,7 +83,9 @@ class Request:
         if self.haystack not in HAYSTACKS:
             raise ValueError(f"--haystack {self.haystack!r}: expected one of {', '.join(HAYSTACKS)}")
         if self.haystack != "essays" and not set(self.suites) & set(suites.HAYSTACK_SUITES):
-            raise ValueError(f"--haystack {self.haystack}: only the retrieval, mass and slots suites read a haystack")
+            *head, last = suites.HAYSTACK_SUITES
+            readers = f"{', '.join(head)} and {last}"
+            raise ValueError(f"--haystack {self.haystack}: only the {readers} suites read a haystack")
         for flag, values in (("--lengths", self.lengths), ("--multiples", self.multiples)):
             if any(v < 1 for v in values):
                 raise ValueError(f"{flag} {','.join(map(str, values))}: expected integers >= 1")
